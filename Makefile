@@ -1,0 +1,52 @@
+# The course's commands. `make lab` opens the course, `make test` checks everything.
+# Both create the virtual environment first if it is missing.
+
+PYTHON ?= python3
+VENV ?= .venv
+# The PyTorch build to install. The default is the CPU build on this course's
+# reference machine; on a GPU machine the same pin from PyPI is a CUDA build, or
+# pass another, e.g. make lab TORCH="torch==2.13.0 --index-url <your wheel index>".
+TORCH ?= torch==2.13.0
+LAB_ARGS ?=
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.labkit-installed
+
+.PHONY: lab course test lint unit notebooks check-notebooks nbval clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first and alone, so that the extras below never pull another build.
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+## Open the course in JupyterLab (listens on 127.0.0.1 only).
+lab: $(STAMP)
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(LAB_ARGS)
+
+## Execute every notebook of both languages headless; fails on any error.
+course: $(STAMP)
+	$(BIN)/jupyter execute --timeout=600 notebooks/ja/*.ipynb notebooks/en/*.ipynb
+
+## Write notebooks/ja and notebooks/en from course/.
+notebooks: $(STAMP)
+	$(BIN)/python tools/build_notebooks.py
+
+check-notebooks: $(STAMP)
+	$(BIN)/python tools/build_notebooks.py --check
+
+lint: $(STAMP)
+	$(BIN)/ruff check labkit tests tools bench course
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+nbval: $(STAMP)
+	$(BIN)/python -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=300 notebooks/ja notebooks/en
+
+## Everything CI checks.
+test: lint unit check-notebooks nbval
+
+clean-venv:
+	rm -rf $(VENV)

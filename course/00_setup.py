@@ -1,0 +1,246 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] lang="ja"
+# # 00 環境確認
+#
+# この講座は、PyTorch のデータ並列 (`DataParallel`、`data_parallel()`、
+# `DistributedDataParallel`、`no_sync()`) を、GPU のないノート PC でも動かしながら学びます。
+# 最初のレッスンでは、このマシンに何があり、何がここで動いて何が動かないかを確かめます。
+#
+# 各セルを上から順に実行してください (Shift+Enter)。
+
+# %% [markdown] lang="en"
+# # 00 Setup
+#
+# This course teaches PyTorch data parallelism (`DataParallel`, `data_parallel()`,
+# `DistributedDataParallel`, `no_sync()`) by running it, even on a laptop without a GPU.
+# This first lesson checks what this machine has, and what can and cannot run here.
+#
+# Run the cells from top to bottom (Shift+Enter).
+
+# %% [markdown] lang="ja"
+# 最初のセルは、講座のパッケージ `labkit` が新しいかを確かめ、表示言語を日本語にします。
+# 図の文字やメッセージもこの言語になります。
+
+# %% [markdown] lang="en"
+# The first cell checks that the course's package, `labkit`, is recent enough, and sets the
+# language of plots and messages to English.
+
+# %% lang="ja"
+import labkit
+
+labkit.require("0.1.0")
+labkit.set_lang("ja")
+
+# %% lang="en"
+import labkit
+
+labkit.require("0.1.0")
+labkit.set_lang("en")
+
+# %% [markdown] lang="ja"
+# ## このマシンにあるもの
+#
+# `labkit.doctor` は CPU コア数、PyTorch のバージョンとビルド (CPU 版か CUDA 版か)、GPU、
+# 使える分散バックエンド、日本語フォント、ipywidgets を調べ、ここで動くものと動かないものを
+# 一覧にします。
+#
+# - **gloo** は CPU 上のプロセス同士で通信するバックエンドです。この講座の DDP は既定で gloo を使うので、
+#   GPU がなくても動きます。
+# - **nccl** は NVIDIA GPU 同士の通信用で、CUDA 版の PyTorch と GPU が要ります。
+# - **mpi** は MPI 付きでビルドした PyTorch でだけ使えます (通常の配布物にはありません)。
+
+# %% [markdown] lang="en"
+# ## What this machine has
+#
+# `labkit.doctor` looks at the CPU cores, the PyTorch version and build (CPU or CUDA), the
+# GPUs, the distributed backends, the Japanese font and ipywidgets, and lists what runs
+# here and what does not.
+#
+# - **gloo** lets processes on CPUs talk to each other. The course's DDP uses gloo by
+#   default, so it runs without a GPU.
+# - **nccl** is for communication between NVIDIA GPUs; it needs a CUDA build and GPUs.
+# - **mpi** exists only in PyTorch builds made with MPI (the usual wheels have none).
+
+# %% tags=["nbval-ignore-output"]
+from labkit import doctor
+
+report = doctor.collect()
+print(doctor.format_report(report))
+
+# %% [markdown] lang="ja"
+# この講座に欠かせないもの (gloo と日本語フォント) があることを確かめます。
+# どちらかが無ければ、このセルがエラーで止まります。
+
+# %% [markdown] lang="en"
+# Check what the course cannot do without: gloo and a Japanese font.
+# If either is missing, this cell stops with an error.
+
+# %%
+assert report.backends["gloo"], "this PyTorch build has no gloo backend"
+assert report.japanese_font is not None, "no Japanese font for matplotlib"
+if not report.gpus:
+    assert "cap_ddp_nccl" in report.cannot_run  # nccl needs GPUs
+report.backends
+
+# %% [markdown] lang="ja"
+# ## 日本語フォント
+#
+# matplotlib の既定フォントには日本語の字形がなく、日本語のラベルは「□」(豆腐) になります。
+# `labkit.set_lang` は `matplotlib-fontja` の IPAexGothic を既定フォントにします。
+# 次の図に日本語と英語が両方きちんと描かれていることを確かめてください。
+# `labkit.plots` の図は、描けない文字があるとエラーになります。
+
+# %% [markdown] lang="en"
+# ## Japanese font
+#
+# matplotlib's default font has no Japanese glyphs, so Japanese labels come out as empty
+# boxes ("tofu"). `labkit.set_lang` makes IPAexGothic, from `matplotlib-fontja`, the
+# default font. Check that the figure below shows both Japanese and English text.
+# The figures of `labkit.plots` raise an error when a character cannot be drawn.
+
+# %%
+from labkit import plots
+
+fig = plots.font_check()
+
+# %% [markdown] lang="ja"
+# フォントを英語用の DejaVu Sans に戻すと、同じ図は日本語を描けず、`MissingGlyphError` になります。
+# 「□」の図が黙って表示されることはありません。
+
+# %% [markdown] lang="en"
+# Switch the font back to DejaVu Sans, which has Latin glyphs only, and the same figure
+# cannot draw its Japanese text: it raises `MissingGlyphError` instead of quietly showing
+# boxes.
+
+# %%
+import matplotlib
+import matplotlib.pyplot as plt
+
+from labkit import checks
+from labkit.i18n import MissingGlyphError
+
+open_before = plt.get_fignums()
+with matplotlib.rc_context({"font.family": "DejaVu Sans"}):
+    with checks.expect_error(MissingGlyphError):
+        plots.font_check()
+assert plt.get_fignums() == open_before  # the broken figure was closed, not shown
+
+# %% [markdown] lang="ja"
+# ## ウィジェット
+#
+# 後のレッスンでは、スライダーでパラメータを変えながら図を見ます (ipywidgets)。
+# スライダーが表示されれば準備完了です。動かすと、1 ランクあたりのバッチサイズが変わります。
+
+# %% [markdown] lang="en"
+# ## Widgets
+#
+# Later lessons change parameters with sliders and watch plots change (ipywidgets).
+# If a slider appears below, you are ready. Move it to see the batch each rank gets.
+
+# %% tags=["nbval-ignore-output"]
+import ipywidgets as widgets
+
+
+def per_rank_batch(world_size=2, batch_size=64):
+    """Each rank of data-parallel training gets batch_size / world_size samples."""
+    print(f"world_size={world_size}: {batch_size / world_size:g} samples per rank")
+
+
+_ = widgets.interact(per_rank_batch, world_size=(1, 8), batch_size=(8, 256, 8))
+
+# %% [markdown] lang="ja"
+# ## 最初の集団通信
+#
+# 分散学習のプロセスは**プロセスグループ**に属し、それぞれ**ランク** (0, 1, …) を持ちます。
+# 全体の数が **world size** です。ここではこのカーネルだけを 1 ランクとする gloo のグループを作り、
+# all-reduce (全ランクのテンソルを足し合わせ、結果を全ランクに配る通信) を 1 回実行します。
+# ランクが 1 つなので値は変わりませんが、gloo が動くことが分かります。
+# 2 ランク以上はレッスン 03 で扱います。
+
+# %% [markdown] lang="en"
+# ## A first collective
+#
+# Processes of distributed training belong to a **process group**, and each has a
+# **rank** (0, 1, …); how many there are is the **world size**. Here this kernel alone
+# forms a gloo group of one rank and runs one all-reduce (sum a tensor over all ranks and
+# give every rank the result). With one rank the values stay the same, but it shows that
+# gloo works. Lesson 03 uses two ranks and more.
+
+# %%
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+x = torch.arange(4.0)
+dist.all_reduce(x)  # sum over ranks: with one rank, x itself
+print(dist.get_backend(), dist.get_rank(), dist.get_world_size(), x)
+assert torch.equal(x, torch.arange(4.0))
+dist.destroy_process_group()
+
+# %% [markdown] lang="ja"
+# ## コマンドラインから
+#
+# 同じ確認はターミナルからもできます。`--json FILE` を付けると結果を JSON で保存します。
+#
+# ```
+# python -m labkit --lang ja doctor
+# ```
+
+# %% [markdown] lang="en"
+# ## From the command line
+#
+# The same check runs in a terminal; add `--json FILE` to save the report as JSON.
+#
+# ```
+# python -m labkit --lang en doctor
+# ```
+
+# %% tags=["nbval-ignore-output"]
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+with tempfile.TemporaryDirectory() as tmp:
+    out = Path(tmp) / "doctor.json"
+    cmd = [sys.executable, "-m", "labkit", "--lang", labkit.get_lang(), "doctor",
+           "--json", str(out)]
+    subprocess.run(cmd, check=True)
+    saved = json.loads(out.read_text())
+assert saved["torch_version"] == torch.__version__
+
+# %% [markdown] lang="ja"
+# ## どこで動かすか
+#
+# | 環境 | 使い方 |
+# |---|---|
+# | GPU のない PC (この講座の基準) | `make lab`。DDP は gloo、DataParallel は CPU 上の再現で学びます。 |
+# | GPU のあるマシン | `make lab TORCH="torch==2.13.0 …"` で CUDA 版の PyTorch を指定します。同じセルが nccl と本物の GPU を使います。 |
+# | リモートの GPU サーバー | サーバーで `make lab` (127.0.0.1 で待ち受け) し、手元から `ssh -L 8888:127.0.0.1:8888 サーバー` で転送してブラウザで開きます。 |
+# | クラスタ | ノートブックではなく `torchrun` でスクリプトを起動します (レッスン 07)。 |
+#
+# 上の doctor の「ここでは動かないもの」に出た項目は、GPU のあるマシンで同じノートブックを
+# 開けば動きます。
+
+# %% [markdown] lang="en"
+# ## Where to run it
+#
+# | machine | how |
+# |---|---|
+# | a PC without a GPU (what the course is built for) | `make lab`. DDP runs on gloo; DataParallel is simulated on the CPU. |
+# | a machine with GPUs | `make lab TORCH="torch==2.13.0 …"` to pick a CUDA build of PyTorch. The same cells then use nccl and real GPUs. |
+# | a remote GPU server | run `make lab` there (it listens on 127.0.0.1) and forward it with `ssh -L 8888:127.0.0.1:8888 server`, then open it in your browser. |
+# | a cluster | start scripts with `torchrun`, not notebooks (lesson 07). |
+#
+# What the doctor listed under "does not run here" runs when the same notebook is opened
+# on a machine with GPUs.

@@ -1,0 +1,401 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] lang="ja"
+# # 01 記事のモデルを動かす
+#
+# 出発点の 2 つの記事 (no_sync の解説 = 記事 000、data_parallel の解説 = 記事 004) には、
+# モデル、損失関数、データセット、学習ループのコードが載っています。そのままでは動きません。
+# このレッスンでは、
+#
+# 1. 記事のコードを**書かれたとおりに**実行し、どこでどう失敗するかを確かめ、
+# 2. 直したモデルで、記事の `DataLoader` の例を 1 プロセスで学習させ、学習曲線を描きます。
+#
+# 以後のレッスンの DataParallel や DDP は、ここで作る 1 プロセスの学習と比べて正しさを確かめます。
+
+# %% [markdown] lang="en"
+# # 01 The documents' models
+#
+# The two articles this course starts from (doc 000 on `no_sync`, doc 004 on
+# `data_parallel`) print a model, a loss, a data set and a training loop. As printed,
+# they do not run. In this lesson we
+#
+# 1. run the documents' code **as written** and see where and how it fails, and
+# 2. train the corrected model on doc 004's `DataLoader` example in one process and plot
+#    the loss curve.
+#
+# Later lessons check DataParallel and DDP against this single-process training.
+
+# %% lang="ja"
+import labkit
+
+labkit.require("0.1.0")
+labkit.set_lang("ja")
+
+# %% lang="en"
+import labkit
+
+labkit.require("0.1.0")
+labkit.set_lang("en")
+
+# %%
+import torch
+from torch import nn
+
+from labkit import checks, data, models, plots
+
+torch.manual_seed(0)
+
+# %% [markdown] lang="ja"
+# ## 記事 004 のモデルを書かれたとおりに
+#
+# 記事 004 のモデルは次のとおりです (`labkit.models.MLPAsWritten` に同じコードがあります)。
+#
+# ```python
+# def forward(self, x):
+#     x = x.view(-1)
+#     x = self.fc1(x)          # nn.Linear(10, 100)
+#     x = torch.relu(x)
+#     x = self.fc2(x)          # nn.Linear(100, 10)
+#     return x
+# ```
+#
+# 記事と同じく 100 サンプルのバッチ `torch.randn(100, 10)` を入れてみます。
+# `x.view(-1)` はバッチ全体を長さ 1000 の 1 本のベクトルにしてしまうので、`Linear(10, 100)` に入りません。
+
+# %% [markdown] lang="en"
+# ## Doc 004's model, as written
+#
+# Doc 004's model reads as follows (`labkit.models.MLPAsWritten` holds the same code):
+#
+# ```python
+# def forward(self, x):
+#     x = x.view(-1)
+#     x = self.fc1(x)          # nn.Linear(10, 100)
+#     x = torch.relu(x)
+#     x = self.fc2(x)          # nn.Linear(100, 10)
+#     return x
+# ```
+#
+# Feed it a batch of 100 samples, `torch.randn(100, 10)`, as the document does.
+# `x.view(-1)` turns the whole batch into one vector of length 1000, which
+# `Linear(10, 100)` cannot take.
+
+# %%
+X = torch.randn(100, 10)
+as_written = models.MLPAsWritten()
+with checks.expect_error(RuntimeError, match="shapes cannot be multiplied"):
+    as_written(X)
+
+# %% [markdown] lang="ja"
+# 記事 000 のモデル (`Linear(10, 10)` が 2 つ) も同じ `x.view(-1)` を持ち、同じように失敗します。
+
+# %% [markdown] lang="en"
+# Doc 000's model (two `Linear(10, 10)`) has the same `x.view(-1)` and fails the same way.
+
+# %%
+with checks.expect_error(RuntimeError, match="shapes cannot be multiplied"):
+    models.TwoLinearAsWritten()(X)
+
+# %% [markdown] lang="ja"
+# ## バッチが 1 のときは黙って間違える
+#
+# バッチが 1 サンプル `(1, 10)` だと `view(-1)` の結果は長さ 10 で、たまたま `Linear` に入ります。
+# エラーは出ませんが、出力の形は `(1, 10)` ではなく `(10,)` で、バッチの次元が消えています。
+# 動いたように見える分、こちらのほうが危険です。
+
+# %% [markdown] lang="en"
+# ## With a batch of one it is silently wrong
+#
+# With a batch of one sample, `(1, 10)`, `view(-1)` gives a vector of length 10, which
+# happens to fit `Linear`. Nothing fails, but the output has shape `(10,)`, not
+# `(1, 10)`: the batch dimension is gone. Because it seems to work, this is the more
+# dangerous case.
+
+# %%
+x1 = torch.randn(1, 10)
+out = as_written(x1)
+print(tuple(x1.shape), "->", tuple(out.shape))
+assert out.shape == (10,)  # not (1, 10)
+
+# %% [markdown] lang="ja"
+# ## 直し方: サンプルごとに平らにする
+#
+# 平らにするのは各サンプルだけで、バッチの次元 (0 番目) は残します: `x.flatten(1)`
+# (`x.view(x.size(0), -1)` と同じ)。入力がもともと `(N, 10)` なら何もしないのと同じです。
+# `labkit.models.MLP` と `labkit.models.TwoLinear` が直したモデルです。
+#
+# 同じ重みを読み込むと、1 サンプルの計算結果は元のモデルと一致します。間違っていたのは
+# 形の扱いだけだと分かります。さらに、バッチの各行はそのサンプル単独の出力と一致します。
+
+# %% [markdown] lang="en"
+# ## The fix: flatten each sample
+#
+# Flatten each sample only and keep the batch dimension (dimension 0): `x.flatten(1)`
+# (the same as `x.view(x.size(0), -1)`). For an input that is already `(N, 10)` it
+# changes nothing. `labkit.models.MLP` and `labkit.models.TwoLinear` are the corrected
+# models.
+#
+# Loaded with the same weights, the corrected model computes the same numbers as the
+# original for one sample: only the shape handling was wrong. And each row of a batch
+# equals that sample's output on its own.
+
+# %%
+model = models.MLP()
+model.load_state_dict(as_written.state_dict())
+Y_hat = model(X)
+print(tuple(X.shape), "->", tuple(Y_hat.shape))
+assert Y_hat.shape == (100, 10)
+assert torch.equal(model(x1)[0], as_written(x1))
+torch.testing.assert_close(Y_hat[7], model(X[7:8])[0])
+assert models.TwoLinear()(X).shape == (100, 10)
+
+# %% [markdown] lang="ja"
+# ## DDP はプロセスグループなしでは作れない
+#
+# 記事 000 は `nnparallel.DistributedDataParallel(model)` といきなり書いています。
+# DDP はランク間で勾配を平均するため、先に `torch.distributed.init_process_group(...)` で
+# プロセスグループを作っておく必要があります。無ければその場でエラーです。
+# 正しい手順はレッスン 03 で扱います。
+
+# %% [markdown] lang="en"
+# ## DDP cannot be built without a process group
+#
+# Doc 000 writes `nnparallel.DistributedDataParallel(model)` straight away. DDP averages
+# gradients between ranks, so a process group must exist first
+# (`torch.distributed.init_process_group(...)`); without one it fails at once.
+# Lesson 03 does it properly.
+
+# %%
+from torch.nn.parallel import DistributedDataParallel
+
+with checks.expect_error(ValueError, match="process group has not been initialized"):
+    DistributedDataParallel(models.TwoLinear())
+
+# %% [markdown] lang="ja"
+# ## 記事 004 の「カスタム損失関数」の例
+#
+# この例には 3 つの問題があります。
+#
+# 1. `.cuda()`: GPU のないマシンではここで止まります。使えるデバイスを選ぶのが正解です。
+# 2. `optimizer.step()`: `optimizer` がどこにも定義されていません。
+# 3. `MyLoss` は平均二乗誤差そのもので、`nn.MSELoss()` と同じ値になります (自作は不要ですが、害もありません)。
+
+# %% [markdown] lang="en"
+# ## Doc 004's "custom loss" example
+#
+# This example has three problems.
+#
+# 1. `.cuda()`: on a machine without a GPU it stops here. Choose the device that exists.
+# 2. `optimizer.step()`: `optimizer` is never defined.
+# 3. `MyLoss` is exactly the mean squared error, the same value as `nn.MSELoss()`
+#    (writing it is unnecessary, but harmless).
+
+# %%
+if torch.cuda.is_available():
+    print("CUDA:", torch.cuda.get_device_name(0))
+else:
+    # A CPU-only build raises AssertionError; a CUDA build without a GPU, RuntimeError.
+    with checks.expect_error((AssertionError, RuntimeError)):
+        torch.randn(100, 10).cuda()
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+device
+
+# %% [markdown] lang="ja"
+# このノートブックではまだ `optimizer` を定義していないので、記事と同じ行は `NameError` になります。
+
+# %% [markdown] lang="en"
+# This notebook has not defined `optimizer` yet, so the document's line raises `NameError`.
+
+# %%
+with checks.expect_error(NameError, match="optimizer"):
+    optimizer.step()  # noqa: F821  (undefined, as in the document)
+
+# %%
+Y = torch.randn(100, 10)
+criterion = models.MyLoss()
+torch.testing.assert_close(criterion(Y_hat, Y), nn.MSELoss()(Y_hat, Y))
+criterion(Y_hat, Y).item()
+
+# %% [markdown] lang="ja"
+# ## `loss.backward` と `loss.backward()` は違う
+#
+# 記事 004 の `DataLoader` の例の最後の行は `loss.backward` で、括弧がありません。
+# これはメソッドを取り出すだけで呼び出しません。エラーは出ず、勾配は `None` のままです。
+
+# %% [markdown] lang="en"
+# ## `loss.backward` is not `loss.backward()`
+#
+# The last line of doc 004's `DataLoader` example is `loss.backward`, without
+# parentheses. That only looks the method up and never calls it: no error, and the
+# gradients stay `None`.
+
+# %%
+model = models.MLP()
+loss = criterion(model(X), Y)
+loss.backward  # as in the document: nothing happens
+print([p.grad for p in model.parameters()])
+assert all(p.grad is None for p in model.parameters())
+
+loss.backward()  # the call computes the gradients
+assert all(p.grad is not None for p in model.parameters())
+
+# %% [markdown] lang="ja"
+# ## `zero_grad()` を忘れると勾配がたまる
+#
+# PyTorch は `backward()` のたびに勾配を `.grad` に**足し込みます**。記事の学習ループには
+# `optimizer.zero_grad()` がないので、ステップごとに前の勾配が積み重なります。
+# 同じバッチで 3 回 `backward()` すると、勾配は 1 倍、2 倍、3 倍になります。
+# (この「足し込み」は、レッスン 04 の勾配累積ではわざと使います。)
+
+# %% [markdown] lang="en"
+# ## Without `zero_grad()` gradients pile up
+#
+# PyTorch **adds** each `backward()` into `.grad`. The document's training loop has no
+# `optimizer.zero_grad()`, so every step's gradient lands on top of the previous ones.
+# Three `backward()` calls on the same batch give 1×, 2× and 3× the gradient.
+# (Lesson 04 uses this accumulation on purpose.)
+
+# %%
+model = models.MLP()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+norms = []
+for _ in range(3):
+    criterion(model(X), Y).backward()  # no zero_grad, as in the document
+    norms.append(model.fc1.weight.grad.norm().item())
+print("without zero_grad:", [f"{n:.4f}" for n in norms])
+torch.testing.assert_close(torch.tensor(norms), norms[0] * torch.tensor([1.0, 2, 3]))
+
+norms = []
+for _ in range(3):
+    optimizer.zero_grad()
+    criterion(model(X), Y).backward()
+    norms.append(model.fc1.weight.grad.norm().item())
+print("with zero_grad:   ", [f"{n:.4f}" for n in norms])
+assert norms[0] == norms[1] == norms[2]
+
+# %% [markdown] lang="ja"
+# ## 直した学習ループ
+#
+# 記事 004 の `DataLoader` の例 (バッチ 64、シャッフルあり、SGD、学習率 0.01、10 エポック) を、
+# 上の問題をすべて直して 1 プロセスで動かします。`nn.DataParallel` で包む部分は外しました:
+# GPU のないマシンでは何もしないからです (レッスン 02)。
+#
+# 1 ステップは必ず `zero_grad()` → 順伝播 → 損失 → `backward()` → `step()` の順です。
+
+# %% [markdown] lang="en"
+# ## The corrected training loop
+#
+# Doc 004's `DataLoader` example (batch 64, shuffled, SGD, learning rate 0.01, 10 epochs),
+# with every problem above fixed, in one process. The `nn.DataParallel` wrapper is left
+# out: on a machine without GPUs it does nothing (lesson 02).
+#
+# Each step is always `zero_grad()` → forward → loss → `backward()` → `step()`.
+
+# %%
+def fit(dataset, num_epochs=10, lr=0.01, batch_size=64, seed=0):
+    """Train doc 004's corrected model; return the mean loss of each epoch."""
+    torch.manual_seed(seed)  # same initial weights for every run
+    model = models.MLP().to(device)
+    loader = data.make_loader(dataset, batch_size=batch_size, shuffle=True, seed=seed)
+    criterion = models.MyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    history = []
+    for epoch in range(num_epochs):
+        total, count = 0.0, 0
+        for X, y in loader:
+            X, y = X.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss = criterion(model(X), y)
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(X)
+            count += len(X)
+        history.append(total / count)
+    return history
+
+# %% [markdown] lang="ja"
+# ## 記事のデータには学ぶものがない
+#
+# 記事の `MyDataset` は入力も目標も独立な乱数です。入力から目標を予測する手がかりがないので、
+# どんなモデルでも平均二乗誤差は目標の分散 (約 1) より下がりません。
+# 比べるために、固定した乱数の「先生」ネットワークが目標を作る課題 (`TeacherDataset`、
+# ノイズの標準偏差 0.1) も用意しました。こちらは学習すると損失が下がります。
+
+# %% [markdown] lang="en"
+# ## The document's data has nothing to learn
+#
+# The document's `MyDataset` draws inputs and targets as independent random numbers.
+# Nothing in an input predicts its target, so no model gets the mean squared error below
+# the targets' variance (about 1). For comparison, a task whose targets come from a
+# fixed random "teacher" network (`TeacherDataset`, noise with standard deviation 0.1)
+# can be learned: its loss falls.
+
+# %%
+random_data = data.MyDataset(seed=0)
+teacher_data = data.TeacherDataset(seed=0)
+curves = {
+    "MyDataset": fit(random_data),
+    "TeacherDataset": fit(teacher_data),
+}
+for name, h in curves.items():
+    print(f"{name:15s} epoch 1: {h[0]:.3f}   epoch {len(h)}: {h[-1]:.3f}")
+variance = random_data.target.var().item()
+fig = plots.loss_curves(curves, xlabel="epoch",
+                        references={labkit.t("target_variance"): variance})
+
+# %%
+assert min(curves["MyDataset"]) > 0.95 * variance  # stuck near the variance
+assert curves["TeacherDataset"][-1] < 0.7 * curves["TeacherDataset"][0]  # learns
+
+# %% [markdown] lang="ja"
+# ## 同じシードなら同じ結果
+#
+# 重みの初期値、データ、シャッフルの順序はすべてシードで決まります。
+# CPU では、同じシードで 2 回学習すると損失は 1 ビットも違わず一致します。
+# 以後のレッスンでは、この性質を使って DataParallel や DDP の結果を 1 プロセスと比べます。
+
+# %% [markdown] lang="en"
+# ## Same seed, same result
+#
+# Initial weights, data and shuffling order all come from seeds. On the CPU, training
+# twice with the same seed gives bit-identical losses. Later lessons rely on this to
+# compare DataParallel and DDP with one process.
+
+# %%
+again = fit(teacher_data)
+assert again == curves["TeacherDataset"]
+print("identical:", again == curves["TeacherDataset"])
+
+# %% [markdown] lang="ja"
+# ## まとめ
+#
+# | 記事のコード | 何が起きるか | 直し方 |
+# |---|---|---|
+# | `x = x.view(-1)` | バッチ 100 でエラー、バッチ 1 では形が黙って間違う | `x.flatten(1)` |
+# | `DistributedDataParallel(model)` | プロセスグループがなくエラー | 先に `init_process_group` (レッスン 03) |
+# | `.cuda()` | GPU がなければエラー | `device` を選んで `.to(device)` |
+# | `optimizer.step()` | `optimizer` が未定義 | `torch.optim.SGD(model.parameters(), lr=...)` |
+# | `loss.backward` | 呼ばれず、勾配は `None` | `loss.backward()` |
+# | `zero_grad` なし | 勾配がステップごとに積み重なる | 毎ステップ `optimizer.zero_grad()` |
+# | `MyDataset` | 学ぶものがない乱数 | 収束を見るには学習できる課題を使う |
+
+# %% [markdown] lang="en"
+# ## Summary
+#
+# | the documents' code | what happens | fix |
+# |---|---|---|
+# | `x = x.view(-1)` | fails with a batch of 100, silently wrong shape with a batch of 1 | `x.flatten(1)` |
+# | `DistributedDataParallel(model)` | fails: no process group | `init_process_group` first (lesson 03) |
+# | `.cuda()` | fails without a GPU | choose a `device` and `.to(device)` |
+# | `optimizer.step()` | `optimizer` is undefined | `torch.optim.SGD(model.parameters(), lr=...)` |
+# | `loss.backward` | never called, gradients stay `None` | `loss.backward()` |
+# | no `zero_grad` | gradients pile up step after step | `optimizer.zero_grad()` every step |
+# | `MyDataset` | random numbers with nothing to learn | use a learnable task to watch convergence |

@@ -1,0 +1,159 @@
+"""What this machine can run: CPU, torch build, GPUs, backends, font, widgets."""
+
+from __future__ import annotations
+
+import os
+import platform
+import unicodedata
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+
+import torch
+import torch.distributed as dist
+
+from . import i18n
+from .i18n import t
+
+__all__ = ["Report", "collect", "format_report"]
+
+i18n.register({
+    "doctor_title": {"ja": "この環境で動くもの", "en": "What this machine can run"},
+    "python": {"ja": "Python", "en": "Python"},
+    "cpu_cores": {"ja": "CPU コア数", "en": "CPU cores"},
+    "torch_threads": {"ja": "torch のスレッド数", "en": "torch threads"},
+    "torch": {"ja": "PyTorch", "en": "PyTorch"},
+    "torch_build": {"ja": "PyTorch のビルド", "en": "PyTorch build"},
+    "build_cpu": {"ja": "CPU 版", "en": "CPU only"},
+    "build_cuda": {"ja": "CUDA {v} 版", "en": "CUDA {v}"},
+    "gpus": {"ja": "GPU", "en": "GPUs"},
+    "none": {"ja": "なし", "en": "none"},
+    "backends": {"ja": "分散バックエンド", "en": "distributed backends"},
+    "jp_font": {"ja": "日本語フォント", "en": "Japanese font"},
+    "widgets": {"ja": "ipywidgets", "en": "ipywidgets"},
+    "not_installed": {"ja": "未インストール", "en": "not installed"},
+    "can_run": {"ja": "ここで動くもの", "en": "Runs here"},
+    "cannot_run": {"ja": "ここでは動かないもの", "en": "Does not run here"},
+    "cap_ddp_gloo": {
+        "ja": "DDP (gloo バックエンド、CPU プロセス)",
+        "en": "DDP on the gloo backend (CPU processes)",
+    },
+    "cap_ddp_nccl": {
+        "ja": "DDP (nccl バックエンド、1 ランクに 1 GPU)",
+        "en": "DDP on the nccl backend (one GPU per rank)",
+    },
+    "cap_dp_real": {
+        "ja": "本物の nn.DataParallel (2 台以上の GPU)",
+        "en": "real nn.DataParallel (two or more GPUs)",
+    },
+    "cap_dp_sim": {
+        "ja": "DataParallel の 4 段階を CPU で再現 (labkit)",
+        "en": "the four DataParallel steps simulated on the CPU (labkit)",
+    },
+    "cap_bf16": {
+        "ja": "torch.autocast による bfloat16 (CPU)",
+        "en": "bfloat16 with torch.autocast (CPU)",
+    },
+    "cap_fp16": {
+        "ja": "float16 と GradScaler による混合精度 (GPU)",
+        "en": "float16 mixed precision with GradScaler (GPU)",
+    },
+})
+
+
+@dataclass
+class Report:
+    """Facts about this machine, in plain values (JSON-ready via asdict)."""
+
+    python: str
+    cpu_cores: int
+    torch_threads: int
+    torch_version: str
+    cuda_version: str | None
+    gpus: list[str]
+    backends: dict[str, bool]
+    japanese_font: str | None
+    ipywidgets: str | None
+    can_run: list[str] = field(default_factory=list)
+    cannot_run: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _version(dist_name: str) -> str | None:
+    try:
+        return metadata.version(dist_name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _japanese_font() -> str | None:
+    try:
+        return i18n.setup_japanese_font()
+    except ImportError:
+        return None
+
+
+def collect() -> Report:
+    """Look at this machine and say what the course can run on it."""
+    gpus = []
+    if torch.cuda.is_available():
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    backends = {
+        "gloo": dist.is_available() and dist.is_gloo_available(),
+        "nccl": dist.is_available() and dist.is_nccl_available(),
+        "mpi": dist.is_available() and dist.is_mpi_available(),
+    }
+    capabilities = {
+        "cap_ddp_gloo": backends["gloo"],
+        "cap_ddp_nccl": backends["nccl"] and len(gpus) >= 1,
+        "cap_dp_real": len(gpus) >= 2,
+        "cap_dp_sim": True,
+        "cap_bf16": True,
+        "cap_fp16": len(gpus) >= 1,
+    }
+    return Report(
+        python=platform.python_version(),
+        cpu_cores=os.cpu_count() or 1,
+        torch_threads=torch.get_num_threads(),
+        torch_version=torch.__version__,
+        cuda_version=torch.version.cuda,
+        gpus=gpus,
+        backends=backends,
+        japanese_font=_japanese_font(),
+        ipywidgets=_version("ipywidgets"),
+        can_run=[k for k, ok in capabilities.items() if ok],
+        cannot_run=[k for k, ok in capabilities.items() if not ok],
+    )
+
+
+def _width(text: str) -> int:
+    """Columns `text` takes in a terminal: wide (Japanese) characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def format_report(report: Report) -> str:
+    """The report as aligned text in the current language."""
+    build = (t("build_cuda", v=report.cuda_version) if report.cuda_version
+             else t("build_cpu"))
+    backends = ", ".join(f"{name} {'✓' if ok else '✗'}"
+                         for name, ok in report.backends.items())
+    rows = [
+        (t("python"), report.python),
+        (t("cpu_cores"), str(report.cpu_cores)),
+        (t("torch_threads"), str(report.torch_threads)),
+        (t("torch"), report.torch_version),
+        (t("torch_build"), build),
+        (t("gpus"), ", ".join(report.gpus) or t("none")),
+        (t("backends"), backends),
+        (t("jp_font"), report.japanese_font or t("not_installed")),
+        (t("widgets"), report.ipywidgets or t("not_installed")),
+    ]
+    width = max(_width(k) for k, _ in rows)
+    lines = [f"== {t('doctor_title')} =="]
+    lines += [k + " " * (width - _width(k) + 2) + v for k, v in rows]
+    lines.append(f"{t('can_run')}:")
+    lines += [f"  ✓ {t(k)}" for k in report.can_run]
+    lines.append(f"{t('cannot_run')}:")
+    lines += [f"  ✗ {t(k)}" for k in report.cannot_run] or [f"  ({t('none')})"]
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""Language of learner-facing text, and a Japanese font for matplotlib."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = [
+    "LANGS",
+    "MissingGlyphError",
+    "check_glyphs",
+    "checked_glyphs",
+    "get_lang",
+    "register",
+    "set_lang",
+    "setup_japanese_font",
+    "t",
+]
+
+LANGS = ("ja", "en")
+
+# One entry per message: key -> {lang: text}. Texts may hold str.format fields.
+MESSAGES: dict[str, dict[str, str]] = {
+    # plots
+    "step": {"ja": "ステップ", "en": "step"},
+    "epoch": {"ja": "エポック", "en": "epoch"},
+    "loss": {"ja": "損失 (MSE)", "en": "loss (MSE)"},
+    "loss_curve_title": {"ja": "学習曲線", "en": "Training loss"},
+    "target_variance": {
+        "ja": "目標の分散 (MyDataset で届く最小値)",
+        "en": "variance of the targets (the best MyDataset allows)",
+    },
+    "font_check_title": {
+        "ja": "日本語フォントの確認: 勾配の同期とランク",
+        "en": "Font check: gradient synchronization and ranks",
+    },
+    # checks
+    "raised_as_expected": {
+        "ja": "想定どおりの例外: {name}: {msg}",
+        "en": "Raised as expected: {name}: {msg}",
+    },
+    "did_not_raise": {
+        "ja": "{name} が発生するはずでしたが、何も起きませんでした",
+        "en": "Expected {name}, but nothing was raised",
+    },
+    "wrong_message": {
+        "ja": "{name} は発生しましたが、メッセージに {pattern!r} がありません: {msg}",
+        "en": "{name} was raised, but its message lacks {pattern!r}: {msg}",
+    },
+    "missing_glyphs": {
+        "ja": "フォント {fonts} に無い文字があり、四角で表示されます: {chars}",
+        "en": "Font(s) {fonts} lack these characters, drawn as empty boxes: {chars}",
+    },
+    "version_too_old": {
+        "ja": "labkit {have} が入っていますが、この教材には {need} 以上が必要です。"
+        "`make lab` で環境を作り直してください。",
+        "en": "labkit {have} is installed but this lesson needs {need} or newer. "
+        "Run `make lab` to update the environment.",
+    },
+}
+
+_state = {"lang": "en", "font": None}
+
+
+def get_lang() -> str:
+    """The current language code."""
+    return _state["lang"]
+
+
+def set_lang(lang: str) -> str:
+    """Set the language of plots and messages ("ja" or "en"); returns it.
+
+    Also makes matplotlib draw Japanese, so that either language renders.
+    """
+    if lang not in LANGS:
+        raise ValueError(
+            f"unknown language {lang!r}: choose one of {', '.join(LANGS)}"
+        )
+    _state["lang"] = lang
+    setup_japanese_font()
+    return lang
+
+
+def register(messages: dict[str, dict[str, str]]) -> None:
+    """Add a module's messages; each needs a text for every language."""
+    for key, entry in messages.items():
+        missing = [lang for lang in LANGS if lang not in entry]
+        if missing:
+            raise ValueError(f"message {key!r} lacks {', '.join(missing)}")
+        if key in MESSAGES and MESSAGES[key] != entry:
+            raise ValueError(f"message {key!r} is already registered differently")
+        MESSAGES[key] = entry
+
+
+def t(key: str, **fields: object) -> str:
+    """The message `key` in the current language, formatted with `fields`."""
+    try:
+        entry = MESSAGES[key]
+    except KeyError:
+        raise KeyError(f"no message {key!r} in labkit.i18n.MESSAGES") from None
+    return entry[_state["lang"]].format(**fields)
+
+
+def setup_japanese_font() -> str:
+    """Make matplotlib's default sans-serif font one with Japanese glyphs.
+
+    matplotlib-fontja registers IPAexGothic (which also covers Latin text) and
+    puts it first in matplotlib's font family. Returns the family name.
+    """
+    if _state["font"] is None:
+        import matplotlib
+        import matplotlib_fontja
+
+        matplotlib_fontja.japanize()
+        # IPAexGothic has U+2212 MINUS SIGN, so the default unicode minus is kept.
+        _state["font"] = matplotlib.rcParams["font.family"][0]
+    return _state["font"]
+
+
+_GLYPH_WARNING = re.compile(r"Glyph (\d+) .*missing from font\(s\) (.+)\.")
+
+
+class MissingGlyphError(RuntimeError):
+    """A figure holds characters that its font cannot draw."""
+
+
+@contextmanager
+def checked_glyphs() -> Iterator[None]:
+    """Raise MissingGlyphError if text drawn in the block lacks a glyph.
+
+    matplotlib warns about a missing glyph once, when it first lays out the
+    text (often in `tight_layout`), so the whole figure is built in the block.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    chars: list[str] = []
+    fonts: set[str] = set()
+    for w in caught:
+        m = _GLYPH_WARNING.search(str(w.message))
+        if m:
+            chars.append(chr(int(m.group(1))))
+            fonts.add(m.group(2))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if chars:
+        raise MissingGlyphError(
+            t(
+                "missing_glyphs",
+                fonts=", ".join(sorted(fonts)),
+                chars="".join(dict.fromkeys(chars)),
+            )
+        )
+
+
+def check_glyphs(fig) -> None:
+    """Draw a freshly built `fig`; raise MissingGlyphError if a glyph is missing."""
+    with checked_glyphs():
+        fig.canvas.draw()

@@ -1,0 +1,100 @@
+"""The two documents' models and loss, as written and corrected.
+
+The "as written" classes keep the documents' `x.view(-1)`, which flattens the
+whole batch into one vector; the corrected ones flatten each sample instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = [
+    "MLP",
+    "MLPAsWritten",
+    "MyLoss",
+    "TwoLinear",
+    "TwoLinearAsWritten",
+    "WideMLP",
+    "count_params",
+]
+
+
+class TwoLinearAsWritten(nn.Module):
+    """Doc 000's model exactly as printed: two Linear(10, 10) after x.view(-1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(10, 10)
+        self.fc2 = nn.Linear(10, 10)
+
+    def forward(self, x):
+        x = x.view(-1)  # the bug: a batch (N, 10) becomes one vector (N*10,)
+        x = self.fc1(x)
+        x = self.fc2(x)
+        return x
+
+
+class TwoLinear(TwoLinearAsWritten):
+    """Doc 000's model, corrected: flatten each sample, keep the batch."""
+
+    def forward(self, x):
+        x = x.flatten(1)  # (N, ...) -> (N, features)
+        return self.fc2(self.fc1(x))
+
+
+class MLPAsWritten(nn.Module):
+    """Doc 004's model exactly as printed: Linear(10, 100), ReLU, Linear(100, 10)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(10, 100)
+        self.fc2 = nn.Linear(100, 10)
+
+    def forward(self, x):
+        x = x.view(-1)  # the bug, as in doc 000
+        x = self.fc1(x)
+        x = torch.relu(x)
+        x = self.fc2(x)
+        return x
+
+
+class MLP(MLPAsWritten):
+    """Doc 004's model, corrected: flatten each sample, keep the batch."""
+
+    def forward(self, x):
+        x = x.flatten(1)
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class WideMLP(nn.Module):
+    """An MLP of any width and depth, for experiments where size matters."""
+
+    def __init__(self, in_features: int = 10, hidden: int = 100, depth: int = 1,
+                 out_features: int = 10):
+        super().__init__()
+        if min(in_features, hidden, depth, out_features) < 1:
+            raise ValueError(
+                "in_features, hidden, depth and out_features must all be >= 1, got "
+                f"{in_features}, {hidden}, {depth}, {out_features}"
+            )
+        layers: list[nn.Module] = [nn.Linear(in_features, hidden), nn.ReLU()]
+        for _ in range(depth - 1):
+            layers += [nn.Linear(hidden, hidden), nn.ReLU()]
+        layers.append(nn.Linear(hidden, out_features))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x.flatten(1))
+
+
+class MyLoss(nn.Module):
+    """Doc 004's custom loss: the mean squared error (same as nn.MSELoss())."""
+
+    def forward(self, output, target):
+        return torch.mean((output - target) ** 2)
+
+
+def count_params(model: nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

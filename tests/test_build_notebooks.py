@@ -1,0 +1,99 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import build_notebooks as bn  # noqa: E402
+
+HEADER = "# ---\n# jupyter:\n#   jupytext:\n#     formats: py:percent\n# ---\n\n"
+
+
+def lesson(tmp_path, body):
+    course = tmp_path / "course"
+    course.mkdir(exist_ok=True)
+    (course / "00_demo.py").write_text(HEADER + body, encoding="utf-8")
+    return course
+
+
+GOOD = '''# %% [markdown] lang="ja"
+# # こんにちは
+
+# %% [markdown] lang="en"
+# # Hello
+
+# %% lang="ja"
+import labkit
+labkit.set_lang("ja")
+
+# %% lang="en"
+import labkit
+labkit.set_lang("en")
+
+# %% tags=["nbval-ignore-output"]
+x = 1 + 1
+'''
+
+
+def run(course, out, *extra):
+    return bn.main(["--course", str(course), "--out", str(out), *extra])
+
+
+def test_build_writes_both_languages_with_shared_code(tmp_path):
+    course, out = lesson(tmp_path, GOOD), tmp_path / "notebooks"
+    assert run(course, out) == 0
+    ja = nbformat.read(out / "ja" / "00_demo.ipynb", as_version=4)
+    en = nbformat.read(out / "en" / "00_demo.ipynb", as_version=4)
+    assert ja["cells"][0]["source"] == "# こんにちは"
+    assert en["cells"][0]["source"] == "# Hello"
+    assert ja["cells"][1]["source"].endswith('set_lang("ja")')
+    assert en["cells"][1]["source"].endswith('set_lang("en")')
+    assert ja["cells"][2]["source"] == en["cells"][2]["source"] == "x = 1 + 1"
+    assert ja["cells"][2]["metadata"] == {"tags": ["nbval-ignore-output"]}
+    assert [c["id"] for c in ja["cells"]] == [c["id"] for c in en["cells"]]
+    assert all(c.get("outputs", []) == [] for c in ja["cells"])
+    assert run(course, out, "--check") == 0
+
+
+def test_check_fails_on_a_stale_or_missing_notebook(tmp_path, capsys):
+    course, out = lesson(tmp_path, GOOD), tmp_path / "notebooks"
+    assert run(course, out, "--check") == 1
+    assert "missing" in capsys.readouterr().err
+    run(course, out)
+    nb = out / "en" / "00_demo.ipynb"
+    nb.write_text(nb.read_text(encoding="utf-8").replace("Hello", "Hi"), "utf-8")
+    assert run(course, out, "--check") == 1
+    assert "en/00_demo.ipynb: differs from its source" in capsys.readouterr().err
+    (out / "ja" / "99_orphan.ipynb").write_text("{}", "utf-8")
+    run(course, out)
+    assert run(course, out, "--check") == 1
+    assert "99_orphan.ipynb: has no source" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ('# %% [markdown] lang="ja"\n# ただ一つ\n\n# %%\nx = 1\n',
+         'lacks its lang="en" twin'),
+        ("# %% [markdown]\n# no language\n", "markdown cell without lang"),
+        ('# %% [markdown] lang="en"\n# English first\n', "must follow its lang=\"ja\""),
+        ('# %% lang="ja"\nx = 1\n\n# %% lang="en"\nx = 2\n',
+         "differ only in the language code"),
+        ('# %% [markdown] lang="ja"\n# 説明\n\n# %% lang="en"\nx = 1\n',
+         "its twin is a code cell"),
+    ],
+)
+def test_broken_twins_are_named(tmp_path, capsys, body, problem):
+    course, out = lesson(tmp_path, body), tmp_path / "notebooks"
+    assert run(course, out) == 1
+    assert problem in capsys.readouterr().err
+
+
+def test_committed_notebooks_are_in_sync():
+    """The repository's own notebooks match what course/ builds."""
+    result = subprocess.run([sys.executable, str(ROOT / "tools/build_notebooks.py"),
+                             "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,71 @@
+import matplotlib
+import matplotlib.pyplot as plt
+import pytest
+
+import labkit
+from labkit import i18n, plots
+from labkit.i18n import MissingGlyphError
+
+
+def test_set_lang_switches_messages():
+    assert labkit.set_lang("ja") == "ja"
+    assert labkit.t("epoch") == "エポック"
+    labkit.set_lang("en")
+    assert labkit.t("epoch") == "epoch"
+
+
+def test_unknown_language_is_named():
+    with pytest.raises(ValueError, match="unknown language 'fr'"):
+        labkit.set_lang("fr")
+    assert labkit.get_lang() == "en"  # unchanged by the bad call
+
+
+def test_every_message_has_every_language():
+    for key, entry in i18n.MESSAGES.items():
+        assert set(entry) == set(i18n.LANGS), key
+        assert all(entry.values()), key
+
+
+def test_register_refuses_a_missing_language():
+    with pytest.raises(ValueError, match="lacks en"):
+        i18n.register({"only_ja": {"ja": "日本語だけ"}})
+
+
+def test_japanese_figure_has_every_glyph():
+    """A Japanese-labelled figure must draw every character (no empty boxes)."""
+    labkit.set_lang("ja")
+    fig = plots.loss_curves({"ランク 0": [1.0, 0.5], "ランク 1": [1.1, 0.4]},
+                            references={"下限": 0.3})
+    assert fig.axes[0].get_title() == "学習曲線"
+    plots.font_check()
+
+
+def test_every_message_renders_in_the_course_font():
+    """All learner-facing texts, in both languages, have glyphs in the font."""
+    def build():
+        fig, ax = plt.subplots()
+        for y, entry in enumerate(i18n.MESSAGES.values()):
+            for lang in i18n.LANGS:
+                ax.text(0, y, entry[lang])
+        return fig
+
+    plots.checked_figure(build)
+
+
+def test_missing_glyphs_are_reported_and_the_figure_closed():
+    """Without a Japanese font the check fails, naming the characters."""
+    labkit.set_lang("ja")
+    before = plt.get_fignums()
+    with matplotlib.rc_context({"font.family": "DejaVu Sans"}):
+        with pytest.raises(MissingGlyphError, match="DejaVu Sans") as err:
+            plots.font_check()
+    assert "勾" in str(err.value)
+    assert plt.get_fignums() == before
+
+
+def test_other_warnings_pass_through():
+    with pytest.warns(UserWarning, match="unrelated"):
+        with i18n.checked_glyphs():
+            import warnings
+
+            warnings.warn("unrelated", UserWarning, stacklevel=1)

@@ -1,0 +1,146 @@
+"""Build notebooks/ja and notebooks/en from the lesson sources in course/.
+
+A source is a jupytext py:percent file. Code cells go to both notebooks.
+Cells marked `lang="ja"` / `lang="en"` come in adjacent pairs, Japanese first:
+markdown twins say the same thing in each language; code twins may differ only
+in the language code (the `labkit.set_lang("ja")` cell).
+
+    python tools/build_notebooks.py          # write the notebooks
+    python tools/build_notebooks.py --check  # fail if any is missing or stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+LANGS = ("ja", "en")
+
+
+class SourceError(ValueError):
+    """A lesson source breaks the one-source, two-languages rules."""
+
+
+def _code_twins_match(ja: str, en: str) -> bool:
+    swapped = ja.replace('"ja"', '"en"').replace("'ja'", "'en'")
+    return swapped == en
+
+
+def split_languages(source: nbformat.NotebookNode, name: str) -> dict[str, list]:
+    """Per language, the list of cells of that language's notebook."""
+    cells = source.cells
+    out: dict[str, list] = {lang: [] for lang in LANGS}
+    i = 0
+    while i < len(cells):
+        cell = cells[i]
+        lang = cell.metadata.get("lang")
+        where = f"{name}, cell {i + 1} ({cell.cell_type})"
+        if lang is None:
+            if cell.cell_type == "markdown":
+                raise SourceError(f"{where}: markdown cell without lang=\"ja\"/\"en\"")
+            for lang_ in LANGS:
+                out[lang_].append(cell)
+            i += 1
+            continue
+        if lang != "ja":
+            raise SourceError(
+                f"{where}: a lang={lang!r} cell must follow its lang=\"ja\" twin"
+            )
+        twin = cells[i + 1] if i + 1 < len(cells) else None
+        if twin is None or twin.metadata.get("lang") != "en":
+            raise SourceError(f"{where}: lang=\"ja\" cell lacks its lang=\"en\" twin")
+        if twin.cell_type != cell.cell_type:
+            raise SourceError(f"{where}: its twin is a {twin.cell_type} cell")
+        if cell.cell_type == "code" and not _code_twins_match(cell.source, twin.source):
+            raise SourceError(
+                f"{where}: code twins may differ only in the language code"
+            )
+        out["ja"].append(cell)
+        out["en"].append(twin)
+        i += 2
+    return out
+
+
+def _clean(cell: nbformat.NotebookNode, cell_id: str) -> nbformat.NotebookNode:
+    metadata = {k: v for k, v in cell.metadata.items() if k != "lang"}
+    if cell.cell_type == "markdown":
+        new = nbformat.v4.new_markdown_cell(cell.source, metadata=metadata)
+    else:
+        new = nbformat.v4.new_code_cell(cell.source, metadata=metadata)
+    new.id = cell_id
+    return new
+
+
+def build(path: Path) -> dict[str, str]:
+    """The JSON text of each language's notebook for the source `path`."""
+    source = jupytext.read(path, fmt="py:percent")
+    per_lang = split_languages(source, path.name)
+    texts = {}
+    for lang, cells in per_lang.items():
+        nb = nbformat.v4.new_notebook()
+        nb.metadata = {
+            "kernelspec": {"display_name": "Python 3 (ipykernel)",
+                           "language": "python", "name": "python3"},
+            "language_info": {"name": "python"},
+            "labkit": {"lang": lang, "source": f"course/{path.name}"},
+        }
+        nb.cells = [_clean(c, f"{path.stem[:2]}-{n:03d}") for n, c in enumerate(cells)]
+        nbformat.validate(nb)
+        texts[lang] = nbformat.writes(nb) + "\n"
+    return texts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; fail if a notebook is missing or stale")
+    parser.add_argument("--course", type=Path, default=ROOT / "course")
+    parser.add_argument("--out", type=Path, default=ROOT / "notebooks")
+    args = parser.parse_args(argv)
+
+    sources = sorted(args.course.glob("[0-9][0-9]_*.py"))
+    if not sources:
+        print(f"no lesson sources in {args.course}", file=sys.stderr)
+        return 1
+    problems: list[str] = []
+    expected: set[Path] = set()
+    for path in sources:
+        try:
+            texts = build(path)
+        except SourceError as e:
+            problems.append(str(e))
+            continue
+        for lang, text in texts.items():
+            target = args.out / lang / f"{path.stem}.ipynb"
+            expected.add(target)
+            current = target.read_text(encoding="utf-8") if target.exists() else None
+            if current == text:
+                continue
+            if args.check:
+                state = "missing" if current is None else "differs from its source"
+                problems.append(f"{target.relative_to(args.out.parent)}: {state}")
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text, encoding="utf-8")
+                print(f"wrote {target.relative_to(args.out.parent)}")
+    for lang in LANGS:
+        for stray in sorted((args.out / lang).glob("*.ipynb")):
+            if stray not in expected:
+                problems.append(f"{stray.relative_to(args.out.parent)}: has no source")
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        if args.check:
+            print("run `make notebooks` and commit the result", file=sys.stderr)
+        return 1
+    if args.check:
+        print(f"{len(expected)} notebooks in sync with {len(sources)} sources")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
