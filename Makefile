@@ -8,6 +8,8 @@ VENV ?= .venv
 # pass another, e.g. make lab TORCH="torch==2.13.0 --index-url <your wheel index>".
 TORCH ?= torch==2.13.0
 LAB_ARGS ?=
+# Jupyter refuses to run as root unless told; containers and CI often are root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.labkit-installed
@@ -23,7 +25,7 @@ $(STAMP): pyproject.toml
 
 ## Open the course in JupyterLab (listens on 127.0.0.1 only).
 lab: $(STAMP)
-	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(LAB_ARGS)
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
 ## Execute every notebook of both languages headless; fails on any error.
 course: $(STAMP)
