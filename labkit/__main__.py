@@ -1,4 +1,8 @@
-"""Command line: `python -m labkit <command> ...` runs what the lessons run."""
+"""Command line: `python -m labkit <command> ...` runs what the lessons run.
+
+Experiments run on every rank: under torchrun the ranks come from torchrun,
+otherwise torch's elastic launcher starts `--world-size` of them here.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,13 @@ from . import __version__, i18n
 __all__ = ["main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments end with one line that names the problem, and exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from . import doctor
 
@@ -21,6 +32,45 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _experiment(args: argparse.Namespace) -> int:
+    from . import launch, nosync, rendezvous
+
+    cfg = nosync.NoSyncConfig(
+        accum_steps=args.accum, steps=args.steps, batch_per_rank=args.batch_per_rank,
+        hidden=args.hidden, depth=args.depth, lr=args.lr, seed=args.seed,
+        bucket_cap_mb=args.bucket_cap_mb, repeat=args.repeat)
+    world_size = args.world_size
+    if launch.under_torchrun():
+        import os
+
+        world_size = int(os.environ["WORLD_SIZE"])
+    # Every argument is checked here, before a single worker starts.
+    rendezvous.check_args(world_size, args.backend, args.accum)
+    cfg.check(world_size)
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout must be > 0, got {args.timeout}")
+    fn = {"nosync": nosync.nosync_experiment,
+          "misuse": nosync.misuse_experiment}[args.command]
+    results = launch.run(fn, {"cfg": cfg}, world_size, args.backend, args.timeout)
+    if results is None or (launch.under_torchrun() and _rank() != 0):
+        return 0
+    summary = {k: v for k, v in results[0].items() if k not in ("rank", "config")}
+    summary["config"] = results[0]["config"]
+    summary["backend"] = args.backend
+    for key, value in summary.items():
+        if key != "config":
+            print(f"{key}: {value}")
+    if args.json:
+        _write_json(args.json, summary)
+    return 0
+
+
+def _rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", 0))
+
+
 def _write_json(path: str, data: dict) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, ensure_ascii=False, indent=2)
@@ -28,22 +78,65 @@ def _write_json(path: str, data: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m labkit", description=__doc__)
+    parser = _Parser(prog="python -m labkit", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=__version__)
     parser.add_argument("--lang", choices=i18n.LANGS, default="en",
                         help="language of the output (default: en)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("doctor", help="what this machine can run")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     p.set_defaults(func=_doctor)
+    helps = {
+        "nosync": "gradient accumulation with no_sync: equivalence, all-reduce "
+                  "counts, step times",
+        "misuse": "the documents' misuses of no_sync: bare call, forward outside, "
+                  "stepping inside",
+    }
+    for name, text in helps.items():
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--world-size", type=int, default=2,
+                       help="ranks to start (ignored under torchrun)")
+        p.add_argument("--accum", type=int, default=4,
+                       help="micro-batches per optimizer step (K)")
+        p.add_argument("--steps", type=int, default=10, help="optimizer steps")
+        p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (GPUs)")
+        p.add_argument("--batch-per-rank", type=int, default=16,
+                       help="samples per rank in one micro-batch")
+        p.add_argument("--hidden", type=int, default=100, help="hidden width")
+        p.add_argument("--depth", type=int, default=1, help="hidden layers")
+        p.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                       help="DDP bucket size in MB")
+        p.add_argument("--lr", type=float, default=0.05, help="learning rate")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--repeat", type=int, default=5,
+                       help="timed optimizer steps per mode")
+        p.add_argument("--timeout", type=float, default=60.0,
+                       help="seconds before a stuck collective fails")
+        p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+        p.set_defaults(func=_experiment)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     i18n.set_lang(args.lang)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ValueError as err:  # bad input: one line, no traceback
+        parser.exit(2, f"{parser.prog} {args.command}: error: {err}\n")
+    except Exception as err:
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+        if isinstance(err, ChildFailedError):
+            # The failing rank's traceback is in the message; print it once.
+            print(err.format_msg(), file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    # Under torchrun, record() writes this rank's traceback where torchrun reads it.
+    sys.exit(record(main)())

@@ -1,0 +1,68 @@
+"""DDP helpers the lessons share: count communication, compare replicas, shard data."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+__all__ = ["CommCounter", "gather_params", "replica_max_diff", "shard"]
+
+
+class CommCounter:
+    """A DDP communication hook that counts all-reduce calls and bytes.
+
+    It then all-reduces exactly as DDP's default does (sum, divide by world
+    size), so training is unchanged. Attach before the first forward pass.
+    """
+
+    def __init__(self):
+        self.calls = 0
+        self.bytes = 0
+
+    def attach(self, model: nn.parallel.DistributedDataParallel) -> CommCounter:
+        model.register_comm_hook(self, CommCounter._hook)
+        return self
+
+    def reset(self) -> None:
+        self.calls = 0
+        self.bytes = 0
+
+    @staticmethod
+    def _hook(counter, bucket):  # unannotated: DDP rejects string annotations
+        buffer = bucket.buffer()
+        counter.calls += 1
+        counter.bytes += buffer.numel() * buffer.element_size()
+        return default_hooks.allreduce_hook(None, bucket)
+
+
+def gather_params(model: nn.Module) -> list[torch.Tensor]:
+    """Every rank's parameters as one flat vector each, in rank order."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    out = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, flat)
+    return out
+
+
+def replica_max_diff(model: nn.Module) -> float:
+    """Largest difference between any rank's parameters and rank 0's (collective)."""
+    flats = gather_params(model)
+    return max((f - flats[0]).abs().max().item() for f in flats)
+
+
+def shard(X: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank `rank`'s equal, contiguous share of the batch `X` (dimension 0).
+
+    Equal shares matter: DDP averages the ranks' gradients with equal weight,
+    which equals the whole batch's gradient only when every rank has as many
+    samples.
+    """
+    n = X.shape[0]
+    if n < world_size:
+        raise ValueError(f"a batch of {n} cannot be shared by {world_size} ranks")
+    if n % world_size:
+        raise ValueError(f"a batch of {n} does not split evenly over {world_size} "
+                         "ranks; use a multiple of the world size")
+    per = n // world_size
+    return X[rank * per : (rank + 1) * per]

@@ -1,0 +1,281 @@
+"""Gradient accumulation with DDP's no_sync, and the experiments of lesson 04.
+
+Every function taking `rank, world_size` runs on each rank of an initialized
+process group: on the notebook's engines, under torchrun, or under
+`python -m labkit nosync`, which all call the same code.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from . import data, ddp, models, rendezvous, timing
+
+__all__ = [
+    "NoSyncConfig",
+    "accumulate_no_sync",
+    "convergence",
+    "micro_batches",
+    "misuse_experiment",
+    "nosync_experiment",
+]
+
+
+@dataclass
+class NoSyncConfig:
+    """One experiment: model size, accumulation, data and timing settings."""
+
+    accum_steps: int = 4
+    steps: int = 10
+    batch_per_rank: int = 16  # samples per rank in one micro-batch
+    hidden: int = 100  # hidden=100, depth=1 is doc 004's model
+    depth: int = 1
+    lr: float = 0.05
+    seed: int = 0
+    bucket_cap_mb: float = 25.0  # DDP's default
+    repeat: int = 5  # timed optimizer steps per mode
+
+    def check(self, world_size: int) -> None:
+        rendezvous.check_args(world_size, "gloo", self.accum_steps)  # backend: launcher
+        for name in ("steps", "batch_per_rank", "hidden", "depth", "repeat"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.bucket_cap_mb <= 0:
+            raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
+
+
+def make_model(cfg: NoSyncConfig) -> nn.Module:
+    """The same initial weights on every rank and in the single-process reference."""
+    torch.manual_seed(cfg.seed)
+    return models.WideMLP(hidden=cfg.hidden, depth=cfg.depth).to(_device())
+
+
+def _device() -> torch.device:
+    """This rank's GPU under nccl, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _dataset(cfg: NoSyncConfig) -> data.TeacherDataset:
+    dataset = data.TeacherDataset(n=4096, seed=cfg.seed)
+    device = _device()
+    dataset.data, dataset.target = dataset.data.to(device), dataset.target.to(device)
+    return dataset
+
+
+def micro_batches(dataset, cfg: NoSyncConfig, step: int, rank: int, world_size: int,
+                  whole: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Rank `rank`'s K micro-batches for optimizer step `step`.
+
+    The global batch of one step is K x world_size x batch_per_rank samples;
+    micro-batch i takes a slice of it and each rank takes its share of that.
+    With `whole`, the single step's whole global batch (the reference).
+    """
+    per_micro = world_size * cfg.batch_per_rank
+    size = cfg.accum_steps * per_micro
+    idx = ((torch.arange(size) + step * size) % len(dataset)).to(dataset.data.device)
+    X, y = dataset.data[idx], dataset.target[idx]
+    if whole:
+        return [(X, y)]
+    out = []
+    for i in range(cfg.accum_steps):
+        part = slice(i * per_micro, (i + 1) * per_micro)
+        out.append((ddp.shard(X[part], rank, world_size),
+                    ddp.shard(y[part], rank, world_size)))
+    return out
+
+
+def accumulate_no_sync(model: DDP, criterion, batches, use_no_sync: bool = True,
+                       scale: bool = True) -> float:
+    """Backward over K micro-batches; all-reduce only on the last one.
+
+    Forward *and* backward of the first K-1 micro-batches run inside
+    `no_sync()`: DDP decides in the forward pass whether the backward will
+    synchronize. Each loss is divided by K so the summed gradient is the mean
+    over the large batch. The caller zeroes gradients before and steps after.
+    Returns the mean loss over the micro-batches.
+    """
+    K = len(batches)
+    total = 0.0
+    for i, (X, y) in enumerate(batches):
+        last = i == K - 1
+        with model.no_sync() if (use_no_sync and not last) else nullcontext():
+            loss = criterion(model(X), y)
+            (loss / K if scale else loss).backward()
+        total += loss.item()
+    return total / K
+
+
+def _wrap(cfg: NoSyncConfig) -> tuple[DDP, ddp.CommCounter]:
+    device = _device()
+    model = DDP(make_model(cfg), bucket_cap_mb=cfg.bucket_cap_mb,
+                device_ids=[device] if device.type == "cuda" else None)
+    return model, ddp.CommCounter().attach(model)
+
+
+def _grads(model: nn.Module) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def nosync_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
+    """Equivalence, replica agreement, all-reduce counts and step times."""
+    cfg.check(world_size)
+    dataset = _dataset(cfg)
+    criterion = models.MyLoss()
+    model, counter = _wrap(cfg)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+
+    # 1. The accumulated DDP gradient against one process on the K-times batch.
+    local = make_model(cfg)
+    (Xg, yg), = micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
+    criterion(local(Xg), yg).backward()
+    optimizer.zero_grad()
+    first = micro_batches(dataset, cfg, 0, rank, world_size)
+    accumulate_no_sync(model, criterion, first)
+    grad_diff = _max_diff(_grads(model.module), _grads(local))
+
+    # 2. Train `steps` steps; count all-reduce calls per optimizer step.
+    calls = []
+    for step in range(cfg.steps):
+        optimizer.zero_grad()
+        counter.reset()
+        accumulate_no_sync(model, criterion,
+                           micro_batches(dataset, cfg, step, rank, world_size))
+        optimizer.step()
+        calls.append(counter.calls)
+    replica_diff = ddp.replica_max_diff(model)
+    calls_nosync = calls[-1]  # after the first step DDP has rebuilt its buckets
+    counter.reset()
+    optimizer.zero_grad()
+    accumulate_no_sync(model, criterion, first, use_no_sync=False)
+    calls_sync = counter.calls
+
+    # 3. Time one optimizer step per mode, alternating so both see the same noise.
+    def step_fn(use_no_sync):
+        batches = micro_batches(dataset, cfg, 1, rank, world_size)
+
+        def run():
+            dist.barrier()  # start together: a step lasts as long as its slowest rank
+            optimizer.zero_grad()
+            accumulate_no_sync(model, criterion, batches, use_no_sync=use_no_sync)
+            optimizer.step()
+        return run
+
+    sync_t, nosync_t = [], []
+    for _ in range(cfg.repeat):
+        sync_t.append(timing.median_time(step_fn(False), 1, 0, _device()))
+        nosync_t.append(timing.median_time(step_fn(True), 1, 0, _device()))
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "config": asdict(cfg),
+        "params": models.count_params(model.module),
+        "grad_max_abs_diff": grad_diff,
+        "replica_max_param_diff": replica_diff,
+        "allreduce_calls_per_step_sync": calls_sync,
+        "allreduce_calls_per_step_nosync": calls_nosync,
+        "allreduce_bytes_per_call": counter.bytes / max(counter.calls, 1),
+        "step_s_sync": _median(sync_t),
+        "step_s_nosync": _median(nosync_t),
+    }
+
+
+def misuse_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
+    """The documents' misuses of no_sync, measured."""
+    cfg.check(world_size)
+    dataset = _dataset(cfg)
+    criterion = models.MyLoss()
+    K = cfg.accum_steps
+    batches = micro_batches(dataset, cfg, 0, rank, world_size)
+
+    def calls_of(run) -> int:
+        model, counter = _wrap(cfg)
+        accumulate_no_sync(model, criterion, batches)  # warm-up: buckets rebuilt
+        model.zero_grad()
+        counter.reset()
+        run(model)
+        return counter.calls
+
+    def correct(model):
+        accumulate_no_sync(model, criterion, batches)
+
+    def bare_call(model):
+        model.no_sync()  # as in doc 000: builds a context manager and drops it
+        accumulate_no_sync(model, criterion, batches, use_no_sync=False)
+
+    def forward_outside(model):
+        for i, (X, y) in enumerate(batches):
+            loss = criterion(model(X), y) / K  # forward outside: DDP already decided
+            with model.no_sync() if i < K - 1 else nullcontext():
+                loss.backward()
+
+    # Stepping inside no_sync: every rank updates with its own gradient.
+    model, _ = _wrap(cfg)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    diffs = []
+    for step in range(cfg.steps):
+        for X, y in micro_batches(dataset, cfg, step, rank, world_size):
+            with model.no_sync():
+                optimizer.zero_grad()
+                criterion(model(X), y).backward()
+                optimizer.step()
+        diffs.append(ddp.replica_max_diff(model))
+    # Synchronized steps afterwards apply the same update to different weights.
+    for step in range(cfg.steps):
+        optimizer.zero_grad()
+        accumulate_no_sync(model, criterion,
+                           micro_batches(dataset, cfg, step, rank, world_size))
+        optimizer.step()
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "config": asdict(cfg),
+        "correct_allreduce_calls": calls_of(correct),
+        "sync_allreduce_calls": calls_of(
+            lambda m: accumulate_no_sync(m, criterion, batches, use_no_sync=False)),
+        "bare_call_allreduce_calls": calls_of(bare_call),
+        "forward_outside_allreduce_calls": calls_of(forward_outside),
+        "diverged_param_diff_per_step": diffs,
+        "diverged_max_param_diff": max(diffs),
+        "param_diff_after_sync_steps": ddp.replica_max_diff(model),
+    }
+
+
+def convergence(rank: int, world_size: int, cfg: NoSyncConfig,
+                use_no_sync: bool) -> dict:
+    """Loss and elapsed time after each optimizer step, with or without no_sync."""
+    cfg.check(world_size)
+    dataset = _dataset(cfg)
+    criterion = models.MyLoss()
+    model, _ = _wrap(cfg)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    losses, elapsed = [], []
+    dist.barrier()
+    t0 = time.perf_counter()
+    for step in range(cfg.steps):
+        optimizer.zero_grad()
+        loss = accumulate_no_sync(model, criterion,
+                                  micro_batches(dataset, cfg, step, rank, world_size),
+                                  use_no_sync=use_no_sync)
+        optimizer.step()
+        losses.append(loss)
+        elapsed.append(time.perf_counter() - t0)
+    return {"losses": losses, "elapsed_s": elapsed,
+            "replica_max_param_diff": ddp.replica_max_diff(model)}
+
+
+def _max_diff(a, b) -> float:
+    return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs)

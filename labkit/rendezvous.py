@@ -1,0 +1,115 @@
+"""How ranks find each other: argument checks, a loopback store, process groups.
+
+Shared by the notebook's engines (labkit.cluster) and the headless launcher
+(labkit.launch), so both check arguments the same way and bind to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "BACKENDS",
+    "MAX_LOCAL_WORLD_SIZE",
+    "check_args",
+    "init_rank",
+    "local_store",
+    "loopback_interface",
+]
+
+BACKENDS = ("gloo", "nccl")
+# More ranks than this on one machine is a typo, not an experiment.
+MAX_LOCAL_WORLD_SIZE = 64
+
+
+def check_args(world_size: int, backend: str = "gloo", accum_steps: int = 1) -> None:
+    """Raise ValueError naming the bad argument, before any worker starts."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise ValueError(f"world_size must be an integer, got {world_size!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if world_size > MAX_LOCAL_WORLD_SIZE:
+        raise ValueError(
+            f"world_size={world_size} is more than {MAX_LOCAL_WORLD_SIZE} ranks on one "
+            "machine; use torchrun across machines for that"
+        )
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: choose one of "
+                         f"{', '.join(BACKENDS)}")
+    if backend == "nccl":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus == 0:
+            raise ValueError("backend 'nccl' needs CUDA GPUs and this machine has "
+                             "none; use backend 'gloo'")
+        if world_size > gpus:
+            raise ValueError(f"backend 'nccl' needs one GPU per rank: world_size="
+                             f"{world_size} but only {gpus} GPU(s)")
+    if isinstance(accum_steps, bool) or not isinstance(accum_steps, int):
+        raise ValueError(f"accum_steps must be an integer, got {accum_steps!r}")
+    if accum_steps < 1:
+        raise ValueError(f"accum_steps must be >= 1, got {accum_steps}")
+
+
+def loopback_interface() -> str:
+    """The name of the loopback network interface ("lo" on Linux, "lo0" on macOS)."""
+    names = [name for _, name in socket.if_nameindex()]
+    for name in ("lo", "lo0"):
+        if name in names:
+            return name
+    return names[0] if names else "lo"
+
+
+def local_store(timeout_s: float) -> dist.TCPStore:
+    """A TCPStore server on 127.0.0.1 and a port the OS picks.
+
+    TCPStore on its own listens on every interface; binding the socket here
+    first keeps it on loopback, and port 0 means no other program can race us
+    for it. Ranks connect to `store.port`.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        port = sock.getsockname()[1]
+    except OSError:
+        sock.close()
+        raise
+    # The store takes the file descriptor over and closes it when it is freed.
+    return dist.TCPStore(
+        "127.0.0.1",
+        port,
+        is_master=True,
+        wait_for_workers=False,
+        master_listen_fd=sock.detach(),
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def init_rank(rank: int, world_size: int, backend: str, port: int, prefix: str,
+              timeout_s: float, threads: int | None = None) -> str:
+    """Join the process group from a worker; returns the rank's device name.
+
+    The collective timeout is short so that a rank that never arrives turns
+    into an error within seconds, not gloo's default 30 minutes.
+    """
+    if threads:
+        torch.set_num_threads(threads)  # ranks sharing few cores must not oversubscribe
+    # gloo opens its own sockets on the interface of the host name: keep them local.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    device = "cpu"
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = f"cuda:{torch.cuda.current_device()}"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=dist.PrefixStore(prefix, client),
+                            rank=rank, world_size=world_size, timeout=timeout)
+    return device
