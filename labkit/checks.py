@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -10,7 +13,8 @@ import torch
 
 from .i18n import t
 
-__all__ = ["ExpectedError", "expect_error", "max_abs_diff"]
+__all__ = ["CapturedStderr", "ExpectedError", "captured_stderr", "expect_error",
+           "max_abs_diff"]
 
 
 class ExpectedError:
@@ -60,3 +64,31 @@ def max_abs_diff(a: Iterable[torch.Tensor] | torch.Tensor,
         if x.numel():
             worst = max(worst, (x.detach() - y.detach()).abs().max().item())
     return worst
+
+
+class CapturedStderr:
+    """What `captured_stderr` caught: `text`, once the block has run."""
+
+    text: str = ""
+
+
+@contextmanager
+def captured_stderr() -> Iterator[CapturedStderr]:
+    """Capture file descriptor 2 of this process and of the processes it starts.
+
+    In a notebook, child processes write to the kernel's stderr, which the
+    notebook never shows; this makes that lost output visible.
+    """
+    captured = CapturedStderr()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            captured.text = tmp.read().decode(errors="replace")

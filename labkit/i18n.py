@@ -28,6 +28,28 @@ MESSAGES: dict[str, dict[str, str]] = {
     "epoch": {"ja": "エポック", "en": "epoch"},
     "loss": {"ja": "損失 (MSE)", "en": "loss (MSE)"},
     "loss_curve_title": {"ja": "学習曲線", "en": "Training loss"},
+    "optimizer_step": {"ja": "オプティマイザのステップ", "en": "optimizer step"},
+    "seconds": {"ja": "経過時間 [秒]", "en": "elapsed time [s]"},
+    "loss_vs_steps": {"ja": "ステップ数に対する損失", "en": "Loss vs optimizer steps"},
+    "loss_vs_time": {"ja": "経過時間に対する損失", "en": "Loss vs wall-clock time"},
+    "step_time_s": {"ja": "1 ステップの時間 [秒]", "en": "time per step [s]"},
+    "step_time_ms": {"ja": "1 ステップの時間 [ミリ秒]", "en": "time per step [ms]"},
+    "step_time_vs_world": {
+        "ja": "world size ごとの 1 ステップの時間 (全体バッチ 1024)",
+        "en": "Step time by world size (global batch 1024)",
+    },
+    "accum_k": {"ja": "K (1 ステップのマイクロバッチ数)",
+                "en": "K (micro-batches per step)"},
+    "step_time_vs_k": {
+        "ja": "K ごとの 1 ステップの時間 (2 ランク)",
+        "en": "Time per optimizer step by K (2 ranks)",
+    },
+    "param_diff": {"ja": "ランク間のパラメータの最大差",
+                   "en": "max parameter difference between ranks"},
+    "divergence_title": {
+        "ja": "no_sync の中で step するとレプリカがずれる",
+        "en": "Stepping inside no_sync: replicas drift apart",
+    },
     "target_variance": {
         "ja": "目標の分散 (MyDataset で届く最小値)",
         "en": "variance of the targets (the best MyDataset allows)",

@@ -23,9 +23,13 @@ __all__ = [
     "NoSyncConfig",
     "accumulate_no_sync",
     "convergence",
+    "make_dataset",
+    "make_model",
     "micro_batches",
     "misuse_experiment",
     "nosync_experiment",
+    "step_times",
+    "wrap",
 ]
 
 
@@ -65,7 +69,8 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _dataset(cfg: NoSyncConfig) -> data.TeacherDataset:
+def make_dataset(cfg: NoSyncConfig) -> data.TeacherDataset:
+    """The teacher task, on this rank's device."""
     dataset = data.TeacherDataset(n=4096, seed=cfg.seed)
     device = _device()
     dataset.data, dataset.target = dataset.data.to(device), dataset.target.to(device)
@@ -115,7 +120,8 @@ def accumulate_no_sync(model: DDP, criterion, batches, use_no_sync: bool = True,
     return total / K
 
 
-def _wrap(cfg: NoSyncConfig) -> tuple[DDP, ddp.CommCounter]:
+def wrap(cfg: NoSyncConfig) -> tuple[DDP, ddp.CommCounter]:
+    """A DDP model (same initial weights on every rank) with an all-reduce counter."""
     device = _device()
     model = DDP(make_model(cfg), bucket_cap_mb=cfg.bucket_cap_mb,
                 device_ids=[device] if device.type == "cuda" else None)
@@ -129,9 +135,9 @@ def _grads(model: nn.Module) -> list[torch.Tensor]:
 def nosync_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
     """Equivalence, replica agreement, all-reduce counts and step times."""
     cfg.check(world_size)
-    dataset = _dataset(cfg)
+    dataset = make_dataset(cfg)
     criterion = models.MyLoss()
-    model, counter = _wrap(cfg)
+    model, counter = wrap(cfg)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
 
     # 1. The accumulated DDP gradient against one process on the K-times batch.
@@ -159,21 +165,7 @@ def nosync_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
     accumulate_no_sync(model, criterion, first, use_no_sync=False)
     calls_sync = counter.calls
 
-    # 3. Time one optimizer step per mode, alternating so both see the same noise.
-    def step_fn(use_no_sync):
-        batches = micro_batches(dataset, cfg, 1, rank, world_size)
-
-        def run():
-            dist.barrier()  # start together: a step lasts as long as its slowest rank
-            optimizer.zero_grad()
-            accumulate_no_sync(model, criterion, batches, use_no_sync=use_no_sync)
-            optimizer.step()
-        return run
-
-    sync_t, nosync_t = [], []
-    for _ in range(cfg.repeat):
-        sync_t.append(timing.median_time(step_fn(False), 1, 0, _device()))
-        nosync_t.append(timing.median_time(step_fn(True), 1, 0, _device()))
+    sync_s, nosync_s = step_times(model, optimizer, dataset, cfg, rank, world_size)
     return {
         "rank": rank,
         "world_size": world_size,
@@ -184,21 +176,46 @@ def nosync_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
         "allreduce_calls_per_step_sync": calls_sync,
         "allreduce_calls_per_step_nosync": calls_nosync,
         "allreduce_bytes_per_call": counter.bytes / max(counter.calls, 1),
-        "step_s_sync": _median(sync_t),
-        "step_s_nosync": _median(nosync_t),
+        "step_s_sync": sync_s,
+        "step_s_nosync": nosync_s,
     }
+
+
+def step_times(model: DDP, optimizer, dataset, cfg: NoSyncConfig, rank: int,
+               world_size: int) -> tuple[float, float]:
+    """Median seconds of one optimizer step of K micro-batches: (sync, no_sync).
+
+    The two modes alternate, so both see the same noise of a shared machine.
+    """
+    criterion = models.MyLoss()
+    batches = micro_batches(dataset, cfg, 1, rank, world_size)
+
+    def step(use_no_sync):
+        def run():
+            dist.barrier()  # start together: a step lasts as long as its slowest rank
+            optimizer.zero_grad()
+            accumulate_no_sync(model, criterion, batches, use_no_sync=use_no_sync)
+            optimizer.step()
+        return run
+
+    step(True)()  # warm-up
+    sync_t, nosync_t = [], []
+    for _ in range(cfg.repeat):
+        sync_t.append(timing.median_time(step(False), 1, 0, _device()))
+        nosync_t.append(timing.median_time(step(True), 1, 0, _device()))
+    return statistics.median(sync_t), statistics.median(nosync_t)
 
 
 def misuse_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
     """The documents' misuses of no_sync, measured."""
     cfg.check(world_size)
-    dataset = _dataset(cfg)
+    dataset = make_dataset(cfg)
     criterion = models.MyLoss()
     K = cfg.accum_steps
     batches = micro_batches(dataset, cfg, 0, rank, world_size)
 
     def calls_of(run) -> int:
-        model, counter = _wrap(cfg)
+        model, counter = wrap(cfg)
         accumulate_no_sync(model, criterion, batches)  # warm-up: buckets rebuilt
         model.zero_grad()
         counter.reset()
@@ -219,7 +236,7 @@ def misuse_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
                 loss.backward()
 
     # Stepping inside no_sync: every rank updates with its own gradient.
-    model, _ = _wrap(cfg)
+    model, _ = wrap(cfg)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     diffs = []
     for step in range(cfg.steps):
@@ -254,9 +271,9 @@ def convergence(rank: int, world_size: int, cfg: NoSyncConfig,
                 use_no_sync: bool) -> dict:
     """Loss and elapsed time after each optimizer step, with or without no_sync."""
     cfg.check(world_size)
-    dataset = _dataset(cfg)
+    dataset = make_dataset(cfg)
     criterion = models.MyLoss()
-    model, _ = _wrap(cfg)
+    model, _ = wrap(cfg)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     losses, elapsed = [], []
     dist.barrier()
@@ -275,7 +292,3 @@ def convergence(rank: int, world_size: int, cfg: NoSyncConfig,
 
 def _max_diff(a, b) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
-
-
-def _median(xs: list[float]) -> float:
-    return statistics.median(xs)

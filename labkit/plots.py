@@ -8,7 +8,14 @@ import matplotlib.pyplot as plt
 
 from .i18n import MissingGlyphError, checked_glyphs, setup_japanese_font, t
 
-__all__ = ["checked_figure", "font_check", "loss_curves"]
+__all__ = [
+    "bar_chart",
+    "checked_figure",
+    "convergence",
+    "font_check",
+    "line_chart",
+    "loss_curves",
+]
 
 
 def checked_figure(build: Callable[[], plt.Figure]) -> plt.Figure:
@@ -70,3 +77,80 @@ def font_check():
         return fig
 
     return checked_figure(build)
+
+
+def line_chart(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
+               xlabel: str, ylabel: str, title: str, logx: bool = False,
+               logy: bool = False):
+    """One line per label from (xs, ys); labels and title are message keys."""
+
+    def build():
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for label, (xs, ys) in series.items():
+            ax.plot(xs, ys, label=label, marker="o", markersize=4)
+        _decorate(ax, xlabel, ylabel, title, logx, logy)
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def bar_chart(groups: Mapping[str, Mapping[str, float]], *, ylabel: str, title: str,
+              fmt: str = "{:.3g}"):
+    """One panel of bars per group, each with its own scale; values on top.
+
+    `groups` maps a panel title to {bar label: value}; bars with the same label
+    have the same colour in every panel.
+    """
+
+    def build():
+        fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups) + 0.6, 3.5),
+                                 squeeze=False)
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        labels = list(dict.fromkeys(k for g in groups.values() for k in g))
+        for ax, (name, values) in zip(axes[0], groups.items(), strict=True):
+            bars = ax.bar(list(values), list(values.values()),
+                          color=[colors[labels.index(k) % len(colors)] for k in values])
+            ax.bar_label(bars, labels=[fmt.format(v) for v in values.values()])
+            ax.set_title(name)
+            ax.margins(y=0.15)
+            ax.grid(alpha=0.3, axis="y")
+        axes[0][0].set_ylabel(t(ylabel))
+        fig.suptitle(t(title))
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def convergence(by_step: Mapping[str, Sequence[float]],
+                by_time: Mapping[str, tuple[Sequence[float], Sequence[float]]]):
+    """Loss against optimizer steps (left) and against wall-clock seconds (right)."""
+
+    def build():
+        fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
+        for label, ys in by_step.items():
+            left.plot(range(1, len(ys) + 1), ys, label=label)
+        for label, (xs, ys) in by_time.items():
+            right.plot(xs, ys, label=label)
+        _decorate(left, "optimizer_step", "loss", "loss_vs_steps", False, True)
+        _decorate(right, "seconds", None, "loss_vs_time", False, True)
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def _decorate(ax, xlabel, ylabel, title, logx, logy):
+    if xlabel:
+        ax.set_xlabel(t(xlabel))
+    if ylabel:
+        ax.set_ylabel(t(ylabel))
+    ax.set_title(t(title))
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
