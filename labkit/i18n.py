@@ -41,11 +41,15 @@ MESSAGES: dict[str, dict[str, str]] = {
     "accum_k": {"ja": "K (1 ステップのマイクロバッチ数)",
                 "en": "K (micro-batches per step)"},
     "step_time_vs_k": {
-        "ja": "K ごとの 1 ステップの時間 (2 ランク)",
-        "en": "Time per optimizer step by K (2 ranks)",
+        "ja": "K ごとの 1 回の更新の時間 (2 ランク)",
+        "en": "Time per update by K (2 ranks)",
     },
     "param_diff": {"ja": "ランク間のパラメータの最大差",
                    "en": "max parameter difference between ranks"},
+    "misuse_then_sync": {
+        "ja": "1〜15: no_sync の中で step、16〜30: 正しく同期",
+        "en": "1-15: step inside no_sync, 16-30: synchronized",
+    },
     "divergence_title": {
         "ja": "no_sync の中で step するとレプリカがずれる",
         "en": "Stepping inside no_sync: replicas drift apart",

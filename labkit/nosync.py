@@ -25,6 +25,7 @@ __all__ = [
     "convergence",
     "make_dataset",
     "make_model",
+    "make_optimizer",
     "micro_batches",
     "misuse_experiment",
     "nosync_experiment",
@@ -43,6 +44,7 @@ class NoSyncConfig:
     hidden: int = 100  # hidden=100, depth=1 is doc 004's model
     depth: int = 1
     lr: float = 0.05
+    momentum: float = 0.0
     seed: int = 0
     bucket_cap_mb: float = 25.0  # DDP's default
     repeat: int = 5  # timed optimizer steps per mode
@@ -67,6 +69,11 @@ def _device() -> torch.device:
     if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def make_optimizer(model: nn.Module, cfg: NoSyncConfig) -> torch.optim.Optimizer:
+    """SGD with the configured learning rate and momentum."""
+    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
 
 
 def make_dataset(cfg: NoSyncConfig) -> data.TeacherDataset:
@@ -138,7 +145,7 @@ def nosync_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
     dataset = make_dataset(cfg)
     criterion = models.MyLoss()
     model, counter = wrap(cfg)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    optimizer = make_optimizer(model, cfg)
 
     # 1. The accumulated DDP gradient against one process on the K-times batch.
     local = make_model(cfg)
@@ -237,7 +244,7 @@ def misuse_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
 
     # Stepping inside no_sync: every rank updates with its own gradient.
     model, _ = wrap(cfg)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    optimizer = make_optimizer(model, cfg)
     diffs = []
     for step in range(cfg.steps):
         for X, y in micro_batches(dataset, cfg, step, rank, world_size):
@@ -274,7 +281,7 @@ def convergence(rank: int, world_size: int, cfg: NoSyncConfig,
     dataset = make_dataset(cfg)
     criterion = models.MyLoss()
     model, _ = wrap(cfg)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    optimizer = make_optimizer(model, cfg)
     losses, elapsed = [], []
     dist.barrier()
     t0 = time.perf_counter()

@@ -81,14 +81,20 @@ def font_check():
 
 def line_chart(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
                xlabel: str, ylabel: str, title: str, logx: bool = False,
-               logy: bool = False):
+               logy: bool = False, from_zero: bool = False):
     """One line per label from (xs, ys); labels and title are message keys."""
 
     def build():
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for label, (xs, ys) in series.items():
-            ax.plot(xs, ys, label=label, marker="o", markersize=4)
+            ax.plot(list(xs), list(ys), label=label, marker="o", markersize=4)
         _decorate(ax, xlabel, ylabel, title, logx, logy)
+        if logx:  # label the measured x values (1, 2, 4, 8), not powers of two
+            ticks = sorted({x for xs, _ in series.values() for x in xs})
+            ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
+            ax.minorticks_off()
+        if from_zero:
+            ax.set_ylim(bottom=0)
         fig.tight_layout()
         return fig
 
