@@ -1,0 +1,152 @@
+"""Rank-side checks for test_ddp_no_sync.py, run on every rank of a group.
+
+A separate module so that pytest does not rewrite its asserts: the engines
+import it by name and must run the same code as the test process sees.
+"""
+
+import copy
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from labkit import ddp, models, nosync
+
+TINY_BUCKET_MB = 0.002  # about 2 KB: doc 004's model (8 KB of gradients) gets several
+
+
+def _global_batch(step, n=8, world_size=2):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(n * world_size, 10, generator=g), torch.randn(n * world_size, 10,
+                                                                    generator=g)
+
+
+def _params_equal_across_ranks(model):
+    flats = ddp.gather_params(model)
+    for other in flats[1:]:
+        torch.testing.assert_close(other, flats[0], rtol=0, atol=0)
+
+
+def accumulate_gradients_no_sync(num_iters=3, K=4):
+    """Runs on every rank; raises on the first mismatch."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    local = models.MLP()
+    model = DDP(copy.deepcopy(local), bucket_cap_mb=TINY_BUCKET_MB)
+    counter = ddp.CommCounter().attach(model)
+    criterion = models.MyLoss()
+    opt_local = torch.optim.SGD(local.parameters(), lr=0.1)
+    opt_ddp = torch.optim.SGD(model.parameters(), lr=0.1)
+    buckets = None
+    for it in range(num_iters):
+        batches = [_global_batch(it * K + i) for i in range(K)]
+        opt_local.zero_grad()
+        opt_ddp.zero_grad()
+        counter.reset()
+        for i, (X, y) in enumerate(batches):
+            (criterion(local(X), y) / K).backward()
+            Xr, yr = ddp.shard(X, rank, world_size), ddp.shard(y, rank, world_size)
+            if i < K - 1:
+                with model.no_sync():
+                    (criterion(model(Xr), yr) / K).backward()
+                # Inside no_sync each rank holds only its own slice's gradient.
+                for p, q in zip(model.parameters(), local.parameters(), strict=True):
+                    assert not torch.allclose(p.grad, q.grad)
+            else:
+                (criterion(model(Xr), yr) / K).backward()
+                for p, q in zip(model.parameters(), local.parameters(), strict=True):
+                    torch.testing.assert_close(p.grad, q.grad)
+        if it > 1:  # DDP rebuilds its buckets after the first iteration
+            assert counter.calls == buckets  # one all-reduce per bucket per K
+        buckets = counter.calls
+        opt_local.step()
+        opt_ddp.step()
+        _params_equal_across_ranks(model)
+        for p, q in zip(model.parameters(), local.parameters(), strict=True):
+            torch.testing.assert_close(p, q)
+    return buckets
+
+
+def ddp_niter(num_iters=5):
+    """DDP on slices == local model on the global batch, after every step."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    local = models.MLP()
+    model = DDP(copy.deepcopy(local), bucket_cap_mb=TINY_BUCKET_MB)
+    criterion = models.MyLoss()
+    opt_local = torch.optim.SGD(local.parameters(), lr=0.1)
+    opt_ddp = torch.optim.SGD(model.parameters(), lr=0.1)
+    for it in range(num_iters):
+        X, y = _global_batch(100 + it)
+        for opt, m, Xb, yb in ((opt_local, local, X, y),
+                               (opt_ddp, model, ddp.shard(X, rank, world_size),
+                                ddp.shard(y, rank, world_size))):
+            opt.zero_grad()
+            criterion(m(Xb), yb).backward()
+            opt.step()
+        _params_equal_across_ranks(model)
+        for p, q in zip(model.parameters(), local.parameters(), strict=True):
+            torch.testing.assert_close(p, q)
+    return True
+
+
+def count_misuses(K=4):
+    """All-reduce calls per K micro-batches for each way of (mis)using no_sync."""
+    cfg = nosync.NoSyncConfig(accum_steps=K, bucket_cap_mb=TINY_BUCKET_MB)
+    dataset = nosync.make_dataset(cfg)
+    criterion = models.MyLoss()
+    batches = nosync.micro_batches(dataset, cfg, 0, dist.get_rank(),
+                                   dist.get_world_size())
+
+    def calls(run):
+        model, counter = nosync.wrap(cfg)
+        nosync.accumulate_no_sync(model, criterion, batches)  # bucket rebuild
+        model.zero_grad()
+        counter.reset()
+        run(model)
+        return counter.calls, [p.grad.clone() for p in model.parameters()]
+
+    def bare(model):
+        model.no_sync()
+        nosync.accumulate_no_sync(model, criterion, batches, use_no_sync=False)
+
+    def forward_outside(model):
+        for i, (X, y) in enumerate(batches):
+            loss = criterion(model(X), y) / K
+            with model.no_sync() if i < K - 1 else nullcontext():
+                loss.backward()
+
+    out = {
+        "correct": calls(lambda m: nosync.accumulate_no_sync(m, criterion, batches)),
+        "sync": calls(lambda m: nosync.accumulate_no_sync(m, criterion, batches,
+                                                          use_no_sync=False)),
+        "bare": calls(bare),
+        "forward_outside": calls(forward_outside),
+    }
+    # The forward-outside mistake keeps the gradients right: only the count shows it.
+    for p, q in zip(out["forward_outside"][1], out["correct"][1], strict=True):
+        torch.testing.assert_close(p, q)
+    return {k: v[0] for k, v in out.items()}
+
+
+def nosync_experiment_small():
+    cfg = nosync.NoSyncConfig(accum_steps=4, steps=3, repeat=1,
+                              bucket_cap_mb=TINY_BUCKET_MB)
+    return nosync.nosync_experiment(dist.get_rank(), dist.get_world_size(), cfg)
+
+
+def misuse_experiment_small():
+    cfg = nosync.NoSyncConfig(accum_steps=4, steps=5)
+    return nosync.misuse_experiment(dist.get_rank(), dist.get_world_size(), cfg)
+
+
+def raise_on_rank_1(rank, world_size):
+    """Fails on rank 1 only, the way a learner's bug would."""
+    if rank == 1:
+        raise ValueError("rank 1 got a batch of the wrong shape")
+    return rank
+
+
+def my_rank(rank, world_size):
+    return (rank, world_size, dist.get_backend())

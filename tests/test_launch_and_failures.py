@@ -1,0 +1,169 @@
+"""Starting ranks, failing ranks and bad arguments, in the notebook and headless."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import child_processes
+from ddp_rank_checks import my_rank, raise_on_rank_1
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from labkit import cluster, launch, rendezvous
+from labkit.__main__ import main
+
+
+def _fail_on_rank_1():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 got a batch of the wrong shape")
+    return "ok"
+
+
+def test_a_raising_rank_is_named_with_its_traceback(ranks):
+    t0 = time.perf_counter()
+    with pytest.raises(cluster.RankError, match="rank 1 raised") as err:
+        ranks.run(_fail_on_rank_1)
+    assert time.perf_counter() - t0 < 30  # reported, not hung
+    assert list(err.value.failures) == [1]
+    assert "ValueError: rank 1 got a batch of the wrong shape" in err.value.failures[1]
+    assert "Traceback" in err.value.failures[1]
+    assert ranks.run(lambda: 1) == [1, 1]  # the group is still usable
+
+
+def test_code_cells_report_their_rank(ranks):
+    with pytest.raises(cluster.RankError) as err:
+        ranks.execute("if rank == 0:\n    raise KeyError('missing on rank 0')")
+    assert list(err.value.failures) == [0]
+    assert "KeyError" in err.value.failures[0]
+
+
+def test_each_engine_knows_its_rank(ranks):
+    assert ranks.pull("rank") == [0, 1]
+    assert ranks.pull("world_size") == [2, 2]
+    backends = ranks.run(lambda: __import__("torch").distributed.get_backend())
+    assert backends == ["gloo", "gloo"]
+
+
+def test_process_group_can_be_recreated(ranks):
+    generation = ranks.generation
+    ranks.reset_process_group()
+    assert ranks.generation == generation + 1
+    assert ranks.run(lambda: __import__("torch").distributed.get_world_size()) == [2, 2]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"world_size": 0}, "world_size must be >= 1"),
+        ({"world_size": 1000}, "more than 64 ranks"),
+        ({"world_size": 2, "backend": "mpi"}, "unknown backend 'mpi'"),
+        ({"world_size": 2, "timeout_s": 0}, "timeout_s must be > 0"),
+    ],
+)
+def test_bad_arguments_fail_before_any_engine_starts(kwargs, message):
+    before = len(child_processes())
+    with pytest.raises(ValueError, match=message):
+        cluster.start(**kwargs)
+    assert len(child_processes()) == before
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="machine has GPUs")
+def test_nccl_without_gpus_is_refused():
+    with pytest.raises(ValueError, match="nccl' needs CUDA GPUs"):
+        rendezvous.check_args(2, "nccl")
+
+
+def test_stop_leaves_no_process_behind():
+    before = {p.pid for p in child_processes()}
+    group = cluster.start(1, timeout_s=10, activate=False)
+    assert len({p.pid for p in child_processes()} - before) >= 2  # controller, engine
+    assert group.run(abs, -7) == [7]
+    group.stop()
+    deadline = time.monotonic() + 10
+    while {p.pid for p in child_processes()} - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert {p.pid for p in child_processes()} - before == set()
+
+
+def test_headless_run_gives_results_in_rank_order():
+    assert launch.run(my_rank, {}, world_size=2) == [(0, 2, "gloo"), (1, 2, "gloo")]
+
+
+def test_headless_failing_rank_is_named_with_its_traceback():
+    before = {p.pid for p in child_processes()}
+    with pytest.raises(ChildFailedError) as err:
+        launch.run(raise_on_rank_1, {}, world_size=2)
+    text = err.value.format_msg()
+    assert "rank      : 1" in text
+    assert "ValueError: rank 1 got a batch of the wrong shape" in text
+    assert "raise_on_rank_1" in text  # the traceback, not just an exit code
+    assert {p.pid for p in child_processes()} - before == set()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["nosync", "--world-size", "0"], "world_size must be >= 1, got 0"),
+        (["nosync", "--accum", "0"], "accum_steps must be >= 1, got 0"),
+        (["misuse", "--backend", "mpi"], "unknown backend 'mpi'"),
+        (["nosync", "--steps", "0"], "steps must be >= 1"),
+        (["nosync", "--accum", "x"], "argument --accum: invalid int value"),
+    ],
+)
+def test_cli_bad_arguments_are_one_line(argv, message, capsys):
+    before = len(child_processes())
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert len(child_processes()) == before
+
+
+def test_cli_nccl_without_gpus_is_one_line_in_a_real_process():
+    result = subprocess.run(
+        [sys.executable, "-m", "labkit", "nosync", "--backend", "nccl"],
+        capture_output=True, text=True)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if "Warning" not in line]
+    assert len(lines) == 1 and "nccl" in lines[0]
+
+
+def _json_of(cmd, tmp_path):
+    out = tmp_path / "result.json"
+    subprocess.run(cmd + ["--json", str(out)], check=True, capture_output=True)
+    return json.loads(out.read_text())
+
+
+def test_cli_nosync_writes_its_figures(tmp_path):
+    result = _json_of([sys.executable, "-m", "labkit", "nosync", "--world-size", "2",
+                       "--accum", "4", "--steps", "3", "--repeat", "1"], tmp_path)
+    assert result["grad_max_abs_diff"] <= 1e-6
+    assert result["replica_max_param_diff"] == 0.0
+    assert result["allreduce_calls_per_step_sync"] == 4
+    assert result["allreduce_calls_per_step_nosync"] == 1
+    assert result["step_s_sync"] > 0 and result["step_s_nosync"] > 0
+
+
+def test_cli_misuse_writes_its_figures(tmp_path):
+    result = _json_of([sys.executable, "-m", "labkit", "misuse", "--steps", "4"],
+                      tmp_path)
+    assert result["bare_call_allreduce_calls"] == 4
+    assert result["correct_allreduce_calls"] == 1
+    assert result["diverged_max_param_diff"] > 1e-3
+
+
+def test_torchrun_runs_the_same_experiment(tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
+                "-m", "labkit", "nosync", "--accum", "2", "--steps", "2",
+                "--repeat", "1"]
+    result = _json_of(torchrun, tmp_path)
+    assert result["world_size"] == 2
+    assert result["allreduce_calls_per_step_sync"] == 2
+    assert result["allreduce_calls_per_step_nosync"] == 1
+    assert result["grad_max_abs_diff"] <= 1e-6
