@@ -34,15 +34,48 @@ class RankError(RuntimeError):
 
 
 def _setup_engine(rank: int, world_size: int, backend: str, port: int, prefix: str,
-                  timeout_s: float, threads: int) -> str:
+                  timeout_s: float, threads: int, kernel: tuple[int, float],
+                  controller_pid: int | None) -> str:
     """Runs on an engine: join the group and give the notebook's names to its code."""
+    import threading
+
     from IPython import get_ipython
 
     from labkit import rendezvous as rdzv
 
+    if not any(t.name == "labkit-watch-kernel" for t in threading.enumerate()):
+        threading.Thread(target=_end_with_kernel, args=(kernel, controller_pid),
+                         name="labkit-watch-kernel", daemon=True).start()
     device = rdzv.init_rank(rank, world_size, backend, port, prefix, timeout_s, threads)
     get_ipython().user_ns.update(rank=rank, world_size=world_size, device=device)
     return device
+
+
+def _end_with_kernel(kernel: tuple[int, float], controller_pid: int | None) -> None:
+    """Runs in a thread on each engine: exit when the kernel that started us is gone.
+
+    A kernel that exits normally stops its engines itself; one that is killed
+    (SIGKILL, a crash) cannot, and its engines and controller would live on.
+    """
+    import time
+
+    import psutil
+
+    pid, created = kernel
+    while True:
+        time.sleep(0.5)
+        try:
+            alive = psutil.Process(pid).create_time() == created  # not a reused pid
+        except psutil.NoSuchProcess:
+            alive = False
+        if not alive:
+            break
+    if controller_pid is not None:
+        try:
+            psutil.Process(controller_pid).terminate()
+        except psutil.NoSuchProcess:
+            pass
+    os._exit(0)
 
 
 @dataclass
@@ -103,12 +136,16 @@ class Ranks:
         self._join()
 
     def _join(self) -> None:
+        import psutil
+
         port = self.store.port
         prefix = f"labkit/{self.generation}"
+        kernel = (os.getpid(), psutil.Process().create_time())
+        controller = getattr(self.cluster.controller, "pid", None)
         pending = [
             self.client[eid].apply_async(
                 _setup_engine, rank, self.world_size, self.backend, port, prefix,
-                self.timeout_s, self.threads_per_rank)
+                self.timeout_s, self.threads_per_rank, kernel, controller)
             for rank, eid in enumerate(self.view.targets)
         ]
         failures = {}

@@ -167,3 +167,35 @@ def test_torchrun_runs_the_same_experiment(tmp_path):
     assert result["allreduce_calls_per_step_sync"] == 2
     assert result["allreduce_calls_per_step_nosync"] == 1
     assert result["grad_max_abs_diff"] <= 1e-6
+
+
+KERNEL = """
+import json, sys, psutil
+from labkit import cluster
+ranks = cluster.start(2, activate=False)
+children = psutil.Process().children(recursive=True)
+print(json.dumps([p.pid for p in children]), flush=True)
+sys.stdin.read()  # wait to be killed
+"""
+
+
+def test_engines_end_when_their_kernel_is_killed():
+    """A kernel killed with SIGKILL cannot stop its engines; they stop themselves."""
+    import psutil
+
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        pids = json.loads(kernel.stdout.readline())
+        assert len(pids) >= 3  # controller and two engines (and their helpers)
+    finally:
+        kernel.kill()
+        kernel.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if psutil.pid_exists(pid)
+                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            break
+        time.sleep(0.2)
+    assert alive == []
