@@ -28,16 +28,27 @@ def _params_equal_across_ranks(model):
         torch.testing.assert_close(other, flats[0], rtol=0, atol=0)
 
 
-def accumulate_gradients_no_sync(num_iters=3, K=4):
-    """Runs on every rank; raises on the first mismatch."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+def _local_and_ddp():
+    """The same weights twice: a local model and its DDP twin, with optimizers."""
     torch.manual_seed(0)
     local = models.MLP()
     model = DDP(copy.deepcopy(local), bucket_cap_mb=TINY_BUCKET_MB)
+    return (local, model, torch.optim.SGD(local.parameters(), lr=0.1),
+            torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def _same_params(model, local):
+    _params_equal_across_ranks(model)
+    for p, q in zip(model.parameters(), local.parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+
+
+def accumulate_gradients_no_sync(num_iters=3, K=4):
+    """Runs on every rank; raises on the first mismatch."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    local, model, opt_local, opt_ddp = _local_and_ddp()
     counter = ddp.CommCounter().attach(model)
     criterion = models.MyLoss()
-    opt_local = torch.optim.SGD(local.parameters(), lr=0.1)
-    opt_ddp = torch.optim.SGD(model.parameters(), lr=0.1)
     buckets = None
     for it in range(num_iters):
         batches = [_global_batch(it * K + i) for i in range(K)]
@@ -62,21 +73,15 @@ def accumulate_gradients_no_sync(num_iters=3, K=4):
         buckets = counter.calls
         opt_local.step()
         opt_ddp.step()
-        _params_equal_across_ranks(model)
-        for p, q in zip(model.parameters(), local.parameters(), strict=True):
-            torch.testing.assert_close(p, q)
+        _same_params(model, local)
     return buckets
 
 
 def ddp_niter(num_iters=5):
     """DDP on slices == local model on the global batch, after every step."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    local = models.MLP()
-    model = DDP(copy.deepcopy(local), bucket_cap_mb=TINY_BUCKET_MB)
+    local, model, opt_local, opt_ddp = _local_and_ddp()
     criterion = models.MyLoss()
-    opt_local = torch.optim.SGD(local.parameters(), lr=0.1)
-    opt_ddp = torch.optim.SGD(model.parameters(), lr=0.1)
     for it in range(num_iters):
         X, y = _global_batch(100 + it)
         for opt, m, Xb, yb in ((opt_local, local, X, y),
@@ -85,9 +90,7 @@ def ddp_niter(num_iters=5):
             opt.zero_grad()
             criterion(m(Xb), yb).backward()
             opt.step()
-        _params_equal_across_ranks(model)
-        for p, q in zip(model.parameters(), local.parameters(), strict=True):
-            torch.testing.assert_close(p, q)
+        _same_params(model, local)
     return True
 
 
