@@ -39,9 +39,11 @@ def _join_from_env(backend: str, timeout_s: float) -> tuple[int, int]:
 
 
 @record
-def _worker(fn: Callable, kwargs: dict, backend: str, timeout_s: float):
-    """One rank under the elastic launcher: join, run, leave."""
-    rank, world_size = _join_from_env(backend, timeout_s)
+def _worker(fn: Callable, kwargs: dict, backend: str, timeout_s: float, port: int,
+            prefix: str):
+    """One rank under the elastic launcher: join our loopback store, run, leave."""
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rendezvous.init_rank(rank, world_size, backend, port, prefix, timeout_s)
     try:
         return fn(rank, world_size, **kwargs)
     finally:
@@ -68,23 +70,38 @@ def run(fn: Callable, kwargs: dict, world_size: int, backend: str = "gloo",
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     rendezvous.check_args(world_size, backend)
+    # Every store is ours, on 127.0.0.1 only and a port the OS picked. Left to
+    # itself the agent would host two that listen on every interface: one for
+    # the rendezvous and one it shares with the workers (disabled below; the
+    # workers join our store instead).
+    store = rendezvous.local_store(timeout_s)
+    run_id = f"labkit-{uuid.uuid4().hex[:8]}"
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=world_size,
-        run_id=f"labkit-{uuid.uuid4().hex[:8]}",
+        run_id=run_id,
         rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",  # port 0: the OS picks a free one
+        rdzv_endpoint=f"127.0.0.1:{store.port}",
+        rdzv_configs={"is_host": False},
         max_restarts=0,  # an experiment that failed once fails again: report it
         monitor_interval=0.1,
+        local_addr="127.0.0.1",
     )
     # The agent logs each failure at length; ChildFailedError carries the same
     # traceback once, and the caller prints it.
     log = logging.getLogger("torch.distributed.elastic")
     level = log.level
     log.setLevel(logging.CRITICAL)
+    shared = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     try:
-        results = elastic_launch(config, _worker)(fn, kwargs, backend, timeout_s)
+        results = elastic_launch(config, _worker)(fn, kwargs, backend, timeout_s,
+                                                  store.port, f"{run_id}/pg")
     finally:
         log.setLevel(level)
+        if shared is None:
+            os.environ.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+        else:
+            os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = shared
     return [results[r] for r in range(world_size)]

@@ -153,3 +153,12 @@ def raise_on_rank_1(rank, world_size):
 
 def my_rank(rank, world_size):
     return (rank, world_size, dist.get_backend())
+
+
+def pause(rank, world_size, seconds=3.0):
+    """Hold the group open for a while, so the test can look at its sockets."""
+    import time
+
+    dist.barrier()
+    time.sleep(seconds)
+    return rank
