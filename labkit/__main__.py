@@ -65,6 +65,23 @@ def _experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from . import train
+
+    cfg = train.TrainConfig(
+        steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        momentum=args.momentum, hidden=args.hidden, depth=args.depth, seed=args.seed,
+        checkpoint_every=args.checkpoint_every)
+    if args.resume and not args.checkpoint:
+        raise ValueError("--resume needs --checkpoint PATH")
+    result = train.train(cfg, args.checkpoint, resume=args.resume)
+    for key in ("steps", "resumed_from", "final_loss", "param_sha256"):
+        print(f"{key}: {result[key]}")
+    if args.json:
+        _write_json(args.json, result)
+    return 0
+
+
 def _rank() -> int:
     import os
 
@@ -114,6 +131,21 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds before a stuck collective fails")
         p.add_argument("--json", metavar="FILE", help="write the results as JSON")
         p.set_defaults(func=_experiment)
+    p = sub.add_parser("train", help="train on the teacher task, with checkpoints")
+    p.add_argument("--steps", type=int, default=50, help="optimizer steps in all")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.05, help="learning rate")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--hidden", type=int, default=100, help="hidden width")
+    p.add_argument("--depth", type=int, default=1, help="hidden layers")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", metavar="PATH", help="save training state here")
+    p.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
+                   help="save every N steps (and at the end)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint at PATH")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.set_defaults(func=_train)
     return parser
 
 
@@ -121,10 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     i18n.set_lang(args.lang)
+    from .checkpoint import CheckpointError
+
     try:
         return args.func(args)
     except ValueError as err:  # bad input: one line, no traceback
         parser.exit(2, f"{parser.prog} {args.command}: error: {err}\n")
+    except CheckpointError as err:
+        parser.exit(1, f"{parser.prog} {args.command}: error: {err}\n")
     except Exception as err:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 

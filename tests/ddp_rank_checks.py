@@ -162,3 +162,11 @@ def pause(rank, world_size, seconds=3.0):
     dist.barrier()
     time.sleep(seconds)
     return rank
+
+
+def convergence_twice():
+    """The DDP loss curve of lesson 04, run twice with the same seed."""
+    cfg = nosync.NoSyncConfig(accum_steps=2, steps=6, momentum=0.9)
+    runs = [nosync.convergence(dist.get_rank(), dist.get_world_size(), cfg, True)
+            for _ in range(2)]
+    return [r["losses"] for r in runs]

@@ -9,6 +9,7 @@ import pytest
 import torch
 from ddp_rank_checks import (
     accumulate_gradients_no_sync,
+    convergence_twice,
     count_misuses,
     ddp_niter,
     misuse_experiment_small,
@@ -77,3 +78,8 @@ def test_shard_refuses_uneven_or_too_small_batches():
         ddp.shard(X[:3], 0, 4)
     with pytest.raises(ValueError, match="does not split evenly over 3"):
         ddp.shard(X, 0, 3)
+
+
+def test_ddp_loss_curves_are_identical_run_to_run(ranks):
+    for first, second in ranks.run(convergence_twice):
+        assert first == second  # bit for bit, on the CPU
