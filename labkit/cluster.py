@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import traceback
 from dataclasses import dataclass, field
 
@@ -78,6 +79,14 @@ def _end_with_kernel(kernel: tuple[int, float], controller_pid: int | None) -> N
     os._exit(0)
 
 
+def _leave_group() -> None:
+    """Runs on an engine: leave the process group, if it is in one."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 @dataclass
 class Ranks:
     """A running group of engines, one per rank."""
@@ -86,18 +95,25 @@ class Ranks:
     backend: str
     timeout_s: float
     threads_per_rank: int
-    cluster: object = field(repr=False)
-    client: object = field(repr=False)
-    view: object = field(repr=False)
-    store: object = field(repr=False)
+    task_timeout_s: float | None = None
+    activate: bool = True
+    cluster: object = field(default=None, repr=False)
+    client: object = field(default=None, repr=False)
+    view: object = field(default=None, repr=False)
+    store: object = field(default=None, repr=False)
     generation: int = 0
+    # What the last failure left behind: "reset" (the process group may be out
+    # of step) or "restart" (an engine is gone). The next call repairs it.
+    damage: str | None = None
 
     def run(self, fn, *args, **kwargs) -> list:
         """Call `fn(*args, **kwargs)` on every rank; results in rank order."""
+        self._repair()
         return self._gather(self.view.apply_async(fn, *args, **kwargs))
 
     def execute(self, code: str) -> None:
         """Run `code` on every rank, like a `%%px` cell, and show its output."""
+        self._repair()
         result = self.view.execute(code, block=False)
         try:
             self._gather(result)
@@ -106,32 +122,92 @@ class Ranks:
 
     def pull(self, name: str) -> list:
         """The value of `name` in every rank's namespace, in rank order."""
+        self._repair()
         return self._gather(self.view.pull(name, block=False))
 
     def _gather(self, result) -> list:
+        """Wait for every rank; turn any failure into a RankError naming ranks."""
         import ipyparallel as ipp
 
         try:
+            if not result.wait(self.task_timeout_s):
+                stuck = self._unfinished(result)
+                self._interrupt(result, stuck)
+                failures = self._failures(result)
+                for r in stuck:
+                    note = (f"rank {r} did not finish within {self.task_timeout_s:g} s "
+                            "and was interrupted (hung?)")
+                    failures[r] = note + ("\n" + failures[r] if r in failures else "")
+                self.damage = self.damage or "reset"
+                raise RankError(failures)
             return result.get()
+        except KeyboardInterrupt:
+            # The learner pressed stop: stop the ranks too, not just the wait.
+            self._interrupt(result, self._unfinished(result))
+            self.damage = self.damage or "reset"
+            raise
         except ipp.error.CompositeError as err:
-            failures = {}
-            for (ename, evalue, tb, info) in err.elist:
-                rank = self._rank_of(info.get("engine_id"))
-                if not tb:
-                    tb = f"{ename}: {evalue}"
-                failures[rank] = _ANSI.sub("", tb if isinstance(tb, str) else
-                                           "\n".join(tb))
-            raise RankError(failures) from None
+            raise RankError(self._failures(result, err)) from None
+
+    def _failures(self, result, err=None) -> dict[int, str]:
+        import ipyparallel as ipp
+
+        if err is None:
+            try:
+                result.get(timeout=0)
+                return {}
+            except ipp.error.CompositeError as e:
+                err = e
+            except Exception:  # still running, or a single engine's error
+                return {}
+        failures = {}
+        for ename, evalue, tb, info in err.elist:
+            rank = self._rank_of(info.get("engine_id"))
+            if ename == "EngineError":  # the engine process itself is gone
+                dead = re.search(r"Engine (\d+) died", str(evalue))
+                if dead:
+                    rank = self._rank_of(int(dead.group(1)))
+                self.damage = "restart"
+                failures[rank] = f"rank {rank}'s process died: {evalue}"
+                continue
+            self.damage = self.damage or ("reset" if "Timeout" in str(evalue)
+                                          or "ollective" in str(evalue) else None)
+            text = tb if tb else f"{ename}: {evalue}"
+            failures[rank] = _ANSI.sub("", text if isinstance(text, str)
+                                       else "\n".join(text))
+        return failures
+
+    def _unfinished(self, result) -> list[int]:
+        done = {self._rank_of(md.get("engine_id")) for md in result._metadata
+                if md.get("completed")}
+        return [r for r in range(self.world_size) if r not in done]
+
+    def _interrupt(self, result, ranks: list[int]) -> None:
+        """SIGINT the engines of `ranks`, and give them a moment to stop."""
+        targets = [self.view.targets[r] for r in ranks]
+        if targets:
+            self.client.send_signal(signal.SIGINT, targets=targets, block=True)
+        result.wait(self.timeout_s + 5)  # a rank inside a collective returns late
 
     def _rank_of(self, engine_id) -> int:
         ids = list(self.view.targets)
         return ids.index(engine_id) if engine_id in ids else -1
 
+    def _repair(self) -> None:
+        """Make the group usable again after a failure: reset it, or restart it."""
+        damage, self.damage = self.damage, None
+        if damage == "reset":
+            try:
+                self.reset_process_group()
+                return
+            except RankError:
+                damage = "restart"
+        if damage == "restart":
+            self.restart()
+
     def reset_process_group(self) -> None:
         """Destroy and re-create the process group on the same engines."""
-        import torch.distributed as dist
-
-        self.run(dist.destroy_process_group)
+        self._gather(self.view.apply_async(_leave_group))
         self.generation += 1
         self._join()
 
@@ -157,22 +233,49 @@ class Ranks:
         if failures:
             raise RankError(failures)
 
+    def _launch(self) -> None:
+        """Start the engines and join them in a new process group."""
+        import ipyparallel as ipp
+
+        self.cluster = ipp.Cluster(n=self.world_size, controller_ip="127.0.0.1",
+                                   engines="local", log_level=40)
+        self.client = self.cluster.start_and_connect_sync()
+        try:
+            self.client.wait_for_engines(self.world_size, timeout=60)
+            self.view = self.client[sorted(self.client.ids)[: self.world_size]]
+            self.view.block = True
+            self.store = rendezvous.local_store(self.timeout_s)
+            self._join()
+        except BaseException:
+            self._shutdown()
+            raise
+        if self.activate:
+            self.view.activate()
+
+    def _shutdown(self) -> None:
+        try:
+            if self.client is not None:
+                self.client.close()
+        finally:
+            if self.cluster is not None:
+                self.cluster.stop_cluster_sync()
+            self.cluster = self.client = self.view = self.store = None
+
     def stop(self) -> None:
         """Stop the engines and free the rendezvous port."""
         global _current
-        try:
-            self.client.close()
-        finally:
-            self.cluster.stop_cluster_sync()
-            self.store = None
-            if _current is self:
-                _current = None
+        self._shutdown()
+        if _current is self:
+            _current = None
 
     def restart(self) -> Ranks:
-        """Stop these engines and start fresh ones with the same settings."""
-        self.stop()
-        return start(self.world_size, self.backend, timeout_s=self.timeout_s,
-                      threads_per_rank=self.threads_per_rank)
+        """Replace every engine with a fresh one, same settings; returns self."""
+        global _current
+        self._shutdown()
+        self.generation, self.damage = 0, None
+        self._launch()
+        _current = self
+        return self
 
     def __enter__(self) -> Ranks:
         return self
@@ -190,40 +293,30 @@ def current() -> Ranks | None:
 
 
 def start(world_size: int = 2, backend: str = "gloo", *, timeout_s: float = 20.0,
-          threads_per_rank: int | None = None, activate: bool = True) -> Ranks:
+          threads_per_rank: int | None = None, task_timeout_s: float | None = None,
+          activate: bool = True) -> Ranks:
     """Start `world_size` engines on 127.0.0.1 and join them in a process group.
 
     A group already running in this kernel is stopped first, so running the
     cell again never leaves engines behind. `timeout_s` bounds every
     collective: a rank that never arrives raises instead of hanging.
-    With `activate`, `%%px` cells run on these ranks.
+    `task_timeout_s` bounds each `run`/`execute`/`pull`: ranks still busy then
+    are interrupted and named. With `activate`, `%%px` cells run on these ranks.
     """
     global _current
     rendezvous.check_args(world_size, backend)
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if task_timeout_s is not None and task_timeout_s <= 0:
+        raise ValueError(f"task_timeout_s must be > 0, got {task_timeout_s}")
     if threads_per_rank is None:
         threads_per_rank = max(1, (os.cpu_count() or 1) // world_size)
+    if threads_per_rank < 1:
+        raise ValueError(f"threads_per_rank must be >= 1, got {threads_per_rank}")
     if _current is not None:
         _current.stop()
-
-    import ipyparallel as ipp
-
-    cluster = ipp.Cluster(n=world_size, controller_ip="127.0.0.1", engines="local",
-                          log_level=40)
-    client = cluster.start_and_connect_sync()
-    try:
-        client.wait_for_engines(world_size, timeout=60)
-        view = client[sorted(client.ids)[:world_size]]
-        view.block = True
-        ranks = Ranks(world_size, backend, timeout_s, threads_per_rank, cluster,
-                      client, view, rendezvous.local_store(timeout_s))
-        ranks._join()
-    except BaseException:
-        client.close()
-        cluster.stop_cluster_sync()
-        raise
-    if activate:
-        view.activate()
+    ranks = Ranks(world_size, backend, timeout_s, threads_per_rank, task_timeout_s,
+                  activate)
+    ranks._launch()
     _current = ranks
     return ranks

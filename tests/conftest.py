@@ -17,21 +17,35 @@ def _lang_and_figures():
     plt.close("all")
 
 
-@pytest.fixture(scope="session")
-def ranks():
-    """Two engines in one gloo group, shared by the tests that need ranks.
-
-    Rank-side test functions live in the test modules; the engines import them
-    by module name, so the tests folder goes on their sys.path.
-    """
+def _add_tests_to_path(group):
     from pathlib import Path
 
+    group.execute(f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})")
+
+
+@pytest.fixture(scope="session")
+def _two_ranks():
     from labkit import cluster
 
     group = cluster.start(2, timeout_s=10, activate=False)
-    group.execute(f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})")
+    _add_tests_to_path(group)
     yield group
     group.stop()
+
+
+@pytest.fixture
+def ranks(_two_ranks):
+    """Two engines in one gloo group, shared by the tests that need ranks.
+
+    Rank-side test functions live in tests/ddp_rank_checks.py; the engines
+    import it by name, so the tests folder goes on their sys.path. A test that
+    starts a cluster of its own stops this one (one group per kernel): it is
+    started again for the next test that needs it.
+    """
+    if _two_ranks.view is None:
+        _two_ranks.restart()
+        _add_tests_to_path(_two_ranks)
+    return _two_ranks
 
 
 def child_processes():

@@ -170,3 +170,19 @@ def convergence_twice():
     runs = [nosync.convergence(dist.get_rank(), dist.get_world_size(), cfg, True)
             for _ in range(2)]
     return [r["losses"] for r in runs]
+
+
+def all_reduce_forever():
+    """Keep all-reducing until something breaks."""
+    x = torch.ones(1000)
+    while True:
+        dist.all_reduce(x)
+
+
+def hang_on_rank_1():
+    """Rank 1 never reaches the all-reduce that rank 0 waits in."""
+    import time
+
+    if dist.get_rank() == 1:
+        time.sleep(3600)
+    dist.all_reduce(torch.ones(1))

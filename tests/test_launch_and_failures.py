@@ -191,7 +191,7 @@ def test_engines_end_when_their_kernel_is_killed():
     finally:
         kernel.kill()
         kernel.wait()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30  # the engines look once every 0.5 s
     while time.monotonic() < deadline:
         alive = [pid for pid in pids if psutil.pid_exists(pid)
                  and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
