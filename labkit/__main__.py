@@ -82,6 +82,18 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dp(args: argparse.Namespace) -> int:
+    from . import dp_compare
+
+    result = dp_compare.dp_experiment(devices=args.devices, batch=args.batch,
+                                      seed=args.seed)
+    for key, value in result.items():
+        print(f"{key}: {value}")
+    if args.json:
+        _write_json(args.json, result)
+    return 0
+
+
 def _rank() -> int:
     import os
 
@@ -131,6 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds before a stuck collective fails")
         p.add_argument("--json", metavar="FILE", help="write the results as JSON")
         p.set_defaults(func=_experiment)
+    p = sub.add_parser("dp", help="data_parallel against one device: outputs and "
+                       "gradients (simulated devices without GPUs)")
+    p.add_argument("--devices", type=int, default=2,
+                   help="devices to split over (simulated without enough GPUs)")
+    p.add_argument("--batch", type=int, default=100, help="samples in the batch")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.set_defaults(func=_dp)
     p = sub.add_parser("train", help="train on the teacher task, with checkpoints")
     p.add_argument("--steps", type=int, default=50, help="optimizer steps in all")
     p.add_argument("--batch-size", type=int, default=64)
