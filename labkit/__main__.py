@@ -51,7 +51,11 @@ def _experiment(args: argparse.Namespace) -> int:
         raise ValueError(f"--timeout must be > 0, got {args.timeout}")
     fn = {"nosync": nosync.nosync_experiment,
           "misuse": nosync.misuse_experiment}[args.command]
-    results = launch.run(fn, {"cfg": cfg}, world_size, args.backend, args.timeout)
+    fault = (args.fault, args.fault_rank) if args.fault else None
+    if fault and launch.under_torchrun():
+        raise ValueError("--fault works without torchrun only")
+    results = launch.run(fn, {"cfg": cfg}, world_size, args.backend, args.timeout,
+                         port=args.port, fault=fault)
     if results is None or (launch.under_torchrun() and _rank() != 0):
         return 0
     summary = {k: v for k, v in results[0].items() if k not in ("rank", "config")}
@@ -141,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="timed optimizer steps per mode")
         p.add_argument("--timeout", type=float, default=60.0,
                        help="seconds before a stuck collective fails")
+        p.add_argument("--port", type=int, default=0,
+                       help="rendezvous port on 127.0.0.1 (default 0: any free one)")
+        p.add_argument("--fault", choices=("raise", "kill", "hang"),
+                       help="make one rank fail on purpose, to see what it looks like")
+        p.add_argument("--fault-rank", type=int, default=1, metavar="R",
+                       help="the rank that fails (default 1)")
         p.add_argument("--json", metavar="FILE", help="write the results as JSON")
         p.set_defaults(func=_experiment)
     p = sub.add_parser("dp", help="data_parallel against one device: outputs and "
@@ -181,13 +191,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog} {args.command}: error: {err}\n")
     except CheckpointError as err:
         parser.exit(1, f"{parser.prog} {args.command}: error: {err}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"{parser.prog} {args.command}: interrupted; ranks stopped\n")
     except Exception as err:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
         if isinstance(err, ChildFailedError):
             # The failing rank's traceback is in the message; print it once.
             print(err.format_msg(), file=sys.stderr)
             return 1
+        if isinstance(err, SignalException):  # Ctrl-C or kill reached the launcher
+            parser.exit(130, f"{parser.prog} {args.command}: stopped by "
+                        f"{err.sigval.name}; ranks stopped\n")
         raise
 
 

@@ -97,6 +97,7 @@ class Ranks:
     threads_per_rank: int
     task_timeout_s: float | None = None
     activate: bool = True
+    port: int = 0
     cluster: object = field(default=None, repr=False)
     client: object = field(default=None, repr=False)
     view: object = field(default=None, repr=False)
@@ -244,7 +245,7 @@ class Ranks:
             self.client.wait_for_engines(self.world_size, timeout=60)
             self.view = self.client[sorted(self.client.ids)[: self.world_size]]
             self.view.block = True
-            self.store = rendezvous.local_store(self.timeout_s)
+            self.store = rendezvous.local_store(self.timeout_s, self.port)
             self._join()
         except BaseException:
             self._shutdown()
@@ -294,7 +295,7 @@ def current() -> Ranks | None:
 
 def start(world_size: int = 2, backend: str = "gloo", *, timeout_s: float = 20.0,
           threads_per_rank: int | None = None, task_timeout_s: float | None = None,
-          activate: bool = True) -> Ranks:
+          activate: bool = True, port: int = 0) -> Ranks:
     """Start `world_size` engines on 127.0.0.1 and join them in a process group.
 
     A group already running in this kernel is stopped first, so running the
@@ -302,6 +303,7 @@ def start(world_size: int = 2, backend: str = "gloo", *, timeout_s: float = 20.0
     collective: a rank that never arrives raises instead of hanging.
     `task_timeout_s` bounds each `run`/`execute`/`pull`: ranks still busy then
     are interrupted and named. With `activate`, `%%px` cells run on these ranks.
+    `port` 0 lets the system pick the rendezvous port (nothing can race for it).
     """
     global _current
     rendezvous.check_args(world_size, backend)
@@ -313,10 +315,12 @@ def start(world_size: int = 2, backend: str = "gloo", *, timeout_s: float = 20.0
         threads_per_rank = max(1, (os.cpu_count() or 1) // world_size)
     if threads_per_rank < 1:
         raise ValueError(f"threads_per_rank must be >= 1, got {threads_per_rank}")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be 0 (any free port) or 1-65535, got {port}")
     if _current is not None:
         _current.stop()
     ranks = Ranks(world_size, backend, timeout_s, threads_per_rank, task_timeout_s,
-                  activate)
+                  activate, port)
     ranks._launch()
     _current = ranks
     return ranks

@@ -11,6 +11,9 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import signal
+import threading
+import time
 import uuid
 from collections.abc import Callable
 
@@ -38,20 +41,44 @@ def _join_from_env(backend: str, timeout_s: float) -> tuple[int, int]:
     return rank, world_size
 
 
+FAULTS = ("raise", "kill", "hang")
+
+
+def _inject(fault: tuple[str, int] | None, rank: int, where: str) -> None:
+    """Make rank `fault[1]` fail on purpose, to show what each failure looks like."""
+    if fault is None or fault[1] != rank:
+        return
+    kind = fault[0]
+    if kind == "hang" and where == "start":
+        time.sleep(24 * 3600)  # never arrives; the others' barrier names this rank
+    elif kind == "raise" and where == "run":
+        raise RuntimeError(f"fault injected on rank {rank}: raise")
+    elif kind == "kill" and where == "run":
+        # SIGKILL a moment later, in the middle of whatever step is running then.
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+
+
 @record
 def _worker(fn: Callable, kwargs: dict, backend: str, timeout_s: float, port: int,
-            prefix: str):
+            prefix: str, fault: tuple[str, int] | None = None):
     """One rank under the elastic launcher: join our loopback store, run, leave."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     rendezvous.init_rank(rank, world_size, backend, port, prefix, timeout_s)
     try:
+        _inject(fault, rank, "start")
+        if backend == "gloo":
+            # Every rank must arrive; one that does not is named (gloo only).
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s),
+                                   wait_all_ranks=True)
+        _inject(fault, rank, "run")
         return fn(rank, world_size, **kwargs)
     finally:
         dist.destroy_process_group()
 
 
 def run(fn: Callable, kwargs: dict, world_size: int, backend: str = "gloo",
-        timeout_s: float = 60.0) -> list:
+        timeout_s: float = 60.0, port: int = 0,
+        fault: tuple[str, int] | None = None) -> list:
     """`fn(rank, world_size, **kwargs)` on every rank; the results in rank order.
 
     Under torchrun this process is one rank: results come from all ranks by
@@ -70,11 +97,14 @@ def run(fn: Callable, kwargs: dict, world_size: int, backend: str = "gloo",
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     rendezvous.check_args(world_size, backend)
+    if fault is not None and (fault[0] not in FAULTS or not 0 <= fault[1] < world_size):
+        raise ValueError(f"fault must be one of {', '.join(FAULTS)} on a rank in "
+                         f"0..{world_size - 1}, got {fault}")
     # Every store is ours, on 127.0.0.1 only and a port the OS picked. Left to
     # itself the agent would host two that listen on every interface: one for
     # the rendezvous and one it shares with the workers (disabled below; the
     # workers join our store instead).
-    store = rendezvous.local_store(timeout_s)
+    store = rendezvous.local_store(timeout_s, port)
     run_id = f"labkit-{uuid.uuid4().hex[:8]}"
     config = LaunchConfig(
         min_nodes=1,
@@ -97,7 +127,7 @@ def run(fn: Callable, kwargs: dict, world_size: int, backend: str = "gloo",
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     try:
         results = elastic_launch(config, _worker)(fn, kwargs, backend, timeout_s,
-                                                  store.port, f"{run_id}/pg")
+                                                  store.port, f"{run_id}/pg", fault)
     finally:
         log.setLevel(level)
         if shared is None:

@@ -20,6 +20,15 @@ __all__ = [
 ]
 
 
+def _check_input(model: nn.Module, x: torch.Tensor, features: int) -> None:
+    """A clear error for a shape the model cannot take, instead of a matmul error."""
+    if x.dim() < 2 or x[0].numel() != features:
+        raise ValueError(
+            f"{type(model).__name__} takes a batch of samples with {features} values "
+            f"each, shape (batch, {features}); got shape {tuple(x.shape)}"
+        )
+
+
 class TwoLinearAsWritten(nn.Module):
     """Doc 000's model exactly as printed: two Linear(10, 10) after x.view(-1)."""
 
@@ -39,6 +48,7 @@ class TwoLinear(TwoLinearAsWritten):
     """Doc 000's model, corrected: flatten each sample, keep the batch."""
 
     def forward(self, x):
+        _check_input(self, x, self.fc1.in_features)
         x = x.flatten(1)  # (N, ...) -> (N, features)
         return self.fc2(self.fc1(x))
 
@@ -63,6 +73,7 @@ class MLP(MLPAsWritten):
     """Doc 004's model, corrected: flatten each sample, keep the batch."""
 
     def forward(self, x):
+        _check_input(self, x, self.fc1.in_features)
         x = x.flatten(1)
         return self.fc2(torch.relu(self.fc1(x)))
 
@@ -85,6 +96,7 @@ class WideMLP(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, x):
+        _check_input(self, x, self.net[0].in_features)
         return self.net(x.flatten(1))
 
 

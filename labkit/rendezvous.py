@@ -7,6 +7,7 @@ Shared by the notebook's engines (labkit.cluster) and the headless launcher
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 import socket
 
@@ -64,20 +65,25 @@ def loopback_interface() -> str:
     return names[0] if names else "lo"
 
 
-def local_store(timeout_s: float) -> dist.TCPStore:
-    """A TCPStore server on 127.0.0.1 and a port the OS picks.
+def local_store(timeout_s: float, port: int = 0) -> dist.TCPStore:
+    """A TCPStore server on 127.0.0.1 and a port the OS picks (or `port`).
 
     TCPStore on its own listens on every interface; binding the socket here
     first keeps it on loopback, and port 0 means no other program can race us
     for it. Ranks connect to `store.port`.
     """
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be 0 (any free port) or 1-65535, got {port}")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", port))
         sock.listen(128)
         port = sock.getsockname()[1]
-    except OSError:
+    except OSError as err:
         sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise ValueError(f"port {port} on 127.0.0.1 is already in use; use port "
+                             "0 to let the system pick a free one") from None
         raise
     # The store takes the file descriptor over and closes it when it is freed.
     return dist.TCPStore(

@@ -186,3 +186,20 @@ def hang_on_rank_1():
     if dist.get_rank() == 1:
         time.sleep(3600)
     dist.all_reduce(torch.ones(1))
+
+
+def accumulation_matches_large_batch(K, batch_per_rank, hidden, seed):
+    """DDP + no_sync over K micro-batches == one process on the whole batch."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    cfg = nosync.NoSyncConfig(accum_steps=K, batch_per_rank=batch_per_rank,
+                              hidden=hidden, seed=seed)
+    dataset = nosync.make_dataset(cfg)
+    model, counter = nosync.wrap(cfg)
+    local = nosync.make_model(cfg)
+    (X, y), = nosync.micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
+    models.MyLoss()(local(X), y).backward()
+    nosync.accumulate_no_sync(model, models.MyLoss(),
+                              nosync.micro_batches(dataset, cfg, 0, rank, world_size))
+    for p, q in zip(model.parameters(), local.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+    return counter.calls

@@ -1,6 +1,7 @@
 """Starting ranks, failing ranks and bad arguments, in the notebook and headless."""
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -198,4 +199,70 @@ def test_engines_end_when_their_kernel_is_killed():
         if not alive:
             break
         time.sleep(0.2)
+    assert alive == []
+
+
+def _cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "labkit", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ("raise", ["rank      : 1", "RuntimeError: fault injected on rank 1"]),
+        ("kill", ["rank      : 1", "SIGKILL"]),
+        ("hang", ["Rank 1 failed to pass monitoredBarrier"]),
+    ],
+)
+def test_cli_faults_name_the_rank(fault, expected):
+    before = {p.pid for p in child_processes()}
+    t0 = time.perf_counter()
+    result = _cli("misuse", "--steps", "100000", "--fault", fault, "--timeout", "5")
+    assert time.perf_counter() - t0 < 60  # an error within the timeout, not a hang
+    assert result.returncode == 1
+    for text in expected:
+        assert text in result.stderr, result.stderr[-2000:]
+    assert {p.pid for p in child_processes()} - before == set()
+
+
+def test_a_taken_port_is_a_one_line_error():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _cli("nosync", "--port", str(port))
+        with pytest.raises(ValueError, match=f"port {port} on 127.0.0.1 is already"):
+            cluster.start(2, port=port, activate=False)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if "Warning" not in line]
+    assert len(lines) == 1 and f"port {port}" in lines[0]
+    # The next launch, on a free port, works.
+    assert launch.run(my_rank, {}, world_size=2)[1] == (1, 2, "gloo")
+
+
+def test_ctrl_c_stops_a_headless_run_and_its_ranks():
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "misuse", "--steps",
+                             "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        me = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 60
+        while len(me.children(recursive=True)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ranks = me.children(recursive=True)
+        assert len(ranks) >= 2
+        time.sleep(2)  # well into training
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert "ranks stopped" in err and "Traceback" not in err
+    time.sleep(1)
+    alive = [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert alive == []

@@ -49,3 +49,14 @@ def test_wide_mlp_shapes_and_bad_sizes():
     assert models.count_params(m) == 10 * 32 + 32 + 2 * (32 * 32 + 32) + 32 * 10 + 10
     with pytest.raises(ValueError, match="depth"):
         models.WideMLP(depth=0)
+
+
+@pytest.mark.parametrize("cls", [models.MLP, models.TwoLinear, models.WideMLP])
+@pytest.mark.parametrize("shape", [(100, 7), (10,), (4, 2, 3)])
+def test_a_shape_the_model_cannot_take_is_named(cls, shape):
+    with pytest.raises(ValueError, match=r"shape \(batch, 10\); got shape"):
+        cls()(torch.randn(*shape))
+
+
+def test_per_sample_shapes_that_flatten_to_ten_are_taken():
+    assert models.MLP()(torch.randn(3, 2, 5)).shape == (3, 10)
