@@ -69,6 +69,11 @@ labkit.require("0.1.0")
 labkit.set_lang("en")
 
 # %%
+from labkit import cluster
+
+ranks = cluster.start(2, background=True)  # needed at the end; boots meanwhile
+
+# %%
 import copy
 import inspect
 import os
@@ -563,7 +568,7 @@ assert scatter_gather.__all__ == ["scatter", "scatter_kwargs", "gather"]
 # - DP ×2: DataParallel を 2 台の模擬デバイスで。このカーネルの中で、レプリカごとにスレッド 1 本
 # - DDP ×2: 2 ランクの DDP。レッスン 03 と同じエンジン (別々のプロセス) で、ランクごとにスレッド 1 本
 #
-# まず 2 つのランクを起動します。
+# 2 つのランクは、レッスンの最初に裏で起動しておきました。
 
 # %% [markdown] lang="en"
 # ## Thread-based DataParallel against process-based DDP
@@ -576,12 +581,10 @@ assert scatter_gather.__all__ == ["scatter", "scatter_kwargs", "gather"]
 # - DDP ×2: DDP with 2 ranks, on engines as in lesson 03 (separate processes), one thread
 #   per rank
 #
-# First start two ranks.
+# The two ranks were started in the background at the top of the lesson.
 
 # %% tags=["nbval-ignore-output"]
-from labkit import cluster
-
-ranks = cluster.start(2)
+ranks.wait()  # started in the background at the top of the lesson
 pids = ranks.run(os.getpid)
 print("rank processes:", pids, "| this kernel:", os.getpid())
 assert len(set(pids)) == 2 and os.getpid() not in pids  # one process per rank

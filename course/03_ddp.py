@@ -64,10 +64,27 @@ labkit.require("0.1.0")
 labkit.set_lang("en")
 
 # %% [markdown] lang="ja"
+# 次のセルで 2 つのランクの起動を始めます。起動には数秒かかりますが、裏で進むので、その間に先を読めます。
+
+# %% [markdown] lang="en"
+# The next cell starts two ranks. They take a few seconds to boot, in the background, so
+# you can read on meanwhile.
+
+# %%
+import time
+
+from labkit import cluster
+
+t0 = time.perf_counter()
+ranks = cluster.start(2, background=True)  # returns at once; the ranks boot meanwhile
+
+# %% [markdown] lang="ja"
 # ## ランクを起動する
 #
 # `cluster.start(2)` は 2 つのエンジン (Python プロセス) を 127.0.0.1 で起動し、エンジン i をランク i
-# にして、gloo のプロセスグループに参加させます (GPU があれば nccl)。数秒かかります。
+# にして、gloo のプロセスグループに参加させます (GPU があれば nccl)。
+# `background=True` なら、起動を待たずにすぐ戻ります。最初に使うとき (`%%px` のセルや `ranks.wait()`)
+# に、起動が終わるのを待ちます。
 #
 # - ランクが互いを見つけるための待ち合わせ場所 (TCPStore) は、OS が選んだ空きポートに、
 #   127.0.0.1 だけで開きます。
@@ -81,8 +98,9 @@ labkit.set_lang("en")
 # ## Start the ranks
 #
 # `cluster.start(2)` starts two engines (Python processes) on 127.0.0.1, makes engine i
-# rank i, and joins them in a gloo process group (nccl where there are GPUs). It takes a
-# few seconds.
+# rank i, and joins them in a gloo process group (nccl where there are GPUs). With
+# `background=True` it returns at once; the first use (a `%%px` cell, or `ranks.wait()`)
+# waits for the start to finish.
 #
 # - The meeting point where ranks find each other (a TCPStore) listens on 127.0.0.1 only,
 #   on a free port the OS picks.
@@ -95,15 +113,12 @@ labkit.set_lang("en")
 # variables `rank`, `world_size` and `device`.
 
 # %% tags=["nbval-ignore-output"]
-import time
-
 import torch
 
-from labkit import checks, cluster, plots
+from labkit import checks, plots
 
-t0 = time.perf_counter()
-ranks = cluster.start(2)
-print(f"{ranks.world_size} ranks ready in {time.perf_counter() - t0:.1f} s")
+ranks.wait()
+print(f"{ranks.world_size} ranks ready {time.perf_counter() - t0:.1f} s after the start")
 
 # %%
 # %%px

@@ -12,15 +12,20 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import traceback
 from dataclasses import dataclass, field
 
-from . import rendezvous
+from . import engine_side, rendezvous
 
 __all__ = ["RankError", "Ranks", "current", "start"]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# Words in the errors of a collective that failed or timed out (gloo, nccl).
+_COLLECTIVE_FAILURES = ("gloo", "Gloo", "NCCL", "Timed out", "timed out",
+                        "Connection reset", "Connection closed", "monitoredBarrier",
+                        "DistBackendError", "ProcessGroup")
 
 
 class RankError(RuntimeError):
@@ -32,59 +37,6 @@ class RankError(RuntimeError):
         details = "\n".join(f"--- rank {r} ---\n{tb}"
                             for r, tb in sorted(failures.items()))
         super().__init__(f"rank {ranks} raised an error:\n{details}")
-
-
-def _setup_engine(rank: int, world_size: int, backend: str, port: int, prefix: str,
-                  timeout_s: float, threads: int, kernel: tuple[int, float],
-                  controller_pid: int | None) -> str:
-    """Runs on an engine: join the group and give the notebook's names to its code."""
-    import threading
-
-    from IPython import get_ipython
-
-    from labkit import rendezvous as rdzv
-
-    if not any(t.name == "labkit-watch-kernel" for t in threading.enumerate()):
-        threading.Thread(target=_end_with_kernel, args=(kernel, controller_pid),
-                         name="labkit-watch-kernel", daemon=True).start()
-    device = rdzv.init_rank(rank, world_size, backend, port, prefix, timeout_s, threads)
-    get_ipython().user_ns.update(rank=rank, world_size=world_size, device=device)
-    return device
-
-
-def _end_with_kernel(kernel: tuple[int, float], controller_pid: int | None) -> None:
-    """Runs in a thread on each engine: exit when the kernel that started us is gone.
-
-    A kernel that exits normally stops its engines itself; one that is killed
-    (SIGKILL, a crash) cannot, and its engines and controller would live on.
-    """
-    import time
-
-    import psutil
-
-    pid, created = kernel
-    while True:
-        time.sleep(0.5)
-        try:
-            alive = psutil.Process(pid).create_time() == created  # not a reused pid
-        except psutil.NoSuchProcess:
-            alive = False
-        if not alive:
-            break
-    if controller_pid is not None:
-        try:
-            psutil.Process(controller_pid).terminate()
-        except psutil.NoSuchProcess:
-            pass
-    os._exit(0)
-
-
-def _leave_group() -> None:
-    """Runs on an engine: leave the process group, if it is in one."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 @dataclass
@@ -103,17 +55,20 @@ class Ranks:
     view: object = field(default=None, repr=False)
     store: object = field(default=None, repr=False)
     generation: int = 0
+    _activated: bool = field(default=False, repr=False)
     # What the last failure left behind: "reset" (the process group may be out
     # of step) or "restart" (an engine is gone). The next call repairs it.
     damage: str | None = None
 
     def run(self, fn, *args, **kwargs) -> list:
         """Call `fn(*args, **kwargs)` on every rank; results in rank order."""
+        self.wait()
         self._repair()
         return self._gather(self.view.apply_async(fn, *args, **kwargs))
 
     def execute(self, code: str) -> None:
         """Run `code` on every rank, like a `%%px` cell, and show its output."""
+        self.wait()
         self._repair()
         result = self.view.execute(code, block=False)
         try:
@@ -123,6 +78,7 @@ class Ranks:
 
     def pull(self, name: str) -> list:
         """The value of `name` in every rank's namespace, in rank order."""
+        self.wait()
         self._repair()
         return self._gather(self.view.pull(name, block=False))
 
@@ -161,6 +117,7 @@ class Ranks:
                 err = e
             except Exception:  # still running, or a single engine's error
                 return {}
+        self._note_damage(err)
         failures = {}
         for ename, evalue, tb, info in err.elist:
             rank = self._rank_of(info.get("engine_id"))
@@ -168,15 +125,24 @@ class Ranks:
                 dead = re.search(r"Engine (\d+) died", str(evalue))
                 if dead:
                     rank = self._rank_of(int(dead.group(1)))
-                self.damage = "restart"
                 failures[rank] = f"rank {rank}'s process died: {evalue}"
                 continue
-            self.damage = self.damage or ("reset" if "Timeout" in str(evalue)
-                                          or "ollective" in str(evalue) else None)
             text = tb if tb else f"{ename}: {evalue}"
             failures[rank] = _ANSI.sub("", text if isinstance(text, str)
                                        else "\n".join(text))
         return failures
+
+    def _note_damage(self, err) -> None:
+        """What a failure broke: a dead engine needs a restart; a failed or
+        timed-out collective leaves the process group out of step (a reset).
+        A plain error in a rank's code (a typo) breaks nothing.
+        """
+        for ename, evalue, _tb, _info in err.elist:
+            if ename == "EngineError":
+                self.damage = "restart"
+            elif self.damage is None and any(
+                    word in f"{ename} {evalue}" for word in _COLLECTIVE_FAILURES):
+                self.damage = "reset"
 
     def _unfinished(self, result) -> list[int]:
         done = {self._rank_of(md.get("engine_id")) for md in result._metadata
@@ -208,7 +174,7 @@ class Ranks:
 
     def reset_process_group(self) -> None:
         """Destroy and re-create the process group on the same engines."""
-        self._gather(self.view.apply_async(_leave_group))
+        self._gather(self.view.apply_async(engine_side.leave_group))
         self.generation += 1
         self._join()
 
@@ -221,8 +187,8 @@ class Ranks:
         controller = getattr(self.cluster.controller, "pid", None)
         pending = [
             self.client[eid].apply_async(
-                _setup_engine, rank, self.world_size, self.backend, port, prefix,
-                self.timeout_s, self.threads_per_rank, kernel, controller)
+                engine_side.setup_rank, rank, self.world_size, self.backend, port,
+                prefix, self.timeout_s, self.threads_per_rank, kernel, controller)
             for rank, eid in enumerate(self.view.targets)
         ]
         failures = {}
@@ -238,10 +204,12 @@ class Ranks:
         """Start the engines and join them in a new process group."""
         import ipyparallel as ipp
 
+        # Scheduler threads, not processes: 6 processes for 2 ranks instead of 13.
         self.cluster = ipp.Cluster(n=self.world_size, controller_ip="127.0.0.1",
-                                   engines="local", log_level=40)
-        self.client = self.cluster.start_and_connect_sync()
+                                   engines="local", log_level=40,
+                                   controller_args=["--IPController.use_threads=True"])
         try:
+            self.client = self.cluster.start_and_connect_sync()
             self.client.wait_for_engines(self.world_size, timeout=60)
             self.view = self.client[sorted(self.client.ids)[: self.world_size]]
             self.view.block = True
@@ -250,8 +218,41 @@ class Ranks:
         except BaseException:
             self._shutdown()
             raise
-        if self.activate:
-            self.view.activate()
+
+    def _launch_in_background(self) -> None:
+        """Launch in a thread; `wait()` (and every call) waits for it."""
+        self._starting = threading.Thread(target=self._launch_recording_errors,
+                                          name="labkit-start-ranks", daemon=True)
+        self._starting.start()
+
+    def _launch_recording_errors(self) -> None:
+        try:
+            self._launch()
+        except BaseException as err:  # re-raised in the kernel's thread by wait()
+            self._start_error = err
+
+    def wait(self) -> Ranks:
+        """Wait until the ranks are up (after a background start); returns self."""
+        starting = getattr(self, "_starting", None)
+        if starting is not None:
+            starting.join()
+            self._starting = None
+            err, self._start_error = getattr(self, "_start_error", None), None
+            if err is not None:
+                raise err
+        if self.view is None:
+            raise RuntimeError("these ranks were stopped; start them again with "
+                               "cluster.start() or ranks.restart()")
+        if self.activate and not self._activated:
+            self.view.activate()  # in the kernel's thread, where magics live
+            self._activated = True
+        return self
+
+    @property
+    def ready(self) -> bool:
+        """True once the ranks are up (always, unless started in the background)."""
+        starting = getattr(self, "_starting", None)
+        return self.view is not None and (starting is None or not starting.is_alive())
 
     def _shutdown(self) -> None:
         try:
@@ -265,6 +266,10 @@ class Ranks:
     def stop(self) -> None:
         """Stop the engines and free the rendezvous port."""
         global _current
+        starting = getattr(self, "_starting", None)
+        if starting is not None:
+            starting.join()  # never stop halfway through a start
+            self._starting = None
         self._shutdown()
         if _current is self:
             _current = None
@@ -273,10 +278,10 @@ class Ranks:
         """Replace every engine with a fresh one, same settings; returns self."""
         global _current
         self._shutdown()
-        self.generation, self.damage = 0, None
+        self.generation, self.damage, self._activated = 0, None, False
         self._launch()
         _current = self
-        return self
+        return self.wait()
 
     def __enter__(self) -> Ranks:
         return self
@@ -295,7 +300,7 @@ def current() -> Ranks | None:
 
 def start(world_size: int = 2, backend: str = "gloo", *, timeout_s: float = 20.0,
           threads_per_rank: int | None = None, task_timeout_s: float | None = None,
-          activate: bool = True, port: int = 0) -> Ranks:
+          activate: bool = True, port: int = 0, background: bool = False) -> Ranks:
     """Start `world_size` engines on 127.0.0.1 and join them in a process group.
 
     A group already running in this kernel is stopped first, so running the
@@ -304,6 +309,8 @@ def start(world_size: int = 2, backend: str = "gloo", *, timeout_s: float = 20.0
     `task_timeout_s` bounds each `run`/`execute`/`pull`: ranks still busy then
     are interrupted and named. With `activate`, `%%px` cells run on these ranks.
     `port` 0 lets the system pick the rendezvous port (nothing can race for it).
+    With `background`, return at once and start the engines in a thread, so
+    a lesson can be read while they boot; the first use waits for them.
     """
     global _current
     rendezvous.check_args(world_size, backend)
@@ -321,6 +328,58 @@ def start(world_size: int = 2, backend: str = "gloo", *, timeout_s: float = 20.0
         _current.stop()
     ranks = Ranks(world_size, backend, timeout_s, threads_per_rank, task_timeout_s,
                   activate, port)
-    ranks._launch()
     _current = ranks
-    return ranks
+    _install_notebook_hooks()
+    if background:
+        ranks._launch_in_background()
+        return ranks
+    try:
+        ranks._launch()
+    except BaseException:
+        _current = None
+        raise
+    return ranks.wait()
+
+
+_hooks_installed = False
+
+
+def _install_notebook_hooks() -> None:
+    """In IPython: `%%px` cells wait for the ranks and find them repaired.
+
+    Before a cell that uses the px magics runs, wait for a background start
+    and repair the damage a failed cell left; after a cell fails on the ranks,
+    note what the failure broke.
+    """
+    global _hooks_installed
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or _hooks_installed:
+        return
+    shell.events.register("pre_run_cell", _before_cell)
+    shell.events.register("post_run_cell", _after_cell)
+    _hooks_installed = True
+
+
+def _uses_px(info) -> bool:
+    return "%px" in (getattr(info, "raw_cell", "") or "") or \
+        "%autopx" in (getattr(info, "raw_cell", "") or "")
+
+
+def _before_cell(info) -> None:
+    ranks = _current
+    if ranks is None or not _uses_px(info):
+        return
+    ranks.wait()
+    ranks._repair()
+
+
+def _after_cell(result) -> None:
+    import ipyparallel as ipp
+
+    ranks, err = _current, getattr(result, "error_in_exec", None)
+    if ranks is not None and isinstance(err, ipp.error.CompositeError):
+        ranks._note_damage(err)

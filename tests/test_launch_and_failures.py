@@ -266,3 +266,31 @@ def test_ctrl_c_stops_a_headless_run_and_its_ranks():
     time.sleep(1)
     alive = [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert alive == []
+
+
+def test_background_start_returns_before_the_ranks_are_up():
+    before = {p.pid for p in child_processes()}
+    group = cluster.start(2, background=True, activate=False)
+    try:
+        assert not group.ready  # engines take seconds; the call did not wait
+        assert group.run(abs, -4) == [4, 4]  # the first use waits
+        assert group.ready
+    finally:
+        group.stop()
+    assert {p.pid for p in child_processes()} - before == set() or _settles(before)
+
+
+def test_stop_during_a_background_start_leaves_nothing():
+    before = {p.pid for p in child_processes()}
+    group = cluster.start(2, background=True, activate=False)
+    group.stop()
+    assert _settles(before)
+    with pytest.raises(RuntimeError, match="stopped"):
+        group.run(abs, -1)
+
+
+def _settles(before, seconds=10):
+    deadline = time.monotonic() + seconds
+    while {p.pid for p in child_processes()} - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return {p.pid for p in child_processes()} - before == set()
