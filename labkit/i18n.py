@@ -50,6 +50,31 @@ MESSAGES: dict[str, dict[str, str]] = {
         "ja": "1〜15: no_sync の中で step、16〜30: 正しく同期",
         "en": "1-15: step inside no_sync, 16-30: synchronized",
     },
+    "message_bytes": {"ja": "メッセージの大きさ [バイト]",
+                      "en": "message size [bytes]"},
+    "allreduce_ms": {"ja": "all-reduce 1 回の時間 [ミリ秒]",
+                     "en": "one all-reduce [ms]"},
+    "allreduce_title": {
+        "ja": "all-reduce の時間: 実測と α–β モデル (2 ランク)",
+        "en": "All-reduce time: measured and the alpha-beta model (2 ranks)",
+    },
+    "bucket_allreduce": {"ja": "バケットの all-reduce", "en": "a bucket's all-reduce"},
+    "backward_end": {"ja": "逆伝播", "en": "backward pass"},
+    "bucket_n": {"ja": "バケット {i}", "en": "bucket {i}"},
+    "overlap_title": {
+        "ja": "逆伝播と通信の重なり (バケットごと)",
+        "en": "Backward and communication overlap (per bucket)",
+    },
+    "model_vs_measured": {
+        "ja": "1 回の更新の時間: 実測 (点) とモデル (破線、K = 1, 2, 4 から)",
+        "en": "Time per update: measured (dots), model (dashed, fitted on K = 1, 2, 4)",
+    },
+    "world_size_n": {"ja": "ランク数 (GPU 数)", "en": "ranks (GPUs)"},
+    "speedup": {"ja": "1 ランクに対する速さ (倍)", "en": "speed-up over one rank"},
+    "explorer_title": {
+        "ja": "モデルによる予測 (測定ではありません)",
+        "en": "Predicted by the model (not a measurement)",
+    },
     "divergence_title": {
         "ja": "no_sync の中で step するとレプリカがずれる",
         "en": "Stepping inside no_sync: replicas drift apart",

@@ -197,19 +197,20 @@ def step_times(model: DDP, optimizer, dataset, cfg: NoSyncConfig, rank: int,
     criterion = models.MyLoss()
     batches = micro_batches(dataset, cfg, 1, rank, world_size)
 
-    def step(use_no_sync):
-        def run():
-            dist.barrier()  # start together: a step lasts as long as its slowest rank
-            optimizer.zero_grad()
-            accumulate_no_sync(model, criterion, batches, use_no_sync=use_no_sync)
-            optimizer.step()
-        return run
+    def step(use_no_sync: bool) -> float:
+        dist.barrier()  # start together, outside the timed part
+        t0 = time.perf_counter()
+        optimizer.zero_grad()
+        accumulate_no_sync(model, criterion, batches, use_no_sync=use_no_sync)
+        optimizer.step()
+        timing.sync(_device())
+        return time.perf_counter() - t0
 
-    step(True)()  # warm-up
+    step(True)  # warm-up
     sync_t, nosync_t = [], []
     for _ in range(cfg.repeat):
-        sync_t.append(timing.median_time(step(False), 1, 0, _device()))
-        nosync_t.append(timing.median_time(step(True), 1, 0, _device()))
+        sync_t.append(step(False))
+        nosync_t.append(step(True))
     return statistics.median(sync_t), statistics.median(nosync_t)
 
 

@@ -15,6 +15,8 @@ __all__ = [
     "font_check",
     "line_chart",
     "loss_curves",
+    "measured_vs_model",
+    "timeline",
 ]
 
 
@@ -79,9 +81,16 @@ def font_check():
     return checked_figure(build)
 
 
+def _size_label(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
 def line_chart(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
                xlabel: str, ylabel: str, title: str, logx: bool = False,
-               logy: bool = False, from_zero: bool = False):
+               logy: bool = False, from_zero: bool = False, x_bytes: bool = False):
     """One line per label from (xs, ys); labels and title are message keys."""
 
     def build():
@@ -91,8 +100,11 @@ def line_chart(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
         _decorate(ax, xlabel, ylabel, title, logx, logy)
         if logx:  # label the measured x values (1, 2, 4, 8), not powers of two
             ticks = sorted({x for xs, _ in series.values() for x in xs})
-            ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
-            ax.minorticks_off()
+            ax.set_xticks(ticks, [_size_label(x) if x_bytes else f"{x:g}"
+                                  for x in ticks])
+            ax.xaxis.set_minor_locator(plt.NullLocator())
+            if x_bytes:
+                ax.tick_params(axis="x", labelrotation=45)
         if from_zero:
             ax.set_ylim(bottom=0)
         fig.tight_layout()
@@ -160,3 +172,55 @@ def _decorate(ax, xlabel, ylabel, title, logx, logy):
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
+
+
+def timeline(spans: Sequence[tuple[float, float]], end: float, *, span_label: str,
+             end_label: str, title: str):
+    """The backward pass (0 to `end` ms) and, below it, one bar per (start, end) span.
+
+    `span_label`, `end_label` and `title` are message keys.
+    """
+
+    def build():
+        fig, ax = plt.subplots(figsize=(6.5, 0.55 * len(spans) + 2.0))
+        ax.barh(0, end, left=0, height=0.5, color="tab:blue", label=t(end_label))
+        for i, (start, stop) in enumerate(spans, start=1):
+            ax.barh(i, stop - start, left=start, height=0.5, color="tab:orange",
+                    label=t(span_label) if i == 1 else None)
+        ax.axvline(end, color="tab:blue", linestyle="--", linewidth=1)
+        ax.set_yticks(range(len(spans) + 1),
+                      [t(end_label), *[t("bucket_n", i=i) for i in range(len(spans))]])
+        ax.set_xlabel("ms")
+        ax.set_xlim(left=0)
+        ax.invert_yaxis()
+        _decorate(ax, None, None, title, False, False)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2)
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def measured_vs_model(measured: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+                      model: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
+                      xlabel: str, ylabel: str, title: str):
+    """Dots for measurements, dashed lines for the model, one colour per label."""
+
+    def build():
+        fig, ax = plt.subplots(figsize=(7.5, 4))
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for i, (label, (xs, ys)) in enumerate(measured.items()):
+            color = colors[i % len(colors)]
+            ax.plot(list(xs), list(ys), "o", color=color, label=label)
+            if label in model:
+                mx, my = model[label]
+                ax.plot(list(mx), list(my), "--", color=color)
+        _decorate(ax, xlabel, ylabel, title, True, True)
+        ticks = sorted({x for xs, _ in measured.values() for x in xs})
+        ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+        ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)

@@ -203,3 +203,21 @@ def accumulation_matches_large_batch(K, batch_per_rank, hidden, seed):
     for p, q in zip(model.parameters(), local.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
     return counter.calls
+
+
+def bucket_counts(caps=(25, 4, 1, 0.01)):
+    """(planned buckets, all-reduce calls of one synchronization) per cap."""
+    from labkit import comm
+
+    out = {}
+    for cap in caps:
+        cfg = nosync.NoSyncConfig(hidden=256, depth=3, bucket_cap_mb=cap, accum_steps=1)
+        model, counter = nosync.wrap(cfg)
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        batches = nosync.micro_batches(nosync.make_dataset(cfg), cfg, 0, rank,
+                                       world_size)
+        for _ in range(2):
+            counter.reset()
+            nosync.accumulate_no_sync(model, models.MyLoss(), batches)
+        out[cap] = (len(comm.bucket_sizes(model.module, cap)), counter.calls)
+    return out
