@@ -1,0 +1,244 @@
+"""Benchmarks of the course: launch, loop overhead, scaling, cost model, course time.
+
+    python bench/run.py [--quick] --json FILE [--record]
+
+Speed lives here, never in tests. Alternatives are measured side by side in
+one run and reported as ratios, since the machine is shared and noisy.
+--record rewrites the table in bench/README.md with this run's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOALS = {  # metric: (comparison, target), from the course's performance goals
+    "launch_speedup_warm_vs_cold": (">=", 10.0),
+    "loop_overhead_ratio": ("<=", 1.03),
+    "scaling_efficiency_2proc": (">=", 0.8),
+    "nosync_model_max_rel_error": ("<=", 0.20),
+    "course_exec_s": ("<=", 300.0),
+}
+
+
+def first_step(hidden: int = 100, depth: int = 1) -> float:
+    """On each rank: build a DDP model and take one training step."""
+    import time
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from labkit import models
+
+    model = DDP(models.WideMLP(hidden=hidden, depth=depth))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    models.MyLoss()(model(torch.randn(32, 10)), torch.randn(32, 10)).backward()
+    opt.step()
+    return time.perf_counter()
+
+
+def launch_times(repeat: int) -> dict:
+    """Asking for a 2-rank experiment until its first step: fresh and warm cluster."""
+    from labkit import cluster
+
+    t0 = time.perf_counter()
+    ranks = cluster.start(2, activate=False)
+    ranks.run(first_step)
+    cold = time.perf_counter() - t0
+    warm = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        ranks.run(first_step)
+        warm.append(time.perf_counter() - t0)
+    ranks.stop()
+    warm_s = statistics.median(warm)
+    return {"launch_cold_s": cold, "launch_warm_s": warm_s,
+            "launch_speedup_warm_vs_cold": cold / warm_s}
+
+
+def loop_ratio(repeat: int, K: int = 4) -> float:
+    """On each rank: labkit's accumulation loop against a hand-written one."""
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from labkit import models, nosync
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    cfg = nosync.NoSyncConfig(accum_steps=K, hidden=512, depth=2, batch_per_rank=64)
+    model, _ = nosync.wrap(cfg)
+    optimizer = nosync.make_optimizer(model, cfg)
+    batches = nosync.micro_batches(nosync.make_dataset(cfg), cfg, 0, rank, world_size)
+    criterion = models.MyLoss()
+
+    def labkit_loop():
+        optimizer.zero_grad()
+        nosync.accumulate_no_sync(model, criterion, batches)
+        optimizer.step()
+
+    def plain_loop():  # the same work, written out as in PyTorch's documentation
+        optimizer.zero_grad()
+        for i, (X, y) in enumerate(batches):
+            if i < K - 1:
+                with model.no_sync():
+                    (criterion(model(X), y) / K).backward()
+            else:
+                (criterion(model(X), y) / K).backward()
+        optimizer.step()
+
+    def timed(fn):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    for fn in (labkit_loop, plain_loop):
+        timed(fn)  # warm-up
+    ratios = []
+    for _ in range(repeat):  # alternate, so both see the same noise
+        ratios.append(timed(labkit_loop) / timed(plain_loop))
+    ratio = torch.tensor(statistics.median(ratios))
+    dist.all_reduce(ratio)  # average the two ranks' medians
+    return ratio.item() / world_size
+
+
+def scaling(repeat: int) -> float:
+    """On each rank: throughput of 2 ranks over 1 rank, per-rank batch fixed, / 2."""
+    import torch.distributed as dist
+
+    from labkit import ddp
+
+    solo = dist.new_group([0])
+    per_rank = 2048
+    one = ddp.step_time(512, 2, per_rank, group=solo, repeat=repeat) \
+        if dist.get_rank() == 0 else None
+    two = ddp.step_time(512, 2, 2 * per_rank, repeat=repeat)
+    return None if one is None else (2 * per_rank / two) / (per_rank / one) / 2
+
+
+def cost_model(repeat: int) -> dict:
+    """On each rank: the step model's worst error over K and two model sizes."""
+    import torch.distributed as dist
+
+    from labkit import comm
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for name, (hidden, depth) in {"doc 004 MLP": (100, 1),
+                                  "MLP 1024x3": (1024, 3)}.items():
+        times = comm.step_times_by_k(rank, world_size, hidden, depth, repeat=repeat)
+        model = comm.fit_step_model(times, fit_on=(1, 2, 4))
+        out[name] = {"times": times, "model": model.as_dict(),
+                     "max_rel_error": comm.max_rel_error(model, times)}
+    return out
+
+
+def course_exec_s(lang: str) -> float:
+    """Seconds to execute every notebook of one language, as `make course` does."""
+    notebooks = sorted((ROOT / "notebooks" / lang).glob("*.ipynb"))
+    jupyter = Path(sys.executable).with_name("jupyter")
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        subprocess.run([str(jupyter), "execute", "--timeout=600",
+                        *map(str, notebooks)], check=True, cwd=tmp,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - t0
+
+
+def run(quick: bool) -> dict:
+    from labkit import cluster, doctor
+
+    repeat = 5 if quick else 15
+    results: dict = {"quick": quick}
+    results.update(launch_times(repeat))
+    ranks = cluster.start(2, activate=False)
+    results["loop_overhead_ratio"] = ranks.run(loop_ratio, 3 * repeat)[0]
+    results["scaling_efficiency_2proc"] = ranks.run(scaling, repeat)[0]
+    models = ranks.run(cost_model, 5 if quick else 9)[0]
+    ranks.stop()
+    results["nosync_model"] = models
+    results["nosync_model_max_rel_error"] = max(m["max_rel_error"]
+                                                for m in models.values())
+    results["course_exec_s"] = course_exec_s("ja")
+    report = doctor.collect()
+    results["machine"] = {"cpu_cores": report.cpu_cores, "torch": report.torch_version,
+                          "python": platform.python_version(),
+                          "platform": platform.platform(), "gpus": report.gpus}
+    results["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    results["goals"] = {k: {"target": f"{op} {v:g}", "met": _met(results[k], op, v)}
+                        for k, (op, v) in GOALS.items()}
+    return results
+
+
+def _met(value: float, op: str, target: float) -> bool:
+    return value >= target if op == ">=" else value <= target
+
+
+TABLE_START, TABLE_END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def record(results: dict, readme: Path) -> None:
+    """Rewrite the results table in bench/README.md."""
+    m = results["machine"]
+    rows = [f"Last recorded run: {results['date']}, "
+            f"{'--quick' if results['quick'] else 'full'}; {m['cpu_cores']} CPU cores, "
+            f"torch {m['torch']}, Python {m['python']}, GPUs: "
+            f"{', '.join(m['gpus']) or 'none'}.", "",
+            "| metric | value | goal | met |", "|---|---|---|---|"]
+    for key in ("launch_cold_s", "launch_warm_s", "launch_speedup_warm_vs_cold",
+                "loop_overhead_ratio", "scaling_efficiency_2proc",
+                "nosync_model_max_rel_error", "course_exec_s"):
+        goal = results["goals"].get(key)
+        rows.append(f"| `{key}` | {results[key]:.4g} | {goal['target'] if goal else ''}"
+                    f" | {('yes' if goal['met'] else 'no') if goal else ''} |")
+    rows += ["", "Cost model (fitted on K = 1, 2, 4; seconds per update, "
+             "sync / no_sync):", "", "| model | K | measured | predicted |",
+             "|---|---|---|---|"]
+    for name, entry in results["nosync_model"].items():
+        from labkit.comm import StepModel
+
+        model = StepModel(**entry["model"])
+        for k, (sync_s, nosync_s) in sorted(entry["times"].items(), key=lambda kv:
+                                            int(kv[0])):
+            rows.append(f"| {name} | {k} | {sync_s:.4f} / {nosync_s:.4f} | "
+                        f"{model.predict(int(k), False):.4f} / "
+                        f"{model.predict(int(k), True):.4f} |")
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.index(TABLE_START), text.index(TABLE_END)
+    readme.write_text(text[:start + len(TABLE_START)] + "\n" + "\n".join(rows) + "\n"
+                      + text[end:], encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--json", metavar="FILE", required=True)
+    parser.add_argument("--record", action="store_true",
+                        help="rewrite the results table in bench/README.md")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    results = run(args.quick)
+    Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n",
+                               encoding="utf-8")
+    for key, goal in results["goals"].items():
+        print(f"{key:32s} {results[key]:10.4g}   goal {goal['target']:8s} "
+              f"{'met' if goal['met'] else 'NOT met'}")
+    if args.record:
+        record(results, ROOT / "bench" / "README.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
