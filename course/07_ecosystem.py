@@ -1,0 +1,481 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] lang="ja"
+# # 07 エコシステムとスケールアウト
+#
+# 記事 004 は最後に、`data_parallel()` 以外の方法として「手動で並列処理を実装する」「Horovod などの
+# ライブラリ」「PyTorch Lightning や TensorFlow Lattice などの分散訓練用フレームワーク」を挙げています。
+# 記事 000 も Apex と Horovod を挙げ、「各 GPU はモデルのパラメータの一部を保持し」と書いています。
+#
+# このレッスンで見ること:
+# 1. `torchrun` で 1 台、そして 2 台のマシン (このマシンの上で模擬) に広げる。本物のクラスタの SLURM スクリプト
+# 2. 手動の並列化とは何か
+# 3. PyTorch Lightning と Hugging Face Accelerate の勾配累積は、中で `no_sync` を使っている
+# 4. Horovod のいま
+# 5. TensorFlow Lattice は分散学習のフレームワークではない
+# 6. パラメータを分割して持つのは FSDP と ZeRO
+
+# %% [markdown] lang="en"
+# # 07 Ecosystem and scale-out
+#
+# Doc 004 ends with alternatives to `data_parallel()`: "implement parallelism by hand",
+# "libraries such as Horovod", and "distributed-training frameworks such as PyTorch
+# Lightning and TensorFlow Lattice". Doc 000 also names Apex and Horovod, and says "each
+# GPU holds part of the model's parameters".
+#
+# In this lesson:
+# 1. scale out with `torchrun` on one machine, then on two (simulated on this one); a
+#    SLURM script for a real cluster
+# 2. what parallelism "by hand" is
+# 3. PyTorch Lightning's and Hugging Face Accelerate's gradient accumulation use
+#    `no_sync` underneath
+# 4. Horovod today
+# 5. TensorFlow Lattice is not a distributed-training framework
+# 6. holding part of the parameters is FSDP and ZeRO
+
+# %% lang="ja"
+import labkit
+
+labkit.require("0.1.0")
+labkit.set_lang("ja")
+
+# %% lang="en"
+import labkit
+
+labkit.require("0.1.0")
+labkit.set_lang("en")
+
+# %%
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from labkit import ecosystem, multinode, plots, sharding
+
+# %% [markdown] lang="ja"
+# ## 1 台のマシンで torchrun
+#
+# `torchrun` は PyTorch の標準のランチャーです。各ランクのプロセスを起動し、`RANK`、`WORLD_SIZE`、
+# `LOCAL_RANK`、待ち合わせ場所 (`MASTER_ADDR`、`MASTER_PORT`) を環境変数で渡し、1 つでも失敗すれば全体を止めます。
+# labkit のコマンドはそのまま torchrun の下で動き、world size を torchrun から読みます (レッスン 04)。
+#
+# ```
+# torchrun --nproc-per-node 2 -m labkit nosync --accum 2 --steps 2 --repeat 1
+# ```
+#
+# 次のセルは同じことをこのマシンで実行します (`multinode.run_nodes` は torchrun を子プロセスとして起動し、
+# 時間切れなら子プロセスごと止めます)。
+
+# %% [markdown] lang="en"
+# ## torchrun on one machine
+#
+# `torchrun` is PyTorch's standard launcher. It starts one process per rank, hands each
+# its `RANK`, `WORLD_SIZE`, `LOCAL_RANK` and the meeting point (`MASTER_ADDR`,
+# `MASTER_PORT`) in environment variables, and stops everything if one fails. labkit's
+# commands run under torchrun unchanged and read the world size from it (lesson 04).
+#
+# ```
+# torchrun --nproc-per-node 2 -m labkit nosync --accum 2 --steps 2 --repeat 1
+# ```
+#
+# The next cell runs exactly that here (`multinode.run_nodes` starts torchrun as a child
+# process and, on a timeout, stops it together with its workers).
+
+# %%
+experiment = ["-m", "labkit", "nosync", "--accum", "2", "--steps", "2", "--repeat", "1"]
+with tempfile.TemporaryDirectory() as tmp:
+    out = Path(tmp) / "one_node.json"
+    node, = multinode.run_nodes([*experiment, "--json", str(out)], nnodes=1,
+                                nproc_per_node=2, timeout_s=120)
+    one_node = json.loads(out.read_text())
+print("exit code", node.returncode, "| world size", one_node["world_size"])
+assert node.returncode == 0 and one_node["world_size"] == 2
+assert one_node["allreduce_calls_per_step_nosync"] == 1
+
+# %% [markdown] lang="ja"
+# ## 2 台のマシンを模擬する
+#
+# 複数のマシンでは、**各マシンで 1 つずつ** torchrun を起動します。どのマシンも同じコマンドで、
+# `--nnodes` (マシンの数)、`--nproc-per-node` (マシンあたりのプロセス数)、`--rdzv-id` (この学習の名前)、
+# `--rdzv-endpoint` (どれか 1 台の「ホスト:ポート」) をそろえます。torchrun どうしが c10d の
+# ランデブー (待ち合わせ) で互いを見つけ、ランク番号を割り振ります。
+#
+# ここではマシン 2 台を、このマシンの上の torchrun 2 つで模擬します (それぞれ 1 プロセス、待ち合わせは
+# 127.0.0.1 の空きポート)。2 つのランクは別々の「ノード」から同じプロセスグループに入り、
+# 1 台のときと同じ実験をします。
+
+# %% [markdown] lang="en"
+# ## Two machines, simulated
+#
+# On several machines, start **one torchrun on each machine**. Every machine runs the same
+# command with the same `--nnodes` (machines), `--nproc-per-node` (processes per machine),
+# `--rdzv-id` (a name for this run) and `--rdzv-endpoint` ("host:port" of one of them).
+# The torchrun agents find each other through c10d rendezvous and hand out the ranks.
+#
+# Here two machines are simulated by two torchrun agents on this one (one process each,
+# meeting on a free port of 127.0.0.1). The two ranks join one process group from
+# different "nodes" and run the same experiment as on one machine.
+
+# %%
+print(" ".join(multinode.torchrun_command(
+    experiment, nnodes=2, nproc_per_node=1, endpoint="127.0.0.1:PORT",
+    run_id="RUN_ID", python="python")))
+with tempfile.TemporaryDirectory() as tmp:
+    out = Path(tmp) / "two_nodes.json"
+    nodes = multinode.run_nodes([*experiment, "--json", str(out)], nnodes=2,
+                                nproc_per_node=1, timeout_s=120)
+    two_nodes = json.loads(out.read_text())
+for n in nodes:
+    print(f"node {n.node}: exit code {n.returncode}")
+print({k: two_nodes[k] for k in ("world_size", "grad_max_abs_diff",
+                                 "allreduce_calls_per_step_sync",
+                                 "allreduce_calls_per_step_nosync")})
+assert [n.returncode for n in nodes] == [0, 0]
+assert two_nodes["world_size"] == 2 and two_nodes["grad_max_abs_diff"] <= 1e-6
+assert two_nodes["allreduce_calls_per_step_sync"] == 2
+assert two_nodes["allreduce_calls_per_step_nosync"] == 1
+
+# %% [markdown] lang="ja"
+# ## 本物のクラスタ: SLURM
+#
+# 本物のクラスタでは、ジョブスケジューラがマシンを割り当てます。SLURM なら、ノードごとに 1 つのタスクで
+# torchrun を起動し、割り当ての最初のノードを待ち合わせ場所にします。リポジトリの
+# `docs/slurm_example.sh` が、2 ノード × 4 GPU でこのコースの実験を実行する例です (`sbatch` で投入します)。
+# ノード間の通信には nccl バックエンドを使います。
+
+# %% [markdown] lang="en"
+# ## A real cluster: SLURM
+#
+# On a real cluster a job scheduler hands out the machines. With SLURM, start torchrun as
+# one task per node and use the allocation's first node as the meeting point. The
+# repository's `docs/slurm_example.sh` runs this course's experiment on 2 nodes × 4 GPUs
+# (submit it with `sbatch`). Between nodes, use the nccl backend.
+
+# %%
+import subprocess
+
+script = multinode.SLURM_EXAMPLE.read_text()
+print("\n".join(line for line in script.splitlines()
+                if line.startswith(("#SBATCH", "srun", "    --", "head_node"))))
+assert subprocess.run(["bash", "-n", str(multinode.SLURM_EXAMPLE)]).returncode == 0
+assert "--rdzv-backend c10d" in script and "--nnodes \"$SLURM_NNODES\"" in script
+
+# %% [markdown] lang="ja"
+# ## 手動の並列化
+#
+# 記事 004 の「手動で並列処理を実装する」手順は「1. モデルを複数の GPU に分割します」から始まります。
+# データ並列で分けるのはデータで、モデルは**丸ごと複製**します。モデルそのものを GPU に分けるのは
+# モデル並列 (パイプライン並列やテンソル並列) という別の方式です。
+#
+# データ並列を手で組み立てる部品は `torch.nn.parallel` の `replicate`、`scatter`、`parallel_apply`、
+# `gather` で、`data_parallel()` はこの 4 つを順に呼ぶだけです。1 つずつ動かしたのがレッスン 02 です。
+# 複数のプロセスなら、手で組み立てる部品は `torch.distributed` の集団通信 (`all_reduce` など) で、
+# それを自動でするのが DDP です (レッスン 03)。
+
+# %% [markdown] lang="en"
+# ## Parallelism by hand
+#
+# Doc 004's steps for "implementing parallelism by hand" start with "1. split the model
+# across the GPUs". Data parallelism splits the data and **copies the whole model**.
+# Splitting the model itself across GPUs is model parallelism (pipeline or tensor
+# parallelism), a different method.
+#
+# The parts for building data parallelism by hand are `torch.nn.parallel`'s `replicate`,
+# `scatter`, `parallel_apply` and `gather`; `data_parallel()` just calls these four in
+# turn. Lesson 02 runs them one at a time. Across processes, the parts are
+# `torch.distributed`'s collectives (`all_reduce` and so on), and DDP is what does it
+# for you (lesson 03).
+
+# %%
+import inspect
+import re
+
+source = inspect.getsource(torch.nn.parallel.data_parallel)
+calls = re.findall(r"\b(scatter|replicate|parallel_apply|gather)\w*\(", source)
+print(calls)  # scatter appears as scatter_kwargs, which splits args and kwargs
+assert calls == ["scatter", "replicate", "parallel_apply", "gather"]
+
+# %% [markdown] lang="ja"
+# ## PyTorch Lightning と Hugging Face Accelerate
+#
+# どちらも、DDP の学習ループ (プロセスの起動、`DistributedSampler`、勾配累積、チェックポイントなど) を
+# 代わりに書いてくれるライブラリです。勾配累積はそれぞれ
+#
+# - Lightning: `Trainer(strategy="ddp", accumulate_grad_batches=K)`
+# - Accelerate: `Accelerator(gradient_accumulation_steps=K)` と `with accelerator.accumulate(model):`
+#
+# と書きます。レッスン 04 で見たとおり、DDP で勾配累積を正しく速くするには `no_sync` が要ります。
+# 両者が中で `no_sync` を使うことを、ソースコードと、`DistributedDataParallel.no_sync` の呼び出し回数で
+# 確かめます。8 バッチを K = 4 で累積すると、更新は 2 回、`no_sync` に入るのは 8 − 2 = 6 回のはずです。
+#
+# 2 つとも**任意の追加パッケージ**で、このコースの既定の環境には入っていません。入っていなければ、
+# 次のセルは何もしません。試すには `pip install lightning accelerate` を実行してください。
+
+# %% [markdown] lang="en"
+# ## PyTorch Lightning and Hugging Face Accelerate
+#
+# Both write the DDP training loop for you (starting processes, `DistributedSampler`,
+# gradient accumulation, checkpoints, and so on). Gradient accumulation is
+#
+# - Lightning: `Trainer(strategy="ddp", accumulate_grad_batches=K)`
+# - Accelerate: `Accelerator(gradient_accumulation_steps=K)` and
+#   `with accelerator.accumulate(model):`
+#
+# As lesson 04 showed, gradient accumulation under DDP needs `no_sync` to be right and
+# fast. Check that both use `no_sync` underneath, in their source and by counting calls
+# of `DistributedDataParallel.no_sync`. Accumulating 8 batches with K = 4 should give 2
+# updates and 8 − 2 = 6 entries into `no_sync`.
+#
+# Both are **optional extras**, not in the course's default environment. If they are not
+# installed, the next cell does nothing. To try them, run `pip install lightning accelerate`.
+
+# %% tags=["nbval-ignore-output"]
+for name in ecosystem.FRAMEWORKS:
+    installed = ecosystem.version(name)
+    if installed is None:
+        print(labkit.t("framework_skip", name=name))
+        continue
+    print(f"{name} {installed}:", *ecosystem.no_sync_lines(name), sep="\n    ")
+    counted = ecosystem.run_counted(name)
+    for r in counted:
+        print(f"  rank {r['rank']}: wrapped in {r['wrapped_in']}, {r['batches']} batches, "
+              f"{r['optimizer_steps']} optimizer steps, no_sync entered "
+              f"{r['no_sync_entries']} times")
+        assert r["wrapped_in"] == "DistributedDataParallel"
+        assert r["optimizer_steps"] == r["batches"] // r["accum_steps"]
+        assert r["no_sync_entries"] == r["batches"] - r["optimizer_steps"]
+
+# %% [markdown] lang="ja"
+# 記事は「コードを変更することなく、複数の GPU 上でモデルを訓練することができます」と書いていますが、
+# Lightning では学習コードを `LightningModule` の形に書き直し、Accelerate では `accelerator.prepare` と
+# `accelerator.backward` を書き加えます。少ない変更で済む、が正確です。
+
+# %% [markdown] lang="en"
+# The document says these frameworks train on several GPUs "without changing the code".
+# Lightning needs the training code rewritten as a `LightningModule`; Accelerate needs
+# `accelerator.prepare` and `accelerator.backward` added. "With few changes" is accurate.
+
+# %% [markdown] lang="ja"
+# ## Horovod のいま
+#
+# Horovod は Uber が作り、LF AI & Data Foundation に移された分散学習ライブラリです。記事 000 と 004 は
+# 選択肢として挙げていますが、PyTorch で新しく使う理由はほとんどありません。
+#
+# - **最新のリリースは 0.28.1** です (このマシンで `pip index versions horovod` を実行して確認。PyPI に
+#   あるのは 0.28.1 まで)。配布物の `PKG-INFO` の日付は 2023-06-12 で、それ以降のリリースはありません。
+# - **ホイールがなく、ソースからビルドします** (`pip download --only-binary :all: horovod==0.28.1` は
+#   「No matching distribution」)。CMake と C++ コンパイラが要り、PyTorch に対してビルドされます。
+# - 0.28.1 の `CMakeLists.txt` は C++14 でビルドします (`set(CMAKE_CXX_STANDARD 14)`)。一方 PyTorch 2.1 以降の
+#   ヘッダは C++17 を要求し、0.28.1 は PyTorch 2.1.0 に対してビルドできないと報告されています
+#   ([horovod#3996](https://github.com/horovod/horovod/issues/3996))。修正
+#   ([horovod#3998](https://github.com/horovod/horovod/pull/3998)、C++17 でコンパイル) はリリースに
+#   含まれていません。このマシンの torch 2.13 のヘッダも C++17 を要求します (次のセル)。
+# - Databricks は Horovod と HorovodRunner を非推奨とし、PyTorch には TorchDistributor を勧めています
+#   ([Databricks の文書、フランス語版](https://docs.databricks.com/aws/fr/archive/machine-learning/train-model/horovod))。
+#
+# このコースでは Horovod をインストールしません。使い方の対応表を載せます。
+# 記事 004 の「モデルを Horovod でラップします」も正確ではありません。包むのは**オプティマイザ**です。
+#
+# | Horovod (PyTorch) | PyTorch DDP |
+# |---|---|
+# | `horovodrun -np 4 python train.py` (または `mpirun`) | `torchrun --nproc-per-node 4 train.py` |
+# | `hvd.init()` | `dist.init_process_group("nccl")` |
+# | `hvd.rank()`、`hvd.size()`、`hvd.local_rank()` | `dist.get_rank()`、`dist.get_world_size()`、`int(os.environ["LOCAL_RANK"])` |
+# | `torch.cuda.set_device(hvd.local_rank())` | `torch.cuda.set_device(local_rank)` |
+# | `hvd.DistributedOptimizer(optimizer, named_parameters=...)` | `DistributedDataParallel(model, device_ids=[local_rank])` |
+# | `hvd.broadcast_parameters(model.state_dict(), root_rank=0)` | DDP が作るときに自動で broadcast |
+# | `hvd.broadcast_optimizer_state(optimizer, root_rank=0)` | (同じ初期値から始めるので不要) |
+# | `DistributedOptimizer(..., backward_passes_per_step=K)` | `with model.no_sync():` (レッスン 04) |
+# | `hvd.allreduce(t)` (既定は平均) | `dist.all_reduce(t)` (和。平均は world size で割る) |
+# | `DistributedSampler(num_replicas=hvd.size(), rank=hvd.rank())` | `DistributedSampler(dataset)` |
+
+# %% [markdown] lang="en"
+# ## Horovod today
+#
+# Horovod is a distributed-training library started at Uber and moved to the LF AI &
+# Data Foundation. Docs 000 and 004 list it as an option; for PyTorch there is little
+# reason to start with it today.
+#
+# - **The latest release is 0.28.1** (checked on this machine with `pip index versions
+#   horovod`: PyPI has nothing newer). Its `PKG-INFO` is dated 2023-06-12, and nothing
+#   has been released since.
+# - **There are no wheels: it builds from source** (`pip download --only-binary :all:
+#   horovod==0.28.1` finds "No matching distribution"). It needs CMake and a C++
+#   compiler, and it is built against your PyTorch.
+# - 0.28.1's `CMakeLists.txt` builds as C++14 (`set(CMAKE_CXX_STANDARD 14)`), while the
+#   headers of PyTorch 2.1 and later require C++17; 0.28.1 is reported not to build
+#   against PyTorch 2.1.0 ([horovod#3996](https://github.com/horovod/horovod/issues/3996)).
+#   The fix ([horovod#3998](https://github.com/horovod/horovod/pull/3998), compiling as
+#   C++17) is in no release. The headers of this machine's torch 2.13 require C++17 too
+#   (next cell).
+# - Databricks has deprecated Horovod and HorovodRunner and recommends TorchDistributor
+#   for PyTorch ([Databricks documentation, French edition](https://docs.databricks.com/aws/fr/archive/machine-learning/train-model/horovod)).
+#
+# This course does not install Horovod. Here is how its API maps to DDP. Doc 004's "wrap
+# the model with Horovod" is not accurate either: what you wrap is the **optimizer**.
+#
+# | Horovod (PyTorch) | PyTorch DDP |
+# |---|---|
+# | `horovodrun -np 4 python train.py` (or `mpirun`) | `torchrun --nproc-per-node 4 train.py` |
+# | `hvd.init()` | `dist.init_process_group("nccl")` |
+# | `hvd.rank()`, `hvd.size()`, `hvd.local_rank()` | `dist.get_rank()`, `dist.get_world_size()`, `int(os.environ["LOCAL_RANK"])` |
+# | `torch.cuda.set_device(hvd.local_rank())` | `torch.cuda.set_device(local_rank)` |
+# | `hvd.DistributedOptimizer(optimizer, named_parameters=...)` | `DistributedDataParallel(model, device_ids=[local_rank])` |
+# | `hvd.broadcast_parameters(model.state_dict(), root_rank=0)` | done by DDP when it is built |
+# | `hvd.broadcast_optimizer_state(optimizer, root_rank=0)` | (not needed: every rank starts from the same state) |
+# | `DistributedOptimizer(..., backward_passes_per_step=K)` | `with model.no_sync():` (lesson 04) |
+# | `hvd.allreduce(t)` (averages by default) | `dist.all_reduce(t)` (sums; divide by the world size to average) |
+# | `DistributedSampler(num_replicas=hvd.size(), rank=hvd.rank())` | `DistributedSampler(dataset)` |
+
+# %%
+import importlib.util
+
+header = Path(torch.__file__).parent / "include" / "torch" / "csrc" / "api" / "include" / "torch" / "all.h"
+if header.exists():
+    print(next(line for line in header.read_text().splitlines() if "#error" in line))
+    assert "C++17 or later" in header.read_text()
+print("horovod installed:", importlib.util.find_spec("horovod") is not None)
+
+# %% [markdown] lang="ja"
+# ## TensorFlow Lattice は分散学習のフレームワークではない
+#
+# 記事 004 は「PyTorch Lightning や TensorFlow Lattice などのフレームワークは、分散訓練を自動的に処理する」と
+# 書いていますが、TensorFlow Lattice はそういうものではありません。公式の説明では「柔軟で、制御でき、
+# 解釈できる**格子 (lattice) ベースのモデル**を実装するライブラリ」で、単調性や凸性などの
+# **形状制約** (shape constraints) で領域の知識をモデルに入れるための Keras の層を提供します
+# ([TensorFlow Lattice の概要](https://www.tensorflow.org/lattice/overview)、
+# [tensorflow/lattice](https://github.com/tensorflow/lattice))。もとになった論文は
+# 「Monotonic Calibrated Interpolated Look-Up Tables」(JMLR 2016) です。TensorFlow 用で、PyTorch とも
+# 分散学習とも関係ありません。PyTorch での分散学習のフレームワークなら、Lightning、Accelerate、
+# DeepSpeed などです。
+
+# %% [markdown] lang="en"
+# ## TensorFlow Lattice is not a distributed-training framework
+#
+# Doc 004 says "frameworks such as PyTorch Lightning and TensorFlow Lattice handle
+# distributed training automatically". TensorFlow Lattice is nothing of the kind. In its
+# own words it is "a library that implements flexible, controlled and interpretable
+# **lattice based models**": Keras layers that put domain knowledge into a model through
+# **shape constraints** such as monotonicity and convexity
+# ([TensorFlow Lattice overview](https://www.tensorflow.org/lattice/overview),
+# [tensorflow/lattice](https://github.com/tensorflow/lattice)), based on the paper
+# "Monotonic Calibrated Interpolated Look-Up Tables" (JMLR 2016). It is for TensorFlow
+# and has nothing to do with PyTorch or with distributed training. Frameworks for
+# distributed training with PyTorch are Lightning, Accelerate, DeepSpeed and others.
+
+# %% [markdown] lang="ja"
+# ## FSDP と ZeRO: パラメータを分割して持つ
+#
+# 記事 000 の「各 GPU はモデルのパラメータの一部を保持し」は DDP には当てはまりません (DDP の各ランクは
+# 全パラメータを持ちます。レッスン 03)。パラメータを分割して持つのは **ZeRO** (DeepSpeed) と
+# PyTorch の **FSDP** です。
+#
+# - ZeRO-1 はオプティマイザの状態を、ZeRO-2 はさらに勾配を、ZeRO-3 はさらにパラメータそのものを
+#   ランクに分けます。
+# - FSDP2 (`torch.distributed.fsdp.fully_shard`) は ZeRO-3 と同じく 3 つとも分け、各パラメータを
+#   0 番目の次元でランクの数に切って (`torch.chunk(dim=0)`) 持ちます。順伝播と逆伝播の前に、その層の
+#   パラメータを all-gather で一時的に集め、使い終わったら捨てます
+#   ([fully_shard の文書](https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html))。
+#
+# FSDP2 は gloo の CPU でも動きます。2 ランクで記事 004 のモデルを分割し、各ランクが各パラメータの半分だけを
+# 持つこと、それでも勾配は 1 プロセスで全体のバッチを使ったものと一致することを確かめます。
+
+# %% [markdown] lang="en"
+# ## FSDP and ZeRO: holding part of the parameters
+#
+# Doc 000's "each GPU holds part of the model's parameters" is not DDP (every DDP rank
+# holds all parameters: lesson 03). Holding parts of the parameters is **ZeRO**
+# (DeepSpeed) and PyTorch's **FSDP**.
+#
+# - ZeRO-1 shards the optimizer states over the ranks, ZeRO-2 the gradients as well, and
+#   ZeRO-3 the parameters themselves too.
+# - FSDP2 (`torch.distributed.fsdp.fully_shard`) shards all three like ZeRO-3: it cuts
+#   every parameter along dimension 0 into one chunk per rank (`torch.chunk(dim=0)`).
+#   Before a layer's forward and backward it gathers that layer's parameters with an
+#   all-gather, and frees them afterwards
+#   ([fully_shard documentation](https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html)).
+#
+# FSDP2 runs on gloo on the CPU. Shard doc 004's model over two ranks and check that each
+# rank holds half of every parameter, and that the gradients still equal those of one
+# process on the whole batch.
+
+# %% tags=["nbval-ignore-output"]
+from labkit import cluster
+
+ranks = cluster.start(2)
+
+# %%
+# %%px
+from labkit import sharding
+
+fsdp = sharding.fsdp_experiment(rank, world_size)
+for name, s in fsdp["shards"].items():
+    print(f"rank {rank} {name:10s} whole {s['global']}, held here {s['local']} ({s['placement']})")
+print(f"rank {rank}: holds {fsdp['local_numel']} of {fsdp['full_numel']} values; "
+      f"|grad - whole-batch grad| = {fsdp['grad_max_abs_diff']:.1e}")
+assert fsdp["local_numel"] * world_size == fsdp["full_numel"]
+assert fsdp["shards"]["fc1.weight"]["local"] == (100 // world_size, 10)
+assert fsdp["grad_max_abs_diff"] <= 1e-6
+
+# %%
+ranks.stop()
+
+# %% [markdown] lang="ja"
+# 大きなモデルでの差は、ZeRO の論文 (Rajbhandari ら、「ZeRO: Memory Optimizations Toward Training Trillion
+# Parameter Models」、2019) の例で計算できます。混合精度の Adam では、1 パラメータあたり
+# float16 のパラメータ 2 バイト、float16 の勾配 2 バイト、オプティマイザの状態 12 バイト (float32 の
+# パラメータの写し、モーメンタム、分散) を持ちます。75 億パラメータを 64 ランクで学習すると、1 ランクあたり
+# DDP は 120 GB、ZeRO-1 は 31.4 GB、ZeRO-2 は 16.6 GB、ZeRO-3 (FSDP) は 1.9 GB です (活性は含みません)。
+
+# %% [markdown] lang="en"
+# For a large model, the ZeRO paper (Rajbhandari et al., "ZeRO: Memory Optimizations
+# Toward Training Trillion Parameter Models", 2019) gives the arithmetic. With
+# mixed-precision Adam each parameter takes 2 bytes (float16 parameter), 2 bytes (float16
+# gradient) and 12 bytes of optimizer state (a float32 copy of the parameter, momentum
+# and variance). Training 7.5 billion parameters on 64 ranks takes, per rank, 120 GB
+# with DDP, 31.4 GB with ZeRO-1, 16.6 GB with ZeRO-2 and 1.9 GB with ZeRO-3 (FSDP),
+# activations not included.
+
+# %%
+per_rank = sharding.memory_per_rank(7.5e9, 64)
+for stage, b in per_rank.items():
+    print(f"{stage:14s} {b / 1e9:6.1f} GB per rank")
+assert [round(b / 1e9, 1) for b in per_rank.values()] == [120.0, 31.4, 16.6, 1.9]
+fig = plots.bar_chart({"7.5B, 64 ranks": {k: v / 1e9 for k, v in per_rank.items()}},
+                      ylabel="gb_per_rank", title="zero_title", fmt="{:.1f} GB")
+
+# %% [markdown] lang="ja"
+# ## まとめ
+#
+# | 記事の記述 | 実際 |
+# |---|---|
+# | 手動で並列化: まずモデルを GPU に分割 | データ並列はデータを分けてモデルを複製する。部品は `replicate` など (レッスン 02)、プロセスなら集団通信と DDP |
+# | Horovod は使いやすくスケーラブル | 最新リリースは 2023 年の 0.28.1。ソースからのビルドが必要で、PyTorch 2.1 以降に対してはビルドできないと報告されている。PyTorch では `torchrun` と DDP を使う |
+# | Horovod は MPI で通信、モデルを Horovod でラップ | 包むのはオプティマイザ (`hvd.DistributedOptimizer`) |
+# | Lightning や TensorFlow Lattice が分散訓練を自動で | Lightning (と Accelerate) は正しい。中で `no_sync` を使う。TensorFlow Lattice は形状制約つきの格子モデルのライブラリ |
+# | コードを変更することなく | 少ない変更で (LightningModule、`accelerator.prepare`) |
+# | 各 GPU はパラメータの一部を保持 | DDP ではなく FSDP / ZeRO-3 |
+# | 1 台を超えて広げる | 各ノードで torchrun、c10d ランデブー。クラスタでは SLURM などから (`docs/slurm_example.sh`) |
+
+# %% [markdown] lang="en"
+# ## Summary
+#
+# | the documents say | in fact |
+# |---|---|
+# | by hand: first split the model across the GPUs | data parallelism splits the data and copies the model; the parts are `replicate` and friends (lesson 02), or collectives and DDP across processes |
+# | Horovod is easy to use and scalable | latest release 0.28.1 from 2023; builds from source only, reported not to build against PyTorch 2.1 and later; with PyTorch use `torchrun` and DDP |
+# | Horovod communicates with MPI, wrap the model with Horovod | you wrap the optimizer (`hvd.DistributedOptimizer`) |
+# | Lightning and TensorFlow Lattice handle distribution | right for Lightning (and Accelerate), which use `no_sync` underneath; TensorFlow Lattice is a library of shape-constrained lattice models |
+# | without changing the code | with few changes (a LightningModule, `accelerator.prepare`) |
+# | each GPU holds part of the parameters | not DDP: FSDP / ZeRO-3 |
+# | beyond one machine | one torchrun per node, c10d rendezvous; on clusters from SLURM or the like (`docs/slurm_example.sh`) |

@@ -1,0 +1,160 @@
+"""Libraries on top of DDP: how PyTorch Lightning and Hugging Face Accelerate
+accumulate gradients (with no_sync underneath).
+
+Both are optional: nothing here imports them unless asked, and every function
+says clearly when one is not installed. `python -m labkit.ecosystem NAME`
+(under torchrun) trains a tiny model with NAME's gradient accumulation and
+counts how often DDP's no_sync() is entered.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import sys
+from importlib import metadata
+
+from . import i18n
+
+__all__ = ["FRAMEWORKS", "count_no_sync", "no_sync_lines", "run_counted", "version"]
+
+i18n.register({
+    "framework_skip": {
+        "ja": "{name} はインストールされていないので飛ばします "
+              "(試すには pip install {name})",
+        "en": "{name} is not installed, skipped (to try it: pip install {name})",
+    },
+})
+
+# What each library calls when it accumulates: the functions whose source we read.
+FRAMEWORKS = {
+    "lightning": ("lightning.pytorch.strategies.parallel",
+                  "ParallelStrategy.block_backward_sync"),
+    "accelerate": ("accelerate.accelerator", "Accelerator.accumulate",
+                   "Accelerator.no_sync"),
+}
+
+
+def version(name: str) -> str | None:
+    """The installed version of the distribution `name`, or None."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def no_sync_lines(name: str) -> list[str]:
+    """The source lines of `name`'s accumulation helper that call no_sync()."""
+    import importlib
+
+    if name not in FRAMEWORKS:
+        raise ValueError(f"unknown framework {name!r}: choose one of "
+                         f"{', '.join(FRAMEWORKS)}")
+    module_name, *qualnames = FRAMEWORKS[name]
+    lines = []
+    for qualname in qualnames:
+        obj = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        lines += [f"{qualname}: {line.strip()}"
+                  for line in inspect.getsource(obj).splitlines()
+                  if "no_sync" in line
+                  and not line.strip().startswith(("#", ">>>", "`", "def "))]
+    return lines
+
+
+def count_no_sync(name: str, accum_steps: int = 4, batches: int = 8) -> dict:
+    """Train with `name`'s accumulation under DDP; count no_sync() entries (one rank).
+
+    Runs inside a process started by torchrun. DDP.no_sync is wrapped in a
+    counter before the library builds its DDP model, so every entry counts.
+    """
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    entered = []
+    original = DDP.no_sync
+
+    def counting(self):
+        entered.append(1)
+        return original(self)
+
+    DDP.no_sync = counting
+    torch.manual_seed(0)
+    per_rank = batches * 2  # two samples a batch on each rank
+    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
+    dataset = torch.utils.data.TensorDataset(torch.randn(per_rank * world, 10),
+                                             torch.randn(per_rank * world, 10))
+    if name == "accelerate":
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(gradient_accumulation_steps=accum_steps, cpu=True)
+        model = nn.Linear(10, 10)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=2)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        steps = 0
+        for X, y in loader:
+            with accelerator.accumulate(model):  # no_sync() unless it is step time
+                accelerator.backward(nn.functional.mse_loss(model(X), y))
+                optimizer.step()  # Accelerate skips it between accumulation steps
+                steps += accelerator.sync_gradients
+                optimizer.zero_grad()
+        rank, wrapped = accelerator.process_index, type(model).__name__
+    elif name == "lightning":
+        import lightning as L
+
+        seen: set[str] = set()  # what Lightning wrapped the module in, in training
+
+        class Module(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.net = nn.Linear(10, 10)
+
+            def training_step(self, batch, batch_idx):
+                seen.add(type(self.trainer.strategy.model).__name__)
+                X, y = batch
+                return nn.functional.mse_loss(self.net(X), y)
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        trainer = L.Trainer(accelerator="cpu", devices=world, strategy="ddp",
+                            accumulate_grad_batches=accum_steps, max_epochs=1,
+                            logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(Module(), torch.utils.data.DataLoader(dataset, batch_size=2))
+        rank, steps = trainer.global_rank, trainer.global_step
+        wrapped = ", ".join(sorted(seen))
+    else:
+        raise ValueError(f"unknown framework {name!r}")
+    DDP.no_sync = original
+    return {"framework": name, "rank": rank, "world_size": world,
+            "wrapped_in": wrapped, "batches": batches, "accum_steps": accum_steps,
+            "optimizer_steps": steps, "no_sync_entries": len(entered)}
+
+
+def run_counted(name: str, world_size: int = 2, timeout_s: float = 180.0) -> list[dict]:
+    """`count_no_sync(name)` on `world_size` ranks under torchrun; results by rank."""
+    from . import multinode
+
+    if name not in FRAMEWORKS:
+        raise ValueError(f"unknown framework {name!r}: choose one of "
+                         f"{', '.join(FRAMEWORKS)}")
+    node, = multinode.run_nodes(["-m", "labkit.ecosystem", name], nnodes=1,
+                                nproc_per_node=world_size, timeout_s=timeout_s)
+    # Ranks share one output: take each result object, not each line.
+    results = [json.loads(m) for m in re.findall(r"LABKIT_RESULT (\{[^{}]*\})",
+                                                 node.output)]
+    if node.returncode != 0 or len(results) != world_size:
+        raise RuntimeError(f"{name} run failed (exit {node.returncode}):\n"
+                           + node.output[-3000:])
+    return sorted(results, key=lambda r: r["rank"])
+
+
+if __name__ == "__main__":  # python -m labkit.ecosystem lightning|accelerate
+    # One write per result, so that two ranks' results never interleave.
+    sys.stdout.write("LABKIT_RESULT " + json.dumps(count_no_sync(sys.argv[1])) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,126 @@
+"""Several machines, simulated on one: torchrun agents that meet by rendezvous.
+
+On a cluster, one `torchrun` runs on every node with the same `--nnodes`,
+`--rdzv-id` and `--rdzv-endpoint` (host:port of one of them). Here each
+"node" is a torchrun agent on this machine, and the endpoint is 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["NodeRun", "free_port", "run_nodes", "torchrun_command"]
+
+SLURM_EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "slurm_example.sh"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    torchrun's c10d rendezvous binds the port itself, so it cannot take an
+    already-open socket: the port is free when returned, and a race with
+    another program is possible but unlikely.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_command(args: list[str], *, nnodes: int, nproc_per_node: int,
+                     endpoint: str, run_id: str,
+                     python: str = sys.executable) -> list[str]:
+    """The torchrun command line one node runs (the same on every node)."""
+    if nnodes < 1 or nproc_per_node < 1:
+        raise ValueError(f"nnodes and nproc_per_node must be >= 1, got {nnodes}, "
+                         f"{nproc_per_node}")
+    return [python, "-m", "torch.distributed.run",
+            "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", run_id,
+            # Where this node tells the others to reach it: loopback here.
+            "--local-addr", "127.0.0.1",
+            "--max-restarts", "0", *args]
+
+
+@dataclass
+class NodeRun:
+    """What one simulated node did: exit code and output."""
+
+    node: int
+    returncode: int | None
+    output: str = field(repr=False)
+
+
+def run_nodes(args: list[str], nnodes: int = 2, nproc_per_node: int = 1,
+              timeout_s: float = 120.0, port: int | None = None) -> list[NodeRun]:
+    """Start `nnodes` torchrun agents here and wait for all; stop all on timeout.
+
+    Output goes to files, not pipes, so a talkative node never blocks. On a
+    timeout every agent gets SIGTERM (it then stops its workers, which run in
+    sessions of their own), and whatever is still alive seconds later, SIGKILL.
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    endpoint = f"127.0.0.1:{port or free_port()}"
+    run_id = f"labkit-{uuid.uuid4().hex[:8]}"
+    cmd = torchrun_command(args, nnodes=nnodes, nproc_per_node=nproc_per_node,
+                           endpoint=endpoint, run_id=run_id)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = [open(Path(tmp) / f"node{i}.log", "w+") for i in range(nnodes)]
+        procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                  env=env, start_new_session=True) for log in logs]
+        deadline = time.monotonic() + timeout_s
+        timed_out = False
+        try:
+            for proc in procs:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _stop(procs)
+        outputs = []
+        for log in logs:
+            log.seek(0)
+            outputs.append(log.read() + (f"\n[stopped after {timeout_s:g} s]"
+                                         if timed_out else ""))
+            log.close()
+    return [NodeRun(i, p.returncode, out)
+            for i, (p, out) in enumerate(zip(procs, outputs, strict=True))]
+
+
+def _descendants(pid: int) -> list:
+    try:
+        import psutil
+
+        return psutil.Process(pid).children(recursive=True)
+    except Exception:  # psutil missing, or the process is gone
+        return []
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM agents still running, then SIGKILL them and any worker left."""
+    alive = [p for p in procs if p.poll() is None]
+    workers = [w for p in alive for w in _descendants(p.pid)]
+    for proc in alive:
+        proc.send_signal(signal.SIGTERM)  # the agent stops its workers
+    for proc in alive:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    for worker in workers:
+        try:
+            worker.kill()
+        except Exception:  # already gone
+            pass

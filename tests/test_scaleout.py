@@ -1,0 +1,116 @@
+"""Lesson 07's helpers, and lesson 06's rank-side ones: torchrun on two simulated
+nodes, FSDP shards, ZeRO arithmetic, BatchNorm under DDP, optional frameworks."""
+
+import json
+import sys
+import time
+
+import pytest
+from conftest import child_processes
+
+from labkit import batchnorm, ecosystem, launch, multinode, sharding
+
+
+def _leftovers(before):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = {p.pid for p in child_processes()} - before
+        if not left:
+            return left
+        time.sleep(0.2)
+    return left
+
+
+def test_two_torchrun_nodes_run_one_experiment(tmp_path):
+    before = {p.pid for p in child_processes()}
+    out = tmp_path / "two_nodes.json"
+    nodes = multinode.run_nodes(
+        ["-m", "labkit", "nosync", "--accum", "2", "--steps", "2", "--repeat", "1",
+         "--json", str(out)], nnodes=2, nproc_per_node=1, timeout_s=150)
+    assert [n.returncode for n in nodes] == [0, 0], nodes[0].output[-2000:]
+    result = json.loads(out.read_text())
+    assert result["world_size"] == 2
+    assert result["allreduce_calls_per_step_sync"] == 2
+    assert result["allreduce_calls_per_step_nosync"] == 1
+    assert result["grad_max_abs_diff"] <= 1e-6
+    assert _leftovers(before) == set()
+
+
+def test_a_run_past_its_timeout_is_stopped_with_its_workers():
+    before = {p.pid for p in child_processes()}
+    t0 = time.perf_counter()
+    lone = multinode.torchrun_command(["-m", "labkit", "nosync"], nnodes=2,
+                                      nproc_per_node=1, endpoint="127.0.0.1:1",
+                                      run_id="x")
+    assert lone[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    # A run far longer than its timeout: both agents and their workers must go.
+    nodes = multinode.run_nodes(["-m", "labkit", "misuse", "--steps", "100000"],
+                                nnodes=2, nproc_per_node=1, timeout_s=8)
+    assert time.perf_counter() - t0 < 60
+    assert all(n.returncode != 0 and "stopped after 8 s" in n.output for n in nodes)
+    assert _leftovers(before) == set()
+
+
+def test_torchrun_command_needs_positive_sizes():
+    with pytest.raises(ValueError, match="must be >= 1"):
+        multinode.torchrun_command([], nnodes=0, nproc_per_node=1,
+                                   endpoint="127.0.0.1:1", run_id="x")
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        multinode.run_nodes([], timeout_s=0)
+
+
+def test_slurm_example_is_valid_bash():
+    import subprocess
+
+    assert subprocess.run(["bash", "-n", str(multinode.SLURM_EXAMPLE)]).returncode == 0
+    assert "--rdzv-backend c10d" in multinode.SLURM_EXAMPLE.read_text()
+
+
+def test_zero_arithmetic_matches_the_paper():
+    per_rank = sharding.memory_per_rank(7.5e9, 64)
+    assert list(per_rank) == list(sharding.STAGES)
+    assert [round(b / 1e9, 1) for b in per_rank.values()] == [120.0, 31.4, 16.6, 1.9]
+    assert sharding.memory_per_rank(100, 1)["ZeRO-3"] == 1600
+    with pytest.raises(ValueError, match="world_size >= 1"):
+        sharding.memory_per_rank(100, 0)
+
+
+def _on_ranks(rank, world_size):
+    return {"fsdp": sharding.fsdp_experiment(rank, world_size),
+            "bn": batchnorm.bn_experiment(rank, world_size),
+            "syncbn": batchnorm.syncbn_error()}
+
+
+def test_fsdp_shards_and_batchnorm_on_two_ranks():
+    results = launch.run(_on_ranks, {}, world_size=2)
+    for r in results:
+        fsdp = r["fsdp"]
+        assert fsdp["local_numel"] * 2 == fsdp["full_numel"] == 2110
+        assert fsdp["shards"]["fc1.weight"] == {"global": (100, 10), "local": (50, 10),
+                                                "placement": "S(0)"}
+        assert fsdp["grad_max_abs_diff"] <= 1e-6
+        bn = r["bn"]
+        assert bn["per_replica_vs_whole"] > 0.1
+        assert bn["running_spread_no_broadcast"] > 0.1
+        assert bn["synced_vs_whole"] < 1e-5
+    assert results[0]["bn"]["running_vs_own_data"] == 0.0
+    if not __import__("torch").cuda.is_available():
+        assert "only work with GPU modules" in results[0]["syncbn"]
+
+
+def test_frameworks_are_optional():
+    assert ecosystem.version("surely-not-installed-package") is None
+    with pytest.raises(ValueError, match="unknown framework"):
+        ecosystem.no_sync_lines("horovod")
+    with pytest.raises(ValueError, match="unknown framework"):
+        ecosystem.run_counted("horovod")
+
+
+@pytest.mark.parametrize("name", list(ecosystem.FRAMEWORKS))
+def test_frameworks_accumulate_with_no_sync(name):
+    if ecosystem.version(name) is None:
+        pytest.skip(f"{name} is not installed (optional)")
+    assert any("no_sync" in line for line in ecosystem.no_sync_lines(name))
+    for r in ecosystem.run_counted(name):
+        assert r["wrapped_in"] == "DistributedDataParallel"
+        assert r["optimizer_steps"] == 2 and r["no_sync_entries"] == 6

@@ -1,0 +1,160 @@
+"""Lesson 06's helpers: loading, training knobs, precision, activation memory."""
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from labkit import activations, loading, precision, sgd
+
+
+def test_workers_change_speed_not_data():
+    dataset = loading.SlowDataset(n=24, cost_s=0)
+    plain = [X for X, _ in DataLoader(dataset, batch_size=8)]
+    workers = [X for X, _ in DataLoader(dataset, batch_size=8, num_workers=2)]
+    assert all(torch.equal(a, b) for a, b in zip(plain, workers, strict=True))
+
+
+def test_loader_times_calls_the_step_on_every_batch():
+    seen = []
+    times = loading.loader_times(loading.SlowDataset(n=20, cost_s=0), 1,
+                                 batch_size=5, epochs=2,
+                                 step=lambda X, y: seen.append(len(X)))
+    assert seen == [5] * 8
+    assert len(times.epoch_s) == len(times.first_batch_s) == 2
+
+
+def test_persistent_workers_are_the_same_processes_every_epoch():
+    kept = loading.worker_pids(2, persistent_workers=True, epochs=3)
+    fresh = loading.worker_pids(2, persistent_workers=False, epochs=2)
+    assert kept[0] == kept[1] == kept[2] and len(kept[0]) == 2
+    assert fresh[0].isdisjoint(fresh[1])
+    assert len(loading.worker_pids(0, persistent_workers=True, epochs=1)[0]) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="machine has a GPU")
+def test_pin_memory_does_nothing_without_an_accelerator():
+    report = loading.pin_memory_report(loading.SlowDataset(n=8, cost_s=0))
+    assert report["pinned"] is False
+    assert any("no accelerator" in w for w in report["warnings"])
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"n": 0}, "n must be >= 1"), ({"cost_s": -1}, "cost_s must be >= 0")])
+def test_slow_dataset_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        loading.SlowDataset(**kwargs)
+
+
+def test_fit_is_repeatable_and_learns():
+    cfg = sgd.SGDConfig(steps=40, eval_every=10)
+    a, b = sgd.fit(cfg), sgd.fit(cfg)
+    assert a["heldout_loss"] == b["heldout_loss"]
+    assert a["steps"] == [0, 10, 20, 30, 40]
+    assert a["heldout_loss"][-1] < a["heldout_loss"][0]
+
+
+def test_linear_scaling_rule():
+    cfg = sgd.scaled(sgd.SGDConfig(lr=0.05, n=2048), 512, epochs=10)
+    assert cfg.lr == pytest.approx(0.8) and cfg.steps == 40 and cfg.batch_size == 512
+
+
+@pytest.mark.parametrize("schedule", sgd.SCHEDULES)
+def test_schedules_are_torch_schedulers(schedule):
+    run = sgd.fit(sgd.SGDConfig(steps=40, schedule=schedule, warmup_steps=10,
+                                eval_every=40))
+    assert len(run["lr"]) == 40
+    if schedule.startswith("warmup"):
+        assert run["lr"][0] == pytest.approx(0.05 / 10)
+        assert max(run["lr"]) == pytest.approx(0.05)
+    if schedule == "constant":
+        assert set(run["lr"]) == {0.05}
+
+
+def test_sorted_order_is_fixed_and_shuffled_is_not():
+    sorted_cfg = sgd.SGDConfig(order="sorted", n=64)
+    shuffled = sgd.SGDConfig(order="shuffled", n=64)
+    assert torch.equal(sgd._order(sorted_cfg, 0), sgd._order(sorted_cfg, 1))
+    assert not torch.equal(sgd._order(shuffled, 0), sgd._order(shuffled, 1))
+    (_, y), _ = sgd._data(sorted_cfg)
+    assert torch.all(y[1:, 0] >= y[:-1, 0])
+
+
+def test_a_diverging_run_reports_inf():
+    run = sgd.fit(sgd.SGDConfig(steps=60, lr=50.0, eval_every=60))
+    assert math.isinf(run["heldout_loss"][-1])
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"optimizer": "lion"}, "unknown optimizer"),
+    ({"schedule": "warmup"}, "needs 0 < warmup_steps"),
+    ({"batch_size": 5000}, "larger than the data set"),
+    ({"lr": 0}, "lr must be > 0"),
+])
+def test_bad_configs_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        sgd.fit(sgd.SGDConfig(**kwargs))
+
+
+def test_autocast_keeps_weights_and_gradients_in_float32():
+    dtypes = precision.autocast_dtypes(torch.nn.Linear(8, 8), torch.randn(4, 8))
+    assert dtypes == {"output": torch.bfloat16, "weight": torch.float32,
+                      "grad": torch.float32}
+
+
+def test_bfloat16_training_follows_float32():
+    f32 = precision.train_precision("float32", steps=15, hidden=64, batch_size=64)
+    bf16 = precision.train_precision("bfloat16", steps=15, hidden=64, batch_size=64)
+    assert f32["losses"][0] == pytest.approx(bf16["losses"][0], rel=0.02)
+    assert bf16["losses"][-1] == pytest.approx(f32["losses"][-1], rel=0.05)
+    with pytest.raises(ValueError, match="precision must be"):
+        precision.train_precision("float16")
+
+
+def test_old_cuda_amp_names_warn_with_the_new_ones():
+    found = precision.cuda_amp_warnings()
+    assert any("FutureWarning" in w and "torch.amp.GradScaler('cuda'" in w
+               for w in found)
+    assert any("FutureWarning" in w and "torch.amp.autocast('cuda'" in w
+               for w in found)
+
+
+def _pair():
+    torch.manual_seed(0)
+    plain = activations.DeepMLP(width=32, depth=4, segments=2)
+    checkpointed = activations.DeepMLP(width=32, depth=4, segments=2,
+                                       checkpointed=True)
+    checkpointed.load_state_dict(plain.state_dict())
+    return plain, checkpointed
+
+
+def test_checkpointing_keeps_fewer_activations_and_the_same_gradients():
+    plain, checkpointed = _pair()
+    X = torch.randn(64, 32)
+    a = activations.saved_activation_bytes(plain, X)
+    b = activations.saved_activation_bytes(checkpointed, X)
+    assert a == 5 * 64 * 32 * 4  # four Linear inputs and the last ReLU output
+    assert b == 2 * 64 * 32 * 4  # the two segments' inputs
+    for model in (plain, checkpointed):
+        model(X).pow(2).mean().backward()
+    for p, q in zip(plain.parameters(), checkpointed.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad)
+
+
+def test_no_grad_keeps_nothing_and_peak_memory_is_measured():
+    plain, checkpointed = _pair()
+    X = torch.randn(256, 32)
+    with torch.no_grad():
+        assert activations.saved_activation_bytes(plain, X) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peaks = [activations.step_cost(m, X, repeat=1)["peak_bytes"]
+                 for m in (plain, checkpointed)]
+    assert peaks[0] > peaks[1] > 0
+
+
+def test_deep_mlp_rejects_segments_that_do_not_divide_depth():
+    with pytest.raises(ValueError, match="segments must divide depth"):
+        activations.DeepMLP(depth=5, segments=2)
