@@ -32,6 +32,17 @@ if not Path(CHROMIUM).exists():
 playwright = pytest.importorskip("playwright.sync_api", reason="needs playwright")
 
 
+KERNEL_IDLE = """() => {
+    const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    const kernel = w && w.sessionContext && w.sessionContext.session
+        && w.sessionContext.session.kernel;
+    return Boolean(kernel) && kernel.status === 'idle'
+        && document.querySelectorAll('.jp-Notebook .jp-Cell').length > 0;
+}"""
+ALL_RAN = r"""() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
+    .every(p => /\[\d+\]/.test(p.textContent))"""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -95,20 +106,21 @@ def test_lesson_runs_in_a_browser_with_widgets_and_plots(lab):
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(f"{base}/lab/tree/ja/00_setup.ipynb?token={token}")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
-                                   timeout=60_000)
-            # What the Run menu's "Run All Cells" does.
-            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            page.wait_for_selector(".jp-OutputArea-output img", timeout=120_000,
-                                   state="attached")
-            page.wait_for_selector(".jp-OutputArea-output .widget-slider",
-                                   timeout=120_000, state="attached")
-            # Every code cell has run once its prompt shows a number, not [*] or [ ].
-            page.wait_for_function(
-                r"""() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
-                      .every(p => /\[\d+\]/.test(p.textContent))""",
-                timeout=180_000)
+            try:
+                # The notebook's kernel is up and idle: only then run every cell.
+                page.wait_for_function(KERNEL_IDLE, timeout=180_000)
+                # What the Run menu's "Run All Cells" does.
+                page.evaluate(
+                    "window.jupyterapp.commands.execute('notebook:run-all-cells')")
+                for selector in (".jp-OutputArea-output img",
+                                 ".jp-OutputArea-output .widget-slider"):
+                    page.wait_for_selector(selector, timeout=180_000, state="attached")
+                # Every code cell has run once its prompt shows a number.
+                page.wait_for_function(ALL_RAN, timeout=180_000)
+                page.wait_for_function(KERNEL_IDLE, timeout=180_000)
+            except Exception:
+                page.screenshot(path=str(ARTIFACTS / "00_setup-failed.png"))
+                raise
             page.locator(".jp-OutputArea-output img").first.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "00_setup.png"))
             text = page.inner_text(".jp-Notebook")
