@@ -8,13 +8,15 @@ VENV ?= .venv
 # pass another, e.g. make lab TORCH="torch==2.13.0 --index-url <your wheel index>".
 TORCH ?= torch==2.13.0
 LAB_ARGS ?=
+# The folder JupyterLab opens: the full course, or e.g. dist/student after make student.
+LAB_ROOT ?= notebooks
 # Jupyter refuses to run as root unless told; containers and CI often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.labkit-installed
 
-.PHONY: lab course test lint unit notebooks check-notebooks nbval clean-venv
+.PHONY: lab course test lint unit notebooks check-notebooks nbval student clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +27,7 @@ $(STAMP): pyproject.toml
 
 ## Open the course in JupyterLab (listens on 127.0.0.1 only).
 lab: $(STAMP)
-	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=$(LAB_ROOT) $(ROOT_FLAG) $(LAB_ARGS)
 
 ## Execute every notebook of both languages headless; fails on any error.
 course: $(STAMP)
@@ -46,6 +48,10 @@ unit: $(STAMP)
 
 nbval: $(STAMP)
 	$(BIN)/python -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=300 notebooks/ja notebooks/en
+
+## Student copies of every lesson, without solution cells: dist/student/ja and en.
+student: $(STAMP)
+	$(BIN)/python tools/student_copies.py
 
 ## Everything CI checks.
 test: lint unit check-notebooks nbval

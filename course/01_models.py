@@ -49,7 +49,7 @@ labkit.set_lang("en")
 import torch
 from torch import nn
 
-from labkit import checks, data, models, plots
+from labkit import checks, data, exercises, models, plots
 
 torch.manual_seed(0)
 
@@ -124,6 +124,55 @@ x1 = torch.randn(1, 10)
 out = as_written(x1)
 print(tuple(x1.shape), "->", tuple(out.shape))
 assert out.shape == (10,)  # not (1, 10)
+
+# %% [markdown] lang="ja"
+# ## 演習: `view(-1)` を直す
+#
+# 次のセルの `FixedMLP` は、記事 004 のモデルそのままです。印を付けた 1 行だけを書き換えて、
+# どんなバッチでもサンプルごとの出力を返すようにしてください。確認のセルは、100 サンプルのバッチ
+# `(100, 10)`、1 サンプルのバッチ `(1, 10)`、各サンプルが `(2, 5)` の形をしたバッチ `(4, 2, 5)` を入れ、
+# 直したモデルの出力と比べます。
+#
+# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
+# 違っていれば、何が違うかとヒントが表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
+# ありますが、まず自分で解いてみてください。
+
+# %% [markdown] lang="en"
+# ## Exercise: fix `view(-1)`
+#
+# `FixedMLP` in the next cell is doc 004's model as printed. Change only the marked line so
+# that any batch gives one output per sample. The check feeds a batch of 100 samples
+# `(100, 10)`, a batch of one `(1, 10)`, and a batch `(4, 2, 5)` whose samples are shaped
+# `(2, 5)`, and compares with the corrected model.
+#
+# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
+# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
+# solution cell follows each exercise: try on your own first.
+
+# %% tags=["exercise"]
+class FixedMLP(models.MLPAsWritten):
+    """Doc 004's model: fix the marked line so that every sample keeps its row."""
+
+    def forward(self, x):
+        x = x.view(-1)  # <- fix this line
+        x = self.fc1(x)
+        x = torch.relu(x)
+        x = self.fc2(x)
+        return x
+
+# %% tags=["solution"]
+class FixedMLP(models.MLPAsWritten):
+    """Doc 004's model, fixed: flatten each sample, keep the batch dimension."""
+
+    def forward(self, x):
+        x = x.flatten(1)  # (N, ...) -> (N, features): one row per sample
+        x = self.fc1(x)
+        x = torch.relu(x)
+        x = self.fc2(x)
+        return x
+
+# %%
+exercises.check_keeps_batch(FixedMLP)
 
 # %% [markdown] lang="ja"
 # ## 直し方: サンプルごとに平らにする
@@ -280,6 +329,42 @@ for _ in range(3):
     norms.append(model.fc1.weight.grad.norm().item())
 print("with zero_grad:   ", [f"{n:.4f}" for n in norms])
 assert norms[0] == norms[1] == norms[2]
+
+# %% [markdown] lang="ja"
+# ## 演習: 学習の 1 ステップを書く
+#
+# `train_step` は、記事 004 の学習ループの中身を書かれたとおりに写したものです。上で見た誤りが
+# 2 つあります。直して、正しい 1 回の更新にしてください。確認のセルは、同じ重みから正しい SGD で
+# 3 回更新したモデルと比べます。
+
+# %% [markdown] lang="en"
+# ## Exercise: write one training step
+#
+# `train_step` copies the body of doc 004's training loop as written. It has two of the
+# mistakes shown above: fix them, so that it makes one correct update. The check compares
+# three updates with correct SGD from the same weights.
+
+# %% tags=["exercise"]
+def train_step(model, optimizer, criterion, X, y):
+    """One update on the batch (X, y), as doc 004 writes it: two mistakes to fix."""
+    outputs = model(X)
+    loss = criterion(outputs, y)
+    loss.backward
+    optimizer.step()
+    return loss.item()
+
+# %% tags=["solution"]
+def train_step(model, optimizer, criterion, X, y):
+    """One update on the batch (X, y)."""
+    optimizer.zero_grad()  # drop the previous step's gradient
+    outputs = model(X)
+    loss = criterion(outputs, y)
+    loss.backward()  # a call: it computes the gradients
+    optimizer.step()
+    return loss.item()
+
+# %%
+exercises.check_train_step(train_step)
 
 # %% [markdown] lang="ja"
 # ## 直した学習ループ

@@ -82,7 +82,7 @@ import threading
 import torch
 from torch import nn
 
-from labkit import checks, models, plots
+from labkit import checks, exercises, models, plots
 from labkit import data_parallel as dp
 
 torch.manual_seed(0)
@@ -111,12 +111,14 @@ if torch.cuda.is_available():
 
 # %%
 wrapped = nn.DataParallel(model)
-calls = []
-hook = model.register_forward_hook(lambda module, args, out: calls.append(len(args[0])))
-out = wrapped(X)
-hook.remove()
-print("device_ids:", wrapped.device_ids, "| model calls (batch size):", calls)
-if not torch.cuda.is_available():
+print("device_ids:", wrapped.device_ids)
+if not torch.cuda.is_available():  # with GPUs it needs the model on cuda:0 first
+    calls = []
+    hook = model.register_forward_hook(
+        lambda module, args, out: calls.append(len(args[0])))
+    out = wrapped(X)
+    hook.remove()
+    print("model calls (batch size):", calls)
     assert wrapped.device_ids == [] and wrapped.module is model
     assert calls == [100] and torch.equal(out, model(X))  # one plain call
 
@@ -186,6 +188,44 @@ for batch, n in [(100, 3), (10, 4), (5, 4), (3, 4)]:
     assert sizes == [len(c) for c in torch.randn(batch, 10).chunk(n)]
 assert splits[100, 3] == [34, 34, 32] and splits[10, 4] == [3, 3, 3, 1]
 assert splits[5, 4] == [2, 2, 1] and splits[3, 4] == [1, 1, 1]
+
+# %% [markdown] lang="ja"
+# ## 演習: 分け方を予想する
+#
+# 上の規則を使って、次の 3 つのバッチを `scatter` がどう分けるかを予想し、塊の大きさのリストで書いて
+# ください。たとえばバッチ 5 を 4 台なら `[2, 2, 1]` です。確かめるために実行する前に、まず予想します。
+#
+# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
+# 違っていれば、何が違うかとヒントが表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
+# ありますが、まず自分で解いてみてください。
+
+# %% [markdown] lang="en"
+# ## Exercise: predict the split
+#
+# Using the rule above, predict how `scatter` splits the three batches below, and write
+# each as the list of chunk sizes: batch 5 on 4 devices, for instance, is `[2, 2, 1]`.
+# Predict first, before running anything to find out.
+#
+# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
+# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
+# solution cell follows each exercise: try on your own first.
+
+# %% tags=["exercise"]
+predicted = {  # (batch, devices): chunk sizes
+    (7, 3): None,
+    (6, 4): None,
+    (2, 4): None,
+}
+
+# %% tags=["solution"]
+predicted = {
+    (7, 3): [3, 3, 1],  # ceil(7 / 3) = 3 per chunk
+    (6, 4): [2, 2, 2],  # ceil(6 / 4) = 2: three chunks, the fourth device idles
+    (2, 4): [1, 1],  # fewer samples than devices
+}
+
+# %%
+exercises.check_chunk_sizes(predicted)
 
 # %% [markdown] lang="ja"
 # 引数が複数あっても、キーワード引数でも、タプルや辞書の中でも、テンソルはすべて同じように分けられます。
@@ -350,6 +390,42 @@ torch.testing.assert_close(model.fc1.weight.grad, replica_grads[0] + replica_gra
 # %%
 print("backward ran in:", backward_threads)
 assert backward_threads == {threading.current_thread().name}
+
+# %% [markdown] lang="ja"
+# ## 演習: 4 段階をつなぐ
+#
+# `my_data_parallel(module, X, device_ids)` は、4 段階のうち 1 段階目しか正しくありません。
+# `TODO` の 3 行を、上の関数 `dp.replicate`、`dp.parallel_apply`、`dp.gather` を使って直してください。
+# 出力デバイスは 0 です。確認のセルは、バッチ 100 を 2 台に、バッチ 10 を 3 台に分けて、出力と
+# もとのモデルの勾配を 1 デバイスと比べ、レプリカが実際に動いたかも確かめます。
+
+# %% [markdown] lang="en"
+# ## Exercise: put the four steps together
+#
+# `my_data_parallel(module, X, device_ids)` gets only the first of the four steps right.
+# Fix the three `TODO` lines with the functions above, `dp.replicate`,
+# `dp.parallel_apply` and `dp.gather`; the output device is 0. The check splits a batch
+# of 100 over 2 devices and a batch of 10 over 3, compares the output and the original
+# model's gradients with one device's, and checks that the replicas did run.
+
+# %% tags=["exercise"]
+def my_data_parallel(module, X, device_ids):
+    """module(X), split over the simulated devices `device_ids`, in four steps."""
+    chunks = dp.scatter(X, device_ids)  # 1. split the batch
+    replicas = [module for _ in chunks]  # 2. TODO: replicas, not the model itself
+    outputs = [r(c) for r, c in zip(replicas, chunks, strict=True)]  # 3. TODO: threads
+    return outputs  # 4. TODO: one tensor, on device 0
+
+# %% tags=["solution"]
+def my_data_parallel(module, X, device_ids):
+    """module(X), split over the simulated devices `device_ids`, in four steps."""
+    chunks = dp.scatter(X, device_ids)  # 1. split the batch
+    replicas = dp.replicate(module, device_ids)  # 2. copy the whole model
+    outputs = dp.parallel_apply(replicas, chunks, devices=device_ids)  # 3. run
+    return dp.gather(outputs, output_device=0)  # 4. join on device 0
+
+# %%
+exercises.check_manual_data_parallel(my_data_parallel)
 
 # %% [markdown] lang="ja"
 # ## 4 段階を 1 回で: `data_parallel()`

@@ -115,7 +115,7 @@ ranks = cluster.start(2, background=True)  # returns at once; the ranks boot mea
 # %% tags=["nbval-ignore-output"]
 import torch
 
-from labkit import checks, plots
+from labkit import checks, exercises, plots
 
 ranks.wait()
 print(f"{ranks.world_size} ranks ready {time.perf_counter() - t0:.1f} s after the start")
@@ -217,6 +217,64 @@ assert all(order == forgetful[0][0] for order in forgetful[0])  # the same every
 print("disjoint, complete; set_epoch changes the order; forgetting it repeats it")
 
 # %% [markdown] lang="ja"
+# ## 演習: `set_epoch` を足す
+#
+# `epoch_orders` は、このランクが各エポックで受け持つ添字のリストを返す関数です。ところが、並びが
+# 毎エポック同じになってしまいます。直してください。
+#
+# 確認のセルは、この関数を両方のランクで実行し (`rank` と `world_size` は引数で渡されます)、各エポックで
+# ランクの添字が重ならずに全 16 サンプルを覆っているか、並びがエポックごとに変わるかを確かめます。
+# 関数はランクのエンジンで実行されるので、中で使う名前はエンジンにあるもの (前の `%%px` セルで
+# import した `DistributedSampler` や `dist` など) です。
+#
+# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
+# 違っていれば、何が違うかとヒントが表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
+# ありますが、まず自分で解いてみてください。
+
+# %% [markdown] lang="en"
+# ## Exercise: add `set_epoch`
+#
+# `epoch_orders` returns the indices this rank gets in each epoch. But the order is the
+# same every epoch: fix it.
+#
+# The check runs the function on both ranks (`rank` and `world_size` come as arguments)
+# and checks that in every epoch the ranks' indices cover all 16 samples without overlap,
+# and that the order changes from epoch to epoch. The function runs on the ranks'
+# engines, so the names it uses are the engines' (such as `DistributedSampler` and
+# `dist`, imported there by the `%%px` cells above).
+#
+# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
+# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
+# solution cell follows each exercise: try on your own first.
+
+# %% tags=["exercise"]
+from torch.utils.data import DistributedSampler
+
+
+def epoch_orders(dataset, rank, world_size, num_epochs):
+    """The indices this rank gets in each epoch, in a new order every epoch."""
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank,
+                                 shuffle=True, seed=0)
+    orders = []
+    for epoch in range(num_epochs):
+        orders.append(list(sampler))
+    return orders
+
+# %% tags=["solution"]
+def epoch_orders(dataset, rank, world_size, num_epochs):
+    """The indices this rank gets in each epoch, in a new order every epoch."""
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank,
+                                 shuffle=True, seed=0)
+    orders = []
+    for epoch in range(num_epochs):
+        sampler.set_epoch(epoch)  # the same number on every rank: one shared order
+        orders.append(list(sampler))
+    return orders
+
+# %%
+exercises.check_set_epoch(ranks, epoch_orders)
+
+# %% [markdown] lang="ja"
 # ## DDP の勾配 = 全バッチの勾配
 #
 # どのランクも同じシードで同じ「全体バッチ」(64 サンプル) を作り、自分の分 (32 サンプル) だけを
@@ -250,6 +308,47 @@ grad_diff = checks.max_abs_diff([p.grad for p in model.parameters()],
                                 [p.grad for p in local.parameters()])
 print(f"rank {rank}: max |DDP grad - whole-batch grad| = {grad_diff:.2e}")
 assert grad_diff <= 1e-6
+
+# %% [markdown] lang="ja"
+# ## 演習: 勾配の平均を手で書く
+#
+# DDP が逆伝播の中でしていることを、自分で書いてみます。`dist.all_reduce(t)` は全ランクの `t` を
+# 足し合わせ、その和を各ランクの `t` に書き込みます。`average_gradients(model, world_size)` を完成させ、
+# 各パラメータの `.grad` を全ランクの平均にしてください。
+#
+# 確認のセルは、DDP で包まないモデルで、各ランクが自分の分 (32 サンプル) の勾配を求めたあとにこの関数を
+# 呼び、全体バッチ (64 サンプル) の勾配と比べます。
+
+# %% [markdown] lang="en"
+# ## Exercise: average the gradients by hand
+#
+# Write what DDP does during the backward pass yourself. `dist.all_reduce(t)` adds up
+# every rank's `t` and writes the sum into `t` on every rank. Complete
+# `average_gradients(model, world_size)` so that every parameter's `.grad` becomes the
+# mean over the ranks.
+#
+# The check uses a model without DDP: each rank computes the gradient of its own share
+# (32 samples), calls this function, and compares with the whole batch's (64 samples)
+# gradient.
+
+# %% tags=["exercise"]
+import torch.distributed as dist
+
+
+def average_gradients(model, world_size):
+    """Make every parameter's .grad the mean over the ranks, as DDP does."""
+    for p in model.parameters():
+        pass  # TODO: an all-reduce, then turn the sum into a mean
+
+# %% tags=["solution"]
+def average_gradients(model, world_size):
+    """Make every parameter's .grad the mean over the ranks, as DDP does."""
+    for p in model.parameters():
+        dist.all_reduce(p.grad)  # the sum over the ranks, in place, on every rank
+        p.grad /= world_size  # the sum becomes the mean
+
+# %%
+exercises.check_average_gradients(ranks, average_gradients)
 
 # %% [markdown] lang="ja"
 # ## 何が、いつ通信されるか

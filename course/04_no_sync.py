@@ -60,7 +60,7 @@ labkit.set_lang("en")
 # %%
 import torch
 
-from labkit import checks, cluster, plots
+from labkit import checks, cluster, exercises, nosync, plots
 
 ranks = cluster.start(2, background=True)  # the ranks boot while you read
 
@@ -293,6 +293,115 @@ param_diff = ranks.pull("param_diff")[0]
 fig = plots.line_chart({labkit.t("misuse_then_sync"): (range(31), param_diff)},
                        xlabel="optimizer_step", ylabel="param_diff",
                        title="divergence_title", from_zero=True)
+
+# %% [markdown] lang="ja"
+# ## 演習: 勾配累積の 1 回の更新を書く
+#
+# `accumulation_step(model, optimizer, criterion, batches)` は、K = `len(batches)` 個のマイクロバッチで
+# 1 回更新する関数です。今のままでも更新は正しいのですが、マイクロバッチごとに all-reduce が走ります。
+# `no_sync` を使って、通信を更新 1 回につき 1 回にしてください。
+#
+# 確認のセルは、この関数を両方のランクで 3 回続けて呼び (K = 4)、そのたびに all-reduce の回数、
+# `optimizer.step()` の回数、ランク間のパラメータの差、K 倍のバッチで 1 回更新した 1 プロセスのモデルとの
+# 差を調べます。関数はランクのエンジンで実行されます。
+#
+# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
+# 違っていれば、何が違うかとヒントが表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
+# ありますが、まず自分で解いてみてください。
+
+# %% [markdown] lang="en"
+# ## Exercise: write one update of gradient accumulation
+#
+# `accumulation_step(model, optimizer, criterion, batches)` makes one update from
+# K = `len(batches)` micro-batches. As it stands the update is right, but every
+# micro-batch runs an all-reduce. Use `no_sync` so that an update communicates once.
+#
+# The check calls the function three times in a row on both ranks (K = 4) and, after
+# each call, looks at the number of all-reduces, the number of `optimizer.step()` calls,
+# the difference between the ranks' parameters, and the difference from one process
+# that makes one update on the K-times batch. The function runs on the ranks' engines.
+#
+# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
+# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
+# solution cell follows each exercise: try on your own first.
+
+# %% tags=["exercise"]
+def accumulation_step(model, optimizer, criterion, batches):
+    """One optimizer update of K = len(batches) micro-batches, with one all-reduce."""
+    K = len(batches)
+    optimizer.zero_grad()
+    for X, y in batches:
+        loss = criterion(model(X), y) / K
+        loss.backward()  # TODO: this all-reduces every time; only the last should
+    optimizer.step()
+
+# %% tags=["solution"]
+def accumulation_step(model, optimizer, criterion, batches):
+    """One optimizer update of K = len(batches) micro-batches, with one all-reduce."""
+    K = len(batches)
+    optimizer.zero_grad()
+    for i, (X, y) in enumerate(batches):
+        if i < K - 1:
+            with model.no_sync():  # forward AND backward inside: no all-reduce
+                loss = criterion(model(X), y) / K
+                loss.backward()
+        else:  # the last micro-batch: its backward averages everything accumulated
+            loss = criterion(model(X), y) / K
+            loss.backward()
+    optimizer.step()  # once, with the same averaged gradient on every rank
+
+# %%
+exercises.check_accumulation(ranks, accumulation_step)
+
+# %% [markdown] lang="ja"
+# ## 演習: レプリカがずれる原因を探す
+#
+# 次の `train` は、2 回の更新ごとに学習率を半分にするスケジューラ (`StepLR`) を使い、勾配累積で学習
+# します。`no_sync` は正しく使っています (`nosync.accumulate_no_sync`)。それなのに、学習が進むと
+# ランクのパラメータがずれていきます。原因の行を見つけて直してください。
+#
+# 確認のセルは、両方のランクでこの関数に 6 回更新させ、ランクの学習率とパラメータを比べ、1 プロセスで
+# 同じ学習をした結果とも比べます。
+
+# %% [markdown] lang="en"
+# ## Exercise: find why the replicas drift apart
+#
+# `train` below accumulates gradients with a scheduler (`StepLR`) that halves the
+# learning rate every 2 updates. It uses `no_sync` correctly
+# (`nosync.accumulate_no_sync`), and yet the ranks' parameters drift apart as training
+# goes on. Find the line responsible and fix it.
+#
+# The check has the function make 6 updates on both ranks, compares the ranks' learning
+# rates and parameters, and compares with one process trained the same way.
+
+# %% tags=["exercise"]
+def train(model, optimizer, scheduler, criterion, updates, rank):
+    """One update per entry of `updates` (K micro-batches each); rank 0's losses."""
+    losses = []
+    for batches in updates:
+        optimizer.zero_grad()
+        loss = nosync.accumulate_no_sync(model, criterion, batches)
+        optimizer.step()
+        if rank == 0:  # report from one rank only
+            losses.append(loss)
+            scheduler.step()
+    return losses
+
+# %% tags=["solution"]
+def train(model, optimizer, scheduler, criterion, updates, rank):
+    """One update per entry of `updates` (K micro-batches each); rank 0's losses."""
+    losses = []
+    for batches in updates:
+        optimizer.zero_grad()
+        loss = nosync.accumulate_no_sync(model, criterion, batches)
+        optimizer.step()
+        scheduler.step()  # on every rank: the learning rate is part of the update
+        if rank == 0:  # only what changes no parameter: logs, checkpoints
+            losses.append(loss)
+    return losses
+
+# %%
+exercises.check_replicas_agree(ranks, train)
 
 # %% [markdown] lang="ja"
 # ## 1 ステップの時間: K と no_sync

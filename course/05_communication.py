@@ -47,7 +47,7 @@ labkit.require("0.1.0")
 labkit.set_lang("en")
 
 # %%
-from labkit import cluster, comm, plots
+from labkit import cluster, comm, exercises, plots
 
 ranks = cluster.start(2, background=True)  # the ranks boot while you read
 
@@ -112,6 +112,40 @@ assert len(sizes) == 9 and sizes[0] == 1024 and sizes[-1] == 64 * 1024 * 1024
 # For large ones the time grows in proportion to the size, with slope 1/beta. The "link"
 # here is loopback TCP between two processes on one machine, so beta is far below a GPU
 # link's.
+
+# %% [markdown] lang="ja"
+# ## 演習: all-reduce の時間を予測する
+#
+# 上で当てはめた α (`ab.alpha`、秒) と β (`ab.beta`、バイト/秒) を使い、約 210 万パラメータ
+# (`2_120_714` 個、float32) の勾配を **8 ランク**で all-reduce する時間をモデルの式で計算してください。
+# 答えは秒で `allreduce_s` に入れます。`ab.time` は使わずに、式を書きます。
+#
+# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
+# 違っていれば、何が違うかとヒントが表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
+# ありますが、まず自分で解いてみてください。
+
+# %% [markdown] lang="en"
+# ## Exercise: predict an all-reduce
+#
+# With alpha (`ab.alpha`, seconds) and beta (`ab.beta`, bytes per second) fitted above,
+# compute by the model how long an all-reduce of the gradients of about 2.1 million
+# parameters (`2_120_714` float32 values) takes on **8 ranks**. Put the answer, in
+# seconds, in `allreduce_s`. Write the formula rather than calling `ab.time`.
+#
+# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
+# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
+# solution cell follows each exercise: try on your own first.
+
+# %% tags=["exercise"]
+n_params = 2_120_714  # the MLP 1024x3 below; one float32 gradient per parameter
+allreduce_s = None  # TODO: seconds of one all-reduce over 8 ranks, by the model
+
+# %% tags=["solution"]
+nbytes = 4 * n_params  # float32: 4 bytes each
+allreduce_s = ab.alpha + 2 * (8 - 1) / 8 * nbytes / ab.beta
+
+# %%
+exercises.check_allreduce_prediction(ab, n_params, 8, allreduce_s)
 
 # %% [markdown] lang="ja"
 # ## バケット
@@ -250,6 +284,34 @@ for name, n in params.items():
     allreduce_s = ab.time(4 * n, 2)
     print(f"{name}: s = {fitted[name].sync_s * 1e3:.2f} ms, of which the alpha-beta "
           f"all-reduce of {4 * n / 2**20:.2f} MB is {allreduce_s * 1e3:.2f} ms")
+
+# %% [markdown] lang="ja"
+# ## 演習: K = 16 の更新を予測する
+#
+# 大きなモデル (MLP 1024x3) の c、s、o から、K = 16 のときの 1 回の更新の時間を、全マイクロバッチで
+# 同期する場合 (`sync_s`) と `no_sync` の場合 (`no_sync_s`) について、秒で計算してください。
+# `predict` は使わずに、式を書きます。
+
+# %% [markdown] lang="en"
+# ## Exercise: predict an update with K = 16
+#
+# From c, s and o of the large model (MLP 1024x3), compute the time of one update with
+# K = 16, in seconds, when every micro-batch synchronizes (`sync_s`) and with `no_sync`
+# (`no_sync_s`). Write the formulas rather than calling `predict`.
+
+# %% tags=["exercise"]
+fit = fitted["MLP 1024x3"]
+c, s, o = fit.compute_s, fit.sync_s, fit.optimizer_s
+K = 16
+sync_s = None  # TODO: seconds per update, every micro-batch synchronized
+no_sync_s = None  # TODO: seconds per update with no_sync
+
+# %% tags=["solution"]
+sync_s = K * c + K * s + o  # K computations, K synchronizations, one optimizer step
+no_sync_s = K * c + s + o  # no_sync: one synchronization per update
+
+# %%
+exercises.check_step_prediction(fit, K, sync_s, no_sync_s)
 
 # %% [markdown] lang="ja"
 # ## モデルで探る: GPU とランク数

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from . import engine_side, rendezvous
 
-__all__ = ["RankError", "Ranks", "current", "start"]
+__all__ = ["RankError", "Ranks", "current", "default_backend", "start"]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -298,11 +298,28 @@ def current() -> Ranks | None:
     return _current
 
 
-def start(world_size: int = 2, backend: str = "gloo", *, timeout_s: float = 20.0,
+def default_backend(world_size: int) -> str:
+    """nccl when there is a GPU for every rank, else gloo."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return "nccl" if gpus >= world_size else "gloo"
+
+
+def _usable_cores() -> int:
+    """Cores this process may use (CPU affinity, as containers set it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def start(world_size: int = 2, backend: str | None = None, *, timeout_s: float = 20.0,
           threads_per_rank: int | None = None, task_timeout_s: float | None = None,
           activate: bool = True, port: int = 0, background: bool = False) -> Ranks:
     """Start `world_size` engines on 127.0.0.1 and join them in a process group.
 
+    The backend is nccl when there is a GPU for every rank, else gloo.
     A group already running in this kernel is stopped first, so running the
     cell again never leaves engines behind. `timeout_s` bounds every
     collective: a rank that never arrives raises instead of hanging.
@@ -313,13 +330,15 @@ def start(world_size: int = 2, backend: str = "gloo", *, timeout_s: float = 20.0
     a lesson can be read while they boot; the first use waits for them.
     """
     global _current
+    if backend is None:
+        backend = default_backend(world_size) if isinstance(world_size, int) else "gloo"
     rendezvous.check_args(world_size, backend)
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     if task_timeout_s is not None and task_timeout_s <= 0:
         raise ValueError(f"task_timeout_s must be > 0, got {task_timeout_s}")
     if threads_per_rank is None:
-        threads_per_rank = max(1, (os.cpu_count() or 1) // world_size)
+        threads_per_rank = max(1, _usable_cores() // world_size)
     if threads_per_rank < 1:
         raise ValueError(f"threads_per_rank must be >= 1, got {threads_per_rank}")
     if not 0 <= port <= 65535:
