@@ -77,7 +77,7 @@ def loop_ratio(repeat: int, K: int = 4) -> float:
     from labkit import models, nosync
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    cfg = nosync.NoSyncConfig(accum_steps=K, hidden=512, depth=2, batch_per_rank=64)
+    cfg = nosync.NoSyncConfig(accum_steps=K, hidden=512, depth=2, batch_per_rank=256)
     model, _ = nosync.wrap(cfg)
     optimizer = nosync.make_optimizer(model, cfg)
     batches = nosync.micro_batches(nosync.make_dataset(cfg), cfg, 0, rank, world_size)
@@ -107,8 +107,14 @@ def loop_ratio(repeat: int, K: int = 4) -> float:
     for fn in (labkit_loop, plain_loop):
         timed(fn)  # warm-up
     ratios = []
-    for _ in range(repeat):  # alternate, so both see the same noise
-        ratios.append(timed(labkit_loop) / timed(plain_loop))
+    for i in range(repeat):  # alternate, and swap who goes first: no order bias
+        if i % 2:
+            ours = timed(labkit_loop)
+            plain = timed(plain_loop)
+        else:
+            plain = timed(plain_loop)
+            ours = timed(labkit_loop)
+        ratios.append(ours / plain)
     ratio = torch.tensor(statistics.median(ratios))
     dist.all_reduce(ratio)  # average the two ranks' medians
     return ratio.item() / world_size
@@ -136,9 +142,12 @@ def cost_model(repeat: int) -> dict:
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     out = {}
-    for name, (hidden, depth) in {"doc 004 MLP": (100, 1),
-                                  "MLP 1024x3": (1024, 3)}.items():
-        times = comm.step_times_by_k(rank, world_size, hidden, depth, repeat=repeat)
+    # A step of the small model lasts milliseconds, where the machine's jitter
+    # is largest: it gets five times the repeats (and costs little).
+    for name, (hidden, depth, more) in {"doc 004 MLP": (100, 1, 5),
+                                        "MLP 1024x3": (1024, 3, 1)}.items():
+        times = comm.step_times_by_k(rank, world_size, hidden, depth,
+                                     repeat=repeat * more)
         model = comm.fit_step_model(times, fit_on=(1, 2, 4))
         out[name] = {"times": times, "model": model.as_dict(),
                      "max_rel_error": comm.max_rel_error(model, times)}
@@ -164,7 +173,7 @@ def run(quick: bool) -> dict:
     results: dict = {"quick": quick}
     results.update(launch_times(repeat))
     ranks = cluster.start(2, activate=False)
-    results["loop_overhead_ratio"] = ranks.run(loop_ratio, 3 * repeat)[0]
+    results["loop_overhead_ratio"] = ranks.run(loop_ratio, 9 * repeat)[0]
     results["scaling_efficiency_2proc"] = ranks.run(scaling, repeat)[0]
     models = ranks.run(cost_model, 5 if quick else 9)[0]
     ranks.stop()
