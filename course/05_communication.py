@@ -271,21 +271,24 @@ fig = plots.measured_vs_model(measured, predicted, xlabel="accum_k",
 
 # %% [markdown] lang="ja"
 # 同期 1 回の費用 s のうち、all-reduce そのものはどれだけでしょうか。バケットの大きさと α–β モデルで
-# all-reduce の時間を計算し、s と比べます。小さなモデルでは s のほとんどが DDP 自身の仕事と
-# ランクどうしの待ち合わせで、大きなモデルでは all-reduce が大半を占めます。
+# all-reduce の時間を計算し、s と比べます。all-reduce が説明するのは s の一部だけで、残りは DDP 自身の仕事
+# (勾配をバケットに集めて戻す処理など) とランクどうしの待ち合わせです。その割合を表示します。
 
 # %% [markdown] lang="en"
 # How much of one synchronization's cost s is the all-reduce itself? Compute the
 # all-reduce time from the bucket sizes with the alpha-beta model and compare with s.
-# For the small model most of s is DDP's own work and the ranks waiting for each other;
-# for the large one the all-reduce is most of it.
+# The all-reduce explains only part of s; the rest is DDP's own work (gathering gradients
+# into buckets and back, and the like) and the ranks waiting for each other. The cell
+# prints the share.
 
 # %% tags=["nbval-ignore-output"]
 params = {"doc 004 MLP": 2110, "MLP 1024x3": 2120714}
 for name, n in params.items():
     allreduce_s = ab.time(4 * n, 2)
+    share = allreduce_s / fitted[name].sync_s if fitted[name].sync_s else float("nan")
     print(f"{name}: s = {fitted[name].sync_s * 1e3:.2f} ms, of which the alpha-beta "
-          f"all-reduce of {4 * n / 2**20:.2f} MB is {allreduce_s * 1e3:.2f} ms")
+          f"all-reduce of {4 * n / 2**20:.2f} MB is {allreduce_s * 1e3:.2f} ms "
+          f"({share:.0%})")
 
 # %% [markdown] lang="ja"
 # ## 演習: K = 16 の更新を予測する

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import models, nosync, timing
+from . import ddp, models, nosync
 
 __all__ = [
     "LINKS",
@@ -46,21 +46,7 @@ def ring_factor(world_size: int) -> float:
 
 def allreduce_sweep(sizes: Sequence[int], repeat: int = 10) -> list[float]:
     """Median seconds of one all-reduce per message size in bytes (collective)."""
-    out = []
-    for nbytes in sizes:
-        x = torch.ones(max(1, nbytes // 4))  # float32
-        if dist.get_backend() == "nccl":
-            x = x.cuda()
-        out.append(ddp_allreduce_median(x, repeat))
-    return out
-
-
-def ddp_allreduce_median(x: torch.Tensor, repeat: int) -> float:
-    def run():
-        dist.all_reduce(x)
-
-    dist.barrier()
-    return timing.median_time(run, repeat=repeat, warmup=2, device=x.device)
+    return [ddp.allreduce_time(max(1, nbytes // 4), repeat) for nbytes in sizes]
 
 
 def bandwidths(nbytes: float, seconds: float, world_size: int) -> tuple[float, float]:
