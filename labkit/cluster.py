@@ -16,7 +16,7 @@ import threading
 import traceback
 from dataclasses import dataclass, field
 
-from . import engine_side, rendezvous
+from . import engine_main, engine_side, rendezvous
 
 __all__ = ["RankError", "Ranks", "current", "default_backend", "start"]
 
@@ -204,10 +204,10 @@ class Ranks:
         """Start the engines and join them in a new process group."""
         import ipyparallel as ipp
 
-        # Scheduler threads, not processes: 6 processes for 2 ranks instead of 13.
         self.cluster = ipp.Cluster(n=self.world_size, controller_ip="127.0.0.1",
                                    engines="local", log_level=40,
-                                   controller_args=["--IPController.use_threads=True"])
+                                   controller_args=engine_main.CONTROLLER_ARGS,
+                                   config=engine_main.config())
         try:
             self.client = self.cluster.start_and_connect_sync()
             self.client.wait_for_engines(self.world_size, timeout=60)
