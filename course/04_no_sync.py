@@ -100,7 +100,7 @@ import copy
 
 import torch
 
-from labkit import checks, ddp, models, nosync
+from labkit import checks, comm, ddp, models, nosync
 
 K = 4
 cfg = nosync.NoSyncConfig(accum_steps=K, batch_per_rank=16)
@@ -412,7 +412,8 @@ exercises.check_replicas_agree(ranks, train)
 # - 記事 004 のモデル (2110 パラメータ、送るのは 8 KB)
 # - 幅 1024 の 3 層 MLP (約 220 万パラメータ、送るのは約 9 MB): 通信が効いてくる大きさ
 #
-# 2 つの方式は交互に測ります (共有マシンの揺れを両方に同じように受けるため)。
+# 2 つの方式と 4 つの K を、数ステップずつ順番に測る 1 巡を 5 回繰り返し、中央値をとります
+# (共有マシンの揺れを、どれもが同じように受けるため)。
 
 # %% [markdown] lang="en"
 # ## Time per step: K and no_sync
@@ -424,20 +425,17 @@ exercises.check_replicas_agree(ranks, train)
 # - a 3-layer MLP of width 1024 (about 2.2 million parameters, about 9 MB to send): large
 #   enough for communication to matter
 #
-# The two modes are timed alternately, so both see the same noise of a shared machine.
+# Both modes and all four K are timed a few steps each, in turn, five rounds over, and
+# the median kept, so each sees the same noise of a shared machine.
 
 # %% tags=["nbval-ignore-output"]
 # %%px
 sizes = {"doc 004 MLP": (100, 1), "MLP 1024x3": (1024, 3)}
 times = {}  # model -> {"K": {k: (sync s, no_sync s)}, "allreduce": s, "params": n}
 for name, (hidden, depth) in sizes.items():
-    times[name] = {"K": {}}
-    for k in (1, 2, 4, 8):
-        c = nosync.NoSyncConfig(accum_steps=k, hidden=hidden, depth=depth, repeat=5)
-        m, _ = nosync.wrap(c)
-        times[name]["K"][k] = nosync.step_times(m, nosync.make_optimizer(m, c),
-                                                nosync.make_dataset(c), c, rank, world_size)
-    times[name]["params"] = models.count_params(m.module)
+    times[name] = {"K": comm.step_times_by_k(rank, world_size, hidden, depth, repeat=5)}
+    c = nosync.NoSyncConfig(hidden=hidden, depth=depth)
+    times[name]["params"] = models.count_params(nosync.make_model(c))
     times[name]["allreduce"] = ddp.allreduce_time(times[name]["params"])
     print(name, {k: f"sync {a * 1e3:.1f} ms, no_sync {b * 1e3:.1f} ms"
                  for k, (a, b) in times[name]["K"].items()})

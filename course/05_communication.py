@@ -244,9 +244,9 @@ fig = plots.timeline([(s * 1e3, e * 1e3) for s, e in timeline["events"]],
 # %% tags=["nbval-ignore-output"]
 # %%px
 # The small model's steps last milliseconds, where timing jitter is largest:
-# it gets more repeats (and costs little).
+# it gets more rounds (and costs little).
 step_times = {name: comm.step_times_by_k(rank, world_size, hidden, depth, repeat=repeat)
-              for name, (hidden, depth, repeat) in {"doc 004 MLP": (100, 1, 25),
+              for name, (hidden, depth, repeat) in {"doc 004 MLP": (100, 1, 15),
                                                     "MLP 1024x3": (1024, 3, 5)}.items()}
 
 # %% tags=["nbval-ignore-output"]

@@ -154,15 +154,18 @@ def max_rel_error(model: StepModel, times: dict[int, tuple[float, float]]) -> fl
 def step_times_by_k(rank: int, world_size: int, hidden: int, depth: int,
                     ks: Sequence[int] = (1, 2, 4, 8), repeat: int = 5,
                     bucket_cap_mb: float = 25.0) -> dict[int, tuple[float, float]]:
-    """Measured (sync, no_sync) seconds of one optimizer step for each K."""
-    out = {}
-    for k in ks:
-        cfg = nosync.NoSyncConfig(accum_steps=k, hidden=hidden, depth=depth,
-                                  repeat=repeat, bucket_cap_mb=bucket_cap_mb)
-        model, _ = nosync.wrap(cfg)
-        out[k] = nosync.step_times(model, nosync.make_optimizer(model, cfg),
-                                   nosync.make_dataset(cfg), cfg, rank, world_size)
-    return out
+    """Measured (sync, no_sync) seconds of one optimizer step for each K.
+
+    One model for every K, timed in turn over `repeat` rounds
+    (nosync.interleaved_step_times).
+    """
+    cfg = nosync.NoSyncConfig(accum_steps=max(ks), hidden=hidden, depth=depth,
+                              repeat=repeat, bucket_cap_mb=bucket_cap_mb)
+    cfg.check(world_size)
+    model, _ = nosync.wrap(cfg)
+    batches = nosync.micro_batches(nosync.make_dataset(cfg), cfg, 1, rank, world_size)
+    return nosync.interleaved_step_times(model, nosync.make_optimizer(model, cfg),
+                                         batches, ks, repeat)
 
 
 def _first_micro_batch(cfg: nosync.NoSyncConfig, rank: int, world_size: int):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
@@ -23,6 +24,7 @@ __all__ = [
     "NoSyncConfig",
     "accumulate_no_sync",
     "convergence",
+    "interleaved_step_times",
     "make_dataset",
     "make_model",
     "make_optimizer",
@@ -190,28 +192,54 @@ def nosync_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
 
 def step_times(model: DDP, optimizer, dataset, cfg: NoSyncConfig, rank: int,
                world_size: int) -> tuple[float, float]:
-    """Median seconds of one optimizer step of K micro-batches: (sync, no_sync).
-
-    The two modes alternate, so both see the same noise of a shared machine.
-    """
-    criterion = models.MyLoss()
+    """Seconds of one optimizer step of K micro-batches: (sync, no_sync)."""
     batches = micro_batches(dataset, cfg, 1, rank, world_size)
+    return interleaved_step_times(model, optimizer, batches, (cfg.accum_steps,),
+                                  cfg.repeat)[cfg.accum_steps]
 
-    def step(use_no_sync: bool) -> float:
+
+def interleaved_step_times(model: DDP, optimizer, batches: list, ks: Sequence[int],
+                           rounds: int, block_s: float = 0.02
+                           ) -> dict[int, tuple[float, float]]:
+    """Seconds of one optimizer step for each K: (all micro-batches synced, no_sync).
+
+    A step of K takes the first K of `batches`. Steps are timed in blocks of
+    consecutive steps lasting about `block_s`, with no barrier inside a block,
+    as in training; a block's mean adds up as the step model of lesson 05 does.
+    Each round times one block of every (K, mode) in turn, so the slow moments
+    of a shared machine fall on all of them alike; the result is the median
+    over `rounds` of each block's mean.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if max(ks) > len(batches):
+        raise ValueError(f"K = {max(ks)} needs {max(ks)} micro-batches, "
+                         f"got {len(batches)}")
+    criterion = models.MyLoss()
+    modes = [(k, use_no_sync) for k in ks for use_no_sync in (False, True)]
+
+    def block(k: int, use_no_sync: bool, steps: int) -> float:
         dist.barrier()  # start together, outside the timed part
         t0 = time.perf_counter()
-        optimizer.zero_grad()
-        accumulate_no_sync(model, criterion, batches, use_no_sync=use_no_sync)
-        optimizer.step()
+        for _ in range(steps):
+            optimizer.zero_grad()
+            accumulate_no_sync(model, criterion, batches[:k], use_no_sync=use_no_sync)
+            optimizer.step()
         timing.sync(_device())
-        return time.perf_counter() - t0
+        return (time.perf_counter() - t0) / steps
 
-    step(True)  # warm-up
-    sync_t, nosync_t = [], []
-    for _ in range(cfg.repeat):
-        sync_t.append(step(False))
-        nosync_t.append(step(True))
-    return statistics.median(sync_t), statistics.median(nosync_t)
+    # One warm-up step of each; the slowest rank's time sets every block's
+    # length, so all ranks run the same steps (a synchronized step on one rank
+    # alone would wait forever).
+    first = torch.tensor([block(k, m, 1) for k, m in modes], dtype=torch.float64)
+    dist.all_reduce(first, op=dist.ReduceOp.MAX)
+    steps = [max(1, min(50, round(block_s / t))) for t in first.tolist()]
+    times: dict[tuple[int, bool], list[float]] = {mode: [] for mode in modes}
+    for _ in range(rounds):
+        for mode, n in zip(modes, steps, strict=True):
+            times[mode].append(block(*mode, n))
+    return {k: (statistics.median(times[k, False]), statistics.median(times[k, True]))
+            for k in ks}
 
 
 def misuse_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:

@@ -221,3 +221,14 @@ def bucket_counts(caps=(25, 4, 1, 0.01)):
             nosync.accumulate_no_sync(model, models.MyLoss(), batches)
         out[cap] = (len(comm.bucket_sizes(model.module, cap)), counter.calls)
     return out
+
+
+def interleaved_times_small(ks=(1, 2, 3), rounds=2):
+    """Times of doc 004's model for several K, and the counted all-reduces."""
+    cfg = nosync.NoSyncConfig(accum_steps=max(ks))
+    model, counter = nosync.wrap(cfg)
+    batches = nosync.micro_batches(nosync.make_dataset(cfg), cfg, 1, dist.get_rank(),
+                                   dist.get_world_size())
+    times = nosync.interleaved_step_times(model, nosync.make_optimizer(model, cfg),
+                                          batches, ks, rounds, block_s=0.0)
+    return times, counter.calls

@@ -1,9 +1,9 @@
 """The communication cost model: definitions, fits, buckets, predictions."""
 
 import pytest
-from ddp_rank_checks import bucket_counts
+from ddp_rank_checks import bucket_counts, interleaved_times_small
 
-from labkit import comm, models
+from labkit import comm, models, nosync
 
 
 def test_ring_factor_and_bandwidths_follow_nccl_tests():
@@ -40,6 +40,26 @@ def test_step_model_fit_predicts_unseen_k():
 def test_bucket_plan_matches_what_ddp_does(ranks):
     for cap, (planned, calls) in ranks.run(bucket_counts)[0].items():
         assert planned == calls, cap
+
+
+def test_interleaved_step_times_run_every_k_in_both_modes(ranks):
+    # block_s=0: one step per block, so the all-reduces can be counted: each
+    # (K, mode) runs one warm-up step and one step per round; a synchronized
+    # step all-reduces K times, a no_sync step once.
+    ks, rounds = (1, 2, 3), 2
+    for times, calls in ranks.run(interleaved_times_small, ks, rounds):
+        assert sorted(times) == list(ks)
+        assert all(s > 0 and n > 0 for s, n in times.values())
+        assert calls == (1 + rounds) * sum(k + 1 for k in ks)
+
+
+def test_interleaved_step_times_refuse_bad_arguments():
+    cfg = nosync.NoSyncConfig()
+    model = nosync.make_model(cfg)
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        nosync.interleaved_step_times(model, None, [], (1,), 0)
+    with pytest.raises(ValueError, match="K = 4 needs 4 micro-batches, got 2"):
+        nosync.interleaved_step_times(model, None, [None, None], (1, 4), 3)
 
 
 def test_bucket_sizes_close_a_bucket_once_it_is_full():
