@@ -327,6 +327,62 @@ assert warm["lr 3.2 + warm-up 20"]["heldout_loss"][-1] < 0.7 * warm["lr 3.2"]["h
 # 04): growing the effective batch by accumulation needs the same learning-rate care.
 
 # %% [markdown] lang="ja"
+# ## 演習: 大きなバッチの学習率
+#
+# 上のウォームアップの実行と同じ学習率を返す関数 `lr_at(step, batch_size)` を書いてください。`step` は
+# オプティマイザのステップ (0, 1, 2, …)、`batch_size` はバッチサイズです。
+#
+# - 最大の学習率は、バッチ 32 での 0.2 を、バッチサイズに比例させた値です。
+# - ウォームアップは `LinearLR(start_factor=1/20, total_iters=20)` です。最大の学習率に掛ける倍率が、
+#   ステップ 0 の 1/20 からステップ 20 の 1 まで直線で上がり、そのあとは 1 のままです。
+#
+# 上の実行では、バッチ 512 の最初の 3 ステップの学習率は 0.16、0.31、0.46 でした。確認のセルは、
+# バッチ 128、512、2048 のそれぞれについて、ステップ 0〜59 の学習率を torch の `LinearLR` と比べます。
+#
+# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
+# 違っていれば、何が違うかとヒントが表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
+# ありますが、まず自分で解いてみてください。
+
+# %% [markdown] lang="en"
+# ## Exercise: the learning rate of a large batch
+#
+# Write `lr_at(step, batch_size)`, which returns the learning rate of the warm-up run
+# above at optimizer step `step` (0, 1, 2, ...) for a batch of `batch_size`:
+#
+# - the peak rate is 0.2 at batch 32, scaled with the batch size;
+# - the warm-up is `LinearLR(start_factor=1/20, total_iters=20)`: the factor that
+#   multiplies the peak rises in a straight line from 1/20 at step 0 to 1 at step 20,
+#   and stays 1 after that.
+#
+# In the run above, the first three steps of batch 512 had the rates 0.16, 0.31 and
+# 0.46. The check compares your rates at steps 0 to 59 with torch's `LinearLR`, for
+# batches of 128, 512 and 2048.
+#
+# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
+# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
+# solution cell follows each exercise: try on your own first.
+
+# %% tags=["exercise"]
+base_lr, base_batch, warmup_steps = 0.2, 32, 20  # the warm-up run above
+
+
+def lr_at(step, batch_size):
+    """The learning rate at optimizer step `step` (0, 1, ...) for a batch of `batch_size`."""
+    return None  # TODO: the scaled peak rate, times LinearLR's factor at this step
+
+# %% tags=["solution"]
+def lr_at(step, batch_size):
+    """The learning rate at optimizer step `step` (0, 1, ...) for a batch of `batch_size`."""
+    peak = base_lr * batch_size / base_batch  # the linear scaling rule
+    start = 1 / warmup_steps  # LinearLR's start_factor
+    return peak * (start + (1 - start) * min(step, warmup_steps) / warmup_steps)
+
+# %%
+from labkit import exercises
+
+exercises.check_warmup_schedule(lr_at)
+
+# %% [markdown] lang="ja"
 # ## シャッフルは速さではなく収束のため
 #
 # 記事は「データシャッフルを有効にする」を高速化の方法に挙げていますが、シャッフルは 1 ステップも 1 エポックも
@@ -710,6 +766,7 @@ ranks = cluster.start(2)
 # %%
 # %%px
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 from labkit import checks, data
@@ -791,15 +848,69 @@ if not torch.cuda.is_available():
     assert "only work with GPU modules" in error
 
 # %% [markdown] lang="ja"
-# そこで SyncBatchNorm が学習中に計算することを、集団通信で直接書きます。各ランクのサンプル数、和、二乗和を
-# all-reduce で足し合わせ、全体の平均と分散で自分のバッチを正規化します (`batchnorm.global_batch_norm`)。
-# 結果は 1 プロセスで全体のバッチを正規化したものと一致します。GPU では `nn.SyncBatchNorm` がこれを行います。
+# ## 演習: SyncBatchNorm の統計を手で計算する
+#
+# そこで、SyncBatchNorm が学習中に計算するものを、集団通信で直接書きます。`global_mean_var(x)` は、
+# このランクのバッチ `x` (行がサンプル、列が特徴) を受け取り、**全ランク**のサンプルを合わせた、特徴ごとの
+# 平均と分散を返す関数です。分散は、BatchNorm が正規化に使うのと同じく、サンプル数で割ったもの
+# (サンプル数 − 1 ではなく) です。サンプル数はランクごとに違ってかまいません。全ランクが同時にこの関数を
+# 呼ぶので、`dist.all_reduce` が使えます。
+#
+# 確認のセルは、この関数を両方のランクで実行します。ランク 0 には 3 サンプル、ランク 1 には平均の大きく
+# 離れた 9 サンプルを渡し、1 プロセスで全 12 サンプルから計算した値と比べます。関数はランクのエンジンで
+# 実行されるので、中で使う名前はエンジンにあるもの (上の `%%px` セルで import した `torch` と `dist`) です。
 
 # %% [markdown] lang="en"
-# So write out with collectives what SyncBatchNorm computes in training: all-reduce
-# each rank's count, sum and sum of squares, and normalize the local batch with the
-# global mean and variance (`batchnorm.global_batch_norm`). The result equals one process
-# normalizing the whole batch. On GPUs `nn.SyncBatchNorm` does this.
+# ## Exercise: SyncBatchNorm's statistics by hand
+#
+# So write out with collectives what SyncBatchNorm computes in training.
+# `global_mean_var(x)` gets this rank's batch `x` (one row per sample, one column per
+# feature) and returns each feature's mean and variance over the samples of **all**
+# ranks. The variance is the one BatchNorm normalizes with: divided by the number of
+# samples (not that number minus 1). The ranks may hold different numbers of samples.
+# Every rank calls the function at the same time, so it can use `dist.all_reduce`.
+#
+# The check runs the function on both ranks, with 3 samples on rank 0 and 9 samples with
+# a mean far away on rank 1, and compares with one process computing over all 12. The
+# function runs on the ranks' engines, so the names it uses are the engines' (`torch`
+# and `dist`, imported there by a `%%px` cell above).
+
+# %% tags=["exercise"]
+def global_mean_var(x):
+    """Each feature's mean and variance over the samples of ALL ranks (every rank calls it)."""
+    mean = x.mean(0)  # TODO: these use this rank's samples only
+    var = x.var(0, unbiased=False)
+    return mean, var
+
+# %% tags=["solution"]
+def global_mean_var(x):
+    """Each feature's mean and variance over the samples of ALL ranks (every rank calls it)."""
+    count = torch.tensor(float(len(x)))
+    total = x.sum(0)
+    dist.all_reduce(count)  # the number of samples on all ranks
+    dist.all_reduce(total)  # and their sum, feature by feature
+    mean = total / count
+    squares = ((x - mean) ** 2).sum(0)  # distances from the global mean, not the local
+    dist.all_reduce(squares)
+    return mean, squares / count  # divided by the count: the variance BatchNorm uses
+
+# %%
+exercises.check_global_statistics(ranks, global_mean_var)
+
+# %% [markdown] lang="ja"
+# labkit の `batchnorm.global_batch_norm` も同じ計算をします。こちらはサンプル数、和、二乗和を 1 つの
+# テンソルにまとめて 1 回の all-reduce で足し合わせ (分散は「二乗の平均 − 平均の二乗」で求めます)、
+# 全体の平均と分散で自分のバッチを正規化します。上の `bn_experiment` は、その結果を 1 プロセスで全体の
+# バッチを正規化したものと比べていました。両者は一致します。GPU では `nn.SyncBatchNorm` がこの正規化を
+# 行います。
+
+# %% [markdown] lang="en"
+# labkit's `batchnorm.global_batch_norm` computes the same with a single all-reduce: it
+# stacks the count, the sum and the sum of squares into one tensor (the variance is then
+# the mean of the squares minus the square of the mean), and normalizes the local batch
+# with the global mean and variance. `bn_experiment` above compared its result with one
+# process normalizing the whole batch: the two agree. On GPUs `nn.SyncBatchNorm` does
+# this normalization.
 
 # %%
 # %%px

@@ -60,7 +60,7 @@ from pathlib import Path
 
 import torch
 
-from labkit import ecosystem, multinode, plots, sharding
+from labkit import ecosystem, exercises, multinode, plots, sharding
 
 # %% [markdown] lang="ja"
 # ## 1 台のマシンで torchrun
@@ -144,6 +144,64 @@ assert [n.returncode for n in nodes] == [0, 0]
 assert two_nodes["world_size"] == 2 and two_nodes["grad_max_abs_diff"] <= 1e-6
 assert two_nodes["allreduce_calls_per_step_sync"] == 2
 assert two_nodes["allreduce_calls_per_step_nosync"] == 1
+
+# %% [markdown] lang="ja"
+# ## 演習: torchrun が各プロセスに渡す番号
+#
+# torchrun は各プロセスに、`RANK` (全ノードを通した番号)、`LOCAL_RANK` (ノードの中での番号。そのノードの
+# どの GPU を使うかを決めます)、`WORLD_SIZE` (全ノードのプロセスの数) を環境変数で渡します。ランデブーは
+# 各ノードに `node_rank` (0 から `nnodes` − 1) を割り振り、`RANK` はノード 0 のプロセスから順に付きます。
+#
+# `torchrun_env(nnodes, nproc_per_node, node_rank)` を書いてください。ノード `node_rank` で動く各プロセスの
+# `{"RANK": ..., "LOCAL_RANK": ..., "WORLD_SIZE": ...}` を、`LOCAL_RANK` の順に並べたリストを返します。
+#
+# 確認のセルは、いくつかの組み合わせ (最大 4 ノード × 8 プロセス) で答えを確かめてから、このマシンで本物の
+# torchrun (2 ノード × 2 プロセス) を実行し、各プロセスが受け取った環境変数と比べます (数秒かかります)。
+#
+# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
+# 違っていれば、何が違うかとヒントが表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
+# ありますが、まず自分で解いてみてください。
+
+# %% [markdown] lang="en"
+# ## Exercise: the numbers torchrun hands each process
+#
+# torchrun hands each process `RANK` (its number across all nodes), `LOCAL_RANK` (its
+# number within its node, which picks the node's GPU) and `WORLD_SIZE` (the number of
+# processes on all nodes) in environment variables. The rendezvous gives each node a
+# `node_rank` (0 to `nnodes` − 1), and `RANK` numbers node 0's processes first.
+#
+# Write `torchrun_env(nnodes, nproc_per_node, node_rank)`. It returns, in `LOCAL_RANK`
+# order, `{"RANK": ..., "LOCAL_RANK": ..., "WORLD_SIZE": ...}` for each process that
+# runs on node `node_rank`.
+#
+# The check tries your answer on a few set-ups (up to 4 nodes × 8 processes), then runs
+# a real torchrun here (2 nodes × 2 processes) and compares with the environment each
+# process received (it takes a few seconds).
+#
+# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
+# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
+# solution cell follows each exercise: try on your own first.
+
+# %% tags=["exercise"]
+def torchrun_env(nnodes, nproc_per_node, node_rank):
+    """RANK, LOCAL_RANK and WORLD_SIZE of each process torchrun starts on one node."""
+    envs = []
+    for local_rank in range(nproc_per_node):
+        envs.append({"RANK": None, "LOCAL_RANK": local_rank, "WORLD_SIZE": None})  # TODO
+    return envs
+
+# %% tags=["solution"]
+def torchrun_env(nnodes, nproc_per_node, node_rank):
+    """RANK, LOCAL_RANK and WORLD_SIZE of each process torchrun starts on one node."""
+    envs = []
+    for local_rank in range(nproc_per_node):
+        envs.append({"RANK": node_rank * nproc_per_node + local_rank,  # earlier nodes first
+                     "LOCAL_RANK": local_rank,
+                     "WORLD_SIZE": nnodes * nproc_per_node})  # every node's processes
+    return envs
+
+# %%
+exercises.check_torchrun_env(torchrun_env)
 
 # %% [markdown] lang="ja"
 # ## 本物のクラスタ: SLURM
@@ -426,6 +484,51 @@ print(f"rank {rank}: holds {fsdp['local_numel']} of {fsdp['full_numel']} values;
 assert fsdp["local_numel"] * world_size == fsdp["full_numel"]
 assert fsdp["shards"]["fc1.weight"]["local"] == (100 // world_size, 10)
 assert fsdp["grad_max_abs_diff"] <= 1e-6
+
+# %% [markdown] lang="ja"
+# ## 演習: 各ランクはいくつの値を持つか
+#
+# 2 ランクでは、記事 004 の MLP のどのパラメータも行数が偶数なので、各ランクはちょうど半分を持ちました。
+# 行数がランク数で割り切れないときはどうなるでしょうか。`values_held(shape, rank, world_size)` を
+# 書いてください。`fully_shard` で `world_size` ランクに分けたとき、形が `shape` のパラメータの値を
+# ランク `rank` がいくつ持つかを返します。FSDP2 は 0 番目の次元を `torch.chunk` と同じように切ります
+# (レッスン 02 の `scatter` がバッチを切るのと同じ切り方です)。
+#
+# 確認のセルは、このレッスンの 2 ランクで、行数が奇数の MLP (`Linear(10, 5)` と `Linear(5, 1)`) を
+# 本当に `fully_shard` で分けた結果と比べ、さらに記事 004 の MLP を 3 ランクと 8 ランクに分けた場合を
+# `torch.chunk` と比べます。この関数はカーネルで実行されます。
+
+# %% [markdown] lang="en"
+# ## Exercise: how much does each rank hold?
+#
+# On two ranks every parameter of doc 004's MLP has an even number of rows, so each rank
+# held exactly half. What if the rows do not divide by the number of ranks? Write
+# `values_held(shape, rank, world_size)`: how many values of a parameter of shape
+# `shape` rank `rank` holds when `fully_shard` shards it over `world_size` ranks. FSDP2
+# cuts dimension 0 as `torch.chunk` does (the way lesson 02's `scatter` cuts a batch).
+#
+# The check compares with what `fully_shard` really does on this lesson's two ranks to an
+# MLP with odd numbers of rows (`Linear(10, 5)` and `Linear(5, 1)`), then with
+# `torch.chunk` for doc 004's MLP on 3 and 8 ranks. The function runs in the kernel.
+
+# %% tags=["exercise"]
+import math
+
+
+def values_held(shape, rank, world_size):
+    """How many values of a parameter of `shape` rank `rank` holds under fully_shard."""
+    return None  # TODO: the rows of this rank's piece of dimension 0, times a row's values
+
+# %% tags=["solution"]
+def values_held(shape, rank, world_size):
+    """How many values of a parameter of `shape` rank `rank` holds under fully_shard."""
+    rows, per_row = shape[0], math.prod(shape[1:])
+    piece = math.ceil(rows / world_size)  # torch.chunk: every piece but the last this size
+    mine = min(piece, max(0, rows - rank * piece))  # the last pieces: fewer rows, or none
+    return mine * per_row
+
+# %%
+exercises.check_shard_sizes(ranks, values_held)
 
 # %%
 ranks.stop()

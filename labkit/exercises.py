@@ -3,7 +3,8 @@
 A check prints its verdict in the lesson's language when the answer is right,
 and raises WrongAnswer (an AssertionError) naming the problem and a hint when
 it is not. Checks that take `ranks` run the learner's function on every rank;
-the functions named `_..._trial` are what the ranks run.
+the functions named `_..._trial` are what the ranks run. The checks of
+lessons 06 and 07 live in labkit.exercises_scale; lessons call them from here.
 """
 
 from __future__ import annotations
@@ -16,16 +17,18 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from . import (
-    comm,
-    ddp,
-    exercise_messages,  # noqa: F401  (registers the checks' messages)
-    models,
-    nosync,
-)
+from . import comm, ddp, models, nosync
 from . import data as datasets
 from . import data_parallel as dp
-from .i18n import t
+from .exercises_scale import (
+    check_global_statistics,
+    check_shard_sizes,
+    check_torchrun_env,
+    check_warmup_schedule,
+)
+from .feedback import WrongAnswer
+from .feedback import off as _off
+from .feedback import right as _right
 
 if TYPE_CHECKING:
     from .cluster import Ranks
@@ -36,31 +39,17 @@ __all__ = [
     "check_allreduce_prediction",
     "check_average_gradients",
     "check_chunk_sizes",
+    "check_global_statistics",
     "check_keeps_batch",
     "check_manual_data_parallel",
     "check_replicas_agree",
     "check_set_epoch",
+    "check_shard_sizes",
     "check_step_prediction",
+    "check_torchrun_env",
     "check_train_step",
+    "check_warmup_schedule",
 ]
-
-class WrongAnswer(AssertionError):
-    """An answer not right yet; `key` names the message (or the hint) that says why."""
-
-    def __init__(self, key: str, hint: str | None = None, **fields: object):
-        self.key = hint or key
-        if hint:
-            fields["hint"] = t(hint)
-        super().__init__(t("ex_not_yet") + t(key, **fields))
-
-
-def _off(what: str, diff: float, hint: str) -> WrongAnswer:
-    """`what` is off the right answer by up to `diff`; `hint` says what to fix."""
-    return WrongAnswer("ex_off", hint, what=what, diff=diff)
-
-
-def _right(key: str, **fields: object) -> None:
-    print(t("ex_right") + t(key, **fields))
 
 
 def _flat(tensors) -> torch.Tensor:

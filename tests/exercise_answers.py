@@ -4,6 +4,7 @@ A separate module so that the engines can import the answers that run on ranks
 by name (pytest would rewrite a test module's asserts).
 """
 
+import math
 from contextlib import nullcontext
 
 import torch
@@ -236,3 +237,156 @@ def train_step_on_rank_0(model, optimizer, scheduler, criterion, updates, rank):
         if rank == 0:
             optimizer.step()
         scheduler.step()
+
+
+# 06: the learning rate of a large batch (lr 0.2 at batch 32, warm-up 20 steps)
+
+
+def _warmup(peak, step, start=1 / 20):
+    return peak * (start + (1 - start) * min(step, 20) / 20)
+
+
+def lr_at(step, batch_size):
+    return _warmup(0.2 * batch_size / 32, step)
+
+
+def lr_at_not_scaled(step, batch_size):
+    return _warmup(0.2, step)
+
+
+def lr_at_sqrt(step, batch_size):
+    return _warmup(0.2 * (batch_size / 32) ** 0.5, step)
+
+
+def lr_at_no_warmup(step, batch_size):
+    return 0.2 * batch_size / 32
+
+
+def lr_at_from_zero(step, batch_size):
+    return _warmup(0.2 * batch_size / 32, step, start=0)
+
+
+def lr_at_one_step_early(step, batch_size):
+    """The usual hand-written ramp (step + 1) / W: at the peak by step W − 1."""
+    return 0.2 * batch_size / 32 * min(1, (step + 1) / 20)
+
+
+def lr_at_from_base(step, batch_size):
+    """Goyal et al.'s ramp, from the small batch's rate to the peak."""
+    peak = 0.2 * batch_size / 32
+    return 0.2 + (peak - 0.2) * min(step, 20) / 20
+
+
+# 06: SyncBatchNorm's statistics by hand (these run on the ranks)
+
+
+def _sums(*tensors):
+    for x in tensors:
+        dist.all_reduce(x)
+    return tensors
+
+
+def global_mean_var(x):
+    count, total = _sums(torch.tensor(float(len(x))), x.sum(0))
+    mean = total / count
+    (squares,) = _sums(((x - mean) ** 2).sum(0))
+    return mean, squares / count
+
+
+def global_mean_var_local(x):
+    return x.mean(0), x.var(0, unbiased=False)
+
+
+def global_mean_var_mean_of_means(x):
+    mean, var = x.mean(0), x.var(0, unbiased=False)
+    _sums(mean, var)
+    return mean / dist.get_world_size(), var / dist.get_world_size()
+
+
+def global_mean_var_not_divided(x):
+    (total,) = _sums(x.sum(0))
+    return total, x.var(0, unbiased=False)
+
+
+def global_mean_var_local_count(x):
+    (total,) = _sums(x.sum(0))
+    return total / len(x), x.var(0, unbiased=False)
+
+
+def global_mean_var_of_vars(x):
+    """The right mean, then the ranks' variances averaged."""
+    mean, _ = global_mean_var(x)
+    (var,) = _sums(x.var(0, unbiased=False))
+    return mean, var / dist.get_world_size()
+
+
+def global_mean_var_unbiased(x):
+    count, total = _sums(torch.tensor(float(len(x))), x.sum(0))
+    (squares,) = _sums(((x - total / count) ** 2).sum(0))
+    return total / count, squares / (count - 1)
+
+
+def global_mean_var_squares(x):
+    """E[x²] without − mean²."""
+    count, total, squares = _sums(torch.tensor(float(len(x))), x.sum(0), (x * x).sum(0))
+    return total / count, squares / count
+
+
+# 07: what torchrun hands each process
+
+
+def torchrun_env(nnodes, nproc_per_node, node_rank):
+    return [{"RANK": node_rank * nproc_per_node + i, "LOCAL_RANK": i,
+             "WORLD_SIZE": nnodes * nproc_per_node} for i in range(nproc_per_node)]
+
+
+def torchrun_env_as_strings(nnodes, nproc_per_node, node_rank):
+    """As in os.environ: strings."""
+    return [{k: str(v) for k, v in env.items()}
+            for env in torchrun_env(nnodes, nproc_per_node, node_rank)]
+
+
+def torchrun_env_rank_is_local(nnodes, nproc_per_node, node_rank):
+    return [dict(env, RANK=env["LOCAL_RANK"])
+            for env in torchrun_env(nnodes, nproc_per_node, node_rank)]
+
+
+def torchrun_env_world_is_node(nnodes, nproc_per_node, node_rank):
+    return [dict(env, WORLD_SIZE=nproc_per_node)
+            for env in torchrun_env(nnodes, nproc_per_node, node_rank)]
+
+
+def torchrun_env_rank_sum(nnodes, nproc_per_node, node_rank):
+    return [dict(env, RANK=node_rank + env["LOCAL_RANK"])
+            for env in torchrun_env(nnodes, nproc_per_node, node_rank)]
+
+
+def torchrun_env_interleaved(nnodes, nproc_per_node, node_rank):
+    return [dict(env, RANK=env["LOCAL_RANK"] * nnodes + node_rank)
+            for env in torchrun_env(nnodes, nproc_per_node, node_rank)]
+
+
+# 07: values of a parameter one rank holds under fully_shard
+
+
+def values_held(shape, rank, world_size):
+    rows, per_row = shape[0], math.prod(shape[1:])
+    piece = -(-rows // world_size)  # torch.chunk: rows / world_size, rounded up
+    return min(piece, max(0, rows - rank * piece)) * per_row
+
+
+def values_held_whole(shape, rank, world_size):
+    return math.prod(shape)
+
+
+def values_held_even(shape, rank, world_size):
+    return math.prod(shape) // world_size
+
+
+def values_held_padded(shape, rank, world_size):
+    return -(-shape[0] // world_size) * math.prod(shape[1:])
+
+
+def values_held_array_split(shape, rank, world_size):
+    rows = shape[0]
+    return (rows // world_size + (rank < rows % world_size)) * math.prod(shape[1:])

@@ -141,20 +141,6 @@ def test_accumulation_right(ranks, capsys):
     assert "one all-reduce, identical replicas" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("answer", "key", "says"), [
-    ("accumulation_all_inside", "ex_no_sync_at_all", "No all-reduce ran"),
-    ("accumulation_not_divided", "ex_not_divided", "4.0 times the K-times batch's"),
-    ("accumulation_step_inside", "ex_steps", "ran 4 times in one update"),
-    ("accumulation_no_zero_grad", "ex_no_zero_grad", "start every update with"),
-    ("accumulation_sync_every", "ex_sync_every", "ran 4 all-reduces, not 1"),
-    ("accumulation_sync_first", "ex_apart", "the last micro-batch is the one"),
-])
-def test_accumulation_mistakes(ranks, answer, key, says):
-    with wrong(key) as caught:
-        exercises.check_accumulation(ranks, getattr(answers, answer))
-    assert says in str(caught.value)
-
-
 def test_replicas_agree(ranks, capsys):
     exercises.check_replicas_agree(ranks, answers.train)
     assert "learning rate 0.0125" in capsys.readouterr().out
@@ -165,3 +151,119 @@ def test_replicas_agree(ranks, capsys):
         exercises.check_replicas_agree(ranks, answers.train_step_on_rank_0)
     with wrong("ex_only_line"):
         exercises.check_replicas_agree(ranks, answers.train_no_scheduler)
+
+
+# 06: the learning rate of a large batch
+
+
+def test_warmup_schedule(capsys):
+    exercises.check_warmup_schedule(answers.lr_at)
+    assert "0.16 at step 0, then up in a straight line to 3.2 at step 20" in (
+        capsys.readouterr().out)
+    with wrong("ex_fill_in"):
+        exercises.check_warmup_schedule(lambda step, batch_size: None)
+
+
+def test_warmup_schedule_wrong_factor():
+    with wrong("ex_lr_peak") as caught:  # scaled by the world size of 8 ranks
+        exercises.check_warmup_schedule(lambda step, batch_size: 8 * answers.lr_at(
+            step, 32))
+    assert "16 times the batch, 16 times the rate" in str(caught.value)
+
+
+# 06: SyncBatchNorm's statistics by hand, on two ranks
+
+
+def test_global_statistics(ranks, capsys):
+    exercises.check_global_statistics(ranks, answers.global_mean_var)
+    assert "With 3 + 9 = 12 samples on the ranks, every rank got the mean and " \
+           "variance of all of them" in capsys.readouterr().out
+
+
+# 07: what torchrun hands each process, and what FSDP's ranks hold
+
+
+def test_torchrun_env(capsys):
+    exercises.check_torchrun_env(answers.torchrun_env)  # with a real torchrun run
+    assert "node 0: RANK 0, 1; node 1: RANK 2, 3" in capsys.readouterr().out
+    exercises.check_torchrun_env(answers.torchrun_env_as_strings, real=False)
+    with wrong("ex_fill_in"):
+        exercises.check_torchrun_env(lambda nnodes, nproc_per_node, node_rank: None)
+    with wrong("ex_fill_in"):  # the lesson's starting point
+        exercises.check_torchrun_env(lambda nnodes, nproc_per_node, node_rank: [
+            {"RANK": None, "LOCAL_RANK": i, "WORLD_SIZE": None}
+            for i in range(nproc_per_node)])
+
+
+def test_shard_sizes(ranks, capsys):
+    exercises.check_shard_sizes(ranks, answers.values_held)
+    assert "fully_shard measured on these 2 ranks" in capsys.readouterr().out
+    with wrong("ex_fill_in"):
+        exercises.check_shard_sizes(ranks, lambda shape, rank, world_size: None)
+
+
+# Typical mistakes: each check names the one it sees
+
+
+@pytest.mark.parametrize(("check", "answer", "key", "says"), [
+    ("warmup_schedule", "lr_at_not_scaled", "ex_lr_not_scaled", "the rate of batch 32"),
+    ("warmup_schedule", "lr_at_sqrt", "ex_lr_sqrt", "the square-root rule"),
+    ("warmup_schedule", "lr_at_no_warmup", "ex_lr_no_warmup", "there is no warm-up"),
+    ("warmup_schedule", "lr_at_from_zero", "ex_lr_from_zero", "does nothing"),
+    ("warmup_schedule", "lr_at_one_step_early", "ex_lr_warmup_end", "at step 19"),
+    ("warmup_schedule", "lr_at_from_base", "ex_lr_from_base", "Goyal et al.'s"),
+    ("torchrun_env", "torchrun_env_rank_is_local", "ex_env_rank_local",
+     "torchrun_env(2, 1, 1) gives RANK equal to LOCAL_RANK"),
+    ("torchrun_env", "torchrun_env_world_is_node", "ex_env_world_nproc",
+     "this node only"),
+    ("torchrun_env", "torchrun_env_rank_sum", "ex_env_rank_sum",
+     "torchrun_env(2, 2, 1) gives RANK = node_rank + LOCAL_RANK"),
+    ("torchrun_env", "torchrun_env_interleaved", "ex_env_rank_interleaved",
+     "torchrun_env(2, 2, 0) numbers the processes across the nodes in turn"),
+])
+def test_mistakes(check, answer, key, says):
+    with wrong(key) as caught:
+        getattr(exercises, f"check_{check}")(getattr(answers, answer))
+    assert says in str(caught.value)
+
+
+@pytest.mark.parametrize(("check", "answer", "key", "says"), [
+    ("accumulation", "accumulation_all_inside", "ex_no_sync_at_all",
+     "No all-reduce ran"),
+    ("accumulation", "accumulation_not_divided", "ex_not_divided",
+     "4.0 times the K-times batch's"),
+    ("accumulation", "accumulation_step_inside", "ex_steps",
+     "ran 4 times in one update"),
+    ("accumulation", "accumulation_no_zero_grad", "ex_no_zero_grad",
+     "start every update with"),
+    ("accumulation", "accumulation_sync_every", "ex_sync_every",
+     "ran 4 all-reduces, not 1"),
+    ("accumulation", "accumulation_sync_first", "ex_apart",
+     "the last micro-batch is the one"),
+    ("global_statistics", "global_mean_var_local", "ex_bn_local",
+     "`mean` is each rank's own statistic"),
+    ("global_statistics", "global_mean_var_mean_of_means", "ex_bn_mean_of_means",
+     "a small batch more weight"),
+    ("global_statistics", "global_mean_var_not_divided", "ex_bn_not_divided",
+     "`mean` is a sum"),
+    ("global_statistics", "global_mean_var_local_count", "ex_bn_count",
+     "by this rank's number of samples"),
+    ("global_statistics", "global_mean_var_of_vars", "ex_bn_var_of_vars",
+     "how far apart the ranks' means"),
+    ("global_statistics", "global_mean_var_unbiased", "ex_bn_unbiased",
+     "`var` is the unbiased variance"),
+    ("global_statistics", "global_mean_var_squares", "ex_bn_squares",
+     "`var` is the mean of the squares"),
+    ("shard_sizes", "values_held_whole", "ex_shard_whole",
+     "values_held((5, 10), 0, 2) = 50 is the whole parameter"),
+    ("shard_sizes", "values_held_even", "ex_shard_even",
+     "values_held((5, 10), 0, 2) = 25 is an even share"),
+    ("shard_sizes", "values_held_padded", "ex_shard_padding",
+     "values_held((5, 10), 1, 2) = 30 counts padding"),
+    ("shard_sizes", "values_held_array_split", "ex_shard_spread",
+     "values_held((100, 10), 1, 3) = 330 spreads"),
+])
+def test_mistakes_on_ranks(ranks, check, answer, key, says):
+    with wrong(key) as caught:
+        getattr(exercises, f"check_{check}")(ranks, getattr(answers, answer))
+    assert says in str(caught.value)

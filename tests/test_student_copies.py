@@ -11,7 +11,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import student_copies  # noqa: E402
 
 NOTEBOOKS = ROOT / "notebooks"
-LESSONS_WITH_EXERCISES = ("01", "02", "03", "04", "05")
+LESSONS_WITH_EXERCISES = ("01", "02", "03", "04", "05", "06", "07")
 
 
 def tags(cell):
