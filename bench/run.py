@@ -155,18 +155,51 @@ def loop_ratio(repeat: int, K: int = 4) -> float:
     return ratio.item() / world_size
 
 
-def scaling(repeat: int) -> float:
-    """On each rank: throughput of 2 ranks over 1 rank, per-rank batch fixed, / 2."""
+def scaling(rounds: int) -> float | None:
+    """On each rank: throughput of 2 ranks over 1 rank, per-rank batch fixed, / 2.
+
+    Each round times one step of rank 0 alone (rank 1 waits) and then one
+    step of both; the efficiency is the median of the rounds' ratios.
+    """
+    import statistics
+    import time
+
+    import torch
     import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from labkit import ddp
+    from labkit import models
 
+    per_rank = 2048  # samples each rank processes in one step
+
+    def trainer(group):
+        torch.manual_seed(0)
+        model = DDP(models.WideMLP(hidden=512, depth=2), process_group=group)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        X, y = torch.randn(per_rank, 10), torch.randn(per_rank, 10)
+
+        def step() -> float:
+            t0 = time.perf_counter()
+            optimizer.zero_grad()
+            models.MyLoss()(model(X), y).backward()
+            optimizer.step()
+            return time.perf_counter() - t0
+
+        return step
+
+    rank = dist.get_rank()
     solo = dist.new_group([0])
-    per_rank = 2048
-    one = ddp.step_time(512, 2, per_rank, group=solo, repeat=repeat) \
-        if dist.get_rank() == 0 else None
-    two = ddp.step_time(512, 2, 2 * per_rank, repeat=repeat)
-    return None if one is None else (2 * per_rank / two) / (per_rank / one) / 2
+    one = trainer(solo) if rank == 0 else None
+    two = trainer(None)
+    ratios = []
+    for _ in range(rounds + 2):  # the first two rounds warm up
+        dist.barrier()
+        t_one = one() if one is not None else 0.0
+        dist.barrier()
+        t_two = two()
+        # (2 * per_rank / t_two) / (per_rank / t_one) / 2
+        ratios.append(t_one / t_two)
+    return statistics.median(ratios[2:]) if rank == 0 else None
 
 
 def cost_model(repeat: int) -> dict:
@@ -189,16 +222,19 @@ def cost_model(repeat: int) -> dict:
     return out
 
 
-def course_exec_s(lang: str) -> float:
-    """Seconds to execute every notebook of one language, as `make course` does."""
+def course_exec_s(lang: str) -> dict[str, float]:
+    """Seconds to execute each notebook of one language, as `make course` does."""
     notebooks = sorted((ROOT / "notebooks" / lang).glob("*.ipynb"))
     jupyter = Path(sys.executable).with_name("jupyter")
+    seconds = {}
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        subprocess.run([str(jupyter), "execute", "--timeout=600",
-                        *map(str, notebooks)], check=True, cwd=tmp,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return time.perf_counter() - t0
+        for notebook in notebooks:
+            t0 = time.perf_counter()
+            subprocess.run([str(jupyter), "execute", "--timeout=600", str(notebook)],
+                           check=True, cwd=tmp, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+            seconds[notebook.stem] = time.perf_counter() - t0
+    return seconds
 
 
 def run(quick: bool) -> dict:
@@ -208,14 +244,15 @@ def run(quick: bool) -> dict:
     results: dict = {"quick": quick}
     results.update(launch_times(repeat, 2 if quick else 5))
     ranks = cluster.start(2, activate=False)
-    results["loop_overhead_ratio"] = ranks.run(loop_ratio, 9 * repeat)[0]
-    results["scaling_efficiency_2proc"] = ranks.run(scaling, repeat)[0]
-    models = ranks.run(cost_model, 5 if quick else 9)[0]
+    results["loop_overhead_ratio"] = ranks.run(loop_ratio, 60 * repeat)[0]
+    results["scaling_efficiency_2proc"] = ranks.run(scaling, 10 * repeat)[0]
+    models = ranks.run(cost_model, 15 if quick else 27)[0]
     ranks.stop()
     results["nosync_model"] = models
     results["nosync_model_max_rel_error"] = max(m["max_rel_error"]
                                                 for m in models.values())
-    results["course_exec_s"] = course_exec_s("ja")
+    results["course_exec_by_notebook_s"] = course_exec_s("ja")
+    results["course_exec_s"] = sum(results["course_exec_by_notebook_s"].values())
     report = doctor.collect()
     results["machine"] = {"cpu_cores": report.cpu_cores, "torch": report.torch_version,
                           "python": platform.python_version(),
@@ -248,6 +285,9 @@ def record(results: dict, readme: Path) -> None:
         goal = results["goals"].get(key)
         rows.append(f"| `{key}` | {results[key]:.4g} | {goal['target'] if goal else ''}"
                     f" | {('yes' if goal['met'] else 'no') if goal else ''} |")
+    per_notebook = results["course_exec_by_notebook_s"].items()
+    rows += ["", "Seconds per notebook (`course_exec_s`): "
+             + ", ".join(f"{name} {sec:.1f}" for name, sec in per_notebook) + "."]
     rows += ["", "Cost model (fitted on K = 1, 2, 4; seconds per update, "
              "sync / no_sync):", "", "| model | K | measured | predicted |",
              "|---|---|---|---|"]

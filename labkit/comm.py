@@ -9,6 +9,8 @@ S / t * f(n): comparable across world sizes and with a link's speed.
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -128,18 +130,34 @@ def fit_step_model(times: dict[int, tuple[float, float]],
     with no_sync). Each is linear in the parts: sync mode K*compute + K*sync +
     optimizer, no_sync mode K*compute + sync + optimizer. Fitting on small K
     and checking on large K tests the model on steps it has not seen.
+
+    Each part is a time, so none may be negative: of the fits that leave
+    out some parts (set to 0) and have no negative part, the one with the
+    smallest error is kept (non-negative least squares, by trying every
+    subset of the three parts). A free fit can make o negative when the first
+    micro-batch costs less than the others (its backward writes the
+    gradients; the later ones add to them).
     """
     rows, t = [], []
     for k in fit_on:
         sync_s, nosync_s = times[k]
         rows += [[k, k, 1.0], [k, 1.0, 1.0]]
         t += [sync_s, nosync_s]
-    A = torch.tensor(rows, dtype=torch.float64)
-    y = torch.tensor(t, dtype=torch.float64)
+    y = torch.tensor(t, dtype=torch.float64).unsqueeze(1)
     # Relative least squares: a 2 ms and a 200 ms step weigh the same.
-    sol = torch.linalg.lstsq(A / y.unsqueeze(1), torch.ones_like(y).unsqueeze(1))
-    compute, sync, optimizer = (max(v, 0.0) for v in sol.solution.squeeze(1).tolist())
-    return StepModel(compute, sync, optimizer)
+    A = torch.tensor(rows, dtype=torch.float64) / y
+    best, best_residual = [0.0, 0.0, 0.0], math.inf
+    for parts in itertools.chain.from_iterable(
+            itertools.combinations(range(3), n) for n in (3, 2, 1)):
+        sol = torch.linalg.lstsq(A[:, list(parts)], torch.ones_like(y)).solution
+        if (sol < 0).any():
+            continue
+        residual = (A[:, list(parts)] @ sol - 1).square().sum().item()
+        if residual < best_residual:
+            best, best_residual = [0.0, 0.0, 0.0], residual
+            for part, value in zip(parts, sol.squeeze(1).tolist(), strict=True):
+                best[part] = value
+    return StepModel(*best)
 
 
 def max_rel_error(model: StepModel, times: dict[int, tuple[float, float]]) -> float:

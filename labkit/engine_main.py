@@ -3,8 +3,8 @@
 The engine is ipyparallel's, with torch imported early.
 
 Every rank needs torch, and importing it takes about 2 s here. Started in a
-thread as the process starts, the import overlaps the engine's start-up and its
-registration with the controller instead of following them; the first task
+thread once ipyparallel's engine is imported, the import overlaps the engine's
+registration with the controller instead of following it; the first task
 that imports torch waits only for what is left of it.
 """
 
@@ -33,11 +33,14 @@ def config():  # -> traitlets.config.Config
 
 
 def main() -> None:
-    """The engine process: start importing torch, then run ipyparallel's engine."""
-    threading.Thread(target=__import__, args=("torch",), name="labkit-import-torch",
-                     daemon=True).start()
+    """The engine process: ipyparallel's engine, torch imported in a thread."""
+    # ipyparallel's own imports first: begun at the same time, the two imports
+    # wait for each other on the modules both need (seen with py-spy), and
+    # the engine registers later.
     from ipyparallel.engine.app import main as engine_main
 
+    threading.Thread(target=__import__, args=("torch",), name="labkit-import-torch",
+                     daemon=True).start()
     engine_main()
 
 

@@ -199,7 +199,7 @@ def step_times(model: DDP, optimizer, dataset, cfg: NoSyncConfig, rank: int,
 
 
 def interleaved_step_times(model: DDP, optimizer, batches: list, ks: Sequence[int],
-                           rounds: int, block_s: float = 0.02
+                           rounds: int, block_s: float = 0.05
                            ) -> dict[int, tuple[float, float]]:
     """Seconds of one optimizer step for each K: (all micro-batches synced, no_sync).
 
@@ -228,12 +228,18 @@ def interleaved_step_times(model: DDP, optimizer, batches: list, ks: Sequence[in
         timing.sync(_device())
         return (time.perf_counter() - t0) / steps
 
-    # One warm-up step of each; the slowest rank's time sets every block's
-    # length, so all ranks run the same steps (a synchronized step on one rank
-    # alone would wait forever).
-    first = torch.tensor([block(k, m, 1) for k, m in modes], dtype=torch.float64)
+    for mode in modes:  # warm-up: DDP's first iterations rebuild its buckets
+        block(*mode, 1)
+    # Both modes of a K run as many steps per block as last about block_s
+    # synchronized: a block's length (steps after one barrier) changes its
+    # mean a little, so the two modes get the same. The slowest rank's step
+    # sets it, so all ranks run the same steps (a synchronized step on one
+    # rank alone would wait forever).
+    first = torch.tensor([block(k, False, 1) for k in ks], dtype=torch.float64)
     dist.all_reduce(first, op=dist.ReduceOp.MAX)
-    steps = [max(1, min(50, round(block_s / t))) for t in first.tolist()]
+    steps_of = {k: max(1, min(50, round(block_s / t)))
+                for k, t in zip(ks, first.tolist(), strict=True)}
+    steps = [steps_of[k] for k, _ in modes]
     times: dict[tuple[int, bool], list[float]] = {mode: [] for mode in modes}
     for _ in range(rounds):
         for mode, n in zip(modes, steps, strict=True):

@@ -37,6 +37,19 @@ def test_step_model_fit_predicts_unseen_k():
     assert fit.predict(8, True) == pytest.approx(times[8][1])
 
 
+def test_step_model_parts_are_never_negative():
+    # A first micro-batch 3 ms cheaper than the others acts as o = -3 ms: the
+    # fit keeps o at 0 and fits c and s again, rather than only clipping o
+    # (which would add 3 ms to every prediction).
+    truth = comm.StepModel(compute_s=0.010, sync_s=0.012, optimizer_s=-0.003)
+    times = {k: (truth.predict(k, False), truth.predict(k, True)) for k in (1, 2, 4, 8)}
+    fit = comm.fit_step_model(times, fit_on=(1, 2, 4))
+    assert fit.optimizer_s == 0.0
+    assert fit.compute_s > 0 and fit.sync_s > 0
+    clipped = comm.StepModel(truth.compute_s, truth.sync_s, 0.0)
+    assert comm.max_rel_error(fit, times) < comm.max_rel_error(clipped, times)
+
+
 def test_bucket_plan_matches_what_ddp_does(ranks):
     for cap, (planned, calls) in ranks.run(bucket_counts)[0].items():
         assert planned == calls, cap
@@ -44,13 +57,14 @@ def test_bucket_plan_matches_what_ddp_does(ranks):
 
 def test_interleaved_step_times_run_every_k_in_both_modes(ranks):
     # block_s=0: one step per block, so the all-reduces can be counted: each
-    # (K, mode) runs one warm-up step and one step per round; a synchronized
-    # step all-reduces K times, a no_sync step once.
+    # (K, mode) runs one warm-up step and one step per round, and each K one
+    # synchronized step that sets the block length; a synchronized step
+    # all-reduces K times, a no_sync step once.
     ks, rounds = (1, 2, 3), 2
     for times, calls in ranks.run(interleaved_times_small, ks, rounds):
         assert sorted(times) == list(ks)
         assert all(s > 0 and n > 0 for s, n in times.values())
-        assert calls == (1 + rounds) * sum(k + 1 for k in ks)
+        assert calls == sum((1 + rounds) * (k + 1) + k for k in ks)
 
 
 def test_interleaved_step_times_refuse_bad_arguments():
