@@ -270,6 +270,43 @@ fig = plots.measured_vs_model(measured, predicted, xlabel="accum_k",
                               ylabel="step_time_ms", title="model_vs_measured")
 
 # %% [markdown] lang="ja"
+# c、s、o は時間なので、負にならないように求めます (非負の最小二乗法)。それでも o が 0 になることが
+# あります。更新の最初のマイクロバッチは、ほかのマイクロバッチより安いからです。`zero_grad()` のあとの
+# 最初の逆伝播は勾配を書き込むだけですが、2 回目からは前の勾配に足し込みます。この差が o
+# (最適化ステップの時間) を打ち消します。大きなモデルで、1 プロセスで確かめます。
+
+# %% [markdown] lang="en"
+# c, s and o are times, so the fit keeps them non-negative (non-negative least squares).
+# Even so, o can come out 0: the first micro-batch of an update costs less than the
+# others. After `zero_grad()` the first backward only writes the gradients; from the
+# second on, each adds to them. That difference cancels o (the optimizer step's time).
+# Check it in one process with the large model:
+
+# %% tags=["nbval-ignore-output"]
+import statistics
+import time
+
+import torch
+
+from labkit import models, nosync
+
+net = nosync.make_model(nosync.NoSyncConfig(hidden=1024, depth=3))
+criterion = models.MyLoss()
+X, y = torch.randn(16, 10), torch.randn(16, 10)
+first, later = [], []
+for _ in range(20):
+    net.zero_grad()  # the gradients are gone (None)
+    t0 = time.perf_counter()
+    criterion(net(X), y).backward()  # writes the gradients
+    t1 = time.perf_counter()
+    criterion(net(X), y).backward()  # adds to them
+    first.append(t1 - t0)
+    later.append(time.perf_counter() - t1)
+print(f"forward + backward, first micro-batch {statistics.median(first) * 1e3:.2f} ms, "
+      f"second {statistics.median(later) * 1e3:.2f} ms; fitted o: "
+      + ", ".join(f"{name} {m.optimizer_s * 1e3:.2f} ms" for name, m in fitted.items()))
+
+# %% [markdown] lang="ja"
 # 同期 1 回の費用 s のうち、all-reduce そのものはどれだけでしょうか。バケットの大きさと α–β モデルで
 # all-reduce の時間を計算し、s と比べます。all-reduce が説明するのは s の一部だけで、残りは DDP 自身の仕事
 # (勾配をバケットに集めて戻す処理など) とランクどうしの待ち合わせです。その割合を表示します。
