@@ -178,8 +178,15 @@ def ledger_problems(folder: Path, name: str = "08_errata.ipynb",
     """
     folder, known_gaps = Path(folder), dict(known_gaps or {})
     rows = ledger(folder / name)
-    problems = [f"{id_}: id used {n} times"
-                for id_, n in Counter(id_ for id_, _, _ in rows).items() if n > 1]
+    # A row whose id is mistyped would drop out of the ledger unseen.
+    problems = [f"a table row without an id: {line[:60]}"
+                for source in _markdown_cells(folder / name)
+                for line in source.splitlines() if line.startswith("|")
+                and line.split("|")[1].strip() not in ("id", "")
+                and not set(line.split("|")[1].strip()) <= set("-:")
+                and not CLAIM_ID.match(line.split("|")[1].strip())]
+    problems += [f"{id_}: id used {n} times"
+                 for id_, n in Counter(id_ for id_, _, _ in rows).items() if n > 1]
     for id_, target, anchor in rows:
         if target is None:
             problems.append(f"{id_}: no link to the cell that proves it")

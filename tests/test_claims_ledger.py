@@ -103,11 +103,14 @@ def test_missing_links_headings_and_repeated_ids_fail(tmp_path):
           ["| 004-1 | no link | — |",
            "| 004-2 | gone | [x](03_lesson.ipynb#No-such-heading) |",
            "| 004-3 | first | [x](03_lesson.ipynb#Proved) |",
-           "| 004-3 | again | [x](03_lesson.ipynb#Proved) |"])
+           "| 004-3 | again | [x](03_lesson.ipynb#Proved) |",
+           "| 04-4 | mistyped id | [x](03_lesson.ipynb#Proved) |"])
     assert sorted(links.ledger_problems(tmp_path)) == [
         "004-1: no link to the cell that proves it",
         "004-2: 03_lesson.ipynb has no heading #No-such-heading",
         "004-3: id used 2 times",
+        "a table row without an id: "
+        "| 04-4 | mistyped id | [x](03_lesson.ipynb#Proved) |",
     ]
 
 
