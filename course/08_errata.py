@@ -290,7 +290,7 @@ with checks.expect_error(ValueError, match=r"shape \(batch, 10\)"):
 # 記事 000 の 2 つ目と 3 つ目のコード例では、`for epoch in range(10):` の次の行がコメント「# 訓練コード」
 # だけです。コメントは文ではないので、この `for` には本体がありません。Python はファイルを実行する前に
 # 全体を構文解析するので、`IndentationError` になり、最初の `import` すら実行されません。
-# 記事の行をそのまま (コメントは日本語のまま) コンパイルしてみます。
+# 記事の行をそのまま (コメントは日本語のまま) コンパイルしてみます。本体に `pass` を置けば、同じ行がコンパイルできます。
 
 # %% [markdown] lang="en"
 # ## Doc 000's `for` loops without a body
@@ -299,7 +299,8 @@ with checks.expect_error(ValueError, match=r"shape \(batch, 10\)"):
 # by the comment "# 訓練コード" (training code). A comment is not a statement, so the
 # `for` has no body. Python parses the whole file before running any of it, so this is an
 # `IndentationError` and not even the first `import` runs. Compile the document's lines
-# as printed (the comments stay in Japanese).
+# as printed (the comments stay in Japanese). With `pass` as the body, the same lines
+# compile.
 
 # %%
 doc_000_loops = """\
@@ -317,7 +318,9 @@ for epoch in range(10):
 with checks.expect_error(IndentationError,
                          match="expected an indented block after 'for' statement on line 2"):
     compile(doc_000_loops, "doc_000", "exec")
-compile(doc_000_loops.replace("# 訓練コード", "pass  # 訓練コード"), "doc_000", "exec")
+with_body = doc_000_loops.replace("# 訓練コード", "pass  # 訓練コード")
+code = compile(with_body, "doc_000", "exec")  # with a body, the same lines compile
+print("with a body:", type(code).__name__)
 
 # %% [markdown] lang="ja"
 # ## GPU のあるマシンでの記事 004 の DataParallel
