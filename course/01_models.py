@@ -175,9 +175,9 @@ class FixedMLP(models.MLPAsWritten):
 exercises.check_keeps_batch(FixedMLP)
 
 # %% [markdown] lang="ja"
-# ## 直し方: サンプルごとに平らにする
+# ## 直し方: サンプルごとに平坦化する
 #
-# 平らにするのは各サンプルだけで、バッチの次元 (0 番目) は残します: `x.flatten(1)`
+# 平坦化するのは各サンプルだけで、バッチの次元 (0 番目) は残します: `x.flatten(1)`
 # (`x.view(x.size(0), -1)` と同じ)。入力がもともと `(N, 10)` なら何もしないのと同じです。
 # `labkit.models.MLP` と `labkit.models.TwoLinear` が直したモデルです。
 #
@@ -331,26 +331,66 @@ print("with zero_grad:   ", [f"{n:.4f}" for n in norms])
 assert norms[0] == norms[1] == norms[2]
 
 # %% [markdown] lang="ja"
+# ## 記事 004 の学習ループを書かれたとおりに
+#
+# 記事 004 の `DataLoader` の例は、オプティマイザを作りますが、学習ループの中で `optimizer.step()` を
+# 一度も呼びません。最後の行は括弧のない `loss.backward` なので、勾配も計算されません。
+# このループを書かれたとおりに 10 エポック回します。変えたのは、このマシンで止まる所だけです:
+# `x.view(-1)` を直したモデル、`.cuda()` の代わりに `.to(device)`、そして GPU がなければ何もしない
+# `nn.DataParallel` の包みを外しました。それでも、10 エポックのあとでパラメータは 1 つも変わっていません。
+
+# %% [markdown] lang="en"
+# ## Doc 004's training loop, as written
+#
+# Doc 004's `DataLoader` example creates an optimizer, but its training loop never calls
+# `optimizer.step()`. Its last line is `loss.backward` without parentheses, so no
+# gradient is computed either. Run that loop as written for 10 epochs, changing only what
+# stops on this machine: the model with `x.view(-1)` fixed, `.to(device)` instead of
+# `.cuda()`, and no `nn.DataParallel` wrapper (without GPUs it does nothing). After 10
+# epochs not one parameter has changed.
+
+# %%
+torch.manual_seed(0)
+model = models.MLP().to(device)
+train_loader = torch.utils.data.DataLoader(data.MyDataset(seed=0), batch_size=64,
+                                           shuffle=True)
+criterion = nn.MSELoss()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)  # created, never used
+before = [p.detach().clone() for p in model.parameters()]
+
+for epoch in range(10):
+    for batch_idx, (inputs, target) in enumerate(train_loader):  # `data` in the document
+        inputs, target = inputs.to(device), target.to(device)
+        output = model(inputs)
+        loss = criterion(output, target)
+        loss.backward  # the document's last line: no call, and no optimizer.step()
+
+changed = sum(not torch.equal(b, p)
+              for b, p in zip(before, model.parameters(), strict=True))
+print(f"{epoch + 1} epochs, {batch_idx + 1} batches each: {changed} parameters changed")
+assert all(p.grad is None for p in model.parameters())
+assert changed == 0
+
+# %% [markdown] lang="ja"
 # ## 演習: 学習の 1 ステップを書く
 #
 # `train_step` は、記事 004 の学習ループの中身を書かれたとおりに写したものです。上で見た誤りが
-# 2 つあります。直して、正しい 1 回の更新にしてください。確認のセルは、同じ重みから正しい SGD で
+# 3 つあります。直して、正しい 1 回の更新にしてください。確認のセルは、同じ重みから正しい SGD で
 # 3 回更新したモデルと比べます。
 
 # %% [markdown] lang="en"
 # ## Exercise: write one training step
 #
-# `train_step` copies the body of doc 004's training loop as written. It has two of the
+# `train_step` copies the body of doc 004's training loop as written. It has three of the
 # mistakes shown above: fix them, so that it makes one correct update. The check compares
 # three updates with correct SGD from the same weights.
 
 # %% tags=["exercise"]
 def train_step(model, optimizer, criterion, X, y):
-    """One update on the batch (X, y), as doc 004 writes it: two mistakes to fix."""
+    """One update on the batch (X, y), as doc 004 writes it: three mistakes to fix."""
     outputs = model(X)
     loss = criterion(outputs, y)
     loss.backward
-    optimizer.step()
     return loss.item()
 
 # %% tags=["solution"]
@@ -411,7 +451,7 @@ def fit(dataset, num_epochs=10, lr=0.01, batch_size=64, seed=0):
 #
 # 記事の `MyDataset` は入力も目標も独立な乱数です。入力から目標を予測する手がかりがないので、
 # どんなモデルでも平均二乗誤差は目標の分散 (約 1) より下がりません。
-# 比べるために、固定した乱数の「先生」ネットワークが目標を作る課題 (`TeacherDataset`、
+# 比べるために、重みを乱数で固定した教師ネットワーク (教師モデル) が目標を作る課題 (`TeacherDataset`、
 # ノイズの標準偏差 0.1) も用意しました。こちらは学習すると損失が下がります。
 
 # %% [markdown] lang="en"
@@ -420,7 +460,7 @@ def fit(dataset, num_epochs=10, lr=0.01, batch_size=64, seed=0):
 # The document's `MyDataset` draws inputs and targets as independent random numbers.
 # Nothing in an input predicts its target, so no model gets the mean squared error below
 # the targets' variance (about 1). For comparison, a task whose targets come from a
-# fixed random "teacher" network (`TeacherDataset`, noise with standard deviation 0.1)
+# teacher network with fixed random weights (`TeacherDataset`, noise with standard deviation 0.1)
 # can be learned: its loss falls.
 
 # %%
@@ -470,6 +510,7 @@ print("identical:", again == curves["TeacherDataset"])
 # | `optimizer.step()` | `optimizer` が未定義 | `torch.optim.SGD(model.parameters(), lr=...)` |
 # | `loss.backward` | 呼ばれず、勾配は `None` | `loss.backward()` |
 # | `zero_grad` なし | 勾配がステップごとに積み重なる | 毎ステップ `optimizer.zero_grad()` |
+# | `optimizer.step()` なし | パラメータが 1 つも変わらない | `backward()` のあとに `optimizer.step()` |
 # | `MyDataset` | 学ぶものがない乱数 | 収束を見るには学習できる課題を使う |
 
 # %% [markdown] lang="en"
@@ -483,4 +524,5 @@ print("identical:", again == curves["TeacherDataset"])
 # | `optimizer.step()` | `optimizer` is undefined | `torch.optim.SGD(model.parameters(), lr=...)` |
 # | `loss.backward` | never called, gradients stay `None` | `loss.backward()` |
 # | no `zero_grad` | gradients pile up step after step | `optimizer.zero_grad()` every step |
+# | no `optimizer.step()` | not one parameter changes | `optimizer.step()` after `backward()` |
 # | `MyDataset` | random numbers with nothing to learn | use a learnable task to watch convergence |

@@ -13,7 +13,8 @@
 #
 # 出発点の 2 つの記事 (記事 000: `no_sync` と高速化の方法、記事 004: `data_parallel`、Horovod、
 # フレームワーク) の記述とコードを 1 つずつ取り上げ、判定、正しい内容、それを確かめるセルへのリンクを
-# 表にまとめます。判定は 4 種類です。
+# 表にまとめます。各行の id (記事 000 なら 000-1、000-2、…) でどの行かを指せます。
+# 最後の表は、各レッスンが事実として述べることと、それを確かめるセルです。判定は 4 種類です。
 #
 # - **正しい**: そのとおり (条件つきのものは「正しくは」の欄に条件を書きます)
 # - **誤り**: 事実と違う、またはコードが動かない
@@ -30,7 +31,9 @@
 #
 # Every statement and code snippet of the two source articles (doc 000: `no_sync` and
 # speed-up tips; doc 004: `data_parallel`, Horovod, frameworks), with a verdict, the
-# correction, and a link to the cell that demonstrates it. There are four verdicts:
+# correction, and a link to the cell that demonstrates it. Each row has an id (000-1,
+# 000-2, … for doc 000) to refer to it by. The last table lists what the lessons
+# themselves state as fact, and the cell that shows it. There are four verdicts:
 #
 # - **correct**: right as stated (conditions, if any, are in the "in fact" column)
 # - **wrong**: not true, or the code does not run
@@ -57,136 +60,197 @@ labkit.set_lang("en")
 # %% [markdown] lang="ja"
 # ## 記事 000: no_sync と高速化の方法
 #
-# | # | 記事の記述 | 判定 | 正しくは | 確かめるセル |
+# | id | 記事の記述 | 判定 | 正しくは | 確かめるセル |
 # |---|---|---|---|---|
-# | 1 | 「DistributedDataParallel は複数の GPU で並列処理し、訓練時間を大幅に短縮できる」 | 正しい | 計算が通信より十分大きいときに限る。小さなモデルでは 2 ランクのほうが遅い | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#world-size-1-と-2-の-1-ステップの時間) |
-# | 2 | 「各 GPU はモデルのパラメータの一部を保持し、それらを更新します」 | 誤り | DDP の各ランクは全パラメータの複製を持つ。一部を持つのは FSDP / ZeRO-3 | [03: 各ランクはモデル全体を持つ](03_ddp.ipynb#各ランクはモデル全体を持つ) |
-# | 3 | (2 の記述が当てはまるもの) | 正しい | FSDP2 の `fully_shard` では各ランクが各パラメータの 1/N を持つ | [07: FSDP と ZeRO: パラメータを分割して持つ](07_ecosystem.ipynb#FSDP-と-ZeRO:-パラメータを分割して持つ) |
-# | 4 | 「各 GPU のパラメータ更新は独立して行われるため整合性が失われる…各パラメータ更新後に勾配同期を行う」 | 誤り | 同期は逆伝播の途中、更新の前に勾配を all-reduce する。だから全ランクが同じ更新をする | [03: 何が、いつ通信されるか](03_ddp.ipynb#何が、いつ通信されるか) |
-# | 5 | 「no_sync() は勾配同期を無効にするオプション」 | 誤解を招く | `with` で使うコンテキストマネージャで、同期を次の `with` の外の逆伝播まで先送りする | [04: 正しい使い方](04_no_sync.ipynb#正しい使い方) |
-# | 6 | 「各 GPU はパラメータ更新後にすぐ次の更新を開始できる」 | 誤り | `no_sync` の中で `step` するとレプリカがずれ、同期に戻しても戻らない | [04: 誤用 3: no_sync の中で optimizer.step() する](04_no_sync.ipynb#誤用-3:-no_sync-の中で-optimizer.step()-する) |
-# | 7 | 「メリット: 訓練速度の向上」 | 誤解を招く | 速くなるのは勾配累積で all-reduce が K 回から 1 回に減るときだけ | [04: 1 ステップの時間: K と no_sync](04_no_sync.ipynb#1-ステップの時間:-K-と-no_sync) |
-# | 8 | 「デメリット: 訓練の不安定化、収束が遅くなる可能性」 | 誤り | 正しく使えば K 倍のバッチと数学的に同じで、更新ごとの曲線は重なる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#収束:-記事の「同期あり-vs-no_sync」をやり直す) |
-# | 9 | 「使うべき場合 / 使わないべき場合」(速度優先、安定性重視など) | 誤り | 基準は勾配累積をするかどうか | [04: いつ使うか (記事のリストの書き直し)](04_no_sync.ipynb#いつ使うか-(記事のリストの書き直し)) |
-# | 10 | 「速度と安定性のトレードオフを調整するオプション」 | 誤り | トレードオフはない。結果は同じで時間だけが変わる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#収束:-記事の「同期あり-vs-no_sync」をやり直す) |
-# | 11 | コード `x = x.view(-1)` | 誤り | バッチ全体を 1 本にしてしまう。`x.flatten(1)` | [01: 直し方: サンプルごとに平らにする](01_models.ipynb#直し方:-サンプルごとに平らにする) |
-# | 12 | コード `DistributedDataParallel(model)` (プロセスグループなし) | 誤り | 先に `init_process_group`。なければ ValueError | [01: DDP はプロセスグループなしでは作れない](01_models.ipynb#DDP-はプロセスグループなしでは作れない) |
-# | 13 | コード `ddp_model.no_sync()` (1 行だけ) | 誤り | 何も起きない。`with model.no_sync():` の中で順伝播と逆伝播 | [04: 誤用 1: ddp_model.no_sync() と 1 行書く](04_no_sync.ipynb#誤用-1:-ddp_model.no_sync()-と-1-行書く) |
-# | 14 | コード「# 訓練コード」で同期あり/なしを比較 | 誤り | 比較のコードがない。同じ条件で比べると曲線は重なり、no_sync は時間が短い | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#収束:-記事の「同期あり-vs-no_sync」をやり直す) |
-# | 15 | コード「モデルを 2 つ (4 つ) の GPU に分散」`MyModel().cuda()` | 誤解を招く | `.cuda()` は 1 台の GPU に置くだけ。DDP は 1 GPU に 1 プロセスを起動する | [03: ランクを起動する](03_ddp.ipynb#ランクを起動する) |
-# | 16 | コード `DistributedDataParallel(model, dim=1)` | 誤解を招く | 1 プロセス 1 デバイスでは DDP は入力を分けないので `dim` は何もしない | [06: 記事の DistributedDataParallel(model, dim=1)](06_speedups.ipynb#記事の-DistributedDataParallel(model,-dim=1)) |
-# | 17 | 「データローダーのワーカー数を増やす」 | 正しい | 読み込みが重いときに効く。データは変わらない | [06: DataLoader のワーカー数](06_speedups.ipynb#DataLoader-のワーカー数) |
-# | 18 | 「バッチサイズを増やす」 | 誤解を招く | 処理速度は上がるが、収束には学習率の調整とウォームアップが要る | [06: 大きなバッチと学習率](06_speedups.ipynb#大きなバッチと学習率) |
-# | 19 | 「データシャッフルを有効にする」(速度向上として) | 誤り | 速さは変わらない。収束のために必要 | [06: シャッフルは速さではなく収束のため](06_speedups.ipynb#シャッフルは速さではなく収束のため) |
-# | 20 | 「ピンメモリーを使用する」 | 誤解を招く | CPU→GPU 転送でだけ効く。GPU がなければ何もしない | [06: pin_memory](06_speedups.ipynb#pin_memory) |
-# | 21 | 「軽量なモデル」「精度と速度のバランス」「不要な計算を削減」 | 正しい | パラメータ数と時間、精度を測った。評価は `torch.no_grad()` で | [06: 軽いモデル](06_speedups.ipynb#軽いモデル) |
-# | 22 | 「学習率を調整」「オプティマイザーを変更」「スケジューラーを使用」 | 誤解を招く | 1 ステップは速くならない。少ないステップで収束させるためのもの | [06: 学習率、オプティマイザ、スケジューラ](06_speedups.ipynb#学習率、オプティマイザ、スケジューラ) |
-# | 23 | 「チェックポイントを活用する」(保存の意味で) | 誤解を招く | 速くはならない。止まっても再開でき、結果は 1 ビットも同じ | [06: チェックポイント (1): 学習状態を保存して再開する](06_speedups.ipynb#チェックポイント-(1):-学習状態を保存して再開する) |
-# | 24 | 「チェックポイントを活用する」(活性化チェックポイントの意味で) | 誤解を招く | メモリを減らし、1 ステップは遅くなる | [06: チェックポイント (2): 活性化チェックポイント](06_speedups.ipynb#チェックポイント-(2):-活性化チェックポイント) |
-# | 25 | 「より高速な GPU」「TPU」 | 正しい | 予算の話。同じコードが nccl で動く | [06: ハードウェア](06_speedups.ipynb#ハードウェア) |
-# | 26 | 「Apex」 | 古い | `torch.autocast` と `torch.amp.GradScaler`。`torch.cuda.amp` も非推奨 | [06: 混合精度 (torch.autocast)](06_speedups.ipynb#混合精度-(torch.autocast)) |
-# | 27 | 「Horovod」 | 古い | 最新リリースは 2023 年の 0.28.1。PyTorch では torchrun と DDP | [07: Horovod のいま](07_ecosystem.ipynb#Horovod-のいま) |
-# | 28 | 「効果は訓練データ、モデル、目標によって異なる。さまざまな方法を試す必要がある」 | 正しい | 測って決める。このレッスンの数字もこのマシンでの値 | [06: DataLoader のワーカー数](06_speedups.ipynb#DataLoader-のワーカー数) |
-# | 29 | 「これらの方法は no_sync() と組み合わせることでさらに速くなる」 | 誤解を招く | `no_sync` は勾配累積のときだけの話。ほかの方法とは独立 | [04: いつ使うか (記事のリストの書き直し)](04_no_sync.ipynb#いつ使うか-(記事のリストの書き直し)) |
+# | 000-1 | 「DistributedDataParallel は複数の GPU で並列処理し、大規模なデータセットや複雑なモデルの訓練時間を大幅に短縮できる」 | 誤解を招く | 速くなるかは、1 ステップの計算と、そのステップで all-reduce する勾配 (パラメータと同じバイト数) の比で決まる。データセットの大きさはステップ数を変えるだけで、この比は変えない。小さなモデルでは 2 ランクのほうが遅い | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#world-size-1-と-2-の-1-ステップの時間) |
+# | 000-2 | 「各 GPU はモデルのパラメータの一部を保持し、それらを更新します」 | 誤り | DDP の各ランクは全パラメータの複製を持つ。一部を持つのは FSDP / ZeRO-3 | [03: 各ランクはモデル全体を持つ](03_ddp.ipynb#各ランクはモデル全体を持つ) |
+# | 000-3 | 「各 GPU のパラメータ更新は独立して行われるため整合性が失われる…各パラメータ更新後に勾配同期を行う」 | 誤り | 同期は逆伝播の途中、更新の前に勾配を all-reduce する。だから全ランクが同じ更新をする | [03: 何が、いつ通信されるか](03_ddp.ipynb#何が、いつ通信されるか) |
+# | 000-4 | 「no_sync() は勾配同期を無効にするオプション」 | 誤解を招く | `with` で使うコンテキストマネージャで、同期を次の `with` の外の逆伝播まで先送りする | [04: 正しい使い方](04_no_sync.ipynb#正しい使い方) |
+# | 000-5 | 「各 GPU はパラメータ更新後にすぐ次の更新を開始できる」 | 誤り | `no_sync` の中で `step` するとレプリカがずれ、同期に戻しても戻らない | [04: 誤用 3: no_sync の中で optimizer.step() する](04_no_sync.ipynb#誤用-3:-no_sync-の中で-optimizer.step()-する) |
+# | 000-6 | 「メリット: 訓練速度の向上」 | 誤解を招く | 速くなるのは勾配累積で all-reduce が K 回から 1 回に減るときだけ | [04: 1 ステップの時間: K と no_sync](04_no_sync.ipynb#1-ステップの時間:-K-と-no_sync) |
+# | 000-7 | 「デメリット: 訓練の不安定化、収束が遅くなる可能性」 | 誤り | 正しく使えば K 倍のバッチと数学的に同じで、更新ごとの曲線は重なる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#収束:-記事の「同期あり-vs-no_sync」をやり直す) |
+# | 000-8 | 「使うべき場合 / 使わないべき場合」(速度優先、安定性重視など) | 誤り | 基準は勾配累積をするかどうか | [04: いつ使うか (記事のリストの書き直し)](04_no_sync.ipynb#いつ使うか-(記事のリストの書き直し)) |
+# | 000-9 | 「速度と安定性のトレードオフを調整するオプション」 | 誤り | トレードオフはない。結果は同じで時間だけが変わる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#収束:-記事の「同期あり-vs-no_sync」をやり直す) |
+# | 000-10 | コード `x = x.view(-1)` | 誤り | バッチ全体を 1 本にしてしまう。`x.flatten(1)` | [01: 直し方: サンプルごとに平坦化する](01_models.ipynb#直し方:-サンプルごとに平坦化する) |
+# | 000-11 | コード `DistributedDataParallel(model)` (プロセスグループなし) | 誤り | 先に `init_process_group`。なければ ValueError | [01: DDP はプロセスグループなしでは作れない](01_models.ipynb#DDP-はプロセスグループなしでは作れない) |
+# | 000-12 | コード `ddp_model.no_sync()` (1 行だけ) | 誤り | 何も起きない。`with model.no_sync():` の中で順伝播と逆伝播 | [04: 誤用 1: ddp_model.no_sync() と 1 行書く](04_no_sync.ipynb#誤用-1:-ddp_model.no_sync()-と-1-行書く) |
+# | 000-13 | コード「# 訓練コード」で同期あり/なしを比較 | 誤り | 比較のコードがない。同じ条件で比べると曲線は重なり、no_sync は時間が短い | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#収束:-記事の「同期あり-vs-no_sync」をやり直す) |
+# | 000-14 | コード「モデルを 2 つ (4 つ) の GPU に分散」`MyModel().cuda()` | 誤解を招く | `.cuda()` は 1 台の GPU に置くだけ。DDP は 1 GPU に 1 プロセスを起動する | [03: ランクを起動する](03_ddp.ipynb#ランクを起動する) |
+# | 000-15 | コード `for epoch in range(10):` の次がコメント「# 訓練コード」だけ | 誤り | 本体のない `for` は構文エラー (IndentationError)。2 つ目と 3 つ目のコード例は実行すら始まらない | [08: 記事 000 の本体のない for 文](08_errata.ipynb#記事-000-の本体のない-for-文) |
+# | 000-16 | コード `DistributedDataParallel(model, dim=1)` | 誤解を招く | 1 プロセス 1 デバイスでは DDP は入力を分けないので `dim` は何もしない | [06: 記事の DistributedDataParallel(model, dim=1)](06_speedups.ipynb#記事の-DistributedDataParallel(model,-dim=1)) |
+# | 000-17 | 「データローダーのワーカー数を増やす」 | 正しい | 読み込みが重いときに効く。データは変わらない | [06: DataLoader のワーカー数](06_speedups.ipynb#DataLoader-のワーカー数) |
+# | 000-18 | 「バッチサイズを増やす」 | 誤解を招く | 処理速度は上がるが、収束には学習率の調整とウォームアップが要る | [06: 大きなバッチと学習率](06_speedups.ipynb#大きなバッチと学習率) |
+# | 000-19 | 「データシャッフルを有効にする」(速度向上として) | 誤り | 速さは変わらない。収束のために必要 | [06: シャッフルは速さではなく収束のため](06_speedups.ipynb#シャッフルは速さではなく収束のため) |
+# | 000-20 | 「ピンメモリーを使用する」 | 正しい | GPU で学習するときに限る。固定メモリからの CPU→GPU 転送は速く、`.to(device, non_blocking=True)` と組み合わせると転送と計算が重なる。GPU がなければバッチは固定されず、何も変わらない | [06: pin_memory](06_speedups.ipynb#pin_memory) |
+# | 000-21 | 「軽量なモデル」「精度と速度のバランス」「不要な計算を削減」 | 正しい | パラメータ数と時間、精度を測った。評価は `torch.no_grad()` で | [06: 軽いモデル](06_speedups.ipynb#軽いモデル) |
+# | 000-22 | 「学習率を調整」「オプティマイザーを変更」「スケジューラーを使用」 | 誤解を招く | 1 ステップは速くならない。少ないステップで収束させるためのもの | [06: 学習率、オプティマイザ、スケジューラ](06_speedups.ipynb#学習率、オプティマイザ、スケジューラ) |
+# | 000-23 | 「チェックポイントを活用する」(保存の意味で) | 誤解を招く | 速くはならない。止まっても再開でき、結果は 1 ビットも同じ | [06: チェックポイント (1): 学習状態を保存して再開する](06_speedups.ipynb#チェックポイント-(1):-学習状態を保存して再開する) |
+# | 000-24 | 「チェックポイントを活用する」(活性化チェックポイントの意味で) | 誤解を招く | メモリを減らし、1 ステップは遅くなる | [06: チェックポイント (2): 活性化チェックポイント](06_speedups.ipynb#チェックポイント-(2):-活性化チェックポイント) |
+# | 000-25 | 「より高速な GPU」「TPU などの専用ハードウェア」 | 誤解を招く | 速い GPU は予算の話で、コードは同じ (`nccl`)。TPU は違う: `nccl` は使えず (CUDA 専用)、PyTorch だけではテンソルを置けない。torch_xla が要り、XLA デバイス、専用のデータローダー、ステップごとの同期の呼び出し、`xla` バックエンドとコードを書き換える | [08: TPU には torch_xla が要る](08_errata.ipynb#TPU-には-torch_xla-が要る) |
+# | 000-26 | 「Apex」 | 古い | `torch.autocast` と `torch.amp.GradScaler`。`torch.cuda.amp` も非推奨 | [06: 混合精度 (torch.autocast)](06_speedups.ipynb#混合精度-(torch.autocast)) |
+# | 000-27 | 「Horovod」 | 古い | 最新リリースは 2023 年の 0.28.1。PyTorch では torchrun と DDP | [07: Horovod のいま](07_ecosystem.ipynb#Horovod-のいま) |
+# | 000-28 | 「これらの方法は no_sync() と組み合わせることでさらに速くなる」 | 誤解を招く | `no_sync` は勾配累積のときだけの話。ほかの方法とは独立 | [04: いつ使うか (記事のリストの書き直し)](04_no_sync.ipynb#いつ使うか-(記事のリストの書き直し)) |
+# | 000-29 | 「効果は訓練データ、モデル、目標によって異なる。さまざまな方法を試す必要がある」 | 正しい | 測って決める。このレッスンの数字もこのマシンでの値 | [06: DataLoader のワーカー数](06_speedups.ipynb#DataLoader-のワーカー数) |
 
 # %% [markdown] lang="en"
 # ## Doc 000: no_sync and speed-up tips
 #
-# | # | the document says | verdict | in fact | the cell that shows it |
+# | id | the document says | verdict | in fact | the cell that shows it |
 # |---|---|---|---|---|
-# | 1 | "DDP trains on several GPUs in parallel and can cut training time a lot" | correct | only when computation outweighs communication; a small model is slower on 2 ranks | [03: Time per step with world size 1 and 2](03_ddp.ipynb#Time-per-step-with-world-size-1-and-2) |
-# | 2 | "each GPU holds part of the model's parameters and updates them" | wrong | every DDP rank holds a full replica; holding a part is FSDP / ZeRO-3 | [03: Every rank holds the whole model](03_ddp.ipynb#Every-rank-holds-the-whole-model) |
-# | 3 | (what sentence 2 actually describes) | correct | with FSDP2's `fully_shard` each rank holds 1/N of every parameter | [07: FSDP and ZeRO: holding part of the parameters](07_ecosystem.ipynb#FSDP-and-ZeRO:-holding-part-of-the-parameters) |
-# | 4 | "updates happen independently, so consistency may be lost… gradients are synchronized after each update" | wrong | gradients are all-reduced during backward, before the update, so every rank makes the same update | [03: What is communicated, and when](03_ddp.ipynb#What-is-communicated,-and-when) |
-# | 5 | "no_sync() is an option that disables gradient synchronization" | misleading | a context manager that postpones synchronization to the next backward outside the `with` | [04: Correct use](04_no_sync.ipynb#Correct-use) |
-# | 6 | "each GPU can start the next update right after its update" | wrong | stepping inside `no_sync` makes the replicas drift apart for good | [04: Misuse 3: optimizer.step() inside no_sync](04_no_sync.ipynb#Misuse-3:-optimizer.step()-inside-no_sync) |
-# | 7 | "benefit: faster training" | misleading | faster only with gradient accumulation, where K all-reduces become one | [04: Time per step: K and no_sync](04_no_sync.ipynb#Time-per-step:-K-and-no_sync) |
-# | 8 | "drawbacks: unstable training, possibly slower convergence" | wrong | used correctly it equals the K-times batch; loss per update is the same | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#Convergence:-the-document's-"sync-vs-no_sync",-done-properly) |
-# | 9 | "when to use / not to use it" (speed first, stability first, …) | wrong | the criterion is whether you accumulate gradients | [04: When to use it (the document's lists, rewritten)](04_no_sync.ipynb#When-to-use-it-(the-document's-lists,-rewritten)) |
-# | 10 | "an option that trades speed for stability" | wrong | there is no trade-off: the same result, in less time | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#Convergence:-the-document's-"sync-vs-no_sync",-done-properly) |
-# | 11 | code `x = x.view(-1)` | wrong | flattens the whole batch; use `x.flatten(1)` | [01: The fix: flatten each sample](01_models.ipynb#The-fix:-flatten-each-sample) |
-# | 12 | code `DistributedDataParallel(model)` (no process group) | wrong | `init_process_group` first; otherwise ValueError | [01: DDP cannot be built without a process group](01_models.ipynb#DDP-cannot-be-built-without-a-process-group) |
-# | 13 | code `ddp_model.no_sync()` (on its own line) | wrong | does nothing; forward and backward inside `with model.no_sync():` | [04: Misuse 1: writing ddp_model.no_sync() on its own line](04_no_sync.ipynb#Misuse-1:-writing-ddp_model.no_sync()-on-its-own-line) |
-# | 14 | code "# training code" comparing sync and no_sync | wrong | no code; compared properly the curves coincide and no_sync takes less time | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#Convergence:-the-document's-"sync-vs-no_sync",-done-properly) |
-# | 15 | code "spread the model over 2 (4) GPUs" `MyModel().cuda()` | misleading | `.cuda()` puts it on one GPU; DDP runs one process per GPU | [03: Start the ranks](03_ddp.ipynb#Start-the-ranks) |
-# | 16 | code `DistributedDataParallel(model, dim=1)` | misleading | with one device per process DDP splits no input, so `dim` does nothing | [06: The document's DistributedDataParallel(model, dim=1)](06_speedups.ipynb#The-document's-DistributedDataParallel(model,-dim=1)) |
-# | 17 | "more data-loader workers" | correct | helps when loading is slow; the data does not change | [06: DataLoader workers](06_speedups.ipynb#DataLoader-workers) |
-# | 18 | "increase the batch size" | misleading | more samples per second, but convergence needs the learning rate scaled and warm-up | [06: Large batches and the learning rate](06_speedups.ipynb#Large-batches-and-the-learning-rate) |
-# | 19 | "enable data shuffling" (as a speed-up) | wrong | no faster; it is needed for convergence | [06: Shuffling is for convergence, not speed](06_speedups.ipynb#Shuffling-is-for-convergence,-not-speed) |
-# | 20 | "use pinned memory" | misleading | helps only CPU→GPU copies; without a GPU it does nothing | [06: pin_memory](06_speedups.ipynb#pin_memory) |
-# | 21 | "lighter model", "balance accuracy and speed", "remove unneeded computation" | correct | measured parameters, time and accuracy; evaluate under `torch.no_grad()` | [06: A lighter model](06_speedups.ipynb#A-lighter-model) |
-# | 22 | "tune the learning rate", "change the optimizer", "use a scheduler" | misleading | a step is no faster; they converge in fewer steps | [06: Learning rate, optimizer and scheduler](06_speedups.ipynb#Learning-rate,-optimizer-and-scheduler) |
-# | 23 | "use checkpoints" (saving state) | misleading | no faster; it lets you resume, bit-identically | [06: Checkpoints (1): save and resume the training state](06_speedups.ipynb#Checkpoints-(1):-save-and-resume-the-training-state) |
-# | 24 | "use checkpoints" (activation checkpointing) | misleading | saves memory and makes a step slower | [06: Checkpoints (2): activation checkpointing](06_speedups.ipynb#Checkpoints-(2):-activation-checkpointing) |
-# | 25 | "a faster GPU", "a TPU" | correct | a matter of budget; the same code runs on nccl | [06: Hardware](06_speedups.ipynb#Hardware) |
-# | 26 | "Apex" | outdated | `torch.autocast` and `torch.amp.GradScaler`; `torch.cuda.amp` is deprecated too | [06: Mixed precision (torch.autocast)](06_speedups.ipynb#Mixed-precision-(torch.autocast)) |
-# | 27 | "Horovod" | outdated | latest release 0.28.1 (2023); with PyTorch use torchrun and DDP | [07: Horovod today](07_ecosystem.ipynb#Horovod-today) |
-# | 28 | "the effect depends on data, model and goal; try several methods" | correct | measure and decide; this lesson's numbers are this machine's | [06: DataLoader workers](06_speedups.ipynb#DataLoader-workers) |
-# | 29 | "combined with no_sync() these methods speed training up further" | misleading | `no_sync` matters only with gradient accumulation, independently of the rest | [04: When to use it (the document's lists, rewritten)](04_no_sync.ipynb#When-to-use-it-(the-document's-lists,-rewritten)) |
+# | 000-1 | "DDP trains on several GPUs in parallel and can cut the training time of large data sets and complex models a lot" | misleading | whether it is faster depends on a step's computation against the gradient it all-reduces (as many bytes as the parameters); a larger data set means more steps, not a better ratio; a small model is slower on 2 ranks | [03: Time per step with world size 1 and 2](03_ddp.ipynb#Time-per-step-with-world-size-1-and-2) |
+# | 000-2 | "each GPU holds part of the model's parameters and updates them" | wrong | every DDP rank holds a full replica; holding a part is FSDP / ZeRO-3 | [03: Every rank holds the whole model](03_ddp.ipynb#Every-rank-holds-the-whole-model) |
+# | 000-3 | "updates happen independently, so consistency may be lost… gradients are synchronized after each update" | wrong | gradients are all-reduced during backward, before the update, so every rank makes the same update | [03: What is communicated, and when](03_ddp.ipynb#What-is-communicated,-and-when) |
+# | 000-4 | "no_sync() is an option that disables gradient synchronization" | misleading | a context manager that postpones synchronization to the next backward outside the `with` | [04: Correct use](04_no_sync.ipynb#Correct-use) |
+# | 000-5 | "each GPU can start the next update right after its update" | wrong | stepping inside `no_sync` makes the replicas drift apart for good | [04: Misuse 3: optimizer.step() inside no_sync](04_no_sync.ipynb#Misuse-3:-optimizer.step()-inside-no_sync) |
+# | 000-6 | "benefit: faster training" | misleading | faster only with gradient accumulation, where K all-reduces become one | [04: Time per step: K and no_sync](04_no_sync.ipynb#Time-per-step:-K-and-no_sync) |
+# | 000-7 | "drawbacks: unstable training, possibly slower convergence" | wrong | used correctly it equals the K-times batch; loss per update is the same | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#Convergence:-the-document's-"sync-vs-no_sync",-done-properly) |
+# | 000-8 | "when to use / not to use it" (speed first, stability first, …) | wrong | the criterion is whether you accumulate gradients | [04: When to use it (the document's lists, rewritten)](04_no_sync.ipynb#When-to-use-it-(the-document's-lists,-rewritten)) |
+# | 000-9 | "an option that trades speed for stability" | wrong | there is no trade-off: the same result, in less time | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#Convergence:-the-document's-"sync-vs-no_sync",-done-properly) |
+# | 000-10 | code `x = x.view(-1)` | wrong | flattens the whole batch; use `x.flatten(1)` | [01: The fix: flatten each sample](01_models.ipynb#The-fix:-flatten-each-sample) |
+# | 000-11 | code `DistributedDataParallel(model)` (no process group) | wrong | `init_process_group` first; otherwise ValueError | [01: DDP cannot be built without a process group](01_models.ipynb#DDP-cannot-be-built-without-a-process-group) |
+# | 000-12 | code `ddp_model.no_sync()` (on its own line) | wrong | does nothing; forward and backward inside `with model.no_sync():` | [04: Misuse 1: writing ddp_model.no_sync() on its own line](04_no_sync.ipynb#Misuse-1:-writing-ddp_model.no_sync()-on-its-own-line) |
+# | 000-13 | code "# training code" comparing sync and no_sync | wrong | no code; compared properly the curves coincide and no_sync takes less time | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#Convergence:-the-document's-"sync-vs-no_sync",-done-properly) |
+# | 000-14 | code "spread the model over 2 (4) GPUs" `MyModel().cuda()` | misleading | `.cuda()` puts it on one GPU; DDP runs one process per GPU | [03: Start the ranks](03_ddp.ipynb#Start-the-ranks) |
+# | 000-15 | code `for epoch in range(10):` followed only by the comment "# training code" | wrong | a `for` without a body is a syntax error (IndentationError): the second and third examples do not even start | [08: Doc 000's for loops without a body](08_errata.ipynb#Doc-000's-for-loops-without-a-body) |
+# | 000-16 | code `DistributedDataParallel(model, dim=1)` | misleading | with one device per process DDP splits no input, so `dim` does nothing | [06: The document's DistributedDataParallel(model, dim=1)](06_speedups.ipynb#The-document's-DistributedDataParallel(model,-dim=1)) |
+# | 000-17 | "more data-loader workers" | correct | helps when loading is slow; the data does not change | [06: DataLoader workers](06_speedups.ipynb#DataLoader-workers) |
+# | 000-18 | "increase the batch size" | misleading | more samples per second, but convergence needs the learning rate scaled and warm-up | [06: Large batches and the learning rate](06_speedups.ipynb#Large-batches-and-the-learning-rate) |
+# | 000-19 | "enable data shuffling" (as a speed-up) | wrong | no faster; it is needed for convergence | [06: Shuffling is for convergence, not speed](06_speedups.ipynb#Shuffling-is-for-convergence,-not-speed) |
+# | 000-20 | "use pinned memory" | correct | when training on a GPU: CPU→GPU copies from pinned memory are faster, and with `.to(device, non_blocking=True)` they overlap with computation; without a GPU no batch is pinned and nothing changes | [06: pin_memory](06_speedups.ipynb#pin_memory) |
+# | 000-21 | "lighter model", "balance accuracy and speed", "remove unneeded computation" | correct | measured parameters, time and accuracy; evaluate under `torch.no_grad()` | [06: A lighter model](06_speedups.ipynb#A-lighter-model) |
+# | 000-22 | "tune the learning rate", "change the optimizer", "use a scheduler" | misleading | a step is no faster; they converge in fewer steps | [06: Learning rate, optimizer and scheduler](06_speedups.ipynb#Learning-rate,-optimizer-and-scheduler) |
+# | 000-23 | "use checkpoints" (saving state) | misleading | no faster; it lets you resume, bit-identically | [06: Checkpoints (1): save and resume the training state](06_speedups.ipynb#Checkpoints-(1):-save-and-resume-the-training-state) |
+# | 000-24 | "use checkpoints" (activation checkpointing) | misleading | saves memory and makes a step slower | [06: Checkpoints (2): activation checkpointing](06_speedups.ipynb#Checkpoints-(2):-activation-checkpointing) |
+# | 000-25 | "a faster GPU", "special hardware such as TPUs" | misleading | a faster GPU is a matter of budget, with the same code (`nccl`); a TPU is not: `nccl` does not work there (CUDA only) and PyTorch alone cannot put a tensor on it; it takes torch_xla and a code change: XLA devices, its data loaders, a sync call every step, the `xla` backend | [08: A TPU needs torch_xla](08_errata.ipynb#A-TPU-needs-torch_xla) |
+# | 000-26 | "Apex" | outdated | `torch.autocast` and `torch.amp.GradScaler`; `torch.cuda.amp` is deprecated too | [06: Mixed precision (torch.autocast)](06_speedups.ipynb#Mixed-precision-(torch.autocast)) |
+# | 000-27 | "Horovod" | outdated | latest release 0.28.1 (2023); with PyTorch use torchrun and DDP | [07: Horovod today](07_ecosystem.ipynb#Horovod-today) |
+# | 000-28 | "combined with no_sync() these methods speed training up further" | misleading | `no_sync` matters only with gradient accumulation, independently of the rest | [04: When to use it (the document's lists, rewritten)](04_no_sync.ipynb#When-to-use-it-(the-document's-lists,-rewritten)) |
+# | 000-29 | "the effect depends on data, model and goal; try several methods" | correct | measure and decide; this lesson's numbers are this machine's | [06: DataLoader workers](06_speedups.ipynb#DataLoader-workers) |
 
 # %% [markdown] lang="ja"
 # ## 記事 004: data_parallel、Horovod、フレームワーク
 #
-# | # | 記事の記述 | 判定 | 正しくは | 確かめるセル |
+# | id | 記事の記述 | 判定 | 正しくは | 確かめるセル |
 # |---|---|---|---|---|
-# | 1 | 「データ並列処理とは、異なるデータサンプルを複数の GPU に分散させて処理し、訓練と推論を高速化する手法」 | 正しい | 分けるのはデータで、モデルは各デバイスに複製する | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#2.-replicate:-モデルを複製する) |
-# | 2 | 「data_parallel() はモデルと入力を複数の GPU に分散させ、結果を集約する」 | 正しい | `scatter`、`replicate`、`parallel_apply`、`gather` の 4 段階 | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#2.-replicate:-モデルを複製する) |
-# | 3 | 「メリット: 訓練と推論の速度を大幅に向上」 | 誤解を招く | スレッドと毎回の複製のため DDP より遅い。CPU では何もしない | [02: スレッドの DataParallel とプロセスの DDP](02_data_parallel.ipynb#スレッドの-DataParallel-とプロセスの-DDP) |
-# | 4 | 「コードの変更を最小限に抑えながら」 | 正しい | 包むだけで使える。ただし推奨は DDP | [02: PyTorch が DDP を勧める理由](02_data_parallel.ipynb#PyTorch-が-DDP-を勧める理由) |
-# | 5 | 「使い方」: DataParallel で包み、入力を分け、data_parallel に渡す | 誤り | クラスか関数のどちらか一方に、バッチ全体を渡す | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#記事-004-の使い方を直す) |
-# | 6 | 最初のコード例: `forward` のない `MyModel` と `torch.randn(100, 1024)` | 誤り | `forward` がないので呼ぶと NotImplementedError | [08: 記事 004 の最初のコード例](08_errata.ipynb#記事-004-の最初のコード例) |
-# | 7 | 「モデルのすべての層が GPU で実行できる必要」 | 正しい | レプリカは各 GPU で丸ごと動く | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#2.-replicate:-モデルを複製する) |
-# | 8 | 「モデルのパラメータはすべての GPU に同期されている必要」 | 誤り | 呼び出しのたびに複製し直すので、利用者がそろえる必要はない | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#記事-004-の使い方を直す) |
-# | 9 | 「データバッチサイズは GPU のメモリ容量に収まる必要」 | 誤解を招く | 各 GPU には分けた一部が載る。出力はデバイス 0 に集まる | [02: 4. gather: 出力を集める](02_data_parallel.ipynb#4.-gather:-出力を集める) |
-# | 10 | 「replicate や scatter_gather は異なる並列処理パターンに対応」 | 誤り | `data_parallel` 自身の部品。`scatter_gather` はモジュール | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#記事-004-の使い方を直す) |
-# | 11 | 「PyTorch Lightning などで、さらに簡単に」 | 正しい | 中で DDP と `no_sync` を使う | [07: PyTorch Lightning と Hugging Face Accelerate](07_ecosystem.ipynb#PyTorch-Lightning-と-Hugging-Face-Accelerate) |
-# | 12 | 「data_parallel() は強力なツール」(まとめ) | 古い | 1 台のマシンでも DDP を使う (PyTorch の推奨) | [02: PyTorch が DDP を勧める理由](02_data_parallel.ipynb#PyTorch-が-DDP-を勧める理由) |
-# | 13 | コード `x.view(-1)` (MLP) | 誤り | バッチ 100 でエラー、バッチ 1 では形が黙って壊れる | [01: バッチが 1 のときは黙って間違える](01_models.ipynb#バッチが-1-のときは黙って間違える) |
-# | 14 | コード `nn.DataParallel(MyModel())` (GPU なし) | 誤解を招く | CPU では `device_ids` が空で、モデルを 1 回呼ぶだけ | [02: CPU では nn.DataParallel は何もしない](02_data_parallel.ipynb#CPU-では-nn.DataParallel-は何もしない) |
-# | 15 | コード `.cuda()` | 誤解を招く | GPU がなければ止まる。`device` を選ぶ | [01: 記事 004 の「カスタム損失関数」の例](01_models.ipynb#記事-004-の「カスタム損失関数」の例) |
-# | 16 | コード `MyLoss` (平均二乗誤差) | 正しい | `nn.MSELoss()` と同じ値 | [01: 記事 004 の「カスタム損失関数」の例](01_models.ipynb#記事-004-の「カスタム損失関数」の例) |
-# | 17 | コード `optimizer.step()` (`optimizer` が未定義) | 誤り | NameError。オプティマイザを作る | [01: 記事 004 の「カスタム損失関数」の例](01_models.ipynb#記事-004-の「カスタム損失関数」の例) |
-# | 18 | コード `loss.backward` (括弧なし) | 誤り | 呼ばれず勾配は None。`loss.backward()` | [01: loss.backward と loss.backward() は違う](01_models.ipynb#loss.backward-と-loss.backward()-は違う) |
-# | 19 | コード (学習ループ) `zero_grad` なし | 誤り | 勾配がステップごとに積み重なる | [01: zero_grad() を忘れると勾配がたまる](01_models.ipynb#zero_grad()-を忘れると勾配がたまる) |
-# | 20 | コード `MyDataset` (独立な乱数) | 誤解を招く | 学ぶものがない。収束を見るなら学習できる課題で | [01: 記事のデータには学ぶものがない](01_models.ipynb#記事のデータには学ぶものがない) |
-# | 21 | 「手動で並列処理: 1. モデルを複数の GPU に分割」 | 誤り | データ並列はデータを分けてモデルを複製する。モデルを分けるのはモデル並列 | [07: 手動の並列化](07_ecosystem.ipynb#手動の並列化) |
-# | 22 | 「Horovod は MPI を使用して通信…使いやすく、スケーラブル」 | 古い | 2023 年から新しいリリースがなく、新しい PyTorch に対してビルドできないと報告されている | [07: Horovod のいま](07_ecosystem.ipynb#Horovod-のいま) |
-# | 23 | 「モデルを Horovod でラップします」 | 誤り | 包むのはオプティマイザ (`hvd.DistributedOptimizer`) | [07: Horovod のいま](07_ecosystem.ipynb#Horovod-のいま) |
-# | 24 | 「PyTorch Lightning や TensorFlow Lattice などの分散訓練用フレームワーク」 | 誤り | TensorFlow Lattice は形状制約つきの格子モデルのライブラリ | [07: TensorFlow Lattice は分散学習のフレームワークではない](07_ecosystem.ipynb#TensorFlow-Lattice-は分散学習のフレームワークではない) |
-# | 25 | 「コードを変更することなく、複数の GPU 上で訓練」 | 誤解を招く | 少ない変更で (LightningModule、`accelerator.prepare`) | [07: PyTorch Lightning と Hugging Face Accelerate](07_ecosystem.ipynb#PyTorch-Lightning-と-Hugging-Face-Accelerate) |
-# | 26 | (書かれていない) 複数のマシンへ広げるには | 正しい | 各ノードで torchrun、c10d ランデブー。SLURM の例あり | [07: 2 台のマシンを模擬する](07_ecosystem.ipynb#2-台のマシンを模擬する) |
+# | 004-1 | 「データ並列処理とは、異なるデータサンプルを複数の GPU に分散させて処理し、訓練と推論を高速化する手法」 | 正しい | 分けるのはデータで、モデルは各デバイスに複製する | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#2.-replicate:-モデルを複製する) |
+# | 004-2 | 「data_parallel() はモデルと入力を複数の GPU に分散させ、結果を集約する」 | 正しい | `scatter`、`replicate`、`parallel_apply`、`gather` の 4 段階 | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#2.-replicate:-モデルを複製する) |
+# | 004-3 | 「メリット: 訓練と推論の速度を大幅に向上」 | 誤解を招く | 複数の GPU で速くなることはあるが、呼び出しのたびにモデルを複製し、レプリカを 1 プロセスのスレッドで動かす。PyTorch は 1 台のマシンでも DDP を勧める。CPU では何もしない | [02: スレッドの DataParallel とプロセスの DDP](02_data_parallel.ipynb#スレッドの-DataParallel-とプロセスの-DDP) |
+# | 004-4 | 「特に、大規模なデータセットや複雑なモデルを扱う場合に有効」 | 誤解を招く | 決めるのは 1 ステップの計算と通信の比。データセットの大きさはステップ数を変えるだけ。大きなモデルは計算も増えるが、呼び出しごとの複製と勾配の集約も増える | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#world-size-1-と-2-の-1-ステップの時間) |
+# | 004-5 | 「コードの変更を最小限に抑えながら」 | 正しい | 包むだけで使える。ただし推奨は DDP | [02: PyTorch が DDP を勧める理由](02_data_parallel.ipynb#PyTorch-が-DDP-を勧める理由) |
+# | 004-6 | 「使い方」: DataParallel で包み、入力を分け、data_parallel に渡す | 誤り | クラスか関数のどちらか一方に、バッチ全体を渡す | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#記事-004-の使い方を直す) |
+# | 004-7 | 最初のコード例: `forward` のない `MyModel` と `torch.randn(100, 1024)` | 誤り | `forward` がないので呼ぶと NotImplementedError | [08: 記事 004 の最初のコード例](08_errata.ipynb#記事-004-の最初のコード例) |
+# | 004-8 | コード `nn.DataParallel(MyModel())` (3 つの例。モデルは CPU のまま、入力だけ `.cuda()`) | 誤り | GPU が 2 台以上あると、呼んだ時点で RuntimeError「module must have its parameters and buffers on device cuda:0」。1 台なら DataParallel が自分でモデルを移す。`nn.DataParallel(MyModel().cuda())` と書く | [08: GPU のあるマシンでの記事 004 の DataParallel](08_errata.ipynb#GPU-のあるマシンでの記事-004-の-DataParallel) |
+# | 004-9 | コメント「入力データを GPU に分散」「データを GPU に分散」と `.cuda()` | 誤解を招く | `.cuda()` はバッチ全体を 1 台の GPU (いまのデバイス、ふつうは cuda:0) に置くだけ。GPU ごとに分けるのは DataParallel の `forward` の中の `scatter` | [08: GPU のあるマシンでの記事 004 の DataParallel](08_errata.ipynb#GPU-のあるマシンでの記事-004-の-DataParallel) |
+# | 004-10 | 「モデルのすべての層が GPU で実行できる必要」 | 正しい | レプリカは各 GPU で丸ごと動く | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#2.-replicate:-モデルを複製する) |
+# | 004-11 | 「モデルのパラメータはすべての GPU に同期されている必要」 | 誤り | 呼び出しのたびに複製し直すので、利用者がそろえる必要はない。必要なのはモデルを `device_ids[0]` に置くこと (004-8) | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#記事-004-の使い方を直す) |
+# | 004-12 | 「データバッチサイズは GPU のメモリ容量に収まる必要」 | 誤解を招く | 各 GPU には分けた一部が載る。出力はデバイス 0 に集まる | [02: 4. gather: 出力を集める](02_data_parallel.ipynb#4.-gather:-出力を集める) |
+# | 004-13 | 「replicate や scatter_gather は異なる並列処理パターンに対応」 | 誤り | `data_parallel` 自身の部品。`scatter_gather` はモジュール | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#記事-004-の使い方を直す) |
+# | 004-14 | 「PyTorch Lightning などで、さらに簡単に」 | 正しい | 中で DDP と `no_sync` を使う。確かめるセルは Lightning を入れたときだけ動き、標準の環境では飛ばす | [07: PyTorch Lightning と Hugging Face Accelerate](07_ecosystem.ipynb#PyTorch-Lightning-と-Hugging-Face-Accelerate) |
+# | 004-15 | 「data_parallel() は強力なツール」(まとめ) | 古い | 1 台のマシンでも DDP を使う (PyTorch の推奨) | [02: PyTorch が DDP を勧める理由](02_data_parallel.ipynb#PyTorch-が-DDP-を勧める理由) |
+# | 004-16 | コード `x.view(-1)` (MLP) | 誤り | バッチ 100 でエラー、バッチ 1 では形が黙って壊れる | [01: バッチが 1 のときは黙って間違える](01_models.ipynb#バッチが-1-のときは黙って間違える) |
+# | 004-17 | コード `nn.DataParallel(MyModel())` (GPU なし) | 誤解を招く | CPU では `device_ids` が空で、モデルを 1 回呼ぶだけ | [02: CPU では nn.DataParallel は何もしない](02_data_parallel.ipynb#CPU-では-nn.DataParallel-は何もしない) |
+# | 004-18 | コード `.cuda()` | 誤解を招く | GPU がなければ止まる。`device` を選ぶ | [01: 記事 004 の「カスタム損失関数」の例](01_models.ipynb#記事-004-の「カスタム損失関数」の例) |
+# | 004-19 | コード `MyLoss` (平均二乗誤差) | 正しい | `nn.MSELoss()` と同じ値 | [01: 記事 004 の「カスタム損失関数」の例](01_models.ipynb#記事-004-の「カスタム損失関数」の例) |
+# | 004-20 | コード `optimizer.step()` (`optimizer` が未定義) | 誤り | NameError。オプティマイザを作る | [01: 記事 004 の「カスタム損失関数」の例](01_models.ipynb#記事-004-の「カスタム損失関数」の例) |
+# | 004-21 | コード `loss.backward` (括弧なし) | 誤り | 呼ばれず勾配は None。`loss.backward()` | [01: loss.backward と loss.backward() は違う](01_models.ipynb#loss.backward-と-loss.backward()-は違う) |
+# | 004-22 | コード (学習ループ) `zero_grad` なし | 誤り | 勾配がステップごとに積み重なる | [01: zero_grad() を忘れると勾配がたまる](01_models.ipynb#zero_grad()-を忘れると勾配がたまる) |
+# | 004-23 | コード (学習ループ) `optimizer.step()` なし | 誤り | オプティマイザを作っても呼ばないので、パラメータは 1 つも変わらない。10 エポック回しても学習しない | [01: 記事 004 の学習ループを書かれたとおりに](01_models.ipynb#記事-004-の学習ループを書かれたとおりに) |
+# | 004-24 | コード `MyDataset` (独立な乱数) | 誤解を招く | 学ぶものがない。収束を見るなら学習できる課題で | [01: 記事のデータには学ぶものがない](01_models.ipynb#記事のデータには学ぶものがない) |
+# | 004-25 | 「手動で並列処理: 1. モデルを複数の GPU に分割」 | 誤り | データ並列はデータを分けてモデルを複製する。モデルを分けるのはモデル並列 | [07: 手動の並列化](07_ecosystem.ipynb#手動の並列化) |
+# | 004-26 | 「Horovod は MPI を使用して通信」 | 誤解を招く | プロセス間の調整 (コントローラ) は Gloo か MPI のどちらか。GPU のテンソルの all-reduce はふつう NCCL で行う | [07: Horovod のいま](07_ecosystem.ipynb#Horovod-のいま) |
+# | 004-27 | 「Horovod は使いやすく、スケーラブルな分散訓練ソリューション」 | 古い | 2023 年から新しいリリースがなく、新しい PyTorch に対してビルドできないと報告されている | [07: Horovod のいま](07_ecosystem.ipynb#Horovod-のいま) |
+# | 004-28 | 「モデルを Horovod でラップします」 | 誤り | 包むのはオプティマイザ (`hvd.DistributedOptimizer`) | [07: Horovod のいま](07_ecosystem.ipynb#Horovod-のいま) |
+# | 004-29 | 「PyTorch Lightning や TensorFlow Lattice などの分散訓練用フレームワーク」 | 誤り | TensorFlow Lattice は形状制約つきの格子モデルのライブラリ | [07: TensorFlow Lattice は分散学習のフレームワークではない](07_ecosystem.ipynb#TensorFlow-Lattice-は分散学習のフレームワークではない) |
+# | 004-30 | 「コードを変更することなく、複数の GPU 上で訓練」 | 誤解を招く | 少ない変更で (LightningModule、`accelerator.prepare`) | [07: PyTorch Lightning と Hugging Face Accelerate](07_ecosystem.ipynb#PyTorch-Lightning-と-Hugging-Face-Accelerate) |
 
 # %% [markdown] lang="en"
 # ## Doc 004: data_parallel, Horovod, frameworks
 #
-# | # | the document says | verdict | in fact | the cell that shows it |
+# | id | the document says | verdict | in fact | the cell that shows it |
 # |---|---|---|---|---|
-# | 1 | "data parallelism processes different samples on several GPUs to speed up training and inference" | correct | the data is split, the model is copied to every device | [02: 2. replicate: copy the model](02_data_parallel.ipynb#2.-replicate:-copy-the-model) |
-# | 2 | "data_parallel() spreads model and input over GPUs and gathers the result" | correct | the four steps `scatter`, `replicate`, `parallel_apply`, `gather` | [02: 2. replicate: copy the model](02_data_parallel.ipynb#2.-replicate:-copy-the-model) |
-# | 3 | "benefit: much faster training and inference" | misleading | slower than DDP (threads, a copy at every call); on a CPU it does nothing | [02: Thread-based DataParallel against process-based DDP](02_data_parallel.ipynb#Thread-based-DataParallel-against-process-based-DDP) |
-# | 4 | "with minimal code changes" | correct | just wrap the model; but PyTorch recommends DDP | [02: Why PyTorch recommends DDP](02_data_parallel.ipynb#Why-PyTorch-recommends-DDP) |
-# | 5 | "how to use": wrap in DataParallel, split the input, pass to data_parallel | wrong | use the class or the function, with the whole batch | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#Fixing-doc-004's-recipe) |
-# | 6 | first code example: `MyModel` without `forward`, `torch.randn(100, 1024)` | wrong | no `forward`, so calling it raises NotImplementedError | [08: Doc 004's first code example](08_errata.ipynb#Doc-004's-first-code-example) |
-# | 7 | "every layer must run on the GPU" | correct | each replica runs whole on its GPU | [02: 2. replicate: copy the model](02_data_parallel.ipynb#2.-replicate:-copy-the-model) |
-# | 8 | "parameters must be synchronized on all GPUs" | wrong | replicas are rebuilt at every call; nothing for the user to do | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#Fixing-doc-004's-recipe) |
-# | 9 | "the batch must fit in GPU memory" | misleading | each GPU holds its chunk; outputs are gathered on device 0 | [02: 4. gather: collect the outputs](02_data_parallel.ipynb#4.-gather:-collect-the-outputs) |
-# | 10 | "replicate and scatter_gather serve different patterns" | wrong | they are the parts of `data_parallel`; `scatter_gather` is a module | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#Fixing-doc-004's-recipe) |
-# | 11 | "PyTorch Lightning makes it even easier" | correct | it uses DDP and `no_sync` underneath | [07: PyTorch Lightning and Hugging Face Accelerate](07_ecosystem.ipynb#PyTorch-Lightning-and-Hugging-Face-Accelerate) |
-# | 12 | "data_parallel() is a powerful tool" (summary) | outdated | use DDP, even on one machine (PyTorch's advice) | [02: Why PyTorch recommends DDP](02_data_parallel.ipynb#Why-PyTorch-recommends-DDP) |
-# | 13 | code `x.view(-1)` (MLP) | wrong | fails with a batch of 100, silently wrong with a batch of 1 | [01: With a batch of one it is silently wrong](01_models.ipynb#With-a-batch-of-one-it-is-silently-wrong) |
-# | 14 | code `nn.DataParallel(MyModel())` (no GPU) | misleading | on a CPU `device_ids` is empty: one plain call | [02: On a CPU, nn.DataParallel does nothing](02_data_parallel.ipynb#On-a-CPU,-nn.DataParallel-does-nothing) |
-# | 15 | code `.cuda()` | misleading | stops without a GPU; choose a `device` | [01: Doc 004's "custom loss" example](01_models.ipynb#Doc-004's-"custom-loss"-example) |
-# | 16 | code `MyLoss` (mean squared error) | correct | the same value as `nn.MSELoss()` | [01: Doc 004's "custom loss" example](01_models.ipynb#Doc-004's-"custom-loss"-example) |
-# | 17 | code `optimizer.step()` (`optimizer` undefined) | wrong | NameError; create the optimizer | [01: Doc 004's "custom loss" example](01_models.ipynb#Doc-004's-"custom-loss"-example) |
-# | 18 | code `loss.backward` (no parentheses) | wrong | never called, gradients stay None; `loss.backward()` | [01: loss.backward is not loss.backward()](01_models.ipynb#loss.backward-is-not-loss.backward()) |
-# | 19 | code (training loop) without `zero_grad` | wrong | gradients pile up step after step | [01: Without zero_grad() gradients pile up](01_models.ipynb#Without-zero_grad()-gradients-pile-up) |
-# | 20 | code `MyDataset` (independent random numbers) | misleading | nothing to learn; watch convergence on a learnable task | [01: The document's data has nothing to learn](01_models.ipynb#The-document's-data-has-nothing-to-learn) |
-# | 21 | "by hand: 1. split the model across GPUs" | wrong | data parallelism splits data and copies the model; splitting the model is model parallelism | [07: Parallelism by hand](07_ecosystem.ipynb#Parallelism-by-hand) |
-# | 22 | "Horovod communicates with MPI… easy to use and scalable" | outdated | no release since 2023, reported not to build against recent PyTorch | [07: Horovod today](07_ecosystem.ipynb#Horovod-today) |
-# | 23 | "wrap the model with Horovod" | wrong | you wrap the optimizer (`hvd.DistributedOptimizer`) | [07: Horovod today](07_ecosystem.ipynb#Horovod-today) |
-# | 24 | "distributed-training frameworks such as PyTorch Lightning and TensorFlow Lattice" | wrong | TensorFlow Lattice is a library of shape-constrained lattice models | [07: TensorFlow Lattice is not a distributed-training framework](07_ecosystem.ipynb#TensorFlow-Lattice-is-not-a-distributed-training-framework) |
-# | 25 | "train on several GPUs without changing the code" | misleading | with few changes (a LightningModule, `accelerator.prepare`) | [07: PyTorch Lightning and Hugging Face Accelerate](07_ecosystem.ipynb#PyTorch-Lightning-and-Hugging-Face-Accelerate) |
-# | 26 | (not said) how to go beyond one machine | correct | one torchrun per node with c10d rendezvous; a SLURM example | [07: Two machines, simulated](07_ecosystem.ipynb#Two-machines,-simulated) |
+# | 004-1 | "data parallelism processes different samples on several GPUs to speed up training and inference" | correct | the data is split, the model is copied to every device | [02: 2. replicate: copy the model](02_data_parallel.ipynb#2.-replicate:-copy-the-model) |
+# | 004-2 | "data_parallel() spreads model and input over GPUs and gathers the result" | correct | the four steps `scatter`, `replicate`, `parallel_apply`, `gather` | [02: 2. replicate: copy the model](02_data_parallel.ipynb#2.-replicate:-copy-the-model) |
+# | 004-3 | "benefit: much faster training and inference" | misleading | it can be faster on several GPUs, but every call copies the model and runs the replicas as threads of one process; PyTorch recommends DDP even on one machine; on a CPU it does nothing | [02: Thread-based DataParallel against process-based DDP](02_data_parallel.ipynb#Thread-based-DataParallel-against-process-based-DDP) |
+# | 004-4 | "especially effective for large data sets and complex models" | misleading | a step's computation against its communication decides; a larger data set only means more steps; a larger model computes more, but also copies and reduces more at every call | [03: Time per step with world size 1 and 2](03_ddp.ipynb#Time-per-step-with-world-size-1-and-2) |
+# | 004-5 | "with minimal code changes" | correct | just wrap the model; but PyTorch recommends DDP | [02: Why PyTorch recommends DDP](02_data_parallel.ipynb#Why-PyTorch-recommends-DDP) |
+# | 004-6 | "how to use": wrap in DataParallel, split the input, pass to data_parallel | wrong | use the class or the function, with the whole batch | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#Fixing-doc-004's-recipe) |
+# | 004-7 | first code example: `MyModel` without `forward`, `torch.randn(100, 1024)` | wrong | no `forward`, so calling it raises NotImplementedError | [08: Doc 004's first code example](08_errata.ipynb#Doc-004's-first-code-example) |
+# | 004-8 | code `nn.DataParallel(MyModel())` (three examples: the model stays on the CPU, only the input is `.cuda()`) | wrong | with two or more GPUs the call raises RuntimeError "module must have its parameters and buffers on device cuda:0"; with one GPU DataParallel moves the model itself; write `nn.DataParallel(MyModel().cuda())` | [08: Doc 004's DataParallel on a machine with GPUs](08_errata.ipynb#Doc-004's-DataParallel-on-a-machine-with-GPUs) |
+# | 004-9 | comments "spread the input over the GPUs", "spread the data over the GPUs" on `.cuda()` | misleading | `.cuda()` puts the whole batch on one GPU (the current device, usually cuda:0); `scatter`, inside DataParallel's `forward`, splits it among the GPUs | [08: Doc 004's DataParallel on a machine with GPUs](08_errata.ipynb#Doc-004's-DataParallel-on-a-machine-with-GPUs) |
+# | 004-10 | "every layer must run on the GPU" | correct | each replica runs whole on its GPU | [02: 2. replicate: copy the model](02_data_parallel.ipynb#2.-replicate:-copy-the-model) |
+# | 004-11 | "parameters must be synchronized on all GPUs" | wrong | replicas are rebuilt at every call: nothing for the user to do; what is needed is the model on `device_ids[0]` (004-8) | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#Fixing-doc-004's-recipe) |
+# | 004-12 | "the batch must fit in GPU memory" | misleading | each GPU holds its chunk; outputs are gathered on device 0 | [02: 4. gather: collect the outputs](02_data_parallel.ipynb#4.-gather:-collect-the-outputs) |
+# | 004-13 | "replicate and scatter_gather serve different patterns" | wrong | they are the parts of `data_parallel`; `scatter_gather` is a module | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#Fixing-doc-004's-recipe) |
+# | 004-14 | "PyTorch Lightning makes it even easier" | correct | it uses DDP and `no_sync` underneath; the cell that checks it runs only where Lightning is installed and is skipped in the default environment | [07: PyTorch Lightning and Hugging Face Accelerate](07_ecosystem.ipynb#PyTorch-Lightning-and-Hugging-Face-Accelerate) |
+# | 004-15 | "data_parallel() is a powerful tool" (summary) | outdated | use DDP, even on one machine (PyTorch's advice) | [02: Why PyTorch recommends DDP](02_data_parallel.ipynb#Why-PyTorch-recommends-DDP) |
+# | 004-16 | code `x.view(-1)` (MLP) | wrong | fails with a batch of 100, silently wrong with a batch of 1 | [01: With a batch of one it is silently wrong](01_models.ipynb#With-a-batch-of-one-it-is-silently-wrong) |
+# | 004-17 | code `nn.DataParallel(MyModel())` (no GPU) | misleading | on a CPU `device_ids` is empty: one plain call | [02: On a CPU, nn.DataParallel does nothing](02_data_parallel.ipynb#On-a-CPU,-nn.DataParallel-does-nothing) |
+# | 004-18 | code `.cuda()` | misleading | stops without a GPU; choose a `device` | [01: Doc 004's "custom loss" example](01_models.ipynb#Doc-004's-"custom-loss"-example) |
+# | 004-19 | code `MyLoss` (mean squared error) | correct | the same value as `nn.MSELoss()` | [01: Doc 004's "custom loss" example](01_models.ipynb#Doc-004's-"custom-loss"-example) |
+# | 004-20 | code `optimizer.step()` (`optimizer` undefined) | wrong | NameError; create the optimizer | [01: Doc 004's "custom loss" example](01_models.ipynb#Doc-004's-"custom-loss"-example) |
+# | 004-21 | code `loss.backward` (no parentheses) | wrong | never called, gradients stay None; `loss.backward()` | [01: loss.backward is not loss.backward()](01_models.ipynb#loss.backward-is-not-loss.backward()) |
+# | 004-22 | code (training loop) without `zero_grad` | wrong | gradients pile up step after step | [01: Without zero_grad() gradients pile up](01_models.ipynb#Without-zero_grad()-gradients-pile-up) |
+# | 004-23 | code (training loop) without `optimizer.step()` | wrong | the optimizer is created but never called: not one parameter changes, and ten epochs learn nothing | [01: Doc 004's training loop, as written](01_models.ipynb#Doc-004's-training-loop,-as-written) |
+# | 004-24 | code `MyDataset` (independent random numbers) | misleading | nothing to learn; watch convergence on a learnable task | [01: The document's data has nothing to learn](01_models.ipynb#The-document's-data-has-nothing-to-learn) |
+# | 004-25 | "by hand: 1. split the model across GPUs" | wrong | data parallelism splits data and copies the model; splitting the model is model parallelism | [07: Parallelism by hand](07_ecosystem.ipynb#Parallelism-by-hand) |
+# | 004-26 | "Horovod communicates with MPI" | misleading | Gloo or MPI coordinates the processes (the controller); tensors on GPUs are usually all-reduced with NCCL | [07: Horovod today](07_ecosystem.ipynb#Horovod-today) |
+# | 004-27 | "Horovod is an easy-to-use, scalable distributed-training solution" | outdated | no release since 2023, reported not to build against recent PyTorch | [07: Horovod today](07_ecosystem.ipynb#Horovod-today) |
+# | 004-28 | "wrap the model with Horovod" | wrong | you wrap the optimizer (`hvd.DistributedOptimizer`) | [07: Horovod today](07_ecosystem.ipynb#Horovod-today) |
+# | 004-29 | "distributed-training frameworks such as PyTorch Lightning and TensorFlow Lattice" | wrong | TensorFlow Lattice is a library of shape-constrained lattice models | [07: TensorFlow Lattice is not a distributed-training framework](07_ecosystem.ipynb#TensorFlow-Lattice-is-not-a-distributed-training-framework) |
+# | 004-30 | "train on several GPUs without changing the code" | misleading | with few changes (a LightningModule, `accelerator.prepare`) | [07: PyTorch Lightning and Hugging Face Accelerate](07_ecosystem.ipynb#PyTorch-Lightning-and-Hugging-Face-Accelerate) |
+
+# %% [markdown] lang="ja"
+# ## 各レッスンの主張
+#
+# レッスンが事実として述べることにも、記事の記述と同じように id と、それを確かめるセルへのリンクを付けます。
+#
+# | id | レッスンの主張 | 確かめるセル |
+# |---|---|---|
+# | L03-1 | DDP の各ランクはモデル全体 (全パラメータ) を持つ | [03: 各ランクはモデル全体を持つ](03_ddp.ipynb#各ランクはモデル全体を持つ) |
+# | L03-2 | `DistributedSampler` はランクごとに重ならない標本を配り、`set_epoch` がなければ毎エポック同じ順序になる | [03: DistributedSampler と set_epoch](03_ddp.ipynb#DistributedSampler-と-set_epoch) |
+# | L03-3 | DDP の勾配は、全ランクのバッチを合わせた 1 つのバッチの勾配と等しい | [03: DDP の勾配 = 全バッチの勾配](03_ddp.ipynb#DDP-の勾配-=-全バッチの勾配) |
+# | L03-4 | 勾配は逆伝播の途中で all-reduce され、1 ステップで送るのはパラメータと同じバイト数 | [03: 何が、いつ通信されるか](03_ddp.ipynb#何が、いつ通信されるか) |
+# | L03-5 | 学習を続けてもレプリカは同一のまま | [03: 学習してもレプリカは一致したまま](03_ddp.ipynb#学習してもレプリカは一致したまま) |
+# | L03-6 | 2 ランクが 1 ランクより速いか遅いかは、計算と通信の比で決まる | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#world-size-1-と-2-の-1-ステップの時間) |
+# | L04-1 | `with model.no_sync():` で K 回の逆伝播を累積すると、all-reduce は 1 更新に 1 回 | [04: 大きなバッチと同じ勾配になる](04_no_sync.ipynb#大きなバッチと同じ勾配になる) |
+# | L04-2 | 損失を K で割って累積した勾配は、K 倍のバッチの勾配と等しい | [04: 大きなバッチと同じ勾配になる](04_no_sync.ipynb#大きなバッチと同じ勾配になる) |
+# | L04-3 | 損失を K で割らないと、勾配は K 倍になる | [04: 損失を K で割らないと](04_no_sync.ipynb#損失を-K-で割らないと) |
+# | L04-4 | `ddp_model.no_sync()` を 1 行で呼んでも何も変わらず、毎回 all-reduce する | [04: 誤用 1: ddp_model.no_sync() と 1 行書く](04_no_sync.ipynb#誤用-1:-ddp_model.no_sync()-と-1-行書く) |
+# | L04-5 | 順伝播を `with` の外で行うと、毎回 all-reduce する | [04: 誤用 2: 順伝播を with の外で行う](04_no_sync.ipynb#誤用-2:-順伝播を-with-の外で行う) |
+# | L04-6 | `no_sync` の中で `step` するとレプリカがずれ、戻らない | [04: 誤用 3: no_sync の中で optimizer.step() する](04_no_sync.ipynb#誤用-3:-no_sync-の中で-optimizer.step()-する) |
+# | L04-7 | 勾配累積では `no_sync` を使うと 1 更新の時間が短くなる | [04: 1 ステップの時間: K と no_sync](04_no_sync.ipynb#1-ステップの時間:-K-と-no_sync) |
+# | L04-8 | 正しく使えば、更新ごとの損失は同期ありと重なる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#収束:-記事の「同期あり-vs-no_sync」をやり直す) |
+# | L05-1 | all-reduce の時間は α + バイト数 × β で表せる | [05: all-reduce を測る](05_communication.ipynb#all-reduce-を測る) |
+# | L05-2 | DDP は勾配をバケットにまとめ、バケットごとに 1 回 all-reduce する | [05: バケット](05_communication.ipynb#バケット) |
+# | L05-3 | 通信は逆伝播と重なる | [05: 逆伝播と通信の重なり](05_communication.ipynb#逆伝播と通信の重なり) |
+# | L05-4 | 1 更新の時間は計算と通信のモデルで予測でき、測っていない K でも当たる | [05: 1 回の更新の時間を予測する](05_communication.ipynb#1-回の更新の時間を予測する) |
+
+# %% [markdown] lang="en"
+# ## The lessons' own claims
+#
+# What a lesson states as fact gets an id and a link to the cell that shows it, as the
+# documents' claims do.
+#
+# | id | the lesson says | the cell that shows it |
+# |---|---|---|
+# | L03-1 | every DDP rank holds the whole model (all the parameters) | [03: Every rank holds the whole model](03_ddp.ipynb#Every-rank-holds-the-whole-model) |
+# | L03-2 | `DistributedSampler` gives the ranks disjoint samples, and without `set_epoch` every epoch has the same order | [03: DistributedSampler and set_epoch](03_ddp.ipynb#DistributedSampler-and-set_epoch) |
+# | L03-3 | DDP's gradient equals the gradient of one batch made of all the ranks' batches | [03: DDP's gradient = the whole batch's gradient](03_ddp.ipynb#DDP's-gradient-=-the-whole-batch's-gradient) |
+# | L03-4 | gradients are all-reduced during backward; a step sends as many bytes as the parameters | [03: What is communicated, and when](03_ddp.ipynb#What-is-communicated,-and-when) |
+# | L03-5 | the replicas stay identical through training | [03: Replicas stay identical through training](03_ddp.ipynb#Replicas-stay-identical-through-training) |
+# | L03-6 | whether two ranks are faster or slower than one depends on computation against communication | [03: Time per step with world size 1 and 2](03_ddp.ipynb#Time-per-step-with-world-size-1-and-2) |
+# | L04-1 | accumulating K backward passes with `with model.no_sync():` makes one all-reduce per update | [04: The same gradient as the large batch](04_no_sync.ipynb#The-same-gradient-as-the-large-batch) |
+# | L04-2 | with the loss divided by K, the accumulated gradient equals the K-times batch's | [04: The same gradient as the large batch](04_no_sync.ipynb#The-same-gradient-as-the-large-batch) |
+# | L04-3 | without dividing the loss by K, the gradient is K times too large | [04: Without dividing the loss by K](04_no_sync.ipynb#Without-dividing-the-loss-by-K) |
+# | L04-4 | `ddp_model.no_sync()` on its own line changes nothing: every backward all-reduces | [04: Misuse 1: writing ddp_model.no_sync() on its own line](04_no_sync.ipynb#Misuse-1:-writing-ddp_model.no_sync()-on-its-own-line) |
+# | L04-5 | with the forward pass outside the `with`, every backward all-reduces | [04: Misuse 2: the forward pass outside the block](04_no_sync.ipynb#Misuse-2:-the-forward-pass-outside-the-block) |
+# | L04-6 | stepping inside `no_sync` makes the replicas drift apart for good | [04: Misuse 3: optimizer.step() inside no_sync](04_no_sync.ipynb#Misuse-3:-optimizer.step()-inside-no_sync) |
+# | L04-7 | with gradient accumulation, `no_sync` makes an update take less time | [04: Time per step: K and no_sync](04_no_sync.ipynb#Time-per-step:-K-and-no_sync) |
+# | L04-8 | used correctly, the loss per update coincides with synchronizing every step | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#Convergence:-the-document's-"sync-vs-no_sync",-done-properly) |
+# | L05-1 | the time of an all-reduce is α + bytes × β | [05: Timing all-reduce](05_communication.ipynb#Timing-all-reduce) |
+# | L05-2 | DDP packs gradients into buckets and all-reduces once per bucket | [05: Buckets](05_communication.ipynb#Buckets) |
+# | L05-3 | communication overlaps backward | [05: Communication overlaps backward](05_communication.ipynb#Communication-overlaps-backward) |
+# | L05-4 | a model of computation and communication predicts the time of an update, also for a K it was not fitted on | [05: Predicting the time of an update](05_communication.ipynb#Predicting-the-time-of-an-update) |
 
 # %% [markdown] lang="ja"
 # ## 記事 004 の最初のコード例
@@ -221,17 +285,194 @@ with checks.expect_error(ValueError, match=r"shape \(batch, 10\)"):
     models.MLP()(torch.randn(100, 1024))
 
 # %% [markdown] lang="ja"
+# ## 記事 000 の本体のない for 文
+#
+# 記事 000 の 2 つ目と 3 つ目のコード例では、`for epoch in range(10):` の次の行がコメント「# 訓練コード」
+# だけです。コメントは文ではないので、この `for` には本体がありません。Python はファイルを実行する前に
+# 全体を構文解析するので、`IndentationError` になり、最初の `import` すら実行されません。
+# 記事の行をそのまま (コメントは日本語のまま) コンパイルしてみます。本体に `pass` を置けば、同じ行がコンパイルできます。
+
+# %% [markdown] lang="en"
+# ## Doc 000's `for` loops without a body
+#
+# In doc 000's second and third code examples, `for epoch in range(10):` is followed only
+# by the comment "# 訓練コード" (training code). A comment is not a statement, so the
+# `for` has no body. Python parses the whole file before running any of it, so this is an
+# `IndentationError` and not even the first `import` runs. Compile the document's lines
+# as printed (the comments stay in Japanese). With `pass` as the body, the same lines
+# compile.
+
+# %%
+doc_000_loops = """\
+# 勾配同期ありの訓練
+for epoch in range(10):
+    # 訓練コード
+
+# no_sync() オプションを有効にして訓練
+ddp_model.no_sync()
+for epoch in range(10):
+    # 訓練コード
+
+# 訓練結果を比較
+"""
+with checks.expect_error(IndentationError,
+                         match="expected an indented block after 'for' statement on line 2"):
+    compile(doc_000_loops, "doc_000", "exec")
+with_body = doc_000_loops.replace("# 訓練コード", "pass  # 訓練コード")
+code = compile(with_body, "doc_000", "exec")  # with a body, the same lines compile
+print("with a body:", type(code).__name__)
+
+# %% [markdown] lang="ja"
+# ## GPU のあるマシンでの記事 004 の DataParallel
+#
+# 記事 004 の 3 つの例 (サンプルコード、カスタム損失関数、DataLoader) は、どれも
+# `model = nn.DataParallel(MyModel())` でモデルを CPU に置いたまま、入力だけを `.cuda()` で GPU に送ります。
+# GPU が 2 台以上あると、`nn.DataParallel` の `forward` は、何か計算する前にモデルのパラメータが
+# `device_ids[0]` (cuda:0) にあるかを確かめ、なければ `RuntimeError` を出します。GPU が 1 台だけなら、
+# DataParallel は作られるときに自分でモデルを cuda:0 に移すので、この誤りは表に出ません。
+#
+# このマシンには GPU がないので、torch に「GPU が 2 台 (または 1 台) ある」と答えさせて
+# (`unittest.mock` で `torch.cuda.is_available` などを置き換え)、torch 自身の確認を実行します。
+# どちらの確認も GPU の計算より前に行われるので、GPU がなくても torch の本物のコードが動きます。
+
+# %% [markdown] lang="en"
+# ## Doc 004's DataParallel on a machine with GPUs
+#
+# Doc 004's three examples (the sample code, the custom loss, the DataLoader) all write
+# `model = nn.DataParallel(MyModel())`, leaving the model on the CPU, and send only the
+# input to a GPU with `.cuda()`. With two or more GPUs, `nn.DataParallel`'s `forward`
+# checks, before computing anything, that the model's parameters are on `device_ids[0]`
+# (cuda:0), and raises `RuntimeError` if not. With exactly one GPU, DataParallel moves the
+# model to cuda:0 itself when it is built, so the mistake does not show.
+#
+# This machine has no GPU, so we make torch answer that it has two GPUs (or one), by
+# replacing `torch.cuda.is_available` and two more functions with `unittest.mock`, and
+# run torch's own checks. Both happen before any GPU work, so torch's real code runs
+# without a GPU.
+
+# %%
+from types import SimpleNamespace
+from unittest import mock
+
+
+def pretend_gpus(n):
+    """Make torch report `n` CUDA devices (no GPU work may follow)."""
+    props = SimpleNamespace(total_memory=1, multi_processor_count=1)
+    return mock.patch.multiple(torch.cuda, is_available=lambda: True,
+                               device_count=lambda: n,
+                               get_device_properties=lambda i: props)
+
+
+with pretend_gpus(2):
+    model = nn.DataParallel(models.MLPAsWritten())  # as written: the model stays on the CPU
+    assert model.device_ids == [0, 1]
+    with checks.expect_error(RuntimeError, match=(
+            r"module must have its parameters and buffers on device cuda:0 "
+            r"\(device_ids\[0\]\) but found one of them on device: cpu")):
+        model(torch.randn(100, 10))
+
+with pretend_gpus(1), mock.patch.object(nn.Module, "to") as moved:
+    nn.DataParallel(models.MLPAsWritten())
+moved.assert_called_once_with(torch.device("cuda", 0))  # one GPU: it moves the model
+
+# %% [markdown] lang="ja"
+# 記事のコメント「入力データを GPU に分散」も正しくありません。`.cuda()` はテンソル全体を 1 台の GPU
+# (いまのデバイス) に送るだけです。GPU ごとに分けるのは DataParallel の `forward` の中の `scatter` です。
+# パラメータのない記事の最初の `MyModel` ならモデルの確認を通るので、`scatter` に何が渡るかを見られます:
+# 100 サンプルのバッチ全体と、GPU の番号 `[0, 1]` です。どう分けるかはレッスン 02 の `scatter` で見ました。
+
+# %% [markdown] lang="en"
+# The document's comment "spread the input over the GPUs" is not right either. `.cuda()`
+# sends the whole tensor to one GPU (the current device). `scatter`, inside
+# DataParallel's `forward`, is what splits it among the GPUs. Doc 004's first `MyModel`
+# has no parameters, so it passes the model check, and we can see what reaches `scatter`:
+# the whole batch of 100 samples and the GPU numbers `[0, 1]`. Lesson 02's `scatter`
+# showed how it splits.
+
+# %%
+class ReachedScatter(Exception):
+    """Stops DataParallel's forward where it splits the input."""
+
+
+def spy_scatter(self, inputs, kwargs, device_ids):
+    raise ReachedScatter([tuple(x.shape) for x in inputs], list(device_ids))
+
+
+with pretend_gpus(2), mock.patch.object(nn.DataParallel, "scatter", spy_scatter):
+    with checks.expect_error(ReachedScatter) as caught:
+        nn.DataParallel(MyModel())(torch.randn(100, 10))
+assert caught.exception.args == ([(100, 10)], [0, 1])  # the whole batch, both GPUs
+
+if torch.cuda.is_available():  # a real GPU: .cuda() puts the whole batch on one device
+    X_gpu = torch.randn(100, 10).cuda()
+    assert X_gpu.device == torch.device("cuda", torch.cuda.current_device())
+    assert X_gpu.shape == (100, 10)
+
+# %% [markdown] lang="ja"
+# ## TPU には torch_xla が要る
+#
+# 記事 000 は「TPU などの専用ハードウェアを使用する」を GPU と同じように並べていますが、TPU は予算だけの
+# 話ではありません。
+#
+# - DDP の `nccl` バックエンドが扱うのは CUDA のテンソルだけです。TPU では使えません。
+# - PyTorch だけではテンソルを TPU に置けません。`xla` というデバイスの種類は PyTorch にありますが、
+#   その上で動く演算は torch_xla パッケージが入れます。`xla` の通信バックエンドも torch_xla が登録します。
+# - torch_xla で動かすにはコードを書き換えます。デバイスは `torch_xla.device()`、データは
+#   `torch_xla.distributed.parallel_loader.MpDeviceLoader` で送り、XLA は演算を貯めてからまとめて
+#   コンパイルして実行するので、ステップごとに `torch_xla.sync()` (または `xm.optimizer_step(optimizer)`)
+#   を呼びます。DDP を使うなら `dist.init_process_group("xla", init_method="xla://")` で、起動は
+#   `torch_xla.launch` です ([PyTorch/XLA のドキュメント](https://docs.pytorch.org/xla/))。
+#
+# このマシンの torch で、前の 2 つを確かめます。
+
+# %% [markdown] lang="en"
+# ## A TPU needs torch_xla
+#
+# Doc 000 lists "special hardware such as TPUs" next to faster GPUs, but a TPU is not
+# only a matter of budget.
+#
+# - DDP's `nccl` backend takes CUDA tensors only; it does not work on a TPU.
+# - PyTorch alone cannot put a tensor on a TPU. PyTorch knows the device type `xla`, but
+#   the operations that run on it come with the torch_xla package, which also registers
+#   the `xla` communication backend.
+# - Running on torch_xla takes code changes: the device is `torch_xla.device()`, data goes
+#   through `torch_xla.distributed.parallel_loader.MpDeviceLoader`, and because XLA
+#   records operations and compiles and runs them together, every step calls
+#   `torch_xla.sync()` (or `xm.optimizer_step(optimizer)`). DDP uses
+#   `dist.init_process_group("xla", init_method="xla://")`, launched with
+#   `torch_xla.launch` ([PyTorch/XLA documentation](https://docs.pytorch.org/xla/)).
+#
+# Check the first two with this machine's torch.
+
+# %%
+import importlib.util
+
+from torch import distributed as dist
+
+print("nccl runs on:", dist.Backend.backend_capability["nccl"])
+assert dist.Backend.backend_capability["nccl"] == ["cuda"]  # CUDA tensors only
+if importlib.util.find_spec("torch_xla") is None:
+    assert "xla" not in dist.Backend.backend_list  # torch_xla registers it on import
+    with checks.expect_error(NotImplementedError, match="'XLA' backend"):
+        torch.zeros(1, device="xla")  # the device type exists; its operations do not
+else:
+    print("torch_xla is installed here")
+
+# %% [markdown] lang="ja"
 # ## 表の確認
 #
-# この表自体も確かめます。すべての行に 4 種類のどれかの判定とリンクがあり、リンク先のノートブックと見出しが
-# 存在することを、JupyterLab と同じ規則 (見出しの表示テキストの空白を `-` に置き換える) で調べます。
+# この表自体も確かめます。記事の行にはすべて 4 種類のどれかの判定があり、id は記事ごとに 1 から順に重複なく
+# 並び、どの行 (レッスンの主張の行も) にもリンクがあり、リンク先のノートブックと見出しが存在することを、
+# JupyterLab と同じ規則 (見出しの表示テキストの空白を `-` に置き換える) で調べます。
 
 # %% [markdown] lang="en"
 # ## Checking the table
 #
-# Check the table itself: every row has one of the four verdicts and a link, and every
-# linked notebook and heading exists, with anchors made the way JupyterLab makes them
-# (the heading's visible text with spaces replaced by `-`).
+# Check the tables themselves: every row about the documents has one of the four
+# verdicts, the ids of each document run from 1 without a gap or a repeat, every row
+# (the lessons' claims too) has a link, and every linked notebook and heading exists,
+# with anchors made the way JupyterLab makes them (the heading's visible text with
+# spaces replaced by `-`).
 
 # %%
 import json
@@ -245,13 +486,20 @@ if (here / "08_errata.ipynb").exists():  # run from the notebook's folder
     lang = nb["metadata"]["labkit"]["lang"]
     verdicts = {"ja": ("正しい", "誤り", "誤解を招く", "古い"),
                 "en": ("correct", "wrong", "misleading", "outdated")}[lang]
-    rows = [line for cell in nb["cells"] if cell["cell_type"] == "markdown"
-            for line in "".join(cell["source"]).splitlines()
-            if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
-    counts = {v: sum(line.split("|")[3].strip() == v for line in rows) for v in verdicts}
-    print(f"{len(rows)} rows:", counts)
-    assert sum(counts.values()) == len(rows) >= 50  # every row has a known verdict
-    assert all(links.LINK.search(line) for line in rows)  # and a link
+    doc_rows = [line.split("|") for cell in nb["cells"] if cell["cell_type"] == "markdown"
+                for line in "".join(cell["source"]).splitlines()
+                if line.startswith("| ") and line.split("|")[1].strip()[:1].isdigit()]
+    counts = {v: sum(row[3].strip() == v for row in doc_rows) for v in verdicts}
+    print(f"{len(doc_rows)} rows about the documents:", counts)
+    assert sum(counts.values()) == len(doc_rows) >= 55  # every row has a known verdict
+    ledger = links.ledger(here / "08_errata.ipynb")
+    ids = [id_ for id_, _, _ in ledger]
+    for doc in ("000", "004", "L03", "L04", "L05"):
+        numbers = [int(i.split("-")[1]) for i in ids if i.startswith(doc + "-")]
+        assert numbers == list(range(1, len(numbers) + 1)), (doc, numbers)
+    assert len(ids) == len(set(ids))  # no id twice
+    assert sum(not i.startswith("L") for i in ids) == len(doc_rows)
+    assert all(target is not None for _, target, _ in ledger)  # every row links
     broken = links.broken_links(here)
     print("broken links:", broken or "none")
     assert broken == []

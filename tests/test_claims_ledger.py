@@ -1,0 +1,126 @@
+"""The claims ledger: each errata row and lesson claim links to a cell that asserts.
+
+The ledger is the tables of 08_errata (ids 000-N, 004-N, L03-N, ...). A row whose
+section has no assertion yet must be listed in KNOWN_GAPS, with what is missing;
+the list may only shrink: a gap that gets its assertion fails until it is removed.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from labkit import links
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+# Rows whose linked section asserts nothing today, and the assertion it needs.
+KNOWN_GAPS = {
+    "000-1": "03 time per step: assert that the compute/communication ratio decides "
+             "(medians of interleaved runs with a margin, or the mechanism)",
+    "004-4": "03 time per step: the same cell as 000-1",
+    "L03-6": "03 time per step: the same cell as 000-1",
+    "000-4": "04 correct use: assert the all-reduce count of the `with` block",
+    "000-6": "04 time per step: assert the saving (calls or interleaved medians)",
+    "L04-7": "04 time per step: the same cell as 000-6",
+    "000-8": "04 when to use it: prose only; needs a cell (e.g. no_sync without "
+             "accumulation leaves replicas unsynchronized)",
+    "000-28": "04 when to use it: the same cell as 000-8",
+    "000-14": "03 start the ranks: assert one process (and device) per rank",
+    "004-29": "07 TensorFlow Lattice: prose only",
+    "L05-4": "05 predicting an update: assert the prediction on unseen K",
+}
+
+
+@pytest.mark.parametrize("lang", ["ja", "en"])
+def test_every_row_links_to_a_cell_that_asserts(lang):
+    assert links.ledger_problems(NOTEBOOKS / lang, known_gaps=KNOWN_GAPS) == []
+
+
+def test_both_languages_have_the_same_rows_and_targets():
+    ja = links.ledger(NOTEBOOKS / "ja" / "08_errata.ipynb")
+    en = links.ledger(NOTEBOOKS / "en" / "08_errata.ipynb")
+    assert len(en) >= 70
+    assert [(i, target) for i, target, _ in ja] == [(i, target) for i, target, _ in en]
+
+
+@pytest.mark.parametrize(
+    ("source", "proves"),
+    [
+        ("assert x == 1", True),
+        ("torch.testing.assert_close(a, b)", True),
+        ("exercises.check_train_step(train_step)", True),
+        ("with checks.expect_error(ValueError):\n    f()", True),
+        ("%%px\nassert replica_diff == 0.0", True),
+        ("mock_obj.assert_called_once_with(1)", True),
+        ("print(x)  # assert nothing", False),
+        ("msg = 'assert x'", False),
+        ("fig = plots.loss_curves(curves)", False),
+        ("this is not python (", False),
+    ],
+)
+def test_what_counts_as_an_assertion(source, proves):
+    assert links.asserts(source) is proves
+
+
+def _notebook(path, *cells):
+    """Write a notebook of (cell type, source) pairs."""
+    code = {"outputs": [], "execution_count": None}
+    path.write_text(json.dumps({
+        "cells": [{"cell_type": kind, "metadata": {}, "source": source,
+                   **(code if kind == "code" else {})} for kind, source in cells],
+        "metadata": {}, "nbformat": 4, "nbformat_minor": 5}), encoding="utf-8")
+
+
+def _pair(folder, lesson_cells, rows):
+    _notebook(folder / "03_lesson.ipynb", *lesson_cells)
+    _notebook(folder / "08_errata.ipynb", ("markdown", "| id | claim | cell |\n"
+                                           "|---|---|---|\n" + "\n".join(rows)))
+
+
+PROVED = ("markdown", "## Proved"), ("code", "assert 1 + 1 == 2")
+UNPROVED = ("markdown", "## Unproved"), ("code", "print('trust me')")
+
+
+def test_a_section_without_an_assertion_fails(tmp_path):
+    _pair(tmp_path, [*PROVED, *UNPROVED],
+          ["| 000-1 | ok | [x](03_lesson.ipynb#Proved) |",
+           "| 000-2 | no proof | [x](03_lesson.ipynb#Unproved) |"])
+    assert links.ledger_problems(tmp_path) == [
+        "000-2: no assertion under 03_lesson.ipynb#Unproved"]
+
+
+def test_the_section_ends_at_the_next_heading(tmp_path):
+    # The assertion belongs to the next heading, not to "Unproved".
+    _pair(tmp_path, [UNPROVED[0], ("markdown", "### Below"), PROVED[1]],
+          ["| L03-1 | claim | [x](03_lesson.ipynb#Unproved) |"])
+    assert links.ledger_problems(tmp_path) == [
+        "L03-1: no assertion under 03_lesson.ipynb#Unproved"]
+
+
+def test_missing_links_headings_and_repeated_ids_fail(tmp_path):
+    _pair(tmp_path, PROVED,
+          ["| 004-1 | no link | — |",
+           "| 004-2 | gone | [x](03_lesson.ipynb#No-such-heading) |",
+           "| 004-3 | first | [x](03_lesson.ipynb#Proved) |",
+           "| 004-3 | again | [x](03_lesson.ipynb#Proved) |",
+           "| 04-4 | mistyped id | [x](03_lesson.ipynb#Proved) |"])
+    assert sorted(links.ledger_problems(tmp_path)) == [
+        "004-1: no link to the cell that proves it",
+        "004-2: 03_lesson.ipynb has no heading #No-such-heading",
+        "004-3: id used 2 times",
+        "a table row without an id: "
+        "| 04-4 | mistyped id | [x](03_lesson.ipynb#Proved) |",
+    ]
+
+
+def test_known_gaps_are_visible_and_must_shrink(tmp_path):
+    _pair(tmp_path, [*PROVED, *UNPROVED],
+          ["| 000-1 | ok | [x](03_lesson.ipynb#Proved) |",
+           "| 000-2 | no proof | [x](03_lesson.ipynb#Unproved) |"])
+    assert links.ledger_problems(tmp_path, known_gaps={"000-2": "todo"}) == []
+    assert links.ledger_problems(tmp_path, known_gaps={"000-1": "x", "000-2": "x",
+                                                       "000-9": "x"}) == [
+        "000-1: 03_lesson.ipynb#Proved asserts now; remove it from the known gaps",
+        "000-9: a known gap that no row has",
+    ]
