@@ -45,8 +45,7 @@ def train_step(model, optimizer, criterion, X, y):
 
 def train_step_as_written(model, optimizer, criterion, X, y):
     loss = criterion(model(X), y)
-    loss.backward  # noqa: B018  (the document's line: no call)
-    optimizer.step()
+    loss.backward  # noqa: B018  (the document's line: no call, and no step after it)
 
 
 def train_step_no_zero_grad(model, optimizer, criterion, X, y):
