@@ -44,6 +44,7 @@ __all__ = [
     "predicted_speedup",
     "ring_factor",
     "ring_steps",
+    "sent_per_allreduce",
     "split_at",
     "step_times_by_k",
 ]
@@ -82,6 +83,37 @@ def bandwidths(nbytes: float, seconds: float, world_size: int) -> tuple[float, f
         raise ValueError(f"seconds must be > 0, got {seconds}")
     algbw = nbytes / seconds
     return algbw, algbw * ring_factor(world_size)
+
+
+def _bytes_written() -> int:
+    """Bytes this process has passed to write-like system calls (Linux only)."""
+    try:
+        with open("/proc/self/io") as f:
+            fields = dict(line.split(": ") for line in f.read().splitlines() if line)
+    except OSError as e:
+        raise RuntimeError("counting sent bytes needs /proc/self/io (Linux)") from e
+    return int(fields["wchar"])
+
+
+def sent_per_allreduce(nbytes: int, repeat: int = 3) -> float:
+    """Bytes this rank sends in one all-reduce of `nbytes`, over S (collective).
+
+    Counted by the kernel (/proc/self/io's wchar: gloo writes to its TCP
+    sockets), so it measures what the algorithm sends, headers included; a
+    ring sends 2(n-1)/n of S. Other writes of the process in the meantime
+    count too: use messages of megabytes.
+    """
+    if nbytes < 4 or repeat < 1:
+        raise ValueError(f"need nbytes >= 4 and repeat >= 1, got {nbytes} and {repeat}")
+    x = torch.ones(nbytes // 4)
+    dist.all_reduce(x)  # warm-up: connections and buffers
+    dist.barrier()
+    before = _bytes_written()
+    for _ in range(repeat):
+        dist.all_reduce(x)
+    sent = (_bytes_written() - before) / repeat
+    dist.barrier()
+    return sent / (4 * x.numel())
 
 
 @dataclass

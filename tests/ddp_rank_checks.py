@@ -263,3 +263,17 @@ def interleaved_times_small(ks=(1, 2, 3), rounds=2):
     times = nosync.interleaved_step_times(model, nosync.make_optimizer(model, cfg),
                                           batches, ks, rounds, block_s=0.0)
     return times, counter.calls
+
+
+def sent_shares(sizes=(16 * 2**20,)):
+    """Bytes each rank sends per all-reduce over S, per size (Linux only)."""
+    from labkit import comm
+
+    return {size: comm.sent_per_allreduce(size) for size in sizes}
+
+
+def sent_share_16mib(rank, world_size):
+    """Under launch.run: bytes this rank sends per 16 MiB all-reduce, over S."""
+    from labkit import comm
+
+    return comm.sent_per_allreduce(16 * 2**20)

@@ -1,10 +1,18 @@
 """The communication cost model: definitions, fits, buckets, predictions."""
 
+import os
+
 import pytest
 import torch.distributed as dist
-from ddp_rank_checks import bucket_logs, interleaved_times_small, timelines
+from ddp_rank_checks import (
+    bucket_logs,
+    interleaved_times_small,
+    sent_share_16mib,
+    sent_shares,
+    timelines,
+)
 
-from labkit import comm, nosync
+from labkit import comm, launch, nosync
 
 
 def test_ring_factor_and_bandwidths_follow_nccl_tests():
@@ -203,3 +211,30 @@ def test_nosync_config_default_means_ddp_default():
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="bucket_cap_mb must be > 0"):
             nosync.NoSyncConfig(bucket_cap_mb=bad).check(2)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux /proc")
+def test_busbw_is_what_each_rank_sends_over_time(ranks):
+    # busbw = algbw * 2(n-1)/n because each rank of a ring sends 2(n-1)/n of
+    # S: counted by the kernel on both ranks (2 ranks: all of S). A tree, or a
+    # reduce to rank 0 and a broadcast back, would send other shares.
+    for shares in ranks.run(sent_shares):
+        share = shares[16 * 2**20]
+        assert share == pytest.approx(comm.ring_factor(2), rel=0.01)
+        algbw, busbw = comm.bandwidths(16 * 2**20, 0.01, 2)
+        assert busbw == pytest.approx(algbw * share, rel=0.01)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux /proc")
+def test_three_ranks_each_send_four_thirds_of_the_message():
+    # On 3 ranks a ring rank sends 2(n-1)/n = 4/3 of S; reduce-then-broadcast
+    # through rank 0 would not send the same on every rank.
+    shares = launch.run(sent_share_16mib, {}, world_size=3)
+    assert shares == pytest.approx([comm.ring_factor(3)] * 3, rel=0.01)
+
+
+def test_sent_per_allreduce_refuses_bad_input():
+    with pytest.raises(ValueError, match="nbytes >= 4"):
+        comm.sent_per_allreduce(2)
+    with pytest.raises(ValueError, match="repeat >= 1"):
+        comm.sent_per_allreduce(1024, repeat=0)
