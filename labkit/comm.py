@@ -316,7 +316,9 @@ class Timeline:
     gradient is complete; the last stamp of a step is the end of the gradient
     computation. `loss.backward()` returns later: DDP waits there for every
     bucket's all-reduce. A comm hook all-reduces through `allreduce`, which
-    stamps when each all-reduce starts and ends. Times are seconds from the
+    stamps when each all-reduce is handed to the process group and when it
+    completes (one may queue behind another: the union of the spans is the
+    time some communication was under way). Times are seconds from the
     start of the step's backward.
     """
 

@@ -78,7 +78,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "Time per update: measured (dots), model (dashed, fitted on K = 1, 2, 4)",
     },
     "world_size_n": {"ja": "ランク数 (GPU 数)", "en": "ranks (GPUs)"},
-    "speedup": {"ja": "1 ランクに対する速さ (倍)", "en": "speed-up over one rank"},
+    "speedup": {"ja": "1 ランクと比べた速度向上 (倍)", "en": "speed-up over one rank"},
     "explorer_title": {
         "ja": "モデルによる予測 (測定ではありません)",
         "en": "Predicted by the model (not a measurement)",
