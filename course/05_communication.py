@@ -259,7 +259,8 @@ def log_buckets(cfg, steps=3, **ddp_kwargs):
 
 big = nosync.NoSyncConfig(hidden=1024, depth=3, accum_steps=1)
 seen = {}
-for name, kwargs in {"DDP(model)": {}, "bucket_cap_mb=25": {"bucket_cap_mb": 25}}.items():
+ways = {"DDP(model)": {}, "bucket_cap_mb=25": {"bucket_cap_mb": 25}}
+for name, kwargs in ways.items():
     seen[name], param_bytes = log_buckets(big, **kwargs)
     for step, sizes in enumerate(seen[name], start=1):
         print(f"{name}, step {step}: {len(sizes)} bucket(s), "
