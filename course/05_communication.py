@@ -163,10 +163,12 @@ for share in ranks.pull("share"):
 # α をステップごとに当てはめるのは、ランク数を変えたときに外挿するためです。リングのステップ数
 # 2(n−1) はランク数とともに増えるので、64 ランクの固定の遅延は 2 ランクの 63 倍です。木構造の
 # all-reduce なら約 2 log2 n ステップで済みますが、このモデルは扱いません。実際のライブラリも
-# モデルそのままではありません。torch 2.13 の gloo は CPU のテンソルにリング型を使いますが、データを
-# 少なくとも 2n 個のセグメントに分けて送受信を重ねるので、送る回数は 2(n−1) より多くなります
-# (その分は当てはめた α に入ります)。nccl は大きさに応じてリング型と木構造を選びます。ですから、
-# 2 ランクで当てはめて多くのランクへ延ばした値は**モデルによる予測**です。
+# モデルそのままではありません。torch 2.13 の gloo は CPU のテンソルの all-reduce にアルゴリズムを
+# 指定せず、gloo の既定のリング型が動きます (3 ランクで各ランクが S の 4/3 倍を送ることを
+# tests/test_comm.py が数えます)。ただしそのリングはデータをセグメントに分けて送受信を重ねるので
+# (gloo/allreduce.cc)、送る回数は 2(n−1) とは限りません。違いは当てはめた α に入ります。nccl は
+# 大きさとランク数に応じてリング型と木構造を選びます。ですから、2 ランクで当てはめて多くのランクへ
+# 延ばした値は**モデルによる予測**です。
 
 # %% [markdown] lang="en"
 # The model assumes a ring: time = 2(n−1) × alpha + 2(n−1)/n × S / beta, with alpha the
@@ -178,10 +180,12 @@ for share in ranks.pull("share"):
 # Alpha is fitted per step so that the model can change the number of ranks: a ring
 # takes 2(n−1) steps, so 64 ranks pay 63 times the latency of two. A tree all-reduce
 # takes about 2 log2 n steps; this model does not cover it. Nor do real libraries follow
-# the model exactly: in torch 2.13 gloo runs a ring for CPU tensors, but cuts the data
-# into at least 2n segments and overlaps their sends, so it sends more often than
-# 2(n−1) times (the fitted alpha absorbs that); nccl chooses ring or tree by size. A
-# value fitted on two ranks and extended to many is a **prediction by the model**.
+# the model exactly. For CPU tensors torch 2.13 asks gloo for no particular algorithm,
+# and gloo's default ring runs (tests/test_comm.py counts each of 3 ranks sending 4/3 of
+# S). That ring cuts the data into segments and overlaps their sends
+# (gloo/allreduce.cc), so it does not send exactly 2(n−1) times; the fitted alpha
+# absorbs the difference. nccl chooses ring or tree by size and number of ranks. A value
+# fitted on two ranks and extended to many is a **prediction by the model**.
 
 # %% [markdown] lang="ja"
 # ## 演習: all-reduce の時間を予測する
