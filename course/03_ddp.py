@@ -353,35 +353,60 @@ exercises.check_average_gradients(ranks, average_gradients)
 # %% [markdown] lang="ja"
 # ## 何が、いつ通信されるか
 #
-# DDP は勾配を**バケット** (既定 25 MB) にまとめ、逆伝播でバケットの勾配がそろうたびに
-# all-reduce を 1 回実行します。通信フックで回数とバイト数を数えます。
-# 1 ステップで送るのは全パラメータの勾配 1 回分 (float32 で 2110 × 4 = 8440 バイト) です。
-# `bucket_cap_mb` を小さくするとバケットが増え、回数が増えてもバイト数の合計は同じです。
+# DDP は勾配を**バケット**にまとめ、逆伝播でバケットの勾配がそろうたびに all-reduce を 1 回実行します。
+# `DDP(model)` のバケットは次のとおりです (torch 2.13。MB は torch の中では MiB = 2^20 バイト)。
+#
+# - 1 ステップ目: 勾配がどの順にそろうかをまだ知らないので、全勾配で 1 つのバケット
+# - 2 ステップ目の前: 1 ステップ目で勾配がそろった順にバケットを作り直す。最初のバケットは 1 MiB、
+#   残りは 25 MiB に達した時点で閉じる (`bucket_cap_mb` を渡すと、最初のバケットもその値)
+#
+# 通信フック (`comm.BucketLog`) で、ステップごとに送られたバケットのバイト数を記録します。
+# 1 ステップで送るのは全パラメータの勾配 1 回分 (float32 で 2110 × 4 = 8440 バイト) で、1 MiB より
+# ずっと小さいので、`DDP(model)` では毎ステップ 1 つのバケットです。`bucket_cap_mb` を約 2 KB に
+# すると、2 ステップ目からバケットが増えます。回数が増えても、バイト数の合計は同じです。
+# 大きなモデルでの様子はレッスン 05 で見ます。
 
 # %% [markdown] lang="en"
 # ## What is communicated, and when
 #
-# DDP groups gradients into **buckets** (25 MB by default) and runs one all-reduce per
-# bucket as soon as the backward pass has filled it. A communication hook counts the
-# calls and bytes. One step sends every parameter's gradient once (float32: 2110 × 4 =
-# 8440 bytes). A smaller `bucket_cap_mb` makes more buckets: more calls, the same bytes.
+# DDP groups gradients into **buckets** and runs one all-reduce per bucket as soon as the
+# backward pass has filled it. The buckets of `DDP(model)` are (torch 2.13; inside torch,
+# "MB" means MiB, 2^20 bytes):
+#
+# - step 1: one bucket with every gradient, since DDP does not know yet in which order
+#   the gradients become ready
+# - before step 2: buckets rebuilt in the order the gradients arrived in step 1; the
+#   first closes once it reaches 1 MiB, the others at 25 MiB (passing `bucket_cap_mb`
+#   sets the first one's limit too)
+#
+# A communication hook (`comm.BucketLog`) records the bytes of the buckets sent in each
+# step. One step sends every parameter's gradient once (float32: 2110 × 4 = 8440 bytes),
+# far below 1 MiB, so `DDP(model)` sends one bucket every step. With `bucket_cap_mb` at
+# about 2 KB, there are more buckets from step 2 on: more calls, the same bytes. Lesson
+# 05 shows a larger model.
 
 # %%
 # %%px
-counts = {}
-for cap_mb in (25, 0.002):  # DDP's default, and about 2 KB
+from labkit import comm
+
+seen = {}
+ways = {"DDP(model)": {}, "bucket_cap_mb=0.002": {"bucket_cap_mb": 0.002}}
+for name, kwargs in ways.items():
     torch.manual_seed(0)
-    model = DDP(models.MLP(), bucket_cap_mb=cap_mb)
-    counter = ddp.CommCounter().attach(model)
-    for step in range(2):  # DDP sizes its buckets during the first step
-        counter.reset()
+    model = DDP(models.MLP(), **kwargs)
+    log = comm.BucketLog().attach(model)
+    for step in range(3):
+        log.step()
         criterion(model(ddp.shard(X, rank, world_size)),
                   ddp.shard(y, rank, world_size)).backward()
-    counts[cap_mb] = (counter.calls, counter.bytes)
-    print(f"rank {rank}, bucket_cap_mb={cap_mb}: {counter.calls} all-reduce(s), "
-          f"{counter.bytes} bytes per step")
-assert counts[25] == (1, 2110 * 4)
-assert counts[0.002][0] > 1 and counts[0.002][1] == 2110 * 4
+    seen[name] = log.steps
+    print(f"rank {rank}, {name}: " + "; ".join(
+        f"step {i}: {len(sizes)} all-reduce(s), {sum(sizes)} bytes"
+        for i, sizes in enumerate(log.steps, start=1)))
+assert seen["DDP(model)"] == [[2110 * 4]] * 3  # under the 1 MiB first bucket
+tiny = seen["bucket_cap_mb=0.002"]
+assert all(sum(sizes) == 2110 * 4 for sizes in tiny)  # the same bytes every step
+assert len(tiny[0]) == 1 and len(tiny[1]) > 1  # one bucket, then the rebuilt ones
 
 # %% [markdown] lang="ja"
 # ## 学習してもレプリカは一致したまま

@@ -137,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="samples per rank in one micro-batch")
         p.add_argument("--hidden", type=int, default=100, help="hidden width")
         p.add_argument("--depth", type=int, default=1, help="hidden layers")
-        p.add_argument("--bucket-cap-mb", type=float, default=25.0,
-                       help="DDP bucket size in MB")
+        p.add_argument("--bucket-cap-mb", type=float, default=None,
+                       help="DDP bucket size in MiB (default: DDP's own)")
         p.add_argument("--lr", type=float, default=0.05, help="learning rate")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--repeat", type=int, default=5,

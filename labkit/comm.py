@@ -1,10 +1,15 @@
 """What communication costs: all-reduce sweeps, the alpha-beta model, DDP steps.
 
-The alpha-beta model says one all-reduce of S bytes over n ranks takes
-alpha + f(n) * S / beta: alpha is the fixed cost of a message, beta the
-bandwidth, and f(n) = 2(n-1)/n the share of the data each rank sends and
-receives in a ring all-reduce. Bus bandwidth, as nccl-tests reports it, is
-S / t * f(n): comparable across world sizes and with a link's speed.
+The alpha-beta model here assumes a ring all-reduce over n ranks: the data is
+cut into n chunks, reduce-scattered around the ring in n - 1 steps and
+all-gathered in n - 1 more. So one all-reduce of S bytes takes
+2(n-1) * alpha + f(n) * S / beta: alpha is the fixed latency of one step,
+beta the bandwidth of a link, and f(n) = 2(n-1)/n the share of S each rank
+sends (and receives). Bus bandwidth, as nccl-tests reports it, is
+algbw * f(n): comparable across world sizes and with a link's speed. Other
+algorithms take other steps (a tree about 2 log2 n); the model covers the ring
+only, and is a model: gloo on CPU tensors runs a segmented ring (more, smaller
+sends than 2(n-1) for large messages), nccl picks ring or tree by size.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -25,25 +30,42 @@ from . import ddp, models, nosync
 __all__ = [
     "LINKS",
     "AlphaBeta",
+    "BucketLog",
     "StepModel",
+    "Timeline",
     "allreduce_sweep",
     "bandwidths",
-    "bucket_sizes",
     "bucket_timeline",
+    "check_buckets_rebuilt",
+    "check_overlap",
     "fit_alpha_beta",
     "fit_step_model",
     "max_rel_error",
     "predicted_speedup",
-    "step_times_by_k",
     "ring_factor",
+    "ring_steps",
+    "sent_per_allreduce",
+    "split_at",
+    "step_times_by_k",
 ]
+
+
+def _check_world_size(world_size: int) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) \
+            or world_size < 1:
+        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
 
 
 def ring_factor(world_size: int) -> float:
     """Share of the data each rank sends (and receives) in a ring all-reduce."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    _check_world_size(world_size)
     return 2 * (world_size - 1) / world_size
+
+
+def ring_steps(world_size: int) -> int:
+    """Latency steps of a ring all-reduce: n-1 reduce-scatter, n-1 all-gather."""
+    _check_world_size(world_size)
+    return 2 * (world_size - 1)
 
 
 def allreduce_sweep(sizes: Sequence[int], repeat: int = 10) -> list[float]:
@@ -52,33 +74,81 @@ def allreduce_sweep(sizes: Sequence[int], repeat: int = 10) -> list[float]:
 
 
 def bandwidths(nbytes: float, seconds: float, world_size: int) -> tuple[float, float]:
-    """(algorithm bandwidth, bus bandwidth) in bytes per second, as nccl-tests."""
+    """(algorithm bandwidth, bus bandwidth) in bytes per second, as nccl-tests.
+
+    busbw = algbw * 2(n-1)/n: a ring rank sends 2(n-1)/n * S bytes in time t,
+    so its links carry busbw bytes per second whatever n is.
+    """
+    if seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
     algbw = nbytes / seconds
     return algbw, algbw * ring_factor(world_size)
 
 
+def _bytes_written() -> int:
+    """Bytes this process has passed to write-like system calls (Linux only)."""
+    try:
+        with open("/proc/self/io") as f:
+            fields = dict(line.split(": ") for line in f.read().splitlines() if line)
+    except OSError as e:
+        raise RuntimeError("counting sent bytes needs /proc/self/io (Linux)") from e
+    return int(fields["wchar"])
+
+
+def sent_per_allreduce(nbytes: int, repeat: int = 3) -> float:
+    """Bytes this rank sends in one all-reduce of `nbytes`, over S (collective).
+
+    Counted by the kernel (/proc/self/io's wchar: gloo writes to its TCP
+    sockets), so it measures what the algorithm sends, headers included; a
+    ring sends 2(n-1)/n of S. Other writes of the process in the meantime
+    count too: use messages of megabytes.
+    """
+    if nbytes < 4 or repeat < 1:
+        raise ValueError(f"need nbytes >= 4 and repeat >= 1, got {nbytes} and {repeat}")
+    x = torch.ones(nbytes // 4)
+    dist.all_reduce(x)  # warm-up: connections and buffers
+    dist.barrier()
+    before = _bytes_written()
+    for _ in range(repeat):
+        dist.all_reduce(x)
+    sent = (_bytes_written() - before) / repeat
+    dist.barrier()
+    return sent / (4 * x.numel())
+
+
 @dataclass
 class AlphaBeta:
-    """time = alpha + ring_factor(n) * bytes / beta."""
+    """Ring all-reduce time = ring_steps(n) * alpha + ring_factor(n) * bytes / beta."""
 
-    alpha: float  # seconds
-    beta: float  # bytes per second
+    alpha: float  # seconds per ring step (the latency of one send)
+    beta: float  # bytes per second of one link
 
     def time(self, nbytes: float, world_size: int) -> float:
         if world_size == 1:
             return 0.0
-        return self.alpha + ring_factor(world_size) * nbytes / self.beta
+        return (ring_steps(world_size) * self.alpha
+                + ring_factor(world_size) * nbytes / self.beta)
 
 
 def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float],
                    world_size: int) -> AlphaBeta:
-    """Least squares on relative error, so small and large messages both count."""
+    """Per-step alpha and beta, least squares on relative error.
+
+    Fitted at one world size, the model extrapolates to others through the
+    ring's step count and byte share (AlphaBeta.time).
+    """
     if world_size < 2:
         raise ValueError("fitting needs at least 2 ranks")
+    if len(sizes) != len(seconds) or len(sizes) < 2:
+        raise ValueError(f"need as many times as sizes, at least 2; got {len(sizes)} "
+                         f"sizes and {len(seconds)} times")
+    if min(seconds) <= 0:
+        raise ValueError("every time must be > 0")
+    steps = float(ring_steps(world_size))
     x = torch.tensor([ring_factor(world_size) * s for s in sizes], dtype=torch.float64)
     t = torch.tensor(list(seconds), dtype=torch.float64)
-    # Minimize sum(((alpha + x / beta) - t) / t)^2: linear in (alpha, 1/beta).
-    A = torch.stack([1 / t, x / t], dim=1)
+    # Minimize sum(((steps * alpha + x / beta) - t) / t)^2: linear in (alpha, 1/beta).
+    A = torch.stack([steps / t, x / t], dim=1)
     sol = torch.linalg.lstsq(A, torch.ones_like(t).unsqueeze(1)).solution.squeeze(1)
     alpha, inv_beta = sol.tolist()
     if inv_beta <= 0:
@@ -86,24 +156,50 @@ def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float],
     return AlphaBeta(max(alpha, 0.0), 1 / inv_beta)
 
 
-def bucket_sizes(model: torch.nn.Module, bucket_cap_mb: float = 25.0) -> list[int]:
-    """Bytes per DDP bucket: gradients in reverse order, a bucket closed once full.
+class BucketLog:
+    """A DDP comm hook that records the bytes of every bucket, step by step.
 
-    As torch's _compute_bucket_assignment_by_size: a gradient joins the open
-    bucket, and the bucket closes when it reaches the cap, so a bucket can
-    exceed the cap by its last gradient. (All parameters here are float32 on
-    one device, and gradients become ready in reverse order.)
+    It all-reduces as DDP's default does (sum, then divide by the world size),
+    so training is unchanged. Call `step()` before each step's backward.
     """
-    cap = bucket_cap_mb * 1024 * 1024
-    sizes, current = [], 0
-    for p in reversed(list(model.parameters())):
-        current += p.numel() * p.element_size()
-        if current >= cap:
-            sizes.append(current)
-            current = 0
-    if current:
-        sizes.append(current)
-    return sizes
+
+    def __init__(self):
+        self.steps: list[list[int]] = []
+
+    def attach(self, model: DDP) -> BucketLog:
+        model.register_comm_hook(self, BucketLog._hook)
+        return self
+
+    def step(self) -> None:
+        self.steps.append([])
+
+    @staticmethod
+    def _hook(log, bucket):  # unannotated: DDP rejects string annotations
+        if not log.steps:
+            raise RuntimeError("BucketLog.step() must be called before the backward")
+        buffer = bucket.buffer()
+        log.steps[-1].append(buffer.numel() * buffer.element_size())
+        return default_hooks.allreduce_hook(None, bucket)
+
+
+def check_buckets_rebuilt(steps: Sequence[Sequence[int]], param_bytes: int) -> None:
+    """Assert what a BucketLog saw of DDP(model): one bucket, then a rebuilt split.
+
+    Step 1 all-reduces every gradient in one bucket; from step 2 on, the
+    buckets DDP rebuilt in the order the gradients arrived: more than one,
+    the same in every later step, each step's sizes summing to `param_bytes`.
+    """
+    if len(steps) < 3:
+        raise ValueError(f"need at least 3 logged steps, got {len(steps)}")
+    for i, sizes in enumerate(steps, start=1):
+        if sum(sizes) != param_bytes:
+            raise AssertionError(f"step {i}: buckets {list(sizes)} sum to "
+                                 f"{sum(sizes)} bytes, not {param_bytes}")
+    if len(steps[0]) != 1:
+        raise AssertionError(f"step 1 sent {len(steps[0])} buckets, expected one")
+    if len(steps[1]) < 2 or any(list(s) != list(steps[1]) for s in steps[2:]):
+        raise AssertionError(f"no rebuild into several fixed buckets after step 1: "
+                             f"{[list(s) for s in steps]}")
 
 
 @dataclass
@@ -171,7 +267,8 @@ def max_rel_error(model: StepModel, times: dict[int, tuple[float, float]]) -> fl
 
 def step_times_by_k(rank: int, world_size: int, hidden: int, depth: int,
                     ks: Sequence[int] = (1, 2, 4, 8), repeat: int = 5,
-                    bucket_cap_mb: float = 25.0) -> dict[int, tuple[float, float]]:
+                    bucket_cap_mb: float | None = None,
+                    ) -> dict[int, tuple[float, float]]:
     """Measured (sync, no_sync) seconds of one optimizer step for each K.
 
     One model for every K, timed in turn over `repeat` rounds
@@ -190,37 +287,121 @@ def _first_micro_batch(cfg: nosync.NoSyncConfig, rank: int, world_size: int):
     return nosync.micro_batches(nosync.make_dataset(cfg), cfg, 0, rank, world_size)[0]
 
 
-def bucket_timeline(rank: int, world_size: int, cfg: nosync.NoSyncConfig) -> dict:
-    """When each bucket's all-reduce starts and ends, against the backward pass.
+def split_at(spans: Sequence[tuple[float, float]], t: float) -> tuple[float, float]:
+    """Seconds of the union of `spans` before `t` and after it.
 
-    Seconds from the start of backward; an all-reduce that starts before the
-    backward ends overlaps with it.
+    Spans may overlap (gloo runs two all-reduces at a time): each second
+    counts once.
     """
-    model = DDP(nosync.make_model(cfg), bucket_cap_mb=cfg.bucket_cap_mb)
-    events: list[list[float]] = []
-    t0 = [0.0]
+    if not math.isfinite(t):
+        raise ValueError(f"t must be a finite time, got {t}")
+    before = after = 0.0
+    reach = -math.inf  # the end of the union so far
+    for start, end in sorted(spans):
+        if not (math.isfinite(start) and math.isfinite(end)) or end < start:
+            raise ValueError(f"a span must end after it starts, got ({start}, {end})")
+        start = max(start, reach)
+        if end <= start:
+            continue
+        before += max(0.0, min(end, t) - start)
+        after += max(0.0, end - max(start, t))
+        reach = end
+    return before, after
 
-    def hook(state, bucket):
-        start = time.perf_counter() - t0[0]
-        fut = default_hooks.allreduce_hook(None, bucket)
+
+class Timeline:
+    """When each all-reduce runs, against the end of the gradient computation.
+
+    A post-accumulate-grad hook on every parameter stamps the time its
+    gradient is complete; the last stamp of a step is the end of the gradient
+    computation. `loss.backward()` returns later: DDP waits there for every
+    bucket's all-reduce. A comm hook all-reduces through `allreduce`, which
+    stamps when each all-reduce is handed to the process group and when it
+    completes (one may queue behind another: the union of the spans is the
+    time some communication was under way). Times are seconds from the
+    start of the step's backward.
+    """
+
+    def __init__(self, model: DDP, comm_hook: Callable | None = None):
+        self.steps: list[dict] = []
+        self._t0 = 0.0
+        self._world_size = dist.get_world_size()
+        for p in model.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._grad_done)
+        model.register_comm_hook(self, comm_hook or Timeline.allreduce_hook)
+
+    def _now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def _grad_done(self, param) -> None:
+        self.steps[-1]["grad_end"] = self._now()
+
+    def allreduce(self, tensor: torch.Tensor) -> torch.futures.Future:
+        """DDP's default all-reduce (sum, then mean), stamped at start and end."""
+        span = [self._now(), math.nan]
+        self.steps[-1]["events"].append(span)
+        tensor.div_(self._world_size)
+        fut = dist.all_reduce(tensor, async_op=True).get_future()
 
         def done(f):
-            events.append([start, time.perf_counter() - t0[0]])
+            span[1] = self._now()
             return f.value()[0]
 
         return fut.then(done)
 
-    model.register_comm_hook(None, hook)
+    @staticmethod
+    def allreduce_hook(timeline, bucket):  # unannotated: DDP rejects them
+        return timeline.allreduce(bucket.buffer())
+
+    def backward(self, loss: torch.Tensor) -> dict:
+        """Run one step's backward on every rank at once and return its record."""
+        dist.barrier()  # the ranks start together, so waits are not counted
+        self.steps.append({"events": [], "grad_end": math.nan})
+        self._t0 = time.perf_counter()
+        loss.backward()
+        step = self.steps[-1]
+        step["backward_end"] = self._now()
+        step["events"] = sorted(tuple(span) for span in step["events"])
+        step["hidden_s"], step["exposed_s"] = split_at(step["events"], step["grad_end"])
+        return step
+
+
+def bucket_timeline(rank: int, world_size: int, cfg: nosync.NoSyncConfig,
+                    steps: int = 4, comm_hook: Callable | None = None) -> list[dict]:
+    """`steps` records of Timeline on the first micro-batch, one per backward.
+
+    DDP rebuilds its buckets after the first step, so later steps show the
+    buckets a training run uses. `comm_hook(timeline, bucket)` replaces the
+    default all-reduce; it must all-reduce through `timeline.allreduce`.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    model = DDP(nosync.make_model(cfg), bucket_cap_mb=cfg.bucket_cap_mb)
+    timeline = Timeline(model, comm_hook)
     X, y = _first_micro_batch(cfg, rank, world_size)
     criterion = models.MyLoss()
-    for _ in range(2):  # the second pass runs with DDP's rebuilt buckets
-        events.clear()
-        loss = criterion(model(X), y)
-        dist.barrier()
-        t0[0] = time.perf_counter()
-        loss.backward()
-        backward_end = time.perf_counter() - t0[0]
-    return {"events": sorted(events), "backward_end": backward_end}
+    for _ in range(steps):
+        model.zero_grad()
+        timeline.backward(criterion(model(X), y))
+    return timeline.steps
+
+
+def check_overlap(steps: Sequence[dict], skip: int = 1) -> None:
+    """Assert that every step after the first `skip` hid some communication.
+
+    Hidden means an all-reduce ran before the last gradient was computed.
+    DDP's first step runs one bucket, after every gradient: skip it.
+    """
+    if skip < 0 or len(steps) <= skip:
+        raise ValueError(f"{len(steps)} step(s) recorded: need more than skip={skip}")
+    for i, step in enumerate(steps[skip:], start=skip + 1):
+        if not step["hidden_s"] > 0:
+            raise AssertionError(
+                f"step {i}: no communication ran before the last gradient "
+                f"({len(step['events'])} all-reduce(s), the first starting at "
+                f"{step['events'][0][0] * 1e3:.2f} ms, gradients done at "
+                f"{step['grad_end'] * 1e3:.2f} ms): nothing overlapped")
 
 
 # Nominal one-direction link bandwidths in bytes/s, from the vendors' published
@@ -232,19 +413,26 @@ LINKS = {
 }
 
 
-def predicted_speedup(world_size: int, K: int, no_sync: bool, params: int,
-                      compute_s: float, ab: AlphaBeta, overhead_s: float = 0.0,
-                      bucket_cap_mb: float = 25.0) -> float:
+def predicted_speedup(world_size: int, K: int, no_sync: bool,
+                      bucket_bytes: Sequence[float], compute_s: float, ab: AlphaBeta,
+                      overhead_s: float = 0.0) -> float:
     """Samples per second on `world_size` ranks over one rank, by the model.
 
     Each rank computes K micro-batches of its own (compute_s each); every
-    synchronization all-reduces the gradients (float32) bucket by bucket,
-    plus DDP's own `overhead_s`. One rank needs no communication at all.
+    synchronization all-reduces `bucket_bytes` (the buckets DDP sent, as a
+    BucketLog saw them), one after the other with no overlap, plus DDP's own
+    `overhead_s`. One rank needs no communication at all.
     """
-    nbytes = 4 * params
-    cap = bucket_cap_mb * 1024 * 1024
-    buckets = [cap] * int(nbytes // cap) + ([nbytes % cap] if nbytes % cap else [])
-    sync_s = sum(ab.time(b, world_size) for b in buckets) + (
+    _check_world_size(world_size)
+    if K < 1:
+        raise ValueError(f"K must be >= 1, got {K}")
+    if not bucket_bytes or min(bucket_bytes) <= 0:
+        raise ValueError(f"bucket_bytes must be non-empty and positive, got "
+                         f"{list(bucket_bytes)}")
+    if compute_s <= 0 or overhead_s < 0:
+        raise ValueError(f"compute_s must be > 0 and overhead_s >= 0, got "
+                         f"{compute_s} and {overhead_s}")
+    sync_s = sum(ab.time(b, world_size) for b in bucket_bytes) + (
         overhead_s if world_size > 1 else 0.0)
     step = StepModel(compute_s, sync_s, 0.0).predict(K, no_sync)
     return world_size * K * compute_s / step

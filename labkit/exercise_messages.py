@@ -195,8 +195,13 @@ MESSAGES = {  # key: (ja, en)
                 "では、各ランクが S の 2(n−1)/n 倍を送ります。",
                 "{name} has a wrong factor. Hint: in a ring all-reduce over n ranks "
                 "each rank sends 2(n−1)/n times S."),
-    "ex_ab_hint": ("時間 = α + 2(n−1)/n × S / β、S はバイト数です。",
-                   "time = alpha + 2(n−1)/n × S / beta, S in bytes."),
+    "ex_alpha_steps": ("{name} の式では α を 1 回しか払っていません。ヒント: "
+                       "リング all-reduce は 2(n−1) ステップで、"
+                       "ステップごとに α がかかります。",
+                       "{name} pays alpha once. Hint: a ring all-reduce takes 2(n−1) "
+                       "steps, and each step pays alpha."),
+    "ex_ab_hint": ("時間 = 2(n−1) × α + 2(n−1)/n × S / β、S はバイト数です。",
+                   "time = 2(n−1) × alpha + 2(n−1)/n × S / beta, S in bytes."),
     "ex_ab_ok": ("{n} ランクで {ms:.2f} ms の予測です (2 ランクでは {ms2:.2f} ms)。",
                  "The model predicts {ms:.2f} ms on {n} ranks ({ms2:.2f} ms on 2)."),
 }

@@ -342,11 +342,13 @@ def check_step_prediction(model: comm.StepModel, K: int, sync_s: float | None,
 
 def check_allreduce_prediction(ab: comm.AlphaBeta, params: int, world_size: int,
                                allreduce_s: float | None) -> None:
-    """Seconds of one all-reduce of `params` float32 values, by the alpha-beta model."""
+    """Seconds of one ring all-reduce of `params` float32 values, by the model."""
     nbytes, factor = 4 * params, comm.ring_factor(world_size)
+    latency = comm.ring_steps(world_size) * ab.alpha
     _judge("allreduce_s", allreduce_s, ab.time(nbytes, world_size),
-           [("ex_bytes", ab.alpha + factor * params / ab.beta),
-            ("ex_ring", ab.alpha + nbytes / ab.beta),
-            ("ex_ring", ab.alpha + 2 * nbytes / ab.beta)], "ex_ab_hint")
+           [("ex_bytes", latency + factor * params / ab.beta),
+            ("ex_ring", latency + nbytes / ab.beta),
+            ("ex_ring", latency + 2 * nbytes / ab.beta),
+            ("ex_alpha_steps", ab.alpha + factor * nbytes / ab.beta)], "ex_ab_hint")
     _right("ex_ab_ok", n=world_size, ms=ab.time(nbytes, world_size) * 1e3,
            ms2=ab.time(nbytes, 2) * 1e3)

@@ -48,7 +48,8 @@ class NoSyncConfig:
     lr: float = 0.05
     momentum: float = 0.0
     seed: int = 0
-    bucket_cap_mb: float = 25.0  # DDP's default
+    # None: DDP's own default (not the same as 25: see lesson 05's buckets)
+    bucket_cap_mb: float | None = None
     repeat: int = 5  # timed optimizer steps per mode
 
     def check(self, world_size: int) -> None:
@@ -56,7 +57,7 @@ class NoSyncConfig:
         for name in ("steps", "batch_per_rank", "hidden", "depth", "repeat"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.bucket_cap_mb <= 0:
+        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
 
 

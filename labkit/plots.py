@@ -174,27 +174,53 @@ def _decorate(ax, xlabel, ylabel, title, logx, logy):
         ax.legend()
 
 
-def timeline(spans: Sequence[tuple[float, float]], end: float, *, span_label: str,
-             end_label: str, title: str):
-    """The backward pass (0 to `end` ms) and, below it, one bar per (start, end) span.
+def timeline(steps: Sequence[Mapping], *, show: int = -1, title: str):
+    """Communication against the gradient computation, from comm.Timeline records.
 
-    `span_label`, `end_label` and `title` are message keys.
+    Top: step `show`, one bar per all-reduce, green where it ran before the
+    last gradient (hidden), red after it (exposed). Bottom: hidden and exposed
+    milliseconds of every step. `title` is a message key.
     """
+    hidden_c, exposed_c = "tab:green", "tab:red"
 
     def build():
-        fig, ax = plt.subplots(figsize=(6.5, 0.55 * len(spans) + 2.0))
-        ax.barh(0, end, left=0, height=0.5, color="tab:blue", label=t(end_label))
+        step = steps[show]
+        spans = [(a * 1e3, b * 1e3) for a, b in step["events"]]
+        grad_end, returned = step["grad_end"] * 1e3, step["backward_end"] * 1e3
+        fig, (ax, ax2) = plt.subplots(
+            2, 1, figsize=(8.5, 0.4 * len(spans) + 4.5),
+            gridspec_kw={"height_ratios": [len(spans) + 2, 3]})
+        ax.barh(0, grad_end, height=0.6, color="tab:blue", label=t("grad_compute"))
         for i, (start, stop) in enumerate(spans, start=1):
-            ax.barh(i, stop - start, left=start, height=0.5, color="tab:orange",
-                    label=t(span_label) if i == 1 else None)
-        ax.axvline(end, color="tab:blue", linestyle="--", linewidth=1)
-        ax.set_yticks(range(len(spans) + 1),
-                      [t(end_label), *[t("bucket_n", i=i) for i in range(len(spans))]])
+            if start < grad_end:
+                ax.barh(i, min(stop, grad_end) - start, left=start, height=0.6,
+                        color=hidden_c, label=t("comm_hidden") if i == 1 else None)
+            if stop > grad_end:
+                ax.barh(i, stop - max(start, grad_end), left=max(start, grad_end),
+                        height=0.6, color=exposed_c,
+                        label=t("comm_exposed") if i == len(spans) else None)
+        ax.axvline(grad_end, color="tab:blue", linestyle="--", linewidth=1)
+        ax.axvline(returned, color="black", linestyle=":", linewidth=1,
+                   label=t("backward_returns"))
+        buckets = [t("bucket_n", i=i) for i in range(len(spans))]
+        ax.set_yticks(range(len(spans) + 1), [t("grad_compute"), *buckets])
         ax.set_xlabel("ms")
         ax.set_xlim(left=0)
         ax.invert_yaxis()
         _decorate(ax, None, None, title, False, False)
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2)
+        number = show + 1 if show >= 0 else len(steps) + show + 1
+        ax.set_title(f"{t(title)} ({t('step')} {number})")
+        ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
+        numbers = range(1, len(steps) + 1)
+        hidden = [s["hidden_s"] * 1e3 for s in steps]
+        exposed = [s["exposed_s"] * 1e3 for s in steps]
+        ax2.bar(numbers, hidden, color=hidden_c, label=t("comm_hidden"))
+        ax2.bar(numbers, exposed, bottom=hidden, color=exposed_c,
+                label=t("comm_exposed"))
+        ax2.set_xticks(list(numbers))
+        _decorate(ax2, "step", None, "overlap_steps_title", False, False)
+        ax2.set_ylabel("ms")
+        ax2.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
         fig.tight_layout()
         return fig
 

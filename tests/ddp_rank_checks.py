@@ -205,22 +205,53 @@ def accumulation_matches_large_batch(K, batch_per_rank, hidden, seed):
     return counter.calls
 
 
-def bucket_counts(caps=(25, 4, 1, 0.01)):
-    """(planned buckets, all-reduce calls of one synchronization) per cap."""
+def bucket_logs(caps=(None, 25, 1), steps=3):
+    """Bytes of each bucket per step of lesson 05's MLP, as a BucketLog saw them.
+
+    A cap of None builds DDP(model) without bucket_cap_mb (DDP's own default).
+    Also returns the model's gradient bytes.
+    """
     from labkit import comm
 
     out = {}
+    cfg = nosync.NoSyncConfig(hidden=1024, depth=3, accum_steps=1)
+    X, y = nosync.micro_batches(nosync.make_dataset(cfg), cfg, 0, dist.get_rank(),
+                                dist.get_world_size())[0]
     for cap in caps:
-        cfg = nosync.NoSyncConfig(hidden=256, depth=3, bucket_cap_mb=cap, accum_steps=1)
-        model, counter = nosync.wrap(cfg)
-        rank, world_size = dist.get_rank(), dist.get_world_size()
-        batches = nosync.micro_batches(nosync.make_dataset(cfg), cfg, 0, rank,
-                                       world_size)
-        for _ in range(2):
-            counter.reset()
-            nosync.accumulate_no_sync(model, models.MyLoss(), batches)
-        out[cap] = (len(comm.bucket_sizes(model.module, cap)), counter.calls)
-    return out
+        kwargs = {} if cap is None else {"bucket_cap_mb": cap}
+        model = DDP(nosync.make_model(cfg), **kwargs)
+        log = comm.BucketLog().attach(model)
+        for _ in range(steps):
+            log.step()
+            models.MyLoss()(model(X), y).backward()
+        out[cap] = log.steps
+    return out, 4 * models.count_params(model.module)
+
+
+def delay_until_last(timeline, bucket):
+    """A broken comm hook: no all-reduce starts before the last bucket is ready.
+
+    It holds every bucket and launches them all from the last one, i.e. after
+    the last gradient (as a DDP without buckets would).
+    """
+    pending = timeline.__dict__.setdefault("_pending", [])
+    fut = torch.futures.Future()
+    pending.append((bucket.buffer(), fut))
+    if bucket.is_last():
+        for buffer, held in pending:
+            timeline.allreduce(buffer).then(
+                lambda f, held=held: held.set_result(f.value()))
+        pending.clear()
+    return fut
+
+
+def timelines(delayed=False, steps=3):
+    """Lesson 05's overlap record, with DDP's all-reduce or the delayed one."""
+    from labkit import comm
+
+    cfg = nosync.NoSyncConfig(hidden=512, depth=8, bucket_cap_mb=1, accum_steps=1)
+    return comm.bucket_timeline(dist.get_rank(), dist.get_world_size(), cfg, steps,
+                                comm_hook=delay_until_last if delayed else None)
 
 
 def interleaved_times_small(ks=(1, 2, 3), rounds=2):
@@ -232,3 +263,17 @@ def interleaved_times_small(ks=(1, 2, 3), rounds=2):
     times = nosync.interleaved_step_times(model, nosync.make_optimizer(model, cfg),
                                           batches, ks, rounds, block_s=0.0)
     return times, counter.calls
+
+
+def sent_shares(sizes=(16 * 2**20,)):
+    """Bytes each rank sends per all-reduce over S, per size (Linux only)."""
+    from labkit import comm
+
+    return {size: comm.sent_per_allreduce(size) for size in sizes}
+
+
+def sent_share_16mib(rank, world_size):
+    """Under launch.run: bytes this rank sends per 16 MiB all-reduce, over S."""
+    from labkit import comm
+
+    return comm.sent_per_allreduce(16 * 2**20)
