@@ -378,6 +378,7 @@ fig = plots.timeline(timeline, title="overlap_title")
 # 全マイクロバッチで同期すると K·c + K·s + o、`no_sync` なら K·c + s + o です。
 # K = 1, 2, 4 の実測から c, s, o を求め、見ていない K = 8 を予測して、実測と比べます。
 # 2 つのモデル (記事 004 の小さなモデルと、約 210 万パラメータの MLP) で行います。
+# セルは、最大の誤差が 50% 未満であることを確かめます (混んだ 2 コアのマシンでも収まる幅です)。
 
 # %% [markdown] lang="en"
 # ## Predicting the time of an update
@@ -391,7 +392,8 @@ fig = plots.timeline(timeline, title="overlap_title")
 # Synchronizing every micro-batch gives K·c + K·s + o; `no_sync` gives K·c + s + o.
 # Fit c, s and o on the measurements for K = 1, 2, 4, predict the unseen K = 8, and
 # compare, for two models (doc 004's small one and an MLP of about 2.1 million
-# parameters).
+# parameters). The cell asserts that the worst error stays under 50% (a margin that
+# holds even on a busy 2-core machine).
 
 # %% tags=["nbval-ignore-output"]
 # %%px
@@ -420,6 +422,9 @@ for name, times in step_times.items():
               f" (model {model.predict(k, True) * 1e3:6.1f})")
 fig = plots.measured_vs_model(measured, predicted, xlabel="accum_k",
                               ylabel="step_time_ms", title="model_vs_measured")
+# The unseen K = 8 too: within 50% on this 2-core machine even when it is busy
+# (bench/run.py records 9-20% on an idle one); a model missing s or o is off by more.
+assert max(errors.values()) < 0.5, errors
 
 # %% [markdown] lang="ja"
 # c、s、o は時間なので、負にならないように求めます (非負の最小二乗法)。それでも o が 0 になることが

@@ -220,9 +220,9 @@ labkit.set_lang("en")
 # | L04-6 | `no_sync` の中で `step` するとレプリカがずれ、戻らない | [04: 誤用 3: no_sync の中で optimizer.step() する](04_no_sync.ipynb#誤用-3:-no_sync-の中で-optimizer.step()-する) |
 # | L04-7 | 勾配累積では `no_sync` を使うと 1 更新の時間が短くなる | [04: 1 ステップの時間: K と no_sync](04_no_sync.ipynb#1-ステップの時間:-K-と-no_sync) |
 # | L04-8 | 正しく使えば、更新ごとの損失は同期ありと重なる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#収束:-記事の「同期あり-vs-no_sync」をやり直す) |
-# | L05-1 | all-reduce の時間は α + バイト数 × β で表せる | [05: all-reduce を測る](05_communication.ipynb#all-reduce-を測る) |
-# | L05-2 | DDP は勾配をバケットにまとめ、バケットごとに 1 回 all-reduce する | [05: バケット](05_communication.ipynb#バケット) |
-# | L05-3 | 通信は逆伝播と重なる | [05: 逆伝播と通信の重なり](05_communication.ipynb#逆伝播と通信の重なり) |
+# | L05-1 | all-reduce の時間は、リングの段数 2(n−1) × α + 各ランクが送るバイト数 2(n−1)/n × S ÷ 帯域で表せる (モデル) | [05: all-reduce を測る](05_communication.ipynb#all-reduce-を測る) |
+# | L05-2 | DDP は勾配をバケットにまとめ、バケットごとに 1 回 all-reduce する。`DDP(model)` は最初のステップのあとでバケットを作り直す | [05: バケット: DDP(model) が実際に送るもの](05_communication.ipynb#バケット:-DDP(model)-が実際に送るもの) |
+# | L05-3 | 通信の一部は勾配の計算と重なる (隠れる) | [05: 勾配の計算と通信の重なり](05_communication.ipynb#勾配の計算と通信の重なり) |
 # | L05-4 | 1 更新の時間は計算と通信のモデルで予測でき、測っていない K でも当たる | [05: 1 回の更新の時間を予測する](05_communication.ipynb#1-回の更新の時間を予測する) |
 
 # %% [markdown] lang="en"
@@ -247,9 +247,9 @@ labkit.set_lang("en")
 # | L04-6 | stepping inside `no_sync` makes the replicas drift apart for good | [04: Misuse 3: optimizer.step() inside no_sync](04_no_sync.ipynb#Misuse-3:-optimizer.step()-inside-no_sync) |
 # | L04-7 | with gradient accumulation, `no_sync` makes an update take less time | [04: Time per step: K and no_sync](04_no_sync.ipynb#Time-per-step:-K-and-no_sync) |
 # | L04-8 | used correctly, the loss per update coincides with synchronizing every step | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#Convergence:-the-document's-"sync-vs-no_sync",-done-properly) |
-# | L05-1 | the time of an all-reduce is α + bytes × β | [05: Timing all-reduce](05_communication.ipynb#Timing-all-reduce) |
-# | L05-2 | DDP packs gradients into buckets and all-reduces once per bucket | [05: Buckets](05_communication.ipynb#Buckets) |
-# | L05-3 | communication overlaps backward | [05: Communication overlaps backward](05_communication.ipynb#Communication-overlaps-backward) |
+# | L05-1 | the time of an all-reduce is 2(n−1) ring steps × α plus the 2(n−1)/n × S bytes each rank sends over the bandwidth (a model) | [05: Timing all-reduce](05_communication.ipynb#Timing-all-reduce) |
+# | L05-2 | DDP packs gradients into buckets and all-reduces once per bucket; `DDP(model)` rebuilds its buckets after the first step | [05: Buckets: what DDP(model) really sends](05_communication.ipynb#Buckets:-what-DDP(model)-really-sends) |
+# | L05-3 | part of the communication overlaps the gradient computation (is hidden) | [05: Communication overlaps the gradient computation](05_communication.ipynb#Communication-overlaps-the-gradient-computation) |
 # | L05-4 | a model of computation and communication predicts the time of an update, also for a K it was not fitted on | [05: Predicting the time of an update](05_communication.ipynb#Predicting-the-time-of-an-update) |
 
 # %% [markdown] lang="ja"

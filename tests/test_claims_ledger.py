@@ -28,7 +28,6 @@ KNOWN_GAPS = {
     "000-28": "04 when to use it: the same cell as 000-8",
     "000-14": "03 start the ranks: assert one process (and device) per rank",
     "004-29": "07 TensorFlow Lattice: prose only",
-    "L05-4": "05 predicting an update: assert the prediction on unseen K",
 }
 
 
