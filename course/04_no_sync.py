@@ -188,10 +188,10 @@ print("inside no_sync the ranks differ; after the last micro-batch they agree")
 optimizer.zero_grad()
 nosync.accumulate_no_sync(model, criterion, batches, scale=False)
 ratio = [(p.grad / r).mean().item() for p, r in zip(model.parameters(), ref_grads, strict=True)]
-print(f"rank {rank}: unscaled / large-batch gradient = {min(ratio):.3f} .. {max(ratio):.3f}")
 checks.grads_differ([p.grad for p in model.parameters()], ref_grads)
 checks.grads_match([p.grad for p in model.parameters()], [K * g for g in ref_grads],
                    tol=K * checks.GRAD_TOL)  # K times the sum: K times the rounding
+print(f"rank {rank}: unscaled / large-batch gradient = {min(ratio):.3f} .. {max(ratio):.3f}")
 
 # %% [markdown] lang="ja"
 # ## 「K 倍のバッチと同じ」が成り立つ条件
@@ -239,8 +239,8 @@ print(f"|accumulated - 64-sample batch gradient|: with BatchNorm {bn_gap:.2e}, "
       f"without {plain_gap:.2e}")
 
 # %% [markdown] lang="ja"
-# BatchNorm のあるモデルでは、勾配累積は K 倍のバッチでの学習とは別の学習です。K 倍のバッチと
-# 比べるなら、そのつもりで比べます。
+# BatchNorm のあるモデルでは、勾配累積は K 倍のバッチでの学習とは別物です。両者は別の学習として
+# 比べてください。
 #
 # 次に大きさのそろわないマイクロバッチです。エポックの最後の半端なバッチや、長さの違う系列で
 # 起こります。損失 (サンプルごとの平均) を K で割ると、どのマイクロバッチも同じ重み 1/K になり、
@@ -316,8 +316,8 @@ counter.reset()
 model.no_sync()  # as in doc 000: a context manager, created and dropped
 for X, y in batches:
     (criterion(model(X), y) / K).backward()
-print(f"rank {rank}: {counter.calls} all-reduce calls after the bare call")
 checks.allreduce_calls(counter.calls, K)  # as many as without no_sync
+print(f"rank {rank}: {counter.calls} all-reduce calls after the bare call")
 
 # %% [markdown] lang="ja"
 # ## 誤用 2: 順伝播を `with` の外で行う
@@ -345,9 +345,9 @@ for i, (X, y) in enumerate(batches):
     with model.no_sync() if i < K - 1 else nullcontext():
         loss.backward()
 grad_diff = checks.grads_match([p.grad for p in model.parameters()], ref_grads)
+checks.allreduce_calls(counter.calls, K)  # nothing was postponed
 print(f"rank {rank}: {counter.calls} all-reduce calls, gradient still right "
       f"(diff {grad_diff:.1e})")
-checks.allreduce_calls(counter.calls, K)  # nothing was postponed
 
 # %% [markdown] lang="ja"
 # ## 誤用 3: `no_sync` の中で `optimizer.step()` する

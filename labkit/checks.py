@@ -170,11 +170,10 @@ def replicas_equal(model: torch.nn.Module | float) -> float:
     return diff
 
 
-def allreduce_calls(got: int, want: int) -> int:
+def allreduce_calls(got: int, want: int) -> None:
     """Assert a communication hook counted `want` all-reduce calls."""
     if got != want:
         raise AssertionError(t("check_calls", got=got, want=want))
-    return got
 
 
 def one_sync_per_update(K: int, calls: tuple[int, int], nbytes: tuple[int, int],

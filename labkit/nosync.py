@@ -139,11 +139,11 @@ def accumulate_by_count(model: DDP, criterion, batches) -> float:
 
     A per-sample mean loss divided by K weighs every micro-batch alike, so a
     short one counts more per sample than it should. Weighting each loss by
-    its sample count over the global count (all ranks, one small all-reduce)
-    gives every sample the same weight, 1 / N; the factor world_size undoes
-    DDP's averaging over the ranks. Besides DDP's all-reduce it all-reduces
-    two numbers: the count before the first backward, the loss for the
-    report. Returns the large batch's mean loss.
+    its sample count over the global count N (summed over the ranks) gives
+    every sample the same weight, 1 / N; the factor world_size undoes DDP's
+    averaging over the ranks. Besides DDP's all-reduce it all-reduces two
+    numbers: the count before the first backward, the loss for the report.
+    Returns the large batch's mean loss.
     """
     world_size = dist.get_world_size()
     count = torch.tensor([float(sum(len(X) for X, _ in batches))],
