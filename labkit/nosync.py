@@ -22,8 +22,11 @@ from . import data, ddp, models, rendezvous, timing
 
 __all__ = [
     "NoSyncConfig",
+    "accumulate_by_count",
     "accumulate_no_sync",
+    "accumulated_and_whole_grads",
     "convergence",
+    "interleaved_step_samples",
     "interleaved_step_times",
     "make_dataset",
     "make_model",
@@ -32,6 +35,8 @@ __all__ = [
     "misuse_experiment",
     "nosync_experiment",
     "step_times",
+    "uneven_micro_batches",
+    "update_costs",
     "wrap",
 ]
 
@@ -130,6 +135,71 @@ def accumulate_no_sync(model: DDP, criterion, batches, use_no_sync: bool = True,
     return total / K
 
 
+def accumulate_by_count(model: DDP, criterion, batches) -> float:
+    """Like accumulate_no_sync, exact for micro-batches of any sizes.
+
+    A per-sample mean loss divided by K weighs every micro-batch alike, so a
+    short one counts more per sample than it should. Weighting each loss by
+    its sample count over the global count N (summed over the ranks) gives
+    every sample the same weight, 1 / N; the factor world_size undoes DDP's
+    averaging over the ranks. Besides DDP's all-reduce it all-reduces two
+    numbers: the count before the first backward, the loss for the report.
+    Returns the large batch's mean loss.
+    """
+    world_size = dist.get_world_size()
+    count = torch.tensor([float(sum(len(X) for X, _ in batches))],
+                         device=batches[0][0].device)
+    dist.all_reduce(count)  # N, the global number of samples of this update
+    total = torch.zeros(1, device=count.device)
+    for i, (X, y) in enumerate(batches):
+        last = i == len(batches) - 1
+        with nullcontext() if last else model.no_sync():
+            loss = criterion(model(X), y)
+            (loss * len(X) * world_size / count).backward()
+        total += loss.detach() * len(X)
+    dist.all_reduce(total)
+    return (total / count).item()
+
+
+def accumulated_and_whole_grads(model: nn.Module, criterion, X: torch.Tensor,
+                                y: torch.Tensor, K: int
+                                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """One process: gradients of K equal micro-batches (loss / K) and of the batch.
+
+    Nothing is synchronized here, so what differs is the arithmetic of
+    accumulation alone, e.g. a layer that looks at its whole batch.
+    """
+    model.zero_grad()
+    for Xi, yi in zip(X.chunk(K), y.chunk(K), strict=True):
+        (criterion(model(Xi), yi) / K).backward()
+    accumulated = _grads(model)
+    model.zero_grad()
+    criterion(model(X), y).backward()
+    return accumulated, _grads(model)
+
+
+def uneven_micro_batches(dataset, sizes: Sequence[Sequence[int]], rank: int
+                         ) -> tuple[list, tuple[torch.Tensor, torch.Tensor]]:
+    """Rank `rank`'s micro-batches of the given sizes, and the whole batch.
+
+    `sizes[r]` lists rank r's micro-batch sizes; the whole batch is every
+    rank's samples together, consecutive from the dataset's start.
+    """
+    if len(sizes) != dist.get_world_size():
+        raise ValueError(f"sizes lists {len(sizes)} ranks, the group has "
+                         f"{dist.get_world_size()}")
+    if len({len(s) for s in sizes}) != 1 or min(min(s) for s in sizes) < 1:
+        raise ValueError(f"every rank needs as many micro-batches, each of at least "
+                         f"one sample: {sizes}")
+    start = sum(sum(s) for s in sizes[:rank])
+    out = []
+    for n in sizes[rank]:
+        out.append((dataset.data[start:start + n], dataset.target[start:start + n]))
+        start += n
+    total = sum(sum(s) for s in sizes)
+    return out, (dataset.data[:total], dataset.target[:total])
+
+
 def wrap(cfg: NoSyncConfig) -> tuple[DDP, ddp.CommCounter]:
     """A DDP model (same initial weights on every rank) with an all-reduce counter."""
     device = _device()
@@ -202,14 +272,27 @@ def step_times(model: DDP, optimizer, dataset, cfg: NoSyncConfig, rank: int,
 def interleaved_step_times(model: DDP, optimizer, batches: list, ks: Sequence[int],
                            rounds: int, block_s: float = 0.05
                            ) -> dict[int, tuple[float, float]]:
-    """Seconds of one optimizer step for each K: (all micro-batches synced, no_sync).
+    """Median seconds of one optimizer step for each K: (synced, no_sync).
+
+    The medians of interleaved_step_samples.
+    """
+    samples = interleaved_step_samples(model, optimizer, batches, ks, rounds, block_s)
+    return {k: (statistics.median(samples[k][0]), statistics.median(samples[k][1]))
+            for k in ks}
+
+
+def interleaved_step_samples(model: DDP, optimizer, batches: list, ks: Sequence[int],
+                             rounds: int, block_s: float = 0.05
+                             ) -> dict[int, tuple[list[float], list[float]]]:
+    """Seconds of one optimizer step for each K and round: (synced, no_sync).
 
     A step of K takes the first K of `batches`. Steps are timed in blocks of
     consecutive steps lasting about `block_s`, with no barrier inside a block,
     as in training; a block's mean adds up as the step model of lesson 05 does.
     Each round times one block of every (K, mode) in turn, so the slow moments
     of a shared machine fall on all of them alike; the result is the median
-    over `rounds` of each block's mean.
+    over `rounds` of each block's mean is what interleaved_step_times keeps;
+    the rounds themselves show the spread.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -245,8 +328,37 @@ def interleaved_step_times(model: DDP, optimizer, batches: list, ks: Sequence[in
     for _ in range(rounds):
         for mode, n in zip(modes, steps, strict=True):
             times[mode].append(block(*mode, n))
-    return {k: (statistics.median(times[k, False]), statistics.median(times[k, True]))
-            for k in ks}
+    return {k: (times[k, False], times[k, True]) for k in ks}
+
+
+def update_costs(rank: int, world_size: int, cfg: NoSyncConfig,
+                 ks: Sequence[int] = (1, 2, 4, 8)) -> dict:
+    """What one update of K micro-batches costs, synced and with no_sync, per K.
+
+    "calls" and "bytes" (sync, no_sync) come from the counting hook on one
+    update; "seconds" (sync rounds, no_sync rounds) from cfg.repeat
+    interleaved rounds (interleaved_step_samples).
+    """
+    cfg = NoSyncConfig(**{**asdict(cfg), "accum_steps": max(ks)})
+    cfg.check(world_size)
+    model, counter = wrap(cfg)
+    optimizer = make_optimizer(model, cfg)
+    criterion = models.MyLoss()
+    batches = micro_batches(make_dataset(cfg), cfg, 1, rank, world_size)
+    accumulate_no_sync(model, criterion, batches)  # warm-up: DDP rebuilds buckets
+    calls, nbytes = {}, {}
+    for k in ks:
+        counted = []
+        for use_no_sync in (False, True):
+            model.zero_grad()
+            counter.reset()
+            accumulate_no_sync(model, criterion, batches[:k], use_no_sync=use_no_sync)
+            counted.append((counter.calls, counter.bytes))
+        calls[k] = (counted[0][0], counted[1][0])
+        nbytes[k] = (counted[0][1], counted[1][1])
+    seconds = interleaved_step_samples(model, optimizer, batches, ks, cfg.repeat)
+    return {"params": models.count_params(model.module), "calls": calls,
+            "bytes": nbytes, "seconds": seconds}
 
 
 def misuse_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
@@ -312,16 +424,21 @@ def misuse_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
 
 def convergence(rank: int, world_size: int, cfg: NoSyncConfig,
                 use_no_sync: bool) -> dict:
-    """Loss and elapsed time after each optimizer step, with or without no_sync."""
+    """Loss and elapsed time after each optimizer step, with or without no_sync.
+
+    Also the all-reduce calls and bytes of the last update (by then DDP has
+    rebuilt its buckets).
+    """
     cfg.check(world_size)
     dataset = make_dataset(cfg)
     criterion = models.MyLoss()
-    model, _ = wrap(cfg)
+    model, counter = wrap(cfg)
     optimizer = make_optimizer(model, cfg)
     losses, elapsed = [], []
     dist.barrier()
     t0 = time.perf_counter()
     for step in range(cfg.steps):
+        counter.reset()  # keeps the last update's count
         optimizer.zero_grad()
         loss = accumulate_no_sync(model, criterion,
                                   micro_batches(dataset, cfg, step, rank, world_size),
@@ -330,6 +447,8 @@ def convergence(rank: int, world_size: int, cfg: NoSyncConfig,
         losses.append(loss)
         elapsed.append(time.perf_counter() - t0)
     return {"losses": losses, "elapsed_s": elapsed,
+            "allreduce_calls_per_update": counter.calls,  # the last update's
+            "allreduce_bytes_per_update": counter.bytes,
             "replica_max_param_diff": ddp.replica_max_diff(model)}
 
 

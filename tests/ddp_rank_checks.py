@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labkit import ddp, models, nosync
+from labkit import checks, ddp, models, nosync
 
 TINY_BUCKET_MB = 0.002  # about 2 KB: doc 004's model (8 KB of gradients) gets several
 
@@ -189,7 +189,11 @@ def hang_on_rank_1():
 
 
 def accumulation_matches_large_batch(K, batch_per_rank, hidden, seed):
-    """DDP + no_sync over K micro-batches == one process on the whole batch."""
+    """DDP + no_sync over K micro-batches == one process on the whole batch.
+
+    Also counts the all-reduces: the K micro-batches must cost what one
+    synchronized backward costs (without no_sync they cost K times as much).
+    """
     rank, world_size = dist.get_rank(), dist.get_world_size()
     cfg = nosync.NoSyncConfig(accum_steps=K, batch_per_rank=batch_per_rank,
                               hidden=hidden, seed=seed)
@@ -198,11 +202,190 @@ def accumulation_matches_large_batch(K, batch_per_rank, hidden, seed):
     local = nosync.make_model(cfg)
     (X, y), = nosync.micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
     models.MyLoss()(local(X), y).backward()
-    nosync.accumulate_no_sync(model, models.MyLoss(),
-                              nosync.micro_batches(dataset, cfg, 0, rank, world_size))
+    batches = nosync.micro_batches(dataset, cfg, 0, rank, world_size)
+    nosync.accumulate_no_sync(model, models.MyLoss(), batches)
+    calls = counter.calls
     for p, q in zip(model.parameters(), local.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
-    return counter.calls
+    counter.reset()
+    models.MyLoss()(model(batches[0][0]), batches[0][1]).backward()  # one sync
+    checks.allreduce_calls(calls, counter.calls)
+    return calls
+
+
+def one_over_k(K=4):
+    """labkit's scaled path: the large batch's gradient; unscaled: K times it.
+
+    Returns {scale: (grads_match message against the large batch, against K
+    times it)}, None where the check passed.
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    cfg = nosync.NoSyncConfig(accum_steps=K)
+    dataset = nosync.make_dataset(cfg)
+    model, _ = nosync.wrap(cfg)
+    local = nosync.make_model(cfg)
+    (X, y), = nosync.micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
+    models.MyLoss()(local(X), y).backward()
+    reference = [p.grad for p in local.parameters()]
+    batches = nosync.micro_batches(dataset, cfg, 0, rank, world_size)
+    out = {}
+    for scale in (True, False):
+        model.zero_grad()
+        nosync.accumulate_no_sync(model, models.MyLoss(), batches, scale=scale)
+        grads = [p.grad for p in model.parameters()]
+        out[scale] = (_fails(checks.grads_match, grads, reference),
+                      _fails(checks.grads_match, grads, [K * g for g in reference],
+                             tol=K * checks.GRAD_TOL))
+    return out
+
+
+def _fails(check, *args, **kwargs):
+    """The check's AssertionError message, or None when it passes."""
+    try:
+        check(*args, **kwargs)
+    except AssertionError as e:
+        return str(e)
+    return None
+
+
+def lesson_checks_on_variants(K=4):
+    """Lessons 03-04's checks on the lessons' code and on a broken variant of it.
+
+    Returns {claim: (message on the lesson's code, message on the broken
+    variant)}, a message being the check's AssertionError text or None when
+    it passed. The checks are labkit.checks, the ones the lessons call.
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    cfg = nosync.NoSyncConfig(accum_steps=K)
+    dataset = nosync.make_dataset(cfg)
+    criterion = models.MyLoss()
+    batches = nosync.micro_batches(dataset, cfg, 0, rank, world_size)
+    local = nosync.make_model(cfg)
+    (X, y), = nosync.micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
+    criterion(local(X), y).backward()
+    reference = [p.grad for p in local.parameters()]
+
+    def counted(run):
+        """All-reduce calls, bytes and gradients of one update made by run(model)."""
+        model, counter = nosync.wrap(cfg)
+        nosync.accumulate_no_sync(model, criterion, batches)  # bucket rebuild
+        model.zero_grad()
+        counter.reset()
+        run(model)
+        grads = [p.grad.clone() for p in model.parameters()]
+        return counter.calls, counter.bytes, grads
+
+    def correct(model):
+        nosync.accumulate_no_sync(model, criterion, batches)
+
+    def no_sync_removed(model):
+        nosync.accumulate_no_sync(model, criterion, batches, use_no_sync=False)
+
+    def not_divided(model):
+        nosync.accumulate_no_sync(model, criterion, batches, scale=False)
+
+    def bare_call(model):  # lesson 04, misuse 1
+        model.no_sync()
+        no_sync_removed(model)
+
+    def forward_outside(model):  # lesson 04, misuse 2
+        for i, (Xi, yi) in enumerate(batches):
+            loss = criterion(model(Xi), yi) / K
+            with model.no_sync() if i < K - 1 else nullcontext():
+                loss.backward()
+
+    runs = {name: counted(run) for name, run in (
+        ("correct", correct), ("no_sync_removed", no_sync_removed),
+        ("not_divided", not_divided), ("bare_call", bare_call),
+        ("forward_outside", forward_outside))}
+    per_sync = runs["correct"][0]
+    params = models.count_params(local)
+
+    def calls_and_grads(name, want_calls):
+        calls, _, grads = runs[name]
+        return (_fails(checks.allreduce_calls, calls, want_calls)
+                or _fails(checks.grads_match, grads, reference))
+
+    out = {
+        # 04: one update of K micro-batches, one synchronization.
+        "allreduce_per_update": (_fails(checks.allreduce_calls, per_sync, 1),
+                                 _fails(checks.allreduce_calls,
+                                        runs["no_sync_removed"][0], 1)),
+        # 04: the accumulated gradient is the large batch's.
+        "grads_match_large_batch": (_fails(checks.grads_match, runs["correct"][2],
+                                           reference),
+                                    _fails(checks.grads_match, runs["not_divided"][2],
+                                           reference)),
+        # 04: what an update sends, synchronized vs no_sync; broken: no_sync removed.
+        "one_sync_per_update": (
+            _fails(checks.one_sync_per_update, K,
+                   (runs["no_sync_removed"][0], per_sync),
+                   (runs["no_sync_removed"][1], runs["correct"][1]), params),
+            _fails(checks.one_sync_per_update, K,
+                   (runs["no_sync_removed"][0], runs["no_sync_removed"][0]),
+                   (runs["no_sync_removed"][1], runs["no_sync_removed"][1]),
+                   params)),
+        # 04, misuse 1: a bare call counts K all-reduces and keeps the gradient
+        # right; broken: the call made to work (the with block it needs).
+        "bare_call_count": (calls_and_grads("bare_call", K),
+                            calls_and_grads("correct", K)),
+        # 04, misuse 2: forward outside counts K, gradient right; broken: the
+        # forward moved inside, where it belongs.
+        "forward_outside_count": (calls_and_grads("forward_outside", K),
+                                  calls_and_grads("correct", K)),
+    }
+
+    # 03 and 04: replicas stay equal; broken: optimizer.step inside no_sync.
+    apart = {}
+    for name in ("correct", "step_inside"):
+        model, _ = nosync.wrap(cfg)
+        optimizer = nosync.make_optimizer(model, cfg)
+        for step in range(3):
+            steps = nosync.micro_batches(dataset, cfg, step, rank, world_size)
+            if name == "correct":
+                optimizer.zero_grad()
+                nosync.accumulate_no_sync(model, criterion, steps)
+                optimizer.step()
+            else:
+                for Xi, yi in steps:
+                    with model.no_sync():
+                        optimizer.zero_grad()
+                        criterion(model(Xi), yi).backward()
+                        optimizer.step()
+        apart[name] = _fails(checks.replicas_equal, model)
+    out["replicas_equal"] = (apart["correct"], apart["step_inside"])
+
+    # 03: DDP's gradient is the whole batch's, given equal shares; broken:
+    # unequal shares (DDP still weighs the ranks alike).
+    gaps = {}
+    for name, n0 in (("equal", 32), ("unequal", 40)):  # rank 0's share of 64
+        torch.manual_seed(0)
+        model = DDP(models.MLP())
+        whole = copy.deepcopy(model.module)  # as lesson 03: the same weights
+        torch.manual_seed(1)
+        Xg, yg = torch.randn(64, 10), torch.randn(64, 10)
+        criterion(whole(Xg), yg).backward()
+        part = slice(0, n0) if rank == 0 else slice(n0, 64)
+        criterion(model(Xg[part]), yg[part]).backward()
+        gaps[name] = _fails(checks.grads_match, [p.grad for p in model.parameters()],
+                            [p.grad for p in whole.parameters()])
+    out["ddp_grad_whole_batch"] = (gaps["equal"], gaps["unequal"])
+
+    # 04: unequal micro-batches; the count-weighted loss fixes the mean of means.
+    sizes = [[16, 16, 16, 4], [16, 16, 16, 16]]
+    uneven, (Xw, yw) = nosync.uneven_micro_batches(dataset, sizes, rank)
+    local = nosync.make_model(cfg)
+    criterion(local(Xw), yw).backward()
+    whole_grads = [p.grad for p in local.parameters()]
+    fixed = {}
+    for accumulate in (nosync.accumulate_by_count, nosync.accumulate_no_sync):
+        model, _ = nosync.wrap(cfg)
+        accumulate(model, criterion, uneven)
+        fixed[accumulate.__name__] = _fails(
+            checks.grads_match, [p.grad for p in model.parameters()], whole_grads)
+    out["uneven_weighted_by_count"] = (fixed["accumulate_by_count"],
+                                       fixed["accumulate_no_sync"])
+    return out
 
 
 def bucket_logs(caps=(None, 25, 1), steps=3):

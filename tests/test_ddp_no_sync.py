@@ -12,11 +12,14 @@ from ddp_rank_checks import (
     convergence_twice,
     count_misuses,
     ddp_niter,
+    lesson_checks_on_variants,
     misuse_experiment_small,
     nosync_experiment_small,
+    one_over_k,
 )
+from torch import nn
 
-from labkit import ddp, models
+from labkit import checks, ddp, nosync
 
 
 def test_accumulate_gradients_no_sync(ranks):
@@ -55,20 +58,74 @@ def test_stepping_inside_no_sync_diverges_and_stays_apart(ranks):
     assert result["param_diff_after_sync_steps"] > 0.5 * diverged
 
 
-def test_accumulation_needs_the_one_over_k():
-    """Without 1/K the accumulated gradient is K times the large batch's (1 process)."""
-    torch.manual_seed(0)
-    model = models.MLP()
-    X, y = torch.randn(32, 10), torch.randn(32, 10)
-    models.MyLoss()(model(X), y).backward()
-    reference = [p.grad.clone() for p in model.parameters()]
-    for scale, factor in ((True, 1.0), (False, 4.0)):
-        model.zero_grad()
-        for Xi, yi in zip(X.chunk(4), y.chunk(4), strict=True):
-            loss = models.MyLoss()(model(Xi), yi)
-            (loss / 4 if scale else loss).backward()
-        for p, r in zip(model.parameters(), reference, strict=True):
-            torch.testing.assert_close(p.grad, factor * r)
+def test_accumulation_needs_the_one_over_k(ranks):
+    """labkit's unscaled path gives K times the large batch's gradient, on real DDP."""
+    for rank_result in ranks.run(one_over_k, 4):
+        scaled, unscaled = rank_result[True], rank_result[False]
+        assert scaled[0] is None, scaled[0]  # 1/K: the large batch's gradient
+        assert scaled[1] is not None  # and not K times it
+        assert unscaled[0] is not None  # without 1/K: not the large batch's
+        assert unscaled[1] is None, unscaled[1]  # but exactly K times it
+
+
+CLAIMS = ("allreduce_per_update", "grads_match_large_batch", "one_sync_per_update",
+          "bare_call_count", "forward_outside_count", "replicas_equal",
+          "ddp_grad_whole_batch", "uneven_weighted_by_count")
+
+
+def test_lesson_checks_fail_on_broken_variants(ranks):
+    """Each key check of lessons 03-04 passes on the lesson's code, fails on a break.
+
+    Breaks: no_sync removed, loss not divided by K, optimizer.step inside
+    no_sync, the bare call made to work, the forward moved inside, unequal
+    shares, micro-batches of unequal sizes averaged as means of means.
+    """
+    for rank, result in enumerate(ranks.run(lesson_checks_on_variants)):
+        assert set(result) == set(CLAIMS)
+        for claim in CLAIMS:
+            right, broken = result[claim]
+            assert right is None, f"rank {rank}, {claim}: {right}"
+            assert broken is not None, f"rank {rank}, {claim}: the break passed"
+
+
+def test_batchnorm_breaks_the_large_batch_equality():
+    """Lesson 04's BatchNorm counter-example, and the same net without BatchNorm."""
+    torch.manual_seed(1)
+    X, y = torch.randn(64, 10), torch.randn(64, 10)
+
+    def net(norm):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(10, 32),
+                             nn.BatchNorm1d(32) if norm else nn.Identity(),
+                             nn.ReLU(), nn.Linear(32, 10))
+
+    with_bn = nosync.accumulated_and_whole_grads(net(True), nn.MSELoss(), X, y, 4)
+    without = nosync.accumulated_and_whole_grads(net(False), nn.MSELoss(), X, y, 4)
+    checks.grads_differ(*with_bn)
+    checks.grads_match(*without)
+    with pytest.raises(AssertionError, match="differ from the reference by only"):
+        checks.grads_differ(*without)
+    with pytest.raises(AssertionError, match="at most 1e-06 allowed"):
+        checks.grads_match(*with_bn)
+
+
+def test_faster_needs_the_margin_in_the_medians():
+    sync, nosync_s = [0.10, 0.11, 0.30, 0.10, 0.12], [0.05, 0.06, 0.20, 0.05, 0.07]
+    assert checks.faster(nosync_s, sync) == pytest.approx(0.11 / 0.06)  # a stray round
+    with pytest.raises(AssertionError, match="1.20 times or more expected"):
+        checks.faster([0.095, 0.1, 0.105], [0.1, 0.11, 0.1])  # within the noise
+    with pytest.raises(AssertionError):
+        checks.faster(sync, nosync_s)  # the other way round
+
+
+def test_one_sync_per_update_and_call_counts_reject_wrong_counts():
+    checks.one_sync_per_update(4, (4, 1), (4 * 8440, 8440), 2110)
+    for calls, nbytes in (((4, 4), (4 * 8440, 4 * 8440)), ((4, 1), (4 * 8440, 8000)),
+                          ((0, 0), (0, 0))):
+        with pytest.raises(AssertionError, match="K = 4"):
+            checks.one_sync_per_update(4, calls, nbytes, 2110)
+    with pytest.raises(AssertionError, match="4 all-reduce call"):
+        checks.allreduce_calls(4, 1)
 
 
 def test_shard_refuses_uneven_or_too_small_batches():

@@ -48,5 +48,11 @@ def test_averaged_accumulated_gradients_equal_the_large_batch(world_size, K,
        hidden=st.integers(1, 32), seed=st.integers(0, 2**16))
 def test_ddp_no_sync_equals_the_large_batch_on_two_ranks(ranks, K, batch_per_rank,
                                                          hidden, seed):
+    """Equal gradients, and K micro-batches cost one synchronization's all-reduces.
+
+    The rank function raises (checks.allreduce_calls) when the K micro-batches
+    all-reduce more often than one synchronized backward: without no_sync they
+    would, K times over, and the gradients alone could not tell.
+    """
     calls = ranks.run(accumulation_matches_large_batch, K, batch_per_rank, hidden, seed)
     assert calls[0] == calls[1] >= 1
