@@ -15,7 +15,7 @@ import torch
 from . import ddp, i18n
 from .i18n import t
 
-__all__ = ["GRAD_TOL", "CapturedStderr", "ExpectedError", "allreduce_calls",
+__all__ = ["GRAD_TOL", "RAISING", "CapturedStderr", "ExpectedError", "allreduce_calls",
            "captured_stderr", "expect_error", "faster", "grads_differ", "grads_match",
            "max_abs_diff", "one_sync_per_update", "replicas_equal"]
 
@@ -138,6 +138,12 @@ def captured_stderr() -> Iterator[CapturedStderr]:
             os.close(saved)
             tmp.seek(0)
             captured.text = tmp.read().decode(errors="replace")
+
+
+# The checks below that raise AssertionError when the claim is false: the claims
+# ledger (labkit.links.asserts) counts a call of one of them as an assertion.
+RAISING = frozenset({"expect_error", "grads_match", "grads_differ", "replicas_equal",
+                     "allreduce_calls", "one_sync_per_update", "faster"})
 
 
 def grads_match(got: Iterable[torch.Tensor], want: Iterable[torch.Tensor],

@@ -11,7 +11,7 @@ id (`000-3`, `004-12` for the documents' claims, `L03-2` for a lesson's own)
 and links to the section that proves it. A section is a heading and the cells
 under it up to the next heading; it proves something only if one of its code
 cells asserts (an `assert` statement, or a call that raises when the claim is
-false: `assert_*`, `check_*`, `expect_error`).
+false: `assert_*`, `check_*`, or one of labkit.checks.RAISING).
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ _HEADING = re.compile(r"^\s{0,3}#{1,6}\s")
 # 000-7, 004-12 (the documents' claims), L03-2 (a lesson's own claim).
 CLAIM_ID = re.compile(r"^(?:\d{3}|L\d\d)-\d+$")
 # Calls that raise when the claim is false: torch.testing.assert_close,
-# labkit's exercises.check_* and checks.expect_error.
-_RAISING_CALL = re.compile(r"^(assert|check_|expect_error$)")
+# labkit's exercises.check_* and comm.check_*; and checks.NAME for the names in
+# labkit.checks.RAISING.
+_RAISING_CALL = re.compile(r"^(assert|check_)")
 
 
 def _inline_text(markdown: str) -> str:
@@ -134,6 +135,14 @@ def _python(source: str) -> str:
                      for line in source.splitlines())
 
 
+def _is_raising_check(func: ast.expr) -> bool:
+    """Whether `func` is `checks.NAME` with NAME one of labkit's raising checks."""
+    from labkit import checks
+
+    return (isinstance(func, ast.Attribute) and func.attr in checks.RAISING
+            and isinstance(func.value, ast.Name) and func.value.id == "checks")
+
+
 def asserts(source: str) -> bool:
     """Whether a code cell asserts: an `assert` statement or a raising check call."""
     try:
@@ -147,7 +156,7 @@ def asserts(source: str) -> bool:
             func = node.func
             name = (func.attr if isinstance(func, ast.Attribute)
                     else getattr(func, "id", ""))
-            if _RAISING_CALL.match(name):
+            if _RAISING_CALL.match(name) or _is_raising_check(func):
                 return True
     return False
 

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from labkit import links
 
@@ -21,8 +22,6 @@ KNOWN_GAPS = {
     "004-4": "03 time per step: the same cell as 000-1",
     "L03-6": "03 time per step: the same cell as 000-1",
     "000-4": "04 correct use: assert the all-reduce count of the `with` block",
-    "000-6": "04 time per step: assert the saving (calls or interleaved medians)",
-    "L04-7": "04 time per step: the same cell as 000-6",
     "000-8": "04 when to use it: prose only; needs a cell (e.g. no_sync without "
              "accumulation leaves replicas unsynchronized)",
     "000-28": "04 when to use it: the same cell as 000-8",
@@ -50,6 +49,9 @@ def test_both_languages_have_the_same_rows_and_targets():
         ("torch.testing.assert_close(a, b)", True),
         ("exercises.check_train_step(train_step)", True),
         ("with checks.expect_error(ValueError):\n    f()", True),
+        ("checks.grads_match(got, want)", True),
+        ("diff = checks.max_abs_diff(got, want)", False),  # measures, never raises
+        ("other.grads_match(got, want)", False),
         ("%%px\nassert replica_diff == 0.0", True),
         ("mock_obj.assert_called_once_with(1)", True),
         ("print(x)  # assert nothing", False),
@@ -60,6 +62,18 @@ def test_both_languages_have_the_same_rows_and_targets():
 )
 def test_what_counts_as_an_assertion(source, proves):
     assert links.asserts(source) is proves
+
+
+def test_the_checks_counted_as_assertions_raise_on_a_false_claim():
+    from labkit import checks
+
+    assert checks.RAISING <= set(checks.__all__)
+    with pytest.raises(AssertionError):
+        checks.grads_match([torch.ones(2)], [torch.zeros(2)])
+    with pytest.raises(AssertionError):
+        checks.allreduce_calls(4, 1)
+    with pytest.raises(AssertionError):
+        checks.replicas_equal(0.5)
 
 
 def _notebook(path, *cells):
