@@ -78,6 +78,8 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # 各損失は K で割ります。`.grad` には K 個の勾配の**和**がたまるので、割っておくと
 # 大きなバッチの平均損失の勾配になります。
 # 通信フック (`ddp.CommCounter`) で、1 回の更新で何回 all-reduce したかを数えます。
+# セルは、`with` の中の K−1 回の逆伝播では 0 回、最後の逆伝播のあとで 1 回であることを確かめます。
+# 同期は止まったのではなく、最後の逆伝播まで先送りされています。
 
 # %% [markdown] lang="en"
 # ## Correct use
@@ -92,7 +94,9 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 #
 # Divide each loss by K: `.grad` accumulates the **sum** of K gradients, and dividing
 # makes it the gradient of the large batch's mean loss. A communication hook
-# (`ddp.CommCounter`) counts the all-reduce calls of one update.
+# (`ddp.CommCounter`) counts the all-reduce calls of one update: the cell asserts none
+# during the K−1 backwards inside the `with`, and one after the last backward.
+# Synchronization was not switched off, only postponed to the last backward.
 
 # %%
 # %%px
@@ -120,8 +124,10 @@ for i, (X, y) in enumerate(batches):
             loss.backward()
     else:
         grads_before_sync = [p.grad.clone() for p in model.parameters()]
+        checks.allreduce_calls(counter.calls, 0)  # K-1 backwards: postponed, not lost
         loss = criterion(model(X), y) / K  # the last micro-batch synchronizes
         loss.backward()
+checks.allreduce_calls(counter.calls, 1)  # all of it in the last backward
 print(f"rank {rank}: {counter.calls} all-reduce call(s) for {K} micro-batches")
 
 # %% [markdown] lang="ja"
@@ -711,7 +717,7 @@ fig = plots.convergence(
 # 逆に、モデルが小さく計算が通信より十分重いときは、害はありませんが得もわずかです。
 # K = 1 (勾配累積なし) なら `no_sync` の出番はなく、毎回同期するのが正しい DDP です。
 #
-# **使ってはいけない使い方**
+# **誤った使い方 (避けること)**
 # - `with` なしの `model.no_sync()` (何も起きない)
 # - 順伝播を `with` の外に出す (同期が止まらない)
 # - `with` の中で `optimizer.step()` (レプリカがずれ、戻らない)
@@ -755,6 +761,27 @@ fig = plots.convergence(
 # exactly as the large batch does; only the time per update changes. What a large batch
 # itself does to convergence (learning-rate scaling and the like) is a separate matter
 # (lesson 06).
+
+# %% [markdown] lang="ja"
+# 基準が勾配累積であることは、上の時間のセルで数えたバイト数で確かめられます。K = 1 では `no_sync`
+# の更新も同期ありの更新も同じだけ送り、節約はありません。K ≥ 2 では 1 回の更新につき勾配 (K−1)
+# 回分を節約し、その量は勾配の大きいモデルほど大きくなります。
+
+# %% [markdown] lang="en"
+# That the criterion is accumulation shows in the bytes the timing cell above counted.
+# With K = 1 a `no_sync` update sends as much as a synchronized one: nothing is saved.
+# From K = 2 on it saves K−1 gradients' worth per update, more for the model with more
+# gradients.
+
+# %%
+saved = {}  # model -> bytes a no_sync update saves, by K
+for name, c in costs.items():
+    saved[name] = {k: sync_b - nosync_b for k, (sync_b, nosync_b) in c["bytes"].items()}
+    for k, s in saved[name].items():
+        assert s == (k - 1) * 4 * params[name], (name, k, s)  # K-1 gradients, 4 B each
+    print(f"{name}: bytes saved per update " + ", ".join(
+        f"K={k}: {s:,}" for k, s in sorted(saved[name].items())))
+assert saved["MLP 1024x3"][8] > saved["doc 004 MLP"][8]
 
 # %% [markdown] lang="ja"
 # ## コマンドラインと torchrun から

@@ -21,10 +21,6 @@ KNOWN_GAPS = {
              "(medians of interleaved runs with a margin, or the mechanism)",
     "004-4": "03 time per step: the same cell as 000-1",
     "L03-6": "03 time per step: the same cell as 000-1",
-    "000-4": "04 correct use: assert the all-reduce count of the `with` block",
-    "000-8": "04 when to use it: prose only; needs a cell (e.g. no_sync without "
-             "accumulation leaves replicas unsynchronized)",
-    "000-28": "04 when to use it: the same cell as 000-8",
     "000-14": "03 start the ranks: assert one process (and device) per rank",
     "004-29": "07 TensorFlow Lattice: prose only",
 }
