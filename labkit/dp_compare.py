@@ -82,7 +82,8 @@ def dp_stepper(hidden: int, depth: int, global_batch: int, devices: int = 2,
     """A function that runs one training step with data_parallel; returns its seconds.
 
     One device runs the plain model. `threads` sets torch's threads during
-    the step (1: one core per simulated device, as one per DDP rank).
+    the step (1: one core per simulated device, as one per DDP rank). The
+    model is `step.model`, to count what a step does.
     """
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
@@ -101,6 +102,7 @@ def dp_stepper(hidden: int, depth: int, global_batch: int, devices: int = 2,
         finally:
             torch.set_num_threads(saved)
 
+    step.model = model  # the original: its forward hooks run in every replica
     return step
 
 
@@ -110,7 +112,8 @@ def ddp_stepper(hidden: int, depth: int, global_batch: int,
 
     Each rank takes its shard of the global batch. A call waits for the other
     ranks of `group` (a barrier, not timed), then returns the step's seconds
-    on this rank. Call it on every rank of `group`, as any collective.
+    on this rank. Call it on every rank of `group`, as any collective. The DDP
+    model is `step.model`, to count what a step does.
     """
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -130,4 +133,5 @@ def ddp_stepper(hidden: int, depth: int, global_batch: int,
         optimizer.step()
         return time.perf_counter() - t0
 
+    step.model = model
     return step
