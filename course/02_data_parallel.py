@@ -29,7 +29,7 @@
 # 2. 4 段階を 1 つずつ、各段階のテンソルの形を見ながら
 # 3. 出力と勾配が 1 デバイスのモデルと一致すること
 # 4. 記事 004 の使い方の誤りと、その直し方
-# 5. DataParallel が毎ステップ払うものと、PyTorch が DDP を勧める理由 (DDP との時間の比べ方はレッスン 03)
+# 5. DataParallel が毎ステップ払うものと、PyTorch が DDP を勧める理由 (DDP との時間の比較はレッスン 03)
 
 # %% [markdown] lang="en"
 # # 02 The DataParallel family
