@@ -53,9 +53,12 @@ labkit.set_lang("en")
 # 使える分散バックエンド、日本語フォント、ipywidgets を調べ、ここで動くものと動かないものを
 # 一覧にします。
 #
-# - **gloo** は CPU 上のプロセス同士で通信するバックエンドです。この講座の DDP は既定で gloo を使うので、
-#   GPU がなくても動きます。
-# - **nccl** は NVIDIA GPU 同士の通信用で、CUDA 版の PyTorch と GPU が要ります。
+# - **gloo** は CPU 上のプロセス同士で通信するバックエンドです。ノートブックのランクは、GPU のある
+#   マシンでも**いつも gloo** を使い、CPU の上で動きます。セルがモデルもテンソルも CPU に作るからです。
+#   レッスンで学ぶ仕組み (勾配の all-reduce、バケット、`no_sync`) はどのバックエンドでも同じです。
+# - **nccl** は NVIDIA GPU 同士の通信用で、CUDA 版の PyTorch と GPU が要り、CUDA のテンソルしか
+#   扱えません。この講座では、コマンドライン (`torchrun … -m labkit nosync --backend nccl`) が
+#   1 ランクに GPU 1 台で使います。
 # - **mpi** は MPI 付きでビルドした PyTorch でだけ使えます (通常の配布物にはありません)。
 
 # %% [markdown] lang="en"
@@ -65,9 +68,13 @@ labkit.set_lang("en")
 # GPUs, the distributed backends, the Japanese font and ipywidgets, and lists what runs
 # here and what does not.
 #
-# - **gloo** lets processes on CPUs talk to each other. The course's DDP uses gloo by
-#   default, so it runs without a GPU.
-# - **nccl** is for communication between NVIDIA GPUs; it needs a CUDA build and GPUs.
+# - **gloo** lets processes on CPUs talk to each other. The notebooks' ranks **always**
+#   use gloo and run on the CPU, also on a machine with GPUs: the cells build their models
+#   and tensors on the CPU. What the lessons teach (the gradients' all-reduce, buckets,
+#   `no_sync`) works the same on every backend.
+# - **nccl** is for communication between NVIDIA GPUs; it needs a CUDA build and GPUs,
+#   and takes CUDA tensors only. In this course the command line uses it
+#   (`torchrun … -m labkit nosync --backend nccl`), one GPU per rank.
 # - **mpi** exists only in PyTorch builds made with MPI (the usual wheels have none).
 
 # %% tags=["nbval-ignore-output"]
@@ -90,6 +97,22 @@ assert report.japanese_font is not None, "no Japanese font for matplotlib"
 if not report.gpus:
     assert "cap_ddp_nccl" in report.cannot_run  # nccl needs GPUs
 report.backends
+
+# %% [markdown] lang="ja"
+# ノートブックのランクに nccl を頼むと、GPU があってもなくても、理由と代わりに実行するコマンドを
+# 示すエラーになります (ランクはまだ 1 つも起動していません)。
+
+# %% [markdown] lang="en"
+# Ask for nccl on the notebook's ranks and, with or without GPUs, an error says why not
+# and which command to run instead (no rank has been started).
+
+# %%
+from labkit import checks, cluster
+
+with checks.expect_error(ValueError, match="tensors on the CPU") as refused:
+    cluster.start(2, backend="nccl")
+print(refused.exception)
+assert "torchrun" in str(refused.exception) and cluster.current() is None
 
 # %% [markdown] lang="ja"
 # ## 日本語フォント
@@ -125,7 +148,6 @@ fig = plots.font_check()
 import matplotlib
 import matplotlib.pyplot as plt
 
-from labkit import checks
 from labkit.i18n import MissingGlyphError
 
 open_before = plt.get_fignums()
@@ -225,12 +247,14 @@ assert saved["torch_version"] == torch.__version__
 # | 環境 | 使い方 |
 # |---|---|
 # | GPU のない PC (この講座の基準) | `make lab`。DDP は gloo、DataParallel は CPU 上の再現で学びます。 |
-# | GPU のあるマシン | `make lab TORCH="torch==2.13.0 …"` で CUDA 版の PyTorch を指定します。同じセルが nccl と本物の GPU を使います。 |
+# | GPU のあるマシン | `make lab TORCH="torch==2.13.0 …"` で CUDA 版の PyTorch を指定します。ノートブックのランクは、ここでも gloo で CPU の上で動きます。本物の GPU を使うのは、GPU が 2 台以上あるときのレッスン 02 の DataParallel と、コマンドラインです (`torchrun --nproc-per-node N -m labkit nosync --backend nccl`、1 ランクに GPU 1 台)。 |
 # | リモートの GPU サーバー | サーバーで `make lab` (127.0.0.1 で待ち受け) し、手元から `ssh -L 8888:127.0.0.1:8888 サーバー` で転送してブラウザで開きます。 |
 # | クラスタ | ノートブックではなく `torchrun` でスクリプトを起動します (レッスン 07)。 |
 #
-# 上の doctor の「ここでは動かないもの」に出た項目は、GPU のあるマシンで同じノートブックを
-# 開けば動きます。
+# 上の doctor の「ここでは動かないもの」に出た項目のうち、GPU を使うものは GPU のあるマシンで動きます。
+# ただし、この講座の GPU の経路 (nccl と CUDA) は、まだ一度も GPU の上で動かしたことがありません。
+# この講座の開発に、GPU のあるマシンが使えなかったからです。テストで確かめているのは、GPU の台数を
+# 偽装して、labkit がその台数から選ぶもの (バックエンド、doctor の表示) だけです。
 
 # %% [markdown] lang="en"
 # ## Where to run it
@@ -238,9 +262,11 @@ assert saved["torch_version"] == torch.__version__
 # | machine | how |
 # |---|---|
 # | a PC without a GPU (what the course is built for) | `make lab`. DDP runs on gloo; DataParallel is simulated on the CPU. |
-# | a machine with GPUs | `make lab TORCH="torch==2.13.0 …"` to pick a CUDA build of PyTorch. The same cells then use nccl and real GPUs. |
+# | a machine with GPUs | `make lab TORCH="torch==2.13.0 …"` to pick a CUDA build of PyTorch. The notebooks' ranks still use gloo on the CPU there; real GPUs are used by lesson 02's DataParallel (with two or more GPUs) and by the command line (`torchrun --nproc-per-node N -m labkit nosync --backend nccl`, one GPU per rank). |
 # | a remote GPU server | run `make lab` there (it listens on 127.0.0.1) and forward it with `ssh -L 8888:127.0.0.1:8888 server`, then open it in your browser. |
 # | a cluster | start scripts with `torchrun`, not notebooks (lesson 07). |
 #
-# What the doctor listed under "does not run here" runs when the same notebook is opened
-# on a machine with GPUs.
+# What the doctor listed under "does not run here" and needs GPUs runs on a machine with
+# GPUs. But the course's GPU paths (nccl and CUDA) have never run on a GPU: no machine
+# with a GPU has been available to this project. Tests fake the GPU count and check only
+# what labkit chooses from it (the backend, what the doctor reports).

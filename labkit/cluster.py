@@ -1,10 +1,13 @@
 """Ranks as ipyparallel engines: a live process group inside a notebook.
 
 `start(2)` launches two engine processes on 127.0.0.1, makes engine i rank i,
-and joins them in one process group. In the notebook, `%%px` cells then run on
-every rank and show each rank's output and traceback; from Python,
-`ranks.run(fn, ...)` calls a function on every rank and returns the results in
-rank order. Engines stop with the kernel, or with `ranks.stop()`.
+and joins them in one gloo process group, on any machine: the notebooks' `%%px`
+cells build their models and tensors on the CPU, which nccl cannot take. GPUs
+are for the command line (`torchrun ... -m labkit nosync --backend nccl`).
+In the notebook, `%%px` cells then run on every rank and show each rank's
+output and traceback; from Python, `ranks.run(fn, ...)` calls a function on
+every rank and returns the results in rank order. Engines stop with the
+kernel, or with `ranks.stop()`.
 """
 
 from __future__ import annotations
@@ -18,8 +21,13 @@ from dataclasses import dataclass, field
 
 from . import engine_main, engine_side, rendezvous
 
-__all__ = ["RankError", "Ranks", "current", "default_backend", "start"]
+__all__ = ["ENGINE_BACKEND", "RankError", "Ranks", "current", "start"]
 
+
+# The backend of the notebooks' ranks, also on a machine with GPUs: the lessons'
+# %%px cells put models and tensors on the CPU, and nccl takes CUDA tensors only.
+# The mechanism they teach is the same on every backend.
+ENGINE_BACKEND = "gloo"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # Words in the errors of a collective that failed or timed out (gloo, nccl).
@@ -298,12 +306,14 @@ def current() -> Ranks | None:
     return _current
 
 
-def default_backend(world_size: int) -> str:
-    """nccl when there is a GPU for every rank, else gloo."""
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return "nccl" if gpus >= world_size else "gloo"
+def _check_engine_backend(backend: str) -> None:
+    """Refuse nccl for the engines, saying why and what to run instead."""
+    if backend == "nccl":
+        raise ValueError(
+            "the notebook's ranks use backend 'gloo', also where there are GPUs: the "
+            "%%px cells build their models and tensors on the CPU, and nccl takes CUDA "
+            "tensors only. For DDP on GPUs, one GPU per rank, run the command line: "
+            "torchrun --nproc-per-node N -m labkit nosync --backend nccl")
 
 
 def _usable_cores() -> int:
@@ -314,12 +324,14 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def start(world_size: int = 2, backend: str | None = None, *, timeout_s: float = 20.0,
-          threads_per_rank: int | None = None, task_timeout_s: float | None = None,
+def start(world_size: int = 2, backend: str = ENGINE_BACKEND, *,
+          timeout_s: float = 20.0, threads_per_rank: int | None = None,
+          task_timeout_s: float | None = None,
           activate: bool = True, port: int = 0, background: bool = False) -> Ranks:
     """Start `world_size` engines on 127.0.0.1 and join them in a process group.
 
-    The backend is nccl when there is a GPU for every rank, else gloo.
+    The backend is gloo on every machine (nccl is refused: the cells' tensors
+    are on the CPU; see ENGINE_BACKEND).
     A group already running in this kernel is stopped first, so running the
     cell again never leaves engines behind. `timeout_s` bounds every
     collective: a rank that never arrives raises instead of hanging.
@@ -330,8 +342,7 @@ def start(world_size: int = 2, backend: str | None = None, *, timeout_s: float =
     a lesson can be read while they boot; the first use waits for them.
     """
     global _current
-    if backend is None:
-        backend = default_backend(world_size) if isinstance(world_size, int) else "gloo"
+    _check_engine_backend(backend)
     rendezvous.check_args(world_size, backend)
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")

@@ -33,17 +33,21 @@ i18n.register({
     "not_installed": {"ja": "未インストール", "en": "not installed"},
     "can_run": {"ja": "ここで動くもの", "en": "Runs here"},
     "cannot_run": {"ja": "ここでは動かないもの", "en": "Does not run here"},
+    # The notebooks' ranks use gloo on the CPU on every machine (labkit.cluster):
+    # GPUs serve lesson 02's DataParallel and the command line.
     "cap_ddp_gloo": {
-        "ja": "DDP (gloo バックエンド、CPU プロセス)",
-        "en": "DDP on the gloo backend (CPU processes)",
+        "ja": "ノートブックの DDP (gloo、CPU 上のランク。GPU のあるマシンでも同じ)",
+        "en": "DDP in the notebooks (gloo, ranks on the CPU, also on a GPU machine)",
     },
     "cap_ddp_nccl": {
-        "ja": "DDP (nccl バックエンド、1 ランクに 1 GPU)",
-        "en": "DDP on the nccl backend (one GPU per rank)",
+        "ja": "nccl の DDP をコマンドラインで (torchrun、1 ランクに GPU 1 台)",
+        "en": "DDP on nccl from the command line (torchrun, one GPU per rank)",
     },
     "cap_dp_real": {
-        "ja": "本物の nn.DataParallel (2 台以上の GPU)",
-        "en": "real nn.DataParallel (two or more GPUs)",
+        "ja": "本物の GPU での DataParallel (レッスン 02 と python -m labkit dp、"
+              "GPU 2 台以上)",
+        "en": "DataParallel on real GPUs (lesson 02 and python -m labkit dp, two or "
+              "more GPUs)",
     },
     "cap_dp_sim": {
         "ja": "DataParallel の 4 段階を CPU で再現 (labkit)",

@@ -1,18 +1,23 @@
-"""DataParallel measured: against one device for correctness, and for time.
+"""DataParallel measured: against one device, and against DDP for time.
 
 Kept apart from labkit.data_parallel, which holds the four steps themselves.
+The steppers time one training step per call, so that a lesson can interleave
+the ways it compares (one device, DataParallel, DDP at world size 1 and 2):
+the slow moments of a shared machine then fall on all of them alike.
 """
 
 from __future__ import annotations
 
 import copy
+import time
+from collections.abc import Callable
 
 import torch
 
-from . import checks, i18n, models, timing
+from . import checks, i18n, models
 from .data_parallel import data_parallel
 
-__all__ = ["dp_experiment", "step_time"]
+__all__ = ["ddp_stepper", "dp_experiment", "dp_stepper"]
 
 i18n.register({
     "one_device": {"ja": "1 デバイス", "en": "1 device"},
@@ -63,28 +68,70 @@ def dp_experiment(devices: int = 2, batch: int = 100, seed: int = 0) -> dict:
     }
 
 
-def step_time(hidden: int, depth: int, global_batch: int, devices: int = 2,
-              repeat: int = 5, threads: int | None = 1) -> float:
-    """Median seconds of one training step with data_parallel over `devices`.
-
-    One device runs the plain model. `threads` sets torch's threads per replica
-    (1: one core per simulated device, as one per DDP rank); None leaves it.
-    """
+def _problem(hidden: int, depth: int, global_batch: int):
+    """The same model, optimizer and data for every way of running a step."""
     torch.manual_seed(0)
     model = models.WideMLP(hidden=hidden, depth=depth)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     X, y = torch.randn(global_batch, 10), torch.randn(global_batch, 10)
+    return model, optimizer, X, y
+
+
+def dp_stepper(hidden: int, depth: int, global_batch: int, devices: int = 2,
+               threads: int = 1) -> Callable[[], float]:
+    """A function that runs one training step with data_parallel; returns its seconds.
+
+    One device runs the plain model. `threads` sets torch's threads during
+    the step (1: one core per simulated device, as one per DDP rank). The
+    model is `step.model`, to count what a step does.
+    """
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    model, optimizer, X, y = _problem(hidden, depth, global_batch)
     device_ids = list(range(devices))
 
-    def step():
-        optimizer.zero_grad()
-        models.MyLoss()(data_parallel(model, X, device_ids), y).backward()
-        optimizer.step()
+    def step() -> float:
+        saved = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            t0 = time.perf_counter()
+            optimizer.zero_grad()
+            models.MyLoss()(data_parallel(model, X, device_ids), y).backward()
+            optimizer.step()
+            return time.perf_counter() - t0
+        finally:
+            torch.set_num_threads(saved)
 
-    saved = torch.get_num_threads()
-    try:
-        if threads is not None:
-            torch.set_num_threads(threads)
-        return timing.median_time(step, repeat=repeat, warmup=2)
-    finally:
-        torch.set_num_threads(saved)
+    step.model = model  # the original: its forward hooks run in every replica
+    return step
+
+
+def ddp_stepper(hidden: int, depth: int, global_batch: int,
+                group=None) -> Callable[[], float]:
+    """On every rank of `group`: a function that runs one DDP training step.
+
+    Each rank takes its shard of the global batch. A call waits for the other
+    ranks of `group` (a barrier, not timed), then returns the step's seconds
+    on this rank. Call it on every rank of `group`, as any collective. The DDP
+    model is `step.model`, to count what a step does.
+    """
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .ddp import shard
+
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    model, optimizer, X, y = _problem(hidden, depth, global_batch)
+    model = DDP(model, process_group=group)
+    X, y = shard(X, rank, size), shard(y, rank, size)
+
+    def step() -> float:
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        optimizer.zero_grad()
+        models.MyLoss()(model(X), y).backward()
+        optimizer.step()
+        return time.perf_counter() - t0
+
+    step.model = model
+    return step

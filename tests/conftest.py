@@ -54,3 +54,22 @@ def child_processes():
 
     return [p for p in psutil.Process().children(recursive=True) if p.is_running()
             and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """`fake_gpus(n)`: this process sees n CUDA devices (engines it starts see none).
+
+    No GPU has been available to this project; the choices labkit makes from
+    the device count are tested this way.
+    """
+    import torch
+
+    def fake(count: int) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "get_device_name",
+                            lambda device=None: f"Fake GPU {device}")
+        monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+
+    return fake

@@ -1,6 +1,7 @@
 import copy
 import json
 from collections import namedtuple
+from unittest import mock
 
 import pytest
 import torch
@@ -322,3 +323,54 @@ def test_cli_dp_writes_the_differences(tmp_path, capsys):
         main(["dp", "--devices", "0"])
     assert exit_.value.code == 2
     assert "devices and batch must be >= 1" in capsys.readouterr().err
+
+
+def _replications_in(steps, run_step):
+    """How often dp.replicate ran in `steps` calls of `run_step` (lessons 02, 03)."""
+    with mock.patch.object(dp, "replicate", wraps=dp.replicate) as replicate:
+        for _ in range(steps):
+            run_step()
+    return replicate.call_count
+
+
+def test_dataparallel_replicates_at_every_step():
+    step = dp_compare.dp_stepper(100, 1, 64, devices=2)
+    before = [p.detach().clone() for p in step.model.parameters()]
+    assert _replications_in(3, step) == 3
+    assert checks.max_abs_diff(list(step.model.parameters()), before) > 0  # it trained
+
+
+def test_the_replication_count_catches_replicas_built_once():
+    # The broken variant the lessons' count must tell apart: replicas built once.
+    model, _ = twins()
+    X, replicas = torch.randn(64, 10), []
+
+    def data_parallel_replicating_once():
+        if not replicas:
+            replicas.extend(dp.replicate(model, [0, 1]))
+        return dp.gather(dp.parallel_apply(replicas, dp.scatter(X, [0, 1])))
+
+    assert _replications_in(3, data_parallel_replicating_once) == 1
+
+
+def test_dp_stepper_times_a_step_and_restores_threads():
+    threads = torch.get_num_threads()
+    step = dp_compare.dp_stepper(100, 1, 64, devices=2, threads=1)
+    assert step() > 0 and torch.get_num_threads() == threads
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        dp_compare.dp_stepper(100, 1, 64, threads=0)
+
+
+def test_ddp_stepper_shards_the_batch_and_keeps_replicas_equal(ranks):
+    ranks.execute(
+        "from labkit import ddp, dp_compare\n"
+        "step = dp_compare.ddp_stepper(100, 1, 64)\n"
+        "seen = []\n"
+        "hook = step.model.module.register_forward_hook(\n"
+        "    lambda module, args, out: seen.append(len(args[0])))\n"
+        "seconds = [step() for _ in range(2)]\n"
+        "hook.remove()\n"
+        "diff = ddp.replica_max_diff(step.model)\n")
+    assert ranks.pull("seen") == [[32, 32], [32, 32]]  # half the batch per rank
+    assert ranks.pull("diff") == [0.0, 0.0]
+    assert all(s > 0 for seconds in ranks.pull("seconds") for s in seconds)

@@ -1,7 +1,9 @@
 import json
 
+import pytest
 import torch
 
+import labkit
 from labkit import doctor
 from labkit.__main__ import main
 
@@ -26,3 +28,24 @@ def test_cli_writes_json_and_speaks_japanese(tmp_path, capsys):
     saved = json.loads(out.read_text(encoding="utf-8"))
     assert saved["torch_version"] == torch.__version__
     assert saved["backends"]["gloo"] == torch.distributed.is_gloo_available()
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2])
+def test_gpus_serve_the_command_line_and_dataparallel_never_the_engines(fake_gpus,
+                                                                        gpus):
+    fake_gpus(gpus)
+    report = doctor.collect()
+    assert report.gpus == [f"Fake GPU {i}" for i in range(gpus)]
+    assert "cap_ddp_gloo" in report.can_run  # the notebooks' ranks: gloo, always
+    assert ("cap_ddp_nccl" in report.can_run) == (gpus >= 1)
+    assert ("cap_dp_real" in report.can_run) == (gpus >= 2)
+    for lang in ("en", "ja"):
+        labkit.set_lang(lang)
+        lines = doctor.format_report(report).splitlines()
+        runs = [line for line in lines if line.startswith("  ✓")]  # what runs here
+        nccl = [line for line in runs if "nccl" in line]
+        # Only the command line runs nccl; the notebooks' DDP says gloo.
+        assert all("torchrun" in line for line in nccl), nccl
+        assert len(nccl) == (gpus >= 1)
+        gloo = [line for line in runs if "DDP" in line and "gloo" in line]
+        assert len(gloo) == 1 and "nccl" not in gloo[0]

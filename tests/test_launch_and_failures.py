@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+import torch.distributed as dist
 from conftest import child_processes
 from ddp_rank_checks import my_rank, raise_on_rank_1
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -75,6 +76,26 @@ def test_bad_arguments_fail_before_any_engine_starts(kwargs, message):
 def test_nccl_without_gpus_is_refused():
     with pytest.raises(ValueError, match="nccl' needs CUDA GPUs"):
         rendezvous.check_args(2, "nccl")
+
+
+@pytest.mark.parametrize("gpus", [0, 4])
+def test_nccl_for_the_engines_is_refused_with_what_to_run(fake_gpus, gpus):
+    fake_gpus(gpus)
+    before = len(child_processes())
+    with pytest.raises(ValueError, match=r"(?s)tensors on the CPU.*torchrun .*nccl"):
+        cluster.start(2, backend="nccl")
+    assert len(child_processes()) == before
+
+
+def test_engines_use_gloo_even_with_a_gpu_per_rank(fake_gpus):
+    fake_gpus(4)  # this kernel sees 4 GPUs; the cells' tensors would still be on CPU
+    group = cluster.start(1, timeout_s=10, activate=False)
+    try:
+        assert group.backend == cluster.ENGINE_BACKEND == "gloo"
+        device = group.pull("device")
+        assert (group.run(dist.get_backend), device) == (["gloo"], ["cpu"])
+    finally:
+        group.stop()
 
 
 def test_stop_leaves_no_process_behind():
