@@ -97,7 +97,9 @@ ranks = cluster.start(2, background=True)  # returns at once; the ranks boot mea
 #   30 分止まったままになります。
 #
 # 起動したあとは、`%%px` で始まるセルが**全ランクで**実行されます。各エンジンには `rank`、
-# `world_size`、`device` という変数が用意されています。
+# `world_size`、`device` という変数が用意されています。最初の `%%px` セルは、ランクごとに別の
+# プロセスであること (1 ランク 1 プロセス。`torchrun` が GPU 1 台に 1 プロセスを起動するのと同じ) を
+# 確かめます。
 
 # %% [markdown] lang="en"
 # ## Start the ranks
@@ -117,7 +119,8 @@ ranks = cluster.start(2, background=True)  # returns at once; the ranks boot mea
 #   hang.
 #
 # From now on, a cell that starts with `%%px` runs **on every rank**. Each engine has the
-# variables `rank`, `world_size` and `device`.
+# variables `rank`, `world_size` and `device`. The first `%%px` cell checks that each
+# rank is a process of its own (one process per rank, as `torchrun` starts one per GPU).
 
 # %% tags=["nbval-ignore-output"]
 import torch
@@ -132,9 +135,14 @@ print(f"{ranks.world_size} ranks ready {time.perf_counter() - t0:.1f} s after th
 import torch
 import torch.distributed as dist
 
+import os
+
+pids = [None] * world_size
+dist.all_gather_object(pids, os.getpid())  # every rank's process id
 print(f"rank {rank} of {world_size}, backend {dist.get_backend()}, "
-      f"device {device}, threads {torch.get_num_threads()}")
+      f"device {device}, threads {torch.get_num_threads()}, processes {pids}")
 assert (dist.get_backend(), device) == ("gloo", "cpu")  # on any machine
+assert len(set(pids)) == world_size  # one process per rank
 
 # %% [markdown] lang="ja"
 # ## 各ランクはモデル全体を持つ

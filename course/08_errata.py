@@ -62,7 +62,7 @@ labkit.set_lang("en")
 #
 # | id | 記事の記述 | 判定 | 正しくは | 確かめるセル |
 # |---|---|---|---|---|
-# | 000-1 | 「DistributedDataParallel は複数の GPU で並列処理し、大規模なデータセットや複雑なモデルの訓練時間を大幅に短縮できる」 | 誤解を招く | 速くなるかは、1 ステップの計算と、そのステップで all-reduce する勾配 (パラメータと同じバイト数) の比で決まる。データセットの大きさはステップ数を変えるだけで、この比は変えない。小さなモデルでは 2 ランクのほうが遅い | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#world-size-1-と-2-の-1-ステップの時間) |
+# | 000-1 | 「DistributedDataParallel は複数の GPU で並列処理し、大規模なデータセットや複雑なモデルの訓練時間を大幅に短縮できる」 | 誤解を招く | 速くなるかは、1 ステップの計算と、そのステップで all-reduce する勾配 (パラメータと同じバイト数) の比で決まる。データセットの大きさはステップ数を変えるだけで、この比は変えない。2 ランクで半分になるのは計算だけで、勾配は全部 all-reduce する (セルが数える) | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#world-size-1-と-2-の-1-ステップの時間) |
 # | 000-2 | 「各 GPU はモデルのパラメータの一部を保持し、それらを更新します」 | 誤り | DDP の各ランクは全パラメータの複製を持つ。一部を持つのは FSDP / ZeRO-3 | [03: 各ランクはモデル全体を持つ](03_ddp.ipynb#各ランクはモデル全体を持つ) |
 # | 000-3 | 「各 GPU のパラメータ更新は独立して行われるため整合性が失われる…各パラメータ更新後に勾配同期を行う」 | 誤り | 同期は逆伝播の途中、更新の前に勾配を all-reduce する。だから全ランクが同じ更新をする | [03: 何が、いつ通信されるか](03_ddp.ipynb#何が、いつ通信されるか) |
 # | 000-4 | 「no_sync() は勾配同期を無効にするオプション」 | 誤解を招く | `with` で使うコンテキストマネージャで、同期を次の `with` の外の逆伝播まで先送りする | [04: 正しい使い方](04_no_sync.ipynb#正しい使い方) |
@@ -97,7 +97,7 @@ labkit.set_lang("en")
 #
 # | id | the document says | verdict | in fact | the cell that shows it |
 # |---|---|---|---|---|
-# | 000-1 | "DDP trains on several GPUs in parallel and can cut the training time of large data sets and complex models a lot" | misleading | whether it is faster depends on a step's computation against the gradient it all-reduces (as many bytes as the parameters); a larger data set means more steps, not a better ratio; a small model is slower on 2 ranks | [03: Time per step with world size 1 and 2](03_ddp.ipynb#Time-per-step-with-world-size-1-and-2) |
+# | 000-1 | "DDP trains on several GPUs in parallel and can cut the training time of large data sets and complex models a lot" | misleading | whether it is faster depends on a step's computation against the gradient it all-reduces (as many bytes as the parameters); a larger data set means more steps, not a better ratio; two ranks halve the computation only, and still all-reduce every gradient (the cell counts both) | [03: Time per step with world size 1 and 2](03_ddp.ipynb#Time-per-step-with-world-size-1-and-2) |
 # | 000-2 | "each GPU holds part of the model's parameters and updates them" | wrong | every DDP rank holds a full replica; holding a part is FSDP / ZeRO-3 | [03: Every rank holds the whole model](03_ddp.ipynb#Every-rank-holds-the-whole-model) |
 # | 000-3 | "updates happen independently, so consistency may be lost… gradients are synchronized after each update" | wrong | gradients are all-reduced during backward, before the update, so every rank makes the same update | [03: What is communicated, and when](03_ddp.ipynb#What-is-communicated,-and-when) |
 # | 000-4 | "no_sync() is an option that disables gradient synchronization" | misleading | a context manager that postpones synchronization to the next backward outside the `with` | [04: Correct use](04_no_sync.ipynb#Correct-use) |
@@ -134,7 +134,7 @@ labkit.set_lang("en")
 # |---|---|---|---|---|
 # | 004-1 | 「データ並列処理とは、異なるデータサンプルを複数の GPU に分散させて処理し、訓練と推論を高速化する手法」 | 正しい | 分けるのはデータで、モデルは各デバイスに複製する | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#2.-replicate:-モデルを複製する) |
 # | 004-2 | 「data_parallel() はモデルと入力を複数の GPU に分散させ、結果を集約する」 | 正しい | `scatter`、`replicate`、`parallel_apply`、`gather` の 4 段階 | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#2.-replicate:-モデルを複製する) |
-# | 004-3 | 「メリット: 訓練と推論の速度を大幅に向上」 | 誤解を招く | 複数の GPU で速くなることはあるが、呼び出しのたびにモデルを複製し、レプリカを 1 プロセスのスレッドで動かす。PyTorch は 1 台のマシンでも DDP を勧める。CPU では何もしない | [02: スレッドの DataParallel とプロセスの DDP](02_data_parallel.ipynb#スレッドの-DataParallel-とプロセスの-DDP) |
+# | 004-3 | 「メリット: 訓練と推論の速度を大幅に向上」 | 誤解を招く | 複数の GPU で速くなることはあるが、呼び出しのたびにモデルを複製し、レプリカを 1 プロセスのスレッドで動かす。PyTorch は 1 台のマシンでも DDP を勧める。CPU では何もしない | [03: スレッドの DataParallel とプロセスの DDP](03_ddp.ipynb#スレッドの-DataParallel-とプロセスの-DDP) |
 # | 004-4 | 「特に、大規模なデータセットや複雑なモデルを扱う場合に有効」 | 誤解を招く | 決めるのは 1 ステップの計算と通信の比。データセットの大きさはステップ数を変えるだけ。大きなモデルは計算も増えるが、呼び出しごとの複製と勾配の集約も増える | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#world-size-1-と-2-の-1-ステップの時間) |
 # | 004-5 | 「コードの変更を最小限に抑えながら」 | 正しい | 包むだけで使える。ただし推奨は DDP | [02: PyTorch が DDP を勧める理由](02_data_parallel.ipynb#PyTorch-が-DDP-を勧める理由) |
 # | 004-6 | 「使い方」: DataParallel で包み、入力を分け、data_parallel に渡す | 誤り | クラスか関数のどちらか一方に、バッチ全体を渡す | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#記事-004-の使い方を直す) |
@@ -170,7 +170,7 @@ labkit.set_lang("en")
 # |---|---|---|---|---|
 # | 004-1 | "data parallelism processes different samples on several GPUs to speed up training and inference" | correct | the data is split, the model is copied to every device | [02: 2. replicate: copy the model](02_data_parallel.ipynb#2.-replicate:-copy-the-model) |
 # | 004-2 | "data_parallel() spreads model and input over GPUs and gathers the result" | correct | the four steps `scatter`, `replicate`, `parallel_apply`, `gather` | [02: 2. replicate: copy the model](02_data_parallel.ipynb#2.-replicate:-copy-the-model) |
-# | 004-3 | "benefit: much faster training and inference" | misleading | it can be faster on several GPUs, but every call copies the model and runs the replicas as threads of one process; PyTorch recommends DDP even on one machine; on a CPU it does nothing | [02: Thread-based DataParallel against process-based DDP](02_data_parallel.ipynb#Thread-based-DataParallel-against-process-based-DDP) |
+# | 004-3 | "benefit: much faster training and inference" | misleading | it can be faster on several GPUs, but every call copies the model and runs the replicas as threads of one process; PyTorch recommends DDP even on one machine; on a CPU it does nothing | [03: Thread-based DataParallel against process-based DDP](03_ddp.ipynb#Thread-based-DataParallel-against-process-based-DDP) |
 # | 004-4 | "especially effective for large data sets and complex models" | misleading | a step's computation against its communication decides; a larger data set only means more steps; a larger model computes more, but also copies and reduces more at every call | [03: Time per step with world size 1 and 2](03_ddp.ipynb#Time-per-step-with-world-size-1-and-2) |
 # | 004-5 | "with minimal code changes" | correct | just wrap the model; but PyTorch recommends DDP | [02: Why PyTorch recommends DDP](02_data_parallel.ipynb#Why-PyTorch-recommends-DDP) |
 # | 004-6 | "how to use": wrap in DataParallel, split the input, pass to data_parallel | wrong | use the class or the function, with the whole batch | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#Fixing-doc-004's-recipe) |

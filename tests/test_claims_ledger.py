@@ -17,11 +17,6 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 # Rows whose linked section asserts nothing today, and the assertion it needs.
 KNOWN_GAPS = {
-    "000-1": "03 time per step: assert that the compute/communication ratio decides "
-             "(medians of interleaved runs with a margin, or the mechanism)",
-    "004-4": "03 time per step: the same cell as 000-1",
-    "L03-6": "03 time per step: the same cell as 000-1",
-    "000-14": "03 start the ranks: assert one process (and device) per rank",
     "004-29": "07 TensorFlow Lattice: prose only",
 }
 
