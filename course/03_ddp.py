@@ -132,10 +132,10 @@ print(f"{ranks.world_size} ranks ready {time.perf_counter() - t0:.1f} s after th
 
 # %%
 # %%px
+import os
+
 import torch
 import torch.distributed as dist
-
-import os
 
 pids = [None] * world_size
 dist.all_gather_object(pids, os.getpid())  # every rank's process id
