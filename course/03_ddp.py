@@ -427,7 +427,7 @@ assert len(tiny[0]) == 1 and len(tiny[1]) > 1  # one bucket, then the rebuilt on
 # %% [markdown] lang="ja"
 # ## 学習してもレプリカは一致したまま
 #
-# `DistributedSampler` と `DataLoader` で先生ネットワークの課題を 3 エポック学習し、
+# `DistributedSampler` と `DataLoader` で教師ネットワークの課題を 3 エポック学習し、
 # 最後に全ランクのパラメータを集めて比べます。全ランクが同じ平均勾配で同じ更新をするので、
 # 差はちょうど 0 です。
 

@@ -179,7 +179,7 @@ print("inside no_sync the ranks differ; after the last micro-batch they agree")
 # ## 損失を K で割らないと
 #
 # 割らずに逆伝播すると、`.grad` は平均ではなく K 個の和になり、大きなバッチの勾配のちょうど K 倍です。
-# 学習率を K 倍にしたのと同じで、安定性を損ないます (記事の「不安定化」の正体は、たとえばこれです)。
+# 学習率を K 倍にしたのと同じで、安定性を損ないます (記事の言う「不安定化」の、実際にありうる原因の 1 つです)。
 
 # %% [markdown] lang="en"
 # ## Without dividing the loss by K
@@ -621,9 +621,9 @@ fig = plots.line_chart(series, xlabel="accum_k", ylabel="step_time_ms",
 # 大きくなります。計算の量は同じで、減るのは同期の回数とバイト数だけです (上のセルが確かめました)。
 #
 # 実測の節約は、単独で測った all-reduce の (K−1) 回分より大きくなりがちです。DDP の同期 1 回には
-# all-reduce のほかにも費用 (勾配をバケットに集めて戻す処理、遅いランクを待つ時間など) が含まれる
-# からです。小さなモデルでは 8 KB の all-reduce 自体は一瞬でも、同期 1 回ごとの固定の費用が残ります。
-# 同期 1 回の費用を分解して予測するモデルはレッスン 05 で作ります。
+# all-reduce のほかのコスト (勾配をバケットに集めて戻す処理、遅いランクを待つ時間など) が含まれる
+# からです。小さなモデルでは 8 KB の all-reduce 自体は一瞬でも、同期 1 回ごとの固定のコストが残ります。
+# 同期 1 回のコストを分解して予測するモデルはレッスン 05 で作ります。
 
 # %% [markdown] lang="en"
 # For both models the synchronized step grows roughly in proportion to K, and what

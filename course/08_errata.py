@@ -207,7 +207,7 @@ labkit.set_lang("en")
 # | id | レッスンの主張 | 確かめるセル |
 # |---|---|---|
 # | L03-1 | DDP の各ランクはモデル全体 (全パラメータ) を持つ | [03: 各ランクはモデル全体を持つ](03_ddp.ipynb#各ランクはモデル全体を持つ) |
-# | L03-2 | `DistributedSampler` はランクごとに重ならない標本を配り、`set_epoch` がなければ毎エポック同じ順序になる | [03: DistributedSampler と set_epoch](03_ddp.ipynb#DistributedSampler-と-set_epoch) |
+# | L03-2 | `DistributedSampler` はランクごとに重ならないサンプルを配り、`set_epoch` がなければ毎エポック同じ順序になる | [03: DistributedSampler と set_epoch](03_ddp.ipynb#DistributedSampler-と-set_epoch) |
 # | L03-3 | DDP の勾配は、全ランクのバッチを合わせた 1 つのバッチの勾配と等しい | [03: DDP の勾配 = 全バッチの勾配](03_ddp.ipynb#DDP-の勾配-=-全バッチの勾配) |
 # | L03-4 | 勾配は逆伝播の途中で all-reduce され、1 ステップで送るのはパラメータと同じバイト数 | [03: 何が、いつ通信されるか](03_ddp.ipynb#何が、いつ通信されるか) |
 # | L03-5 | 学習を続けてもレプリカは同一のまま | [03: 学習してもレプリカは一致したまま](03_ddp.ipynb#学習してもレプリカは一致したまま) |

@@ -19,7 +19,7 @@ from . import i18n, timing
 __all__ = ["DeepMLP", "peak_memory_bytes", "saved_activation_bytes", "step_cost"]
 
 i18n.register({
-    "saved_mb": {"ja": "逆伝播のために保存した活性 [MB]",
+    "saved_mb": {"ja": "逆伝播のために保存した活性値 [MB]",
                  "en": "activations saved for backward [MB]"},
     "peak_mb": {"ja": "ピークメモリ [MB]", "en": "peak memory [MB]"},
     "ckpt_title": {

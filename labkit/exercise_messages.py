@@ -19,13 +19,13 @@ MESSAGES = {  # key: (ja, en)
                  "{name} looks like milliseconds: answer in seconds."),
     # 01
     "ex_batch": ("形 {shape} の入力の出力が {got} です ({want} のはずです)。ヒント: "
-                 "平らにするのは各サンプルだけで、バッチの次元 (0) は残します。",
+                 "平坦化するのは各サンプルだけで、バッチの次元 (0) は残します。",
                  "An input of shape {shape} gives an output of shape {got}, not "
                  "{want}. Hint: flatten each sample only; keep the batch dimension "
                  "(0)."),
     "ex_batch_error": ("形 {shape} の入力でエラーになりました ({err})。ヒント: "
                        "`x.view(-1)` はバッチ全体を 1 本のベクトルにします。"
-                       "平らにするのは各サンプルだけです。",
+                       "平坦化するのは各サンプルだけです。",
                        "An input of shape {shape} fails ({err}). Hint: `x.view(-1)` "
                        "makes the whole batch one vector; flatten each sample only."),
     "ex_batch_fix": ("変えるのは `view(-1)` の行だけです。",
@@ -51,9 +51,9 @@ MESSAGES = {  # key: (ja, en)
                     "{steps} updates match correct SGD."),
     # 02
     "ex_chunks": ("バッチ {batch} を {n} 台に分けた結果は {pred} ではありません。"
-                  "ヒント: 1 つの塊の大きさは「バッチ ÷ 台数」の切り上げで、"
-                  "小さくなるのは最後の塊だけです。"
-                  "塊の数が台数より少なくなることもあります。",
+                  "ヒント: 1 つのチャンクの大きさは「バッチ ÷ 台数」の切り上げで、"
+                  "小さくなるのは最後のチャンクだけです。"
+                  "チャンクの数が台数より少なくなることもあります。",
                   "Batch {batch} on {n} devices is not split as {pred}. Hint: a "
                   "chunk holds batch / devices, rounded up; only the last is "
                   "smaller, and there can be fewer chunks than devices."),
@@ -70,12 +70,13 @@ MESSAGES = {  # key: (ja, en)
     "ex_dp_replicas": ("模擬デバイス {n} 台で、レプリカが {replicas} 回、"
                        "もとのモデルが {original} 回呼ばれました。ヒント: "
                        "`dp.replicate` で作ったレプリカを `dp.parallel_apply` で、"
-                       "塊ごとに 1 つずつ動かします。",
+                       "チャンクごとに 1 つずつ動かします。",
                        "On {n} simulated devices the replicas ran {replicas} times, "
                        "the original model {original} times. Hint: run the replicas "
                        "made by `dp.replicate` with `dp.parallel_apply`, one per "
                        "chunk."),
-    "ex_dp_hint": ("レプリカは `dp.replicate` で作り、塊 i をレプリカ i に入れます。",
+    "ex_dp_hint": ("レプリカは `dp.replicate` で作り、"
+                   "チャンク i をレプリカ i に入れます。",
                    "make replicas with `dp.replicate`; chunk i goes to replica i."),
     "ex_dp_ok": ("バッチ / 台数 = {cases} で、出力も勾配も 1 デバイスと同じです。",
                  "Outputs and gradients equal one device's for {cases} (batch / "

@@ -209,7 +209,7 @@ MESSAGES = {  # key: (ja, en)
         "Hint: fully_shard cuts whole rows (dimension 0), as torch.chunk does; a row "
         "is never split."),
     "ex_shard_padding": (
-        "values_held({shape}, {rank}, {n}) = {got} は詰め物 (パディング) まで"
+        "values_held({shape}, {rank}, {n}) = {got} はパディング まで"
         "数えています。ヒント: torch.chunk では、最後のほうのランクの行は"
         "少ないか、ありません。FSDP2 は all-gather のために内部で同じ大きさに"
         "詰めますが、`to_local()` にあるのは本物の行だけです。",
@@ -219,8 +219,8 @@ MESSAGES = {  # key: (ja, en)
     "ex_shard_spread": (
         "values_held({shape}, {rank}, {n}) = {got} は、numpy.array_split "
         "のように行をできるだけ均等に配った数です。ヒント: レッスン 02 の `scatter` "
-        "と同じく、1 つの塊は「行数 ÷ ランク数」の切り上げで、"
-        "小さくなるのは最後の塊だけです。何も持たないランクもあります。",
+        "と同じく、1 つのチャンクは「行数 ÷ ランク数」の切り上げで、"
+        "小さくなるのは最後のチャンクだけです。何も持たないランクもあります。",
         "values_held({shape}, {rank}, {n}) = {got} spreads the rows as evenly as "
         "possible, as numpy.array_split does. Hint: as `scatter` in lesson 02, a "
         "piece holds rows / ranks rounded up, only the last is smaller, and some "
