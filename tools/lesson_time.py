@@ -53,7 +53,7 @@ def prose_units(text: str, lang: str) -> int:
     text = re.sub(r"\(https?://[^)]*\)|\([0-9]{2}_[^)]*\.ipynb[^)]*\)", "", text)
     if lang == "ja":
         return len(_JA_UNIT.findall(text))
-    return len(re.findall(r"[A-Za-z0-9_'.-]+", text))
+    return len(re.findall(r"[A-Za-z0-9][A-Za-z0-9_'.-]*", text))
 
 
 def _tags(cell: nbformat.NotebookNode) -> list[str]:

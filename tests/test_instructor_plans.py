@@ -1,0 +1,108 @@
+"""The instructor guides' plans add up, and fit what the lessons ask of a learner."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import lesson_time  # noqa: E402
+
+GUIDES = {"en": ROOT / "docs" / "instructor.md",
+          "ja": ROOT / "docs" / "instructor.ja.md"}
+# A plan is a table whose first two columns are the start time and the minutes.
+_PLAN_HEADER = re.compile(r"^\|\s*(time|時刻)\s*\|\s*(minutes|分)\s*\|")
+_LESSON = re.compile(r"^(\d\d)\s")
+
+
+def plans(text: str) -> list[list[list[str]]]:
+    """Every plan table in a guide: its rows, each a list of cells."""
+    tables, rows = [], None
+    for line in text.splitlines():
+        if _PLAN_HEADER.match(line):
+            rows = []
+            tables.append(rows)
+        elif rows is not None and line.startswith("|"):
+            if not set(line) <= set("|- "):  # the |---| line
+                rows.append([cell.strip() for cell in line.strip("|").split("|")])
+        else:
+            rows = None
+    return tables
+
+
+def _minute(clock: str) -> int:
+    hours, minutes = clock.split(":")
+    return int(hours) * 60 + int(minutes)
+
+
+def plan_problems(rows: list[list[str]]) -> list[str]:
+    """Rows whose start is not the previous start plus its minutes; a missing end."""
+    problems = []
+    for row, following in zip(rows, rows[1:], strict=False):
+        if not row[1].isdigit():
+            problems.append(f"{row[0]} {row[2]}: no minutes")
+        elif _minute(row[0]) + int(row[1]) != _minute(following[0]):
+            problems.append(f"{row[0]} + {row[1]} min is not {following[0]}")
+    if rows and rows[-1][1]:
+        problems.append(f"the last row ({rows[-1][0]}) is not the end")
+    return problems
+
+
+def lesson_minutes(rows: list[list[str]]) -> dict[str, int]:
+    """Minutes a plan gives each lesson number (a lesson may span several rows)."""
+    given: dict[str, int] = {}
+    for row in rows:
+        if (m := _LESSON.match(row[2])) and row[1].isdigit():
+            given[m.group(1)] = given.get(m.group(1), 0) + int(row[1])
+    return given
+
+
+def estimates(lang: str) -> dict[str, float]:
+    """tools/lesson_time.py's minutes for each lesson, without running it."""
+    folder = ROOT / "notebooks" / lang
+    return {path.stem[:2]: lesson_time.measure(path, lang, run=False).minutes(lang)
+            for path in sorted(folder.glob("*.ipynb"))}
+
+
+@pytest.mark.parametrize("lang", sorted(GUIDES))
+def test_each_plan_adds_up(lang):
+    short, full = plans(GUIDES[lang].read_text(encoding="utf-8"))
+    assert plan_problems(short) == [] and plan_problems(full) == []
+    assert _minute(short[-1][0]) - _minute(short[0][0]) == 90
+
+
+@pytest.mark.parametrize("lang", sorted(GUIDES))
+def test_the_full_day_gives_every_lesson_the_time_it_asks(lang):
+    _, full = plans(GUIDES[lang].read_text(encoding="utf-8"))
+    given, wanted = lesson_minutes(full), estimates(lang)
+    assert sorted(given) == sorted(wanted)  # every lesson, no other
+    short_of = {n: (given[n], round(wanted[n])) for n in wanted if given[n] < wanted[n]}
+    assert short_of == {}, f"lesson: (minutes given, minutes estimated) {short_of}"
+
+
+@pytest.mark.parametrize("lang", sorted(GUIDES))
+def test_the_short_plan_says_what_it_leaves_out(lang):
+    short, _ = plans(GUIDES[lang].read_text(encoding="utf-8"))
+    wanted = estimates(lang)
+    for row in short:
+        m = _LESSON.match(row[2])
+        if m and int(row[1]) < wanted[m.group(1)]:
+            wants = wanted[m.group(1)]
+            assert row[4], f"{row[2]}: {row[1]} of {wants:.0f} min, nothing left out"
+
+
+def test_a_plan_that_does_not_add_up_is_reported():
+    rows = [["9:00", "20", "00 Setup"], ["9:30", "40", "01 Models"],
+            ["10:10", "", "end"]]
+    assert plan_problems(rows) == ["9:00 + 20 min is not 9:30"]
+    assert plan_problems([["9:00", "20", "00 Setup"], ["9:20", "40", "01 Models"]]) == [
+        "the last row (9:20) is not the end"]
+    assert lesson_minutes(rows) == {"00": 20, "01": 40}
+
+
+def test_reading_units_count_words_in_english_and_characters_in_japanese():
+    assert lesson_time.prose_units("Two ranks, one `all_reduce`.", "en") == 4
+    # 8 kana/kanji, plus two Latin words
+    assert lesson_time.prose_units("ランクは DDP の all_reduce", "ja") == 7
