@@ -538,7 +538,7 @@ ranks.stop()
 # Parameter Models」、2019) の例で計算できます。混合精度の Adam では、1 パラメータあたり
 # float16 のパラメータ 2 バイト、float16 の勾配 2 バイト、オプティマイザの状態 12 バイト (float32 の
 # パラメータの写し、モーメンタム、分散) を持ちます。75 億パラメータを 64 ランクで学習すると、1 ランクあたり
-# DDP は 120 GB、ZeRO-1 は 31.4 GB、ZeRO-2 は 16.6 GB、ZeRO-3 (FSDP) は 1.9 GB です (活性は含みません)。
+# DDP は 120 GB、ZeRO-1 は 31.4 GB、ZeRO-2 は 16.6 GB、ZeRO-3 (FSDP) は 1.9 GB です (活性値は含みません)。
 
 # %% [markdown] lang="en"
 # For a large model, the ZeRO paper (Rajbhandari et al., "ZeRO: Memory Optimizations
