@@ -571,6 +571,8 @@ for width, s in sizes.items():
     s["step_s"] = statistics.median(step_s[width])
     print(f"width {width:5d}: {s['params']:6d} parameters, {s['flops'] / 1e6:5.1f} MFLOP "
           f"and {s['step_s'] * 1e3:.2f} ms per step, held-out loss {s['loss']:.3f}")
+print(f"on this run: width 1024 took {sizes[1024]['step_s'] / sizes[16]['step_s']:.1f} "
+      "times as long per step as width 16")
 fig = plots.line_chart({"MLP": ([s["params"] for s in sizes.values()],
                                 [s["step_s"] * 1e3 for s in sizes.values()])},
                        xlabel="params", ylabel="step_time_ms",
@@ -581,9 +583,22 @@ assert [s["params"] for s in sizes.values()] == [models.count_params(
     models.WideMLP(hidden=w)) for w in sizes]
 flops = [s["flops"] for s in sizes.values()]
 assert flops == sorted(flops) and flops[-1] == 64 * flops[0]  # 64 times the width
-# Measured here (2 shared cores, load 6 to 7): 2.9 to 18 times.
-assert sizes[1024]["step_s"] > 1.5 * sizes[16]["step_s"]
 assert sizes[16]["loss"] > sizes[1024]["loss"]  # the smallest model fits worse
+
+# %% [markdown] lang="ja"
+# 幅 1024 の 1 ステップは、幅 16 の 64 倍の計算をします。それでも時間が 64 倍になるわけではありません。
+# 小さなモデルの 1 ステップは、計算よりも Python やカーネルの起動などの固定のコストで決まるからです。
+# このセルが確かめるのは計算の量で、時間は「この実行では」の値です。共有されたこのマシンでは、時間の比の
+# ばらつきが大きく (幅 1024 と 16 の比は 1.2 倍から 18 倍、ほとんど同じ幅 16 と 17 でも 1.6 倍になった
+# ことがあります)、確かめられるだけの差の目安が立たないからです。
+
+# %% [markdown] lang="en"
+# A step of width 1024 computes 64 times as much as one of width 16, yet it does not
+# take 64 times as long: a small model's step is set by fixed costs (Python, kernel
+# launches) more than by its arithmetic. The cell asserts the compute; the time is "on
+# this run". On this shared machine the ratio of times spreads too widely for any
+# margin to hold (1.2 to 18 times between widths 1024 and 16, and once 1.6 times
+# between widths 16 and 17, which are nearly the same).
 
 # %% [markdown] lang="ja"
 # 「不要な計算の削減」の代表は、評価のときに勾配を計算しないことです。`torch.no_grad()` の中では、
@@ -1145,7 +1160,7 @@ assert machine.cpu_cores >= 1
 # | ピンメモリーを使う | CPU→GPU の転送を速く、非同期にする。GPU がなければ何もしない |
 # | バッチサイズを増やす | 1 秒あたりのサンプル数は増える。収束には学習率の調整 (比例させる) とウォームアップが必要 |
 # | データシャッフルを有効にする | 速さは変わらない。収束のために必要 (並べ替えたままだと悪くなる) |
-# | 軽量なモデル、精度と速度のバランス | パラメータが少ないほど 1 ステップの計算 (FLOP) が少なく、速い。小さすぎると精度が落ちる |
+# | 軽量なモデル、精度と速度のバランス | パラメータが少ないほど 1 ステップの計算 (FLOP) が少ない (時間はこの実行で短くなった)。小さすぎると精度が落ちる |
 # | 不要な計算を削減する | 評価は `torch.no_grad()` で。活性値を保存しない |
 # | 学習率、オプティマイザ、スケジューラ | 1 ステップは速くならない。少ないステップで収束させる。課題ごとに調整する |
 # | チェックポイントを活用する | 状態の保存は再開のため (再開しても結果は 1 ビットも同じ)。活性化チェックポイントはメモリを減らし、1 ステップの計算が順伝播 1 回分増える |
@@ -1163,7 +1178,7 @@ assert machine.cpu_cores >= 1
 # | pinned memory | makes CPU→GPU copies faster and asynchronous; without a GPU it does nothing |
 # | larger batches | more samples per second; convergence needs the learning rate scaled, and warm-up |
 # | enable shuffling | no change in speed; needed for convergence (sorted data converges worse) |
-# | lighter model, accuracy vs speed | fewer parameters, less compute (FLOPs) and faster steps; too small and accuracy suffers |
+# | lighter model, accuracy vs speed | fewer parameters, less compute per step (FLOPs; and less time on this run); too small and accuracy suffers |
 # | remove unneeded computation | evaluate under `torch.no_grad()`: no activations kept |
 # | learning rate, optimizer, scheduler | a step is no faster; converge in fewer steps; tune per task |
 # | use checkpoints | saving state is for resuming (bit-identical results); activation checkpointing saves memory and computes one more forward per step |
