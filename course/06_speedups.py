@@ -1134,7 +1134,7 @@ import importlib.util
 import torch.distributed as dist
 
 print("torch.device('xla'):", torch.device("xla"))  # a device type torch knows
-print("backends built into torch:", dist.Backend.backend_list)
+print("backend names torch knows:", dist.Backend.backend_list)
 if importlib.util.find_spec("torch_xla") is None:
     assert "xla" not in dist.Backend.backend_list  # torch_xla registers it
     with checks.expect_error(NotImplementedError, match="'XLA' backend"):
