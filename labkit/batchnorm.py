@@ -47,13 +47,16 @@ def _trained_bn(features: int, *batches: torch.Tensor) -> nn.BatchNorm1d:
 
 
 def bn_experiment(rank: int, world_size: int, batch_per_rank: int = 8,
-                  features: int = 4, shift: float = 3.0, steps: int = 2) -> dict:
+                  features: int = 4, shift: float = 3.0, steps: int = 2,
+                  sync_buffers: bool = True) -> dict:
     """BatchNorm1d in DDP against BatchNorm in one process, on every rank.
 
-    Each rank runs `steps` training forwards on its own batch, then (buffer
-    sync on) one evaluation forward through DDP. References in one process:
-    BatchNorm on the whole (all ranks') batch, on this rank's batch alone, and
-    on rank 0's batch alone.
+    Each rank runs `steps` training forwards on its own batch, then one
+    evaluation forward through DDP. References in one process: BatchNorm on
+    the whole (all ranks') batch, on this rank's batch alone, and on rank 0's
+    batch alone. The keys "trained" and "evaluated" are of DDP's default,
+    buffer sync on; `sync_buffers=False` turns it off there too (a broken
+    variant, to see the lesson's assertions fail).
     """
     x = _local_batch(rank, batch_per_rank, features, shift)
     every = [torch.empty_like(x) for _ in range(world_size)]
@@ -72,7 +75,7 @@ def bn_experiment(rank: int, world_size: int, batch_per_rank: int = 8,
 
     running = {}
     for sync in (True, False):
-        model = _ddp(nn.BatchNorm1d(features), sync)
+        model = _ddp(nn.BatchNorm1d(features), sync and sync_buffers)
         for _ in range(steps):
             out = model(x)  # training mode: normalized with this rank's statistics
         running[sync] = model.module.running_mean.detach().clone()

@@ -79,6 +79,8 @@ def _on_ranks(rank, world_size):
     return {"fsdp": sharding.fsdp_experiment(rank, world_size),
             "bn": batchnorm.bn_experiment(rank, world_size),
             "built": batchnorm.buffers_after_construction(rank),
+            "bn_unsynced": batchnorm.bn_experiment(rank, world_size,
+                                                   sync_buffers=False),
             "syncbn": batchnorm.syncbn_error()}
 
 
@@ -103,6 +105,11 @@ def test_fsdp_shards_and_batchnorm_on_two_ranks():
     assert bn1["running_mean0"]["evaluated"] == bn0["running_mean0"]["trained"]
     assert bn1["running_mean0"]["no_sync"] == bn1["own_data_mean0"]
     assert bn1["running_mean0"]["no_sync"] != bn0["running_mean0"]["no_sync"]
+    # Without the copy before each forward, rank 1 would keep its own statistics
+    # and lesson 06's assertions about rank 0's would fail there.
+    unsynced = results[1]["bn_unsynced"]
+    assert unsynced["trained_vs_rank0_then_own"] > 0.1
+    assert unsynced["evaluated_vs_rank0_data"] > 0.1
     for rank, r in enumerate(results):
         built = r["built"]
         assert built["broadcast_buffers=False"]["running_mean0"] == rank
