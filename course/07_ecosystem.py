@@ -18,7 +18,8 @@
 # このレッスンで見ること:
 # 1. `torchrun` で 1 台、そして 2 台のマシン (このマシンの上で模擬) に広げる。本物のクラスタの SLURM スクリプト
 # 2. 手動の並列化とは何か
-# 3. PyTorch Lightning と Hugging Face Accelerate の勾配累積は、中で `no_sync` を使っている
+# 3. PyTorch Lightning と Hugging Face Accelerate の勾配累積は、中で `no_sync` を使っている (両者が
+#    インストールされているときだけ確かめられる。既定の環境では確かめない)
 # 4. Horovod のいま
 # 5. TensorFlow Lattice は分散学習のフレームワークではない
 # 6. パラメータを分割して持つのは FSDP と ZeRO
@@ -36,7 +37,8 @@
 #    SLURM script for a real cluster
 # 2. what parallelism "by hand" is
 # 3. PyTorch Lightning's and Hugging Face Accelerate's gradient accumulation use
-#    `no_sync` underneath
+#    `no_sync` underneath (checked only where they are installed, not in the default
+#    environment)
 # 4. Horovod today
 # 5. TensorFlow Lattice is not a distributed-training framework
 # 6. holding part of the parameters is FSDP and ZeRO
@@ -277,7 +279,9 @@ assert calls == ["scatter", "replicate", "parallel_apply", "gather"]
 # 確かめます。8 バッチを K = 4 で累積すると、更新は 2 回、`no_sync` に入るのは 8 − 2 = 6 回のはずです。
 #
 # 2 つとも**任意の追加パッケージ**で、このコースの既定の環境には入っていません。入っていなければ、
-# 次のセルは何もしません。試すには `pip install lightning accelerate` を実行してください。
+# 次のセルは読むソースも動かすものもなく、何も確かめられません。そのときセルは、どれを飛ばしたかと、
+# この実行では「中で `no_sync` を使う」ことを示していないことを表示します。確かめるには
+# `pip install lightning accelerate` を実行してから、このセルをもう一度実行してください。
 
 # %% [markdown] lang="en"
 # ## PyTorch Lightning and Hugging Face Accelerate
@@ -294,15 +298,19 @@ assert calls == ["scatter", "replicate", "parallel_apply", "gather"]
 # of `DistributedDataParallel.no_sync`. Accumulating 8 batches with K = 4 should give 2
 # updates and 8 − 2 = 6 entries into `no_sync`.
 #
-# Both are **optional extras**, not in the course's default environment. If they are not
-# installed, the next cell does nothing. To try them, run `pip install lightning accelerate`.
+# Both are **optional extras**, not in the course's default environment. Without them
+# the next cell has no source to read and nothing to run, so it cannot check anything:
+# it then says which it skipped, and that this run does not show that they use
+# `no_sync`. To check, run `pip install lightning accelerate` and run the cell again.
 
 # %% tags=["nbval-ignore-output"]
+checked = []
 for name in ecosystem.FRAMEWORKS:
     installed = ecosystem.version(name)
     if installed is None:
         print(labkit.t("framework_skip", name=name))
         continue
+    checked.append(name)
     print(f"{name} {installed}:", *ecosystem.no_sync_lines(name), sep="\n    ")
     counted = ecosystem.run_counted(name)
     for r in counted:
@@ -312,6 +320,9 @@ for name in ecosystem.FRAMEWORKS:
         assert r["wrapped_in"] == "DistributedDataParallel"
         assert r["optimizer_steps"] == r["batches"] // r["accum_steps"]
         assert r["no_sync_entries"] == r["batches"] - r["optimizer_steps"]
+print(labkit.t("frameworks_checked", checked=", ".join(checked) or "-",
+               skipped=", ".join(n for n in ecosystem.FRAMEWORKS if n not in checked)
+               or "-"))
 
 # %% [markdown] lang="ja"
 # 記事は「コードを変更することなく、複数の GPU 上でモデルを訓練することができます」と書いていますが、
@@ -538,7 +549,7 @@ ranks.stop()
 # Parameter Models」、2019) の例で計算できます。混合精度の Adam では、1 パラメータあたり
 # float16 のパラメータ 2 バイト、float16 の勾配 2 バイト、オプティマイザの状態 12 バイト (float32 の
 # パラメータの写し、モーメンタム、分散) を持ちます。75 億パラメータを 64 ランクで学習すると、1 ランクあたり
-# DDP は 120 GB、ZeRO-1 は 31.4 GB、ZeRO-2 は 16.6 GB、ZeRO-3 (FSDP) は 1.9 GB です (活性は含みません)。
+# DDP は 120 GB、ZeRO-1 は 31.4 GB、ZeRO-2 は 16.6 GB、ZeRO-3 (FSDP) は 1.9 GB です (活性値は含みません)。
 
 # %% [markdown] lang="en"
 # For a large model, the ZeRO paper (Rajbhandari et al., "ZeRO: Memory Optimizations
@@ -565,7 +576,7 @@ fig = plots.bar_chart({"7.5B, 64 ranks": {k: v / 1e9 for k, v in per_rank.items(
 # | 手動で並列化: まずモデルを GPU に分割 | データ並列はデータを分けてモデルを複製する。部品は `replicate` など (レッスン 02)、プロセスなら集団通信と DDP |
 # | Horovod は使いやすくスケーラブル | 最新リリースは 2023 年の 0.28.1。ソースからのビルドが必要で、PyTorch 2.1 以降に対してはビルドできないと報告されている。PyTorch では `torchrun` と DDP を使う |
 # | Horovod は MPI で通信、モデルを Horovod でラップ | 包むのはオプティマイザ (`hvd.DistributedOptimizer`) |
-# | Lightning や TensorFlow Lattice が分散訓練を自動で | Lightning (と Accelerate) は正しい。中で `no_sync` を使う。TensorFlow Lattice は形状制約つきの格子モデルのライブラリ |
+# | Lightning や TensorFlow Lattice が分散訓練を自動で | Lightning (と Accelerate) は正しい。中で `no_sync` を使う (インストールされているときだけセルが確かめる。既定の環境では確かめない)。TensorFlow Lattice は形状制約つきの格子モデルのライブラリ |
 # | コードを変更することなく | 少ない変更で (LightningModule、`accelerator.prepare`) |
 # | 各 GPU はパラメータの一部を保持 | DDP ではなく FSDP / ZeRO-3 |
 # | 1 台を超えて広げる | 各ノードで torchrun、c10d ランデブー。クラスタでは SLURM などから (`docs/slurm_example.sh`) |
@@ -578,7 +589,7 @@ fig = plots.bar_chart({"7.5B, 64 ranks": {k: v / 1e9 for k, v in per_rank.items(
 # | by hand: first split the model across the GPUs | data parallelism splits the data and copies the model; the parts are `replicate` and friends (lesson 02), or collectives and DDP across processes |
 # | Horovod is easy to use and scalable | latest release 0.28.1 from 2023; builds from source only, reported not to build against PyTorch 2.1 and later; with PyTorch use `torchrun` and DDP |
 # | Horovod communicates with MPI, wrap the model with Horovod | you wrap the optimizer (`hvd.DistributedOptimizer`) |
-# | Lightning and TensorFlow Lattice handle distribution | right for Lightning (and Accelerate), which use `no_sync` underneath; TensorFlow Lattice is a library of shape-constrained lattice models |
+# | Lightning and TensorFlow Lattice handle distribution | right for Lightning (and Accelerate), which use `no_sync` underneath (the cell checks it only where they are installed, not in the default environment); TensorFlow Lattice is a library of shape-constrained lattice models |
 # | without changing the code | with few changes (a LightningModule, `accelerator.prepare`) |
 # | each GPU holds part of the parameters | not DDP: FSDP / ZeRO-3 |
 # | beyond one machine | one torchrun per node, c10d rendezvous; on clusters from SLURM or the like (`docs/slurm_example.sh`) |

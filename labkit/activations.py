@@ -7,7 +7,6 @@ recomputes the rest during backward: less memory, more compute.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
@@ -16,7 +15,8 @@ from torch.utils.checkpoint import checkpoint
 
 from . import i18n, timing
 
-__all__ = ["DeepMLP", "peak_memory_bytes", "saved_activation_bytes", "step_cost"]
+__all__ = ["DeepMLP", "peak_memory_bytes", "saved_activation_bytes", "step_cost",
+           "step_times", "step_work"]
 
 i18n.register({
     "saved_mb": {"ja": "逆伝播のために保存した活性値 [MB]",
@@ -111,16 +111,42 @@ def peak_memory_bytes(fn: Callable[[], object]) -> int:
     return peak
 
 
-def step_cost(model: nn.Module, X: torch.Tensor, repeat: int = 5) -> dict:
-    """Median seconds of forward + backward, saved activation bytes, peak bytes."""
+def _step(model: nn.Module, X: torch.Tensor) -> None:
+    """One forward and backward (the optimizer's update is the same either way)."""
+    model.zero_grad(set_to_none=True)
+    model(X).pow(2).mean().backward()
 
-    def step():
-        model.zero_grad(set_to_none=True)
-        model(X).pow(2).mean().backward()
 
-    seconds = timing.median_time(step, repeat=repeat, warmup=1)
+def step_cost(model: nn.Module, X: torch.Tensor) -> dict:
+    """Saved activation bytes and peak bytes of one forward + backward."""
     model.zero_grad(set_to_none=True)  # gradients are not part of the peak below
-    t0 = time.perf_counter()
-    peak = peak_memory_bytes(step)
-    return {"step_s": seconds, "saved_bytes": saved_activation_bytes(model, X),
-            "peak_bytes": peak, "profiled_s": time.perf_counter() - t0}
+    return {"saved_bytes": saved_activation_bytes(model, X),
+            "peak_bytes": peak_memory_bytes(lambda: _step(model, X))}
+
+
+def step_work(model: nn.Module, X: torch.Tensor) -> dict:
+    """What one forward + backward computes: Linear forwards run, and FLOPs.
+
+    The Linear forwards are counted by forward hooks, so a forward that
+    checkpointing runs again during backward counts again. The FLOPs are
+    torch's FlopCounterMode count (matrix products), backward included.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    calls = []
+    hooks = [m.register_forward_hook(lambda *_: calls.append(1))
+             for m in model.modules() if isinstance(m, nn.Linear)]
+    try:
+        with FlopCounterMode(display=False) as counter:
+            _step(model, X)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {"linear_forwards": len(calls), "flops": counter.get_total_flops()}
+
+
+def step_times(models: dict[str, nn.Module], X: torch.Tensor,
+               rounds: int = 5) -> dict[str, list[float]]:
+    """Seconds of one forward + backward of each model per round, taking turns."""
+    return timing.interleaved({name: (lambda m=m: _step(m, X))
+                               for name, m in models.items()}, rounds=rounds)

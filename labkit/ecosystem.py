@@ -25,6 +25,13 @@ i18n.register({
               "(試すには pip install {name})",
         "en": "{name} is not installed, skipped (to try it: pip install {name})",
     },
+    "frameworks_checked": {
+        "ja": "確かめたもの: {checked} / 飛ばしたもの: {skipped}。"
+              "飛ばしたものについては、この実行は"
+              "「中で no_sync を使う」ことを示していません",
+        "en": "checked: {checked} / skipped: {skipped}. For those skipped, this run "
+              "does not show that they use no_sync",
+    },
 })
 
 # What each library calls when it accumulates: the functions whose source we read.

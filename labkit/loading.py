@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from . import i18n
+from . import i18n, timing
 
 __all__ = [
     "LoaderTimes",
     "SlowDataset",
+    "epoch_times",
     "loader_times",
     "pin_memory_report",
     "worker_pids",
@@ -123,6 +124,31 @@ def loader_times(dataset: Dataset, num_workers: int, *, batch_size: int = 32,
         times.epoch_s.append(time.perf_counter() - t0)
         times.first_batch_s.append(first if first is not None else 0.0)
     del loader  # stops persistent workers now, not at garbage collection
+    return times
+
+
+def epoch_times(dataset: Dataset, workers=(0, 2), *, step=None,
+                batch_size: int = 32, rounds: int = 5) -> dict[int, list[float]]:
+    """Seconds per epoch over `dataset` for each number of workers, in every round.
+
+    The loaders take turns, one epoch each per round, so that a shared
+    machine's changing load falls on all of them alike. Their workers are kept
+    alive (persistent_workers) and started in a warm-up epoch, so the times
+    are of loading and training, not of starting processes.
+    """
+    if any(k < 0 for k in workers):
+        raise ValueError(f"numbers of workers must be >= 0, got {list(workers)}")
+    loaders = {k: DataLoader(dataset, batch_size=batch_size, num_workers=k,
+                             persistent_workers=k > 0) for k in workers}
+
+    def epoch(loader):
+        for X, y in loader:
+            if step is not None:
+                step(X, y)
+
+    times = timing.interleaved({k: (lambda d=d: epoch(d)) for k, d in loaders.items()},
+                               rounds=rounds)
+    del loaders  # stops the workers now, not at garbage collection
     return times
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "make_scheduler",
     "scaled",
     "step_time",
+    "step_times",
     "throughput",
 ]
 
@@ -209,8 +210,8 @@ def fit(cfg: SGDConfig) -> dict:
             "params": models.count_params(model), "config": asdict(cfg)}
 
 
-def step_time(hidden: int, depth: int, batch_size: int, repeat: int = 5) -> float:
-    """Median seconds of one SGD training step of a WideMLP on random data."""
+def _training_step(hidden: int, depth: int, batch_size: int):
+    """One SGD training step of a WideMLP on random data, as a callable."""
     torch.manual_seed(0)
     model = models.WideMLP(hidden=hidden, depth=depth)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -222,7 +223,31 @@ def step_time(hidden: int, depth: int, batch_size: int, repeat: int = 5) -> floa
         criterion(model(X), y).backward()
         optimizer.step()
 
-    return timing.median_time(step, repeat=repeat, warmup=2)
+    return step
+
+
+def step_time(hidden: int, depth: int, batch_size: int, repeat: int = 5) -> float:
+    """Median seconds of one SGD training step of a WideMLP on random data."""
+    return timing.median_time(_training_step(hidden, depth, batch_size),
+                              repeat=repeat, warmup=2)
+
+
+def step_times(widths, depth: int = 1, batch_size: int = 256, rounds: int = 7,
+               steps: int = 10) -> dict[int, list[float]]:
+    """Seconds per training step of a WideMLP of each width, in every round.
+
+    The widths take turns, `steps` steps at a time, so that a shared
+    machine's changing load falls on all of them alike.
+    """
+    step_fns = {w: _training_step(w, depth, batch_size) for w in widths}
+
+    def run(step):
+        for _ in range(steps):
+            step()
+
+    times = timing.interleaved({w: (lambda s=s: run(s)) for w, s in step_fns.items()},
+                               rounds=rounds, warmup=1)
+    return {w: [t / steps for t in ts] for w, ts in times.items()}
 
 
 def throughput(batch_sizes, hidden: int = 100, depth: int = 1,

@@ -78,6 +78,9 @@ def test_zero_arithmetic_matches_the_paper():
 def _on_ranks(rank, world_size):
     return {"fsdp": sharding.fsdp_experiment(rank, world_size),
             "bn": batchnorm.bn_experiment(rank, world_size),
+            "built": batchnorm.buffers_after_construction(rank),
+            "bn_unsynced": batchnorm.bn_experiment(rank, world_size,
+                                                   sync_buffers=False),
             "syncbn": batchnorm.syncbn_error()}
 
 
@@ -91,9 +94,27 @@ def test_fsdp_shards_and_batchnorm_on_two_ranks():
         assert fsdp["grad_max_abs_diff"] <= 1e-6
         bn = r["bn"]
         assert bn["per_replica_vs_whole"] > 0.1
-        assert bn["running_spread_no_broadcast"] > 0.1
+        assert bn["trained_vs_rank0_then_own"] == 0.0
+        assert bn["evaluated_vs_rank0_data"] == 0.0 and bn["evaluated_vs_whole"] > 0.1
+        assert bn["no_sync_vs_own_data"] == 0.0 and bn["running_spread_no_sync"] > 0.1
         assert bn["synced_vs_whole"] < 1e-5
-    assert results[0]["bn"]["running_vs_own_data"] == 0.0
+    bn0, bn1 = results[0]["bn"], results[1]["bn"]
+    assert bn0["trained_vs_own_data"] == 0.0  # rank 0 keeps its own statistics
+    assert bn1["trained_vs_own_data"] > 0.1  # rank 1 does not
+    # After an evaluation forward every rank holds rank 0's; without sync, its own.
+    assert bn1["running_mean0"]["evaluated"] == bn0["running_mean0"]["trained"]
+    assert bn1["running_mean0"]["no_sync"] == bn1["own_data_mean0"]
+    assert bn1["running_mean0"]["no_sync"] != bn0["running_mean0"]["no_sync"]
+    # Without the copy before each forward, rank 1 would keep its own statistics
+    # and lesson 06's assertions about rank 0's would fail there.
+    unsynced = results[1]["bn_unsynced"]
+    assert unsynced["trained_vs_rank0_then_own"] > 0.1
+    assert unsynced["evaluated_vs_rank0_data"] > 0.1
+    for rank, r in enumerate(results):
+        built = r["built"]
+        assert built["broadcast_buffers=False"]["running_mean0"] == rank
+        if "forward_sync_buffers=False" in built:
+            assert built["forward_sync_buffers=False"]["running_mean0"] == 0
     if not __import__("torch").cuda.is_available():
         assert "only work with GPU modules" in results[0]["syncbn"]
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from labkit import activations, loading, precision, sgd
+from labkit import activations, loading, precision, sgd, timing
 
 
 def test_workers_change_speed_not_data():
@@ -150,9 +150,43 @@ def test_no_grad_keeps_nothing_and_peak_memory_is_measured():
         assert activations.saved_activation_bytes(plain, X) == 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        peaks = [activations.step_cost(m, X, repeat=1)["peak_bytes"]
+        peaks = [activations.step_cost(m, X)["peak_bytes"]
                  for m in (plain, checkpointed)]
     assert peaks[0] > peaks[1] > 0
+
+
+def test_checkpointing_runs_every_forward_again_and_only_that():
+    plain, checkpointed = _pair()
+    X = torch.randn(64, 32)
+    work = {m.checkpointed: activations.step_work(m, X) for m in (plain, checkpointed)}
+    assert work[False]["linear_forwards"] == 4  # the lesson asserts 12 -> 24
+    assert work[True]["linear_forwards"] == 8
+    one_forward = 2 * 64 * 4 * 32 * 32  # 4 Linear layers of 32 x 32
+    assert work[True]["flops"] - work[False]["flops"] == one_forward
+    # The hooks are gone afterwards: counting again gives the same, not double.
+    assert activations.step_work(plain, X) == work[False]
+
+
+def test_step_times_take_turns_and_count_per_step():
+    times = sgd.step_times([4, 8], batch_size=16, rounds=3, steps=2)
+    assert list(times) == [4, 8] and all(len(t) == 3 for t in times.values())
+    assert all(t > 0 for ts in times.values() for t in ts)
+    order = []
+    timing.interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                       rounds=2, warmup=1)
+    assert order == ["a", "b", "a", "b", "a", "b"]  # warm-up, then turns
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        timing.interleaved({"a": lambda: None}, rounds=0)
+
+
+def test_workers_shorten_epochs_of_a_sleeping_data_set():
+    times = loading.epoch_times(loading.SlowDataset(n=32, cost_s=0.004), (0, 2),
+                                batch_size=8, rounds=3)
+    assert {k: len(v) for k, v in times.items()} == {0: 3, 2: 3}
+    # Without workers an epoch sleeps 32 x 4 ms, one sample after another.
+    assert min(times[0]) >= 32 * 0.004
+    with pytest.raises(ValueError, match="must be >= 0"):
+        loading.epoch_times(loading.SlowDataset(n=8, cost_s=0), (-1,))
 
 
 def test_deep_mlp_rejects_segments_that_do_not_divide_depth():
