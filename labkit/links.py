@@ -5,19 +5,43 @@ JupyterLab 4 gives each rendered Markdown heading the id
 `renderMarkdown.createHeaderId`): the heading's visible text, with markup such
 as backticks gone, and every space replaced by "-". Nothing else changes:
 case, punctuation and Japanese text stay as they are.
+
+Such a heading link opens the right notebook but does not land on its heading
+in JupyterLab 4.6: a link's fragment reaches `Notebook.setFragment` as
+`anchor.hash`, percent-encoded (every Japanese character, and `"`), and is
+never decoded; and a plain `#Heading` fragment is looked up among the rendered
+cells just after the notebook's model loads, before the cells are rendered,
+so the notebook stays at its top. What JupyterLab does resolve on a freshly
+opened notebook, in any language, is a cell id: `NN_topic.ipynb#cell-id=NN-012`
+finds the cell in the notebook's model and scrolls it into view.
+
+So the lessons link to headings with `#cell-id=`, and the heading a link means
+is its text's end: `[04: Correct use](04_no_sync.ipynb#cell-id=04-005)` goes
+to the cell whose heading reads "Correct use". `land` writes such links from
+heading links, and rewrites cell ids that no longer hold the heading their text
+names (cell ids are positions, so they move when a lesson gains a cell):
+
+    python -m labkit.links course/08_errata.py   # then build the notebooks
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
-__all__ = ["LINK", "broken_links", "heading_anchor", "headings", "links"]
+__all__ = ["LINK", "broken_links", "heading_anchor", "heading_cells", "headings",
+           "land", "links"]
 
-# [text](NN_topic.ipynb#anchor): a link to a heading of a lesson notebook.
-LINK = re.compile(r"\]\((\d\d_[A-Za-z0-9_]+\.ipynb)#((?:[^()\s]|\([^()\s]*\))+)\)")
+# [text](NN_topic.ipynb#fragment): a link to a place in a lesson notebook. The
+# text may hold [brackets] one level deep, the fragment (balanced) parentheses.
+LINK = re.compile(r"\[((?:[^\[\]]|\[[^\[\]]*\])*)\]"
+                  r"\((\d\d_[A-Za-z0-9_]+\.ipynb)#((?:[^()\s]|\([^()\s]*\))+)\)")
+CELL_ID = "cell-id="
 _FENCE = re.compile(r"^(```|~~~)")
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s")
 
 
 def _inline_text(markdown: str) -> str:
@@ -42,43 +66,141 @@ def heading_anchor(heading: str) -> str:
     return _inline_text(text).replace(" ", "-")
 
 
-def _markdown_cells(path: Path) -> list[str]:
-    nb = json.loads(path.read_text(encoding="utf-8"))
-    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+def _markdown_cells(path: Path) -> list[tuple[str, str]]:
+    """(cell id, source) of each Markdown cell of the notebook at `path`."""
+    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    return [(c.get("id", ""),
+             "".join(c["source"]) if isinstance(c["source"], list) else c["source"])
             for c in nb["cells"] if c["cell_type"] == "markdown"]
+
+
+def _cell_headings(source: str) -> list[str]:
+    """Anchors of the headings of one Markdown cell, fenced code left out."""
+    anchors, fenced = [], False
+    for line in source.splitlines():
+        if _FENCE.match(line.strip()):
+            fenced = not fenced
+        elif not fenced and _HEADING.match(line):
+            anchors.append(heading_anchor(line))
+    return anchors
+
+
+def heading_cells(path: Path) -> dict[str, list[str]]:
+    """Cell id -> anchors of its headings, for each Markdown cell with one."""
+    return {cell_id: found for cell_id, source in _markdown_cells(path)
+            if (found := _cell_headings(source))}
 
 
 def headings(path: Path) -> set[str]:
     """Anchors of every Markdown heading in the notebook at `path`."""
-    anchors = set()
-    for source in _markdown_cells(path):
-        fenced = False
-        for line in source.splitlines():
-            if _FENCE.match(line.strip()):
-                fenced = not fenced
-            elif not fenced and re.match(r"^\s{0,3}#{1,6}\s", line):
-                anchors.add(heading_anchor(line))
-    return anchors
+    return {a for found in heading_cells(path).values() for a in found}
 
 
 def links(path: Path) -> list[tuple[str, str]]:
-    """Every (notebook, anchor) that the notebook at `path` links to."""
-    return [m.groups() for source in _markdown_cells(path)
+    """Every (notebook, fragment) that the notebook at `path` links to."""
+    return [m.groups()[1:] for _, source in _markdown_cells(path)
             for m in LINK.finditer(source)]
 
 
+def _names(text: str, anchors: list[str]) -> bool:
+    """Whether link text `text` ends with one of the heading `anchors`."""
+    said = heading_anchor(text)
+    return any(said == a or said.endswith("-" + a) for a in anchors)
+
+
+def _problem(text: str, fragment: str, cells: dict[str, list[str]]) -> str | None:
+    """Why the link [text](...#fragment) does not land on its heading, or None."""
+    if not fragment.startswith(CELL_ID):
+        if fragment in {a for found in cells.values() for a in found}:
+            return (f"#{fragment} opens the notebook at its top in JupyterLab; "
+                    f"link its cell (python -m labkit.links SOURCE)")
+        return f"has no heading #{fragment}"
+    cell_id = fragment[len(CELL_ID):]
+    if cell_id not in cells:
+        return f"has no heading cell #{fragment}"
+    if not _names(text, cells[cell_id]):
+        return (f"#{fragment} holds {', '.join(cells[cell_id])}, not the heading "
+                f"that [{text}] names (python -m labkit.links SOURCE)")
+    return None
+
+
 def broken_links(folder: Path) -> list[str]:
-    """Links in the notebooks of `folder` whose notebook or heading is missing."""
+    """Links in the notebooks of `folder` that do not land on their heading."""
     folder = Path(folder)
-    known: dict[str, set[str] | None] = {}
+    known: dict[str, dict[str, list[str]] | None] = {}
     problems = []
     for path in sorted(folder.glob("*.ipynb")):
-        for target, anchor in links(path):
-            if target not in known:
-                dest = folder / target
-                known[target] = headings(dest) if dest.exists() else None
-            if known[target] is None:
-                problems.append(f"{path.name}: no notebook {target}")
-            elif anchor not in known[target]:
-                problems.append(f"{path.name}: {target} has no heading #{anchor}")
+        for _, source in _markdown_cells(path):
+            for text, target, fragment in LINK.findall(source):
+                if target not in known:
+                    dest = folder / target
+                    known[target] = heading_cells(dest) if dest.exists() else None
+                cells = known[target]
+                if cells is None:
+                    problems.append(f"{path.name}: no notebook {target}")
+                elif why := _problem(text, fragment, cells):
+                    problems.append(f"{path.name}: {target} {why}")
     return problems
+
+
+def _landing_cell(text: str, fragment: str, targets: list[dict[str, list[str]]]) -> str:
+    """The id of the cell a link means: its heading anchor's, else its text's."""
+    found = set()
+    for cells in targets:
+        for cell_id, anchors in cells.items():
+            if fragment.startswith(CELL_ID) and _names(text, anchors):
+                found.add(cell_id)
+            elif fragment in anchors:
+                found.add(cell_id)
+    if len(found) != 1:
+        where = "no heading cell" if not found else f"several cells ({sorted(found)})"
+        raise ValueError(f"[{text}](…#{fragment}): {where} to link to")
+    return found.pop()
+
+
+def land(markdown: str, folders: list[Path]) -> str:
+    """`markdown` with each lesson link pointing at its heading's cell id.
+
+    A link to `NN_topic.ipynb` looks its heading up in NN_topic.ipynb of each
+    folder of `folders` (one per language: a lesson source holds both, and
+    twin cells share their id). Idempotent: a link that already lands is
+    written back unchanged.
+    """
+    def one(m: re.Match) -> str:
+        text, target, fragment = m.groups()
+        targets = [heading_cells(Path(f) / target) for f in folders
+                   if (Path(f) / target).exists()]
+        if not targets:
+            raise ValueError(f"[{text}]({target}#…): no notebook {target}")
+        cell_id = _landing_cell(text, fragment, targets)
+        return f"[{text}]({target}#{CELL_ID}{cell_id})"
+
+    return LINK.sub(one, markdown)
+
+
+def main(argv: list[str] | None = None) -> int:
+    root = Path(__file__).resolve().parent.parent
+    parser = argparse.ArgumentParser(
+        description="Point lesson links at their heading's cell, so that JupyterLab "
+                    "lands on it. Reads the built notebooks: build them first, and "
+                    "again afterwards.")
+    parser.add_argument("sources", nargs="+", type=Path,
+                        help="lesson sources to rewrite")
+    parser.add_argument("--notebooks", type=Path, default=root / "notebooks")
+    args = parser.parse_args(argv)
+    folders = sorted(p for p in args.notebooks.iterdir() if p.is_dir())
+    for source in args.sources:
+        text = source.read_text(encoding="utf-8")
+        try:
+            new = land(text, folders)
+        except ValueError as e:
+            print(f"{source}: {e}", file=sys.stderr)
+            return 1
+        if new != text:
+            source.write_text(new, encoding="utf-8")
+            print(f"rewrote {source}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
