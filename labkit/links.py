@@ -22,6 +22,10 @@ heading links, and rewrites cell ids that no longer hold the heading their text
 names (cell ids are positions, so they move when a lesson gains a cell):
 
     python -m labkit.links course/08_errata.py   # then build the notebooks
+
+That the heading then stays on screen needs the course's JupyterLab defaults
+(jupyterlab-settings/, which `make lab` uses); tests/test_browser.py clicks
+such links in both languages.
 """
 
 from __future__ import annotations

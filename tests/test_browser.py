@@ -3,8 +3,8 @@ cell of one and follows the errata's links to the cells that prove them.
 
 Uses Debian's chromium (/usr/bin/chromium) driven by Playwright; no browser is
 downloaded. Skipped, saying why, where chromium is not installed, unless
-LABKIT_REQUIRE_BROWSER=1 (CI sets it) makes that a failure. The screenshot is
-kept in build/e2e/ as the test's artifact.
+LABKIT_REQUIRE_BROWSER=1 (CI sets it) makes that a failure. Screenshots (the
+lesson run, and each link that misses) are kept in build/e2e/ as artifacts.
 """
 
 import os
@@ -152,8 +152,9 @@ def test_lesson_runs_in_a_browser_with_widgets_and_plots(lab):
     assert "想定どおりの例外: MissingGlyphError" in text  # the cells really ran
 
 
-# Where the heading `anchor` is in the notebook opened at `path`: on screen
-# when it lies wholly inside both the notebook's scrolled area and the window.
+# Where the heading (one of `anchors`, its ids) is in the notebook open at
+# `path`: on screen when it lies wholly inside both the notebook's scrolled
+# area and the window.
 HEADING_PLACE = r"""([path, anchors]) => {
     const w = window.jupyterapp.shell.currentWidget;
     if (!w || !w.context || w.context.path !== path) return 'not open';
@@ -183,8 +184,8 @@ MARK_LINK = r"""([path, fragment]) => {
 def _click(link):
     """Click `link` in a notebook, which may still scroll while it settles."""
     for _ in range(10):
-        # Off screen, a cell's content is skipped (content-visibility: auto),
-        # and Playwright finds nothing visible to click: show it first.
+        # Off screen, a cell may not be laid out yet (notebook windowing), and
+        # Playwright finds nothing visible to click: show it first.
         link.evaluate("a => a.scrollIntoView({block: 'center'})")
         try:
             link.click(timeout=2_000)
@@ -210,10 +211,11 @@ def _links_to_try(lang):
         """How far down its notebook a link's heading is, from 0 to 1."""
         cells = links.heading_cells(folder / link[1])
         fragment = link[2].removeprefix(links.CELL_ID)
-        return next(n for n, (cell_id, anchors) in enumerate(cells.items())
-                    if fragment == cell_id or fragment in anchors) / len(cells)
+        return next((n for n, (cell_id, anchors) in enumerate(cells.items())
+                     if fragment == cell_id or fragment in anchors), 0) / len(cells)
 
-    by_lesson = {n: sorted({lk for lk in found if lk[1].startswith(n)}, key=depth)
+    by_lesson = {n: sorted({lk for lk in found if lk[1].startswith(n)},
+                           key=lambda lk: (depth(lk), lk))
                  for n in ("04_", "06_")}
     assert all(by_lesson.values()), "the errata link lessons 04 and 06"
     lesson4 = by_lesson["04_"]
