@@ -25,9 +25,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $@
 
-## Open the course in JupyterLab (listens on 127.0.0.1 only).
+## Open the course in JupyterLab (listens on 127.0.0.1 only), with the course's
+## defaults for its settings (jupyterlab-settings/overrides.json5).
 lab: $(STAMP)
-	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=$(LAB_ROOT) $(ROOT_FLAG) $(LAB_ARGS)
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=$(LAB_ROOT) --LabApp.app_settings_dir=$(CURDIR)/jupyterlab-settings $(ROOT_FLAG) $(LAB_ARGS)
 
 ## Execute every notebook of both languages headless; fails on any error.
 course: $(STAMP)

@@ -21,10 +21,12 @@
 # - **誤解を招く**: 一部は正しいが、そのまま受け取ると間違える
 # - **古い**: かつては正しかったが、いまは別の方法を使う
 #
-# リンクは、この日本語版のノートブックの見出しを指します。JupyterLab のバージョンによっては、日本語の見出しへの
-# リンクでノートブックは開いても、その見出しまではスクロールしないことがあります
-# ([jupyterlab#12402](https://github.com/jupyterlab/jupyterlab/issues/12402))。そのときは左の目次から
-# 見出しを選んでください。
+# リンクは、この日本語版のノートブックの、見出しのあるセルを指します (`#cell-id=…`)。クリックすると
+# ノートブックが開き、その見出しまでスクロールします。見出しの名前へのリンク (`#見出し`) では、JupyterLab 4
+# はノートブックを開いても先頭に留まります。とくに日本語の見出しは見つけられません
+# ([jupyterlab#12402](https://github.com/jupyterlab/jupyterlab/issues/12402))。見出しが画面に残るのは、
+# `make lab` が使うこのコースの JupyterLab の設定 (`jupyterlab-settings/`) のもとです。それ以外の
+# 環境でずれたときは、左の目次から見出しを選んでください。
 
 # %% [markdown] lang="en"
 # # 08 Errata
@@ -40,10 +42,14 @@
 # - **misleading**: partly true, but taken as written it leads you astray
 # - **outdated**: was right once; today something else is used
 #
-# The links point at headings of the English notebooks. In some JupyterLab versions a
-# link to a Japanese heading opens the notebook without scrolling to the heading
-# ([jupyterlab#12402](https://github.com/jupyterlab/jupyterlab/issues/12402)); then pick
-# the heading in the table of contents on the left.
+# The links point at the cells of the English notebooks that hold the headings
+# (`#cell-id=…`): a click opens the notebook and scrolls to the heading. A link to a
+# heading's name (`#Heading`) leaves JupyterLab 4 at the top of the notebook, and a
+# Japanese heading is never found
+# ([jupyterlab#12402](https://github.com/jupyterlab/jupyterlab/issues/12402)). The
+# heading stays on screen with the course's JupyterLab settings
+# (`jupyterlab-settings/`, which `make lab` uses); elsewhere, if it is off, pick the
+# heading in the table of contents on the left.
 
 # %% lang="ja"
 import labkit
@@ -62,142 +68,142 @@ labkit.set_lang("en")
 #
 # | id | 記事の記述 | 判定 | 正しくは | 確かめるセル |
 # |---|---|---|---|---|
-# | 000-1 | 「DistributedDataParallel は複数の GPU で並列処理し、大規模なデータセットや複雑なモデルの訓練時間を大幅に短縮できる」 | 誤解を招く | 速くなるかは、1 ステップの計算と、そのステップで all-reduce する勾配 (パラメータと同じバイト数) の比で決まる。データセットの大きさはステップ数を変えるだけで、この比は変えない。2 ランクで半分になるのは計算だけで、勾配は全部 all-reduce する (セルが数える) | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#world-size-1-と-2-の-1-ステップの時間) |
-# | 000-2 | 「各 GPU はモデルのパラメータの一部を保持し、それらを更新します」 | 誤り | DDP の各ランクは全パラメータの複製を持つ。一部を持つのは FSDP / ZeRO-3 | [03: 各ランクはモデル全体を持つ](03_ddp.ipynb#各ランクはモデル全体を持つ) |
-# | 000-3 | 「各 GPU のパラメータ更新は独立して行われるため整合性が失われる…各パラメータ更新後に勾配同期を行う」 | 誤り | 同期は逆伝播の途中、更新の前に勾配を all-reduce する。だから全ランクが同じ更新をする | [03: 何が、いつ通信されるか](03_ddp.ipynb#何が、いつ通信されるか) |
-# | 000-4 | 「no_sync() は勾配同期を無効にするオプション」 | 誤解を招く | `with` で使うコンテキストマネージャで、同期を次の `with` の外の逆伝播まで先送りする | [04: 正しい使い方](04_no_sync.ipynb#正しい使い方) |
-# | 000-5 | 「各 GPU はパラメータ更新後にすぐ次の更新を開始できる」 | 誤り | `no_sync` の中で `step` するとレプリカがずれ、同期に戻しても戻らない | [04: 誤用 3: no_sync の中で optimizer.step() する](04_no_sync.ipynb#誤用-3:-no_sync-の中で-optimizer.step()-する) |
-# | 000-6 | 「メリット: 訓練速度の向上」 | 誤解を招く | 速くなるのは勾配累積で all-reduce が K 回から 1 回に減るときだけ | [04: 1 ステップの時間: K と no_sync](04_no_sync.ipynb#1-ステップの時間:-K-と-no_sync) |
-# | 000-7 | 「デメリット: 訓練の不安定化、収束が遅くなる可能性」 | 誤り | 正しく使えば K 倍のバッチと数学的に同じで、更新ごとの曲線は重なる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#収束:-記事の「同期あり-vs-no_sync」をやり直す) |
-# | 000-8 | 「使うべき場合 / 使わないべき場合」(速度優先、安定性重視など) | 誤り | 基準は勾配累積をするかどうか | [04: いつ使うか (記事のリストの書き直し)](04_no_sync.ipynb#いつ使うか-(記事のリストの書き直し)) |
-# | 000-9 | 「速度と安定性のトレードオフを調整するオプション」 | 誤り | トレードオフはない。結果は同じで時間だけが変わる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#収束:-記事の「同期あり-vs-no_sync」をやり直す) |
-# | 000-10 | コード `x = x.view(-1)` | 誤り | バッチ全体を 1 本にしてしまう。`x.flatten(1)` | [01: 直し方: サンプルごとに平坦化する](01_models.ipynb#直し方:-サンプルごとに平坦化する) |
-# | 000-11 | コード `DistributedDataParallel(model)` (プロセスグループなし) | 誤り | 先に `init_process_group`。なければ ValueError | [01: DDP はプロセスグループなしでは作れない](01_models.ipynb#DDP-はプロセスグループなしでは作れない) |
-# | 000-12 | コード `ddp_model.no_sync()` (1 行だけ) | 誤り | 何も起きない。`with model.no_sync():` の中で順伝播と逆伝播 | [04: 誤用 1: ddp_model.no_sync() と 1 行書く](04_no_sync.ipynb#誤用-1:-ddp_model.no_sync()-と-1-行書く) |
-# | 000-13 | コード「# 訓練コード」で同期あり/なしを比較 | 誤り | 比較のコードがない。同じ条件で比べると曲線は重なり、no_sync は時間が短い | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#収束:-記事の「同期あり-vs-no_sync」をやり直す) |
-# | 000-14 | コード「モデルを 2 つ (4 つ) の GPU に分散」`MyModel().cuda()` | 誤解を招く | `.cuda()` は 1 台の GPU に置くだけ。DDP は 1 GPU に 1 プロセスを起動する | [03: ランクを起動する](03_ddp.ipynb#ランクを起動する) |
-# | 000-15 | コード `for epoch in range(10):` の次がコメント「# 訓練コード」だけ | 誤り | 本体のない `for` は構文エラー (IndentationError)。2 つ目と 3 つ目のコード例は実行すら始まらない | [08: 記事 000 の本体のない for 文](08_errata.ipynb#記事-000-の本体のない-for-文) |
-# | 000-16 | コード `DistributedDataParallel(model, dim=1)` | 誤解を招く | 1 プロセス 1 デバイスでは DDP は入力を分けないので `dim` は何もしない | [06: 記事の DistributedDataParallel(model, dim=1)](06_speedups.ipynb#記事の-DistributedDataParallel(model,-dim=1)) |
-# | 000-17 | 「データローダーのワーカー数を増やす」 | 正しい | 読み込みが重いときに効く。データは変わらない | [06: DataLoader のワーカー数](06_speedups.ipynb#DataLoader-のワーカー数) |
-# | 000-18 | 「バッチサイズを増やす」 | 誤解を招く | 処理速度は上がるが、収束には学習率の調整とウォームアップが要る | [06: 大きなバッチと学習率](06_speedups.ipynb#大きなバッチと学習率) |
-# | 000-19 | 「データシャッフルを有効にする」(速度向上として) | 誤り | 速さは変わらない。収束のために必要 | [06: シャッフルは速さではなく収束のため](06_speedups.ipynb#シャッフルは速さではなく収束のため) |
-# | 000-20 | 「ピンメモリーを使用する」 | 正しい | GPU で学習するときに限る。固定メモリからの CPU→GPU 転送は速く、`.to(device, non_blocking=True)` と組み合わせると転送と計算が重なる。GPU がなければバッチは固定されず、何も変わらない | [06: pin_memory](06_speedups.ipynb#pin_memory) |
-# | 000-21 | 「軽量なモデル」「精度と速度のバランス」「不要な計算を削減」 | 正しい | パラメータ数と時間、精度を測った。評価は `torch.no_grad()` で | [06: 軽いモデル](06_speedups.ipynb#軽いモデル) |
-# | 000-22 | 「学習率を調整」「オプティマイザーを変更」「スケジューラーを使用」 | 誤解を招く | 1 ステップは速くならない。少ないステップで収束させるためのもの | [06: 学習率、オプティマイザ、スケジューラ](06_speedups.ipynb#学習率、オプティマイザ、スケジューラ) |
-# | 000-23 | 「チェックポイントを活用する」(保存の意味で) | 誤解を招く | 速くはならない。止まっても再開でき、結果は 1 ビットも同じ | [06: チェックポイント (1): 学習状態を保存して再開する](06_speedups.ipynb#チェックポイント-(1):-学習状態を保存して再開する) |
-# | 000-24 | 「チェックポイントを活用する」(活性化チェックポイントの意味で) | 誤解を招く | メモリを減らし、1 ステップは遅くなる | [06: チェックポイント (2): 活性化チェックポイント](06_speedups.ipynb#チェックポイント-(2):-活性化チェックポイント) |
-# | 000-25 | 「より高速な GPU」「TPU などの専用ハードウェア」 | 誤解を招く | 速い GPU は予算の話で、コードは同じ (`nccl`)。TPU は違う: `nccl` は使えず (CUDA 専用)、PyTorch だけではテンソルを置けない。torch_xla が要り、XLA デバイス、専用のデータローダー、ステップごとの同期の呼び出し、`xla` バックエンドとコードを書き換える | [08: TPU には torch_xla が要る](08_errata.ipynb#TPU-には-torch_xla-が要る) |
-# | 000-26 | 「Apex」 | 古い | `torch.autocast` と `torch.amp.GradScaler`。`torch.cuda.amp` も非推奨 | [06: 混合精度 (torch.autocast)](06_speedups.ipynb#混合精度-(torch.autocast)) |
-# | 000-27 | 「Horovod」 | 古い | 最新リリースは 2023 年の 0.28.1。PyTorch では torchrun と DDP | [07: Horovod のいま](07_ecosystem.ipynb#Horovod-のいま) |
-# | 000-28 | 「これらの方法は no_sync() と組み合わせることでさらに速くなる」 | 誤解を招く | `no_sync` は勾配累積のときだけの話。ほかの方法とは独立 | [04: いつ使うか (記事のリストの書き直し)](04_no_sync.ipynb#いつ使うか-(記事のリストの書き直し)) |
-# | 000-29 | 「効果は訓練データ、モデル、目標によって異なる。さまざまな方法を試す必要がある」 | 正しい | 測って決める。このレッスンの数字もこのマシンでの値 | [06: DataLoader のワーカー数](06_speedups.ipynb#DataLoader-のワーカー数) |
+# | 000-1 | 「DistributedDataParallel は複数の GPU で並列処理し、大規模なデータセットや複雑なモデルの訓練時間を大幅に短縮できる」 | 誤解を招く | 速くなるかは、1 ステップの計算と、そのステップで all-reduce する勾配 (パラメータと同じバイト数) の比で決まる。データセットの大きさはステップ数を変えるだけで、この比は変えない。2 ランクで半分になるのは計算だけで、勾配は全部 all-reduce する (セルが数える) | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
+# | 000-2 | 「各 GPU はモデルのパラメータの一部を保持し、それらを更新します」 | 誤り | DDP の各ランクは全パラメータの複製を持つ。一部を持つのは FSDP / ZeRO-3 | [03: 各ランクはモデル全体を持つ](03_ddp.ipynb#cell-id=03-every-rank-holds-the-whole-model) |
+# | 000-3 | 「各 GPU のパラメータ更新は独立して行われるため整合性が失われる…各パラメータ更新後に勾配同期を行う」 | 誤り | 同期は逆伝播の途中、更新の前に勾配を all-reduce する。だから全ランクが同じ更新をする | [03: 何が、いつ通信されるか](03_ddp.ipynb#cell-id=03-what-is-communicated-and-when) |
+# | 000-4 | 「no_sync() は勾配同期を無効にするオプション」 | 誤解を招く | `with` で使うコンテキストマネージャで、同期を次の `with` の外の逆伝播まで先送りする | [04: 正しい使い方](04_no_sync.ipynb#cell-id=04-correct-use) |
+# | 000-5 | 「各 GPU はパラメータ更新後にすぐ次の更新を開始できる」 | 誤り | `no_sync` の中で `step` するとレプリカがずれ、同期に戻しても戻らない | [04: 誤用 3: no_sync の中で optimizer.step() する](04_no_sync.ipynb#cell-id=04-misuse-3-optimizer-step-inside-no-sync) |
+# | 000-6 | 「メリット: 訓練速度の向上」 | 誤解を招く | 速くなるのは勾配累積で all-reduce が K 回から 1 回に減るときだけ | [04: 1 ステップの時間: K と no_sync](04_no_sync.ipynb#cell-id=04-time-per-step-k-and-no-sync) |
+# | 000-7 | 「デメリット: 訓練の不安定化、収束が遅くなる可能性」 | 誤り | 正しく使えば K 倍のバッチと数学的に同じで、更新ごとの曲線は重なる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
+# | 000-8 | 「使うべき場合 / 使わないべき場合」(速度優先、安定性重視など) | 誤り | 基準は勾配累積をするかどうか | [04: いつ使うか (記事のリストの書き直し)](04_no_sync.ipynb#cell-id=04-when-to-use-it-the-document-s-lists-rewritten) |
+# | 000-9 | 「速度と安定性のトレードオフを調整するオプション」 | 誤り | トレードオフはない。結果は同じで時間だけが変わる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
+# | 000-10 | コード `x = x.view(-1)` | 誤り | バッチ全体を 1 本にしてしまう。`x.flatten(1)` | [01: 直し方: サンプルごとに平坦化する](01_models.ipynb#cell-id=01-the-fix-flatten-each-sample) |
+# | 000-11 | コード `DistributedDataParallel(model)` (プロセスグループなし) | 誤り | 先に `init_process_group`。なければ ValueError | [01: DDP はプロセスグループなしでは作れない](01_models.ipynb#cell-id=01-ddp-cannot-be-built-without-a-process-group) |
+# | 000-12 | コード `ddp_model.no_sync()` (1 行だけ) | 誤り | 何も起きない。`with model.no_sync():` の中で順伝播と逆伝播 | [04: 誤用 1: ddp_model.no_sync() と 1 行書く](04_no_sync.ipynb#cell-id=04-misuse-1-writing-ddp-model-no-sync-on-its-own-line) |
+# | 000-13 | コード「# 訓練コード」で同期あり/なしを比較 | 誤り | 比較のコードがない。同じ条件で比べると曲線は重なり、no_sync は時間が短い | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
+# | 000-14 | コード「モデルを 2 つ (4 つ) の GPU に分散」`MyModel().cuda()` | 誤解を招く | `.cuda()` は 1 台の GPU に置くだけ。DDP は 1 GPU に 1 プロセスを起動する | [03: ランクを起動する](03_ddp.ipynb#cell-id=03-start-the-ranks) |
+# | 000-15 | コード `for epoch in range(10):` の次がコメント「# 訓練コード」だけ | 誤り | 本体のない `for` は構文エラー (IndentationError)。2 つ目と 3 つ目のコード例は実行すら始まらない | [08: 記事 000 の本体のない for 文](08_errata.ipynb#cell-id=08-doc-000-s-for-loops-without-a-body) |
+# | 000-16 | コード `DistributedDataParallel(model, dim=1)` | 誤解を招く | 1 プロセス 1 デバイスでは DDP は入力を分けないので `dim` は何もしない | [06: 記事の DistributedDataParallel(model, dim=1)](06_speedups.ipynb#cell-id=06-the-document-s-distributeddataparallel-model-dim-1) |
+# | 000-17 | 「データローダーのワーカー数を増やす」 | 正しい | 読み込みが重いときに効く。データは変わらない | [06: DataLoader のワーカー数](06_speedups.ipynb#cell-id=06-dataloader-workers) |
+# | 000-18 | 「バッチサイズを増やす」 | 誤解を招く | 処理速度は上がるが、収束には学習率の調整とウォームアップが要る | [06: 大きなバッチと学習率](06_speedups.ipynb#cell-id=06-large-batches-and-the-learning-rate) |
+# | 000-19 | 「データシャッフルを有効にする」(速度向上として) | 誤り | 速さは変わらない。収束のために必要 | [06: シャッフルは速さではなく収束のため](06_speedups.ipynb#cell-id=06-shuffling-is-for-convergence-not-speed) |
+# | 000-20 | 「ピンメモリーを使用する」 | 正しい | GPU で学習するときに限る。固定メモリからの CPU→GPU 転送は速く、`.to(device, non_blocking=True)` と組み合わせると転送と計算が重なる。GPU がなければバッチは固定されず、何も変わらない | [06: pin_memory](06_speedups.ipynb#cell-id=06-pin-memory) |
+# | 000-21 | 「軽量なモデル」「精度と速度のバランス」「不要な計算を削減」 | 正しい | パラメータ数と時間、精度を測った。評価は `torch.no_grad()` で | [06: 軽いモデル](06_speedups.ipynb#cell-id=06-a-lighter-model) |
+# | 000-22 | 「学習率を調整」「オプティマイザーを変更」「スケジューラーを使用」 | 誤解を招く | 1 ステップは速くならない。少ないステップで収束させるためのもの | [06: 学習率、オプティマイザ、スケジューラ](06_speedups.ipynb#cell-id=06-learning-rate-optimizer-and-scheduler) |
+# | 000-23 | 「チェックポイントを活用する」(保存の意味で) | 誤解を招く | 速くはならない。止まっても再開でき、結果は 1 ビットも同じ | [06: チェックポイント (1): 学習状態を保存して再開する](06_speedups.ipynb#cell-id=06-checkpoints-1-save-and-resume-the-training-state) |
+# | 000-24 | 「チェックポイントを活用する」(活性化チェックポイントの意味で) | 誤解を招く | メモリを減らし、1 ステップは遅くなる | [06: チェックポイント (2): 活性化チェックポイント](06_speedups.ipynb#cell-id=06-checkpoints-2-activation-checkpointing) |
+# | 000-25 | 「より高速な GPU」「TPU などの専用ハードウェア」 | 誤解を招く | 速い GPU は予算の話で、コードは同じ (`nccl`)。TPU は違う: `nccl` は使えず (CUDA 専用)、PyTorch だけではテンソルを置けない。torch_xla が要り、XLA デバイス、専用のデータローダー、ステップごとの同期の呼び出し、`xla` バックエンドとコードを書き換える | [08: TPU には torch_xla が要る](08_errata.ipynb#cell-id=08-a-tpu-needs-torch-xla) |
+# | 000-26 | 「Apex」 | 古い | `torch.autocast` と `torch.amp.GradScaler`。`torch.cuda.amp` も非推奨 | [06: 混合精度 (torch.autocast)](06_speedups.ipynb#cell-id=06-mixed-precision-torch-autocast) |
+# | 000-27 | 「Horovod」 | 古い | 最新リリースは 2023 年の 0.28.1。PyTorch では torchrun と DDP | [07: Horovod のいま](07_ecosystem.ipynb#cell-id=07-horovod-today) |
+# | 000-28 | 「これらの方法は no_sync() と組み合わせることでさらに速くなる」 | 誤解を招く | `no_sync` は勾配累積のときだけの話。ほかの方法とは独立 | [04: いつ使うか (記事のリストの書き直し)](04_no_sync.ipynb#cell-id=04-when-to-use-it-the-document-s-lists-rewritten) |
+# | 000-29 | 「効果は訓練データ、モデル、目標によって異なる。さまざまな方法を試す必要がある」 | 正しい | 測って決める。このレッスンの数字もこのマシンでの値 | [06: DataLoader のワーカー数](06_speedups.ipynb#cell-id=06-dataloader-workers) |
 
 # %% [markdown] lang="en"
 # ## Doc 000: no_sync and speed-up tips
 #
 # | id | the document says | verdict | in fact | the cell that shows it |
 # |---|---|---|---|---|
-# | 000-1 | "DDP trains on several GPUs in parallel and can cut the training time of large data sets and complex models a lot" | misleading | whether it is faster depends on a step's computation against the gradient it all-reduces (as many bytes as the parameters); a larger data set means more steps, not a better ratio; two ranks halve the computation only, and still all-reduce every gradient (the cell counts both) | [03: Time per step with world size 1 and 2](03_ddp.ipynb#Time-per-step-with-world-size-1-and-2) |
-# | 000-2 | "each GPU holds part of the model's parameters and updates them" | wrong | every DDP rank holds a full replica; holding a part is FSDP / ZeRO-3 | [03: Every rank holds the whole model](03_ddp.ipynb#Every-rank-holds-the-whole-model) |
-# | 000-3 | "updates happen independently, so consistency may be lost… gradients are synchronized after each update" | wrong | gradients are all-reduced during backward, before the update, so every rank makes the same update | [03: What is communicated, and when](03_ddp.ipynb#What-is-communicated,-and-when) |
-# | 000-4 | "no_sync() is an option that disables gradient synchronization" | misleading | a context manager that postpones synchronization to the next backward outside the `with` | [04: Correct use](04_no_sync.ipynb#Correct-use) |
-# | 000-5 | "each GPU can start the next update right after its update" | wrong | stepping inside `no_sync` makes the replicas drift apart for good | [04: Misuse 3: optimizer.step() inside no_sync](04_no_sync.ipynb#Misuse-3:-optimizer.step()-inside-no_sync) |
-# | 000-6 | "benefit: faster training" | misleading | faster only with gradient accumulation, where K all-reduces become one | [04: Time per step: K and no_sync](04_no_sync.ipynb#Time-per-step:-K-and-no_sync) |
-# | 000-7 | "drawbacks: unstable training, possibly slower convergence" | wrong | used correctly it equals the K-times batch; loss per update is the same | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#Convergence:-the-document's-"sync-vs-no_sync",-done-properly) |
-# | 000-8 | "when to use / not to use it" (speed first, stability first, …) | wrong | the criterion is whether you accumulate gradients | [04: When to use it (the document's lists, rewritten)](04_no_sync.ipynb#When-to-use-it-(the-document's-lists,-rewritten)) |
-# | 000-9 | "an option that trades speed for stability" | wrong | there is no trade-off: the same result, in less time | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#Convergence:-the-document's-"sync-vs-no_sync",-done-properly) |
-# | 000-10 | code `x = x.view(-1)` | wrong | flattens the whole batch; use `x.flatten(1)` | [01: The fix: flatten each sample](01_models.ipynb#The-fix:-flatten-each-sample) |
-# | 000-11 | code `DistributedDataParallel(model)` (no process group) | wrong | `init_process_group` first; otherwise ValueError | [01: DDP cannot be built without a process group](01_models.ipynb#DDP-cannot-be-built-without-a-process-group) |
-# | 000-12 | code `ddp_model.no_sync()` (on its own line) | wrong | does nothing; forward and backward inside `with model.no_sync():` | [04: Misuse 1: writing ddp_model.no_sync() on its own line](04_no_sync.ipynb#Misuse-1:-writing-ddp_model.no_sync()-on-its-own-line) |
-# | 000-13 | code "# training code" comparing sync and no_sync | wrong | no code; compared properly the curves coincide and no_sync takes less time | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#Convergence:-the-document's-"sync-vs-no_sync",-done-properly) |
-# | 000-14 | code "spread the model over 2 (4) GPUs" `MyModel().cuda()` | misleading | `.cuda()` puts it on one GPU; DDP runs one process per GPU | [03: Start the ranks](03_ddp.ipynb#Start-the-ranks) |
-# | 000-15 | code `for epoch in range(10):` followed only by the comment "# training code" | wrong | a `for` without a body is a syntax error (IndentationError): the second and third examples do not even start | [08: Doc 000's for loops without a body](08_errata.ipynb#Doc-000's-for-loops-without-a-body) |
-# | 000-16 | code `DistributedDataParallel(model, dim=1)` | misleading | with one device per process DDP splits no input, so `dim` does nothing | [06: The document's DistributedDataParallel(model, dim=1)](06_speedups.ipynb#The-document's-DistributedDataParallel(model,-dim=1)) |
-# | 000-17 | "more data-loader workers" | correct | helps when loading is slow; the data does not change | [06: DataLoader workers](06_speedups.ipynb#DataLoader-workers) |
-# | 000-18 | "increase the batch size" | misleading | more samples per second, but convergence needs the learning rate scaled and warm-up | [06: Large batches and the learning rate](06_speedups.ipynb#Large-batches-and-the-learning-rate) |
-# | 000-19 | "enable data shuffling" (as a speed-up) | wrong | no faster; it is needed for convergence | [06: Shuffling is for convergence, not speed](06_speedups.ipynb#Shuffling-is-for-convergence,-not-speed) |
-# | 000-20 | "use pinned memory" | correct | when training on a GPU: CPU→GPU copies from pinned memory are faster, and with `.to(device, non_blocking=True)` they overlap with computation; without a GPU no batch is pinned and nothing changes | [06: pin_memory](06_speedups.ipynb#pin_memory) |
-# | 000-21 | "lighter model", "balance accuracy and speed", "remove unneeded computation" | correct | measured parameters, time and accuracy; evaluate under `torch.no_grad()` | [06: A lighter model](06_speedups.ipynb#A-lighter-model) |
-# | 000-22 | "tune the learning rate", "change the optimizer", "use a scheduler" | misleading | a step is no faster; they converge in fewer steps | [06: Learning rate, optimizer and scheduler](06_speedups.ipynb#Learning-rate,-optimizer-and-scheduler) |
-# | 000-23 | "use checkpoints" (saving state) | misleading | no faster; it lets you resume, bit-identically | [06: Checkpoints (1): save and resume the training state](06_speedups.ipynb#Checkpoints-(1):-save-and-resume-the-training-state) |
-# | 000-24 | "use checkpoints" (activation checkpointing) | misleading | saves memory and makes a step slower | [06: Checkpoints (2): activation checkpointing](06_speedups.ipynb#Checkpoints-(2):-activation-checkpointing) |
-# | 000-25 | "a faster GPU", "special hardware such as TPUs" | misleading | a faster GPU is a matter of budget, with the same code (`nccl`); a TPU is not: `nccl` does not work there (CUDA only) and PyTorch alone cannot put a tensor on it; it takes torch_xla and a code change: XLA devices, its data loaders, a sync call every step, the `xla` backend | [08: A TPU needs torch_xla](08_errata.ipynb#A-TPU-needs-torch_xla) |
-# | 000-26 | "Apex" | outdated | `torch.autocast` and `torch.amp.GradScaler`; `torch.cuda.amp` is deprecated too | [06: Mixed precision (torch.autocast)](06_speedups.ipynb#Mixed-precision-(torch.autocast)) |
-# | 000-27 | "Horovod" | outdated | latest release 0.28.1 (2023); with PyTorch use torchrun and DDP | [07: Horovod today](07_ecosystem.ipynb#Horovod-today) |
-# | 000-28 | "combined with no_sync() these methods speed training up further" | misleading | `no_sync` matters only with gradient accumulation, independently of the rest | [04: When to use it (the document's lists, rewritten)](04_no_sync.ipynb#When-to-use-it-(the-document's-lists,-rewritten)) |
-# | 000-29 | "the effect depends on data, model and goal; try several methods" | correct | measure and decide; this lesson's numbers are this machine's | [06: DataLoader workers](06_speedups.ipynb#DataLoader-workers) |
+# | 000-1 | "DDP trains on several GPUs in parallel and can cut the training time of large data sets and complex models a lot" | misleading | whether it is faster depends on a step's computation against the gradient it all-reduces (as many bytes as the parameters); a larger data set means more steps, not a better ratio; two ranks halve the computation only, and still all-reduce every gradient (the cell counts both) | [03: Time per step with world size 1 and 2](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
+# | 000-2 | "each GPU holds part of the model's parameters and updates them" | wrong | every DDP rank holds a full replica; holding a part is FSDP / ZeRO-3 | [03: Every rank holds the whole model](03_ddp.ipynb#cell-id=03-every-rank-holds-the-whole-model) |
+# | 000-3 | "updates happen independently, so consistency may be lost… gradients are synchronized after each update" | wrong | gradients are all-reduced during backward, before the update, so every rank makes the same update | [03: What is communicated, and when](03_ddp.ipynb#cell-id=03-what-is-communicated-and-when) |
+# | 000-4 | "no_sync() is an option that disables gradient synchronization" | misleading | a context manager that postpones synchronization to the next backward outside the `with` | [04: Correct use](04_no_sync.ipynb#cell-id=04-correct-use) |
+# | 000-5 | "each GPU can start the next update right after its update" | wrong | stepping inside `no_sync` makes the replicas drift apart for good | [04: Misuse 3: optimizer.step() inside no_sync](04_no_sync.ipynb#cell-id=04-misuse-3-optimizer-step-inside-no-sync) |
+# | 000-6 | "benefit: faster training" | misleading | faster only with gradient accumulation, where K all-reduces become one | [04: Time per step: K and no_sync](04_no_sync.ipynb#cell-id=04-time-per-step-k-and-no-sync) |
+# | 000-7 | "drawbacks: unstable training, possibly slower convergence" | wrong | used correctly it equals the K-times batch; loss per update is the same | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
+# | 000-8 | "when to use / not to use it" (speed first, stability first, …) | wrong | the criterion is whether you accumulate gradients | [04: When to use it (the document's lists, rewritten)](04_no_sync.ipynb#cell-id=04-when-to-use-it-the-document-s-lists-rewritten) |
+# | 000-9 | "an option that trades speed for stability" | wrong | there is no trade-off: the same result, in less time | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
+# | 000-10 | code `x = x.view(-1)` | wrong | flattens the whole batch; use `x.flatten(1)` | [01: The fix: flatten each sample](01_models.ipynb#cell-id=01-the-fix-flatten-each-sample) |
+# | 000-11 | code `DistributedDataParallel(model)` (no process group) | wrong | `init_process_group` first; otherwise ValueError | [01: DDP cannot be built without a process group](01_models.ipynb#cell-id=01-ddp-cannot-be-built-without-a-process-group) |
+# | 000-12 | code `ddp_model.no_sync()` (on its own line) | wrong | does nothing; forward and backward inside `with model.no_sync():` | [04: Misuse 1: writing ddp_model.no_sync() on its own line](04_no_sync.ipynb#cell-id=04-misuse-1-writing-ddp-model-no-sync-on-its-own-line) |
+# | 000-13 | code "# training code" comparing sync and no_sync | wrong | no code; compared properly the curves coincide and no_sync takes less time | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
+# | 000-14 | code "spread the model over 2 (4) GPUs" `MyModel().cuda()` | misleading | `.cuda()` puts it on one GPU; DDP runs one process per GPU | [03: Start the ranks](03_ddp.ipynb#cell-id=03-start-the-ranks) |
+# | 000-15 | code `for epoch in range(10):` followed only by the comment "# training code" | wrong | a `for` without a body is a syntax error (IndentationError): the second and third examples do not even start | [08: Doc 000's for loops without a body](08_errata.ipynb#cell-id=08-doc-000-s-for-loops-without-a-body) |
+# | 000-16 | code `DistributedDataParallel(model, dim=1)` | misleading | with one device per process DDP splits no input, so `dim` does nothing | [06: The document's DistributedDataParallel(model, dim=1)](06_speedups.ipynb#cell-id=06-the-document-s-distributeddataparallel-model-dim-1) |
+# | 000-17 | "more data-loader workers" | correct | helps when loading is slow; the data does not change | [06: DataLoader workers](06_speedups.ipynb#cell-id=06-dataloader-workers) |
+# | 000-18 | "increase the batch size" | misleading | more samples per second, but convergence needs the learning rate scaled and warm-up | [06: Large batches and the learning rate](06_speedups.ipynb#cell-id=06-large-batches-and-the-learning-rate) |
+# | 000-19 | "enable data shuffling" (as a speed-up) | wrong | no faster; it is needed for convergence | [06: Shuffling is for convergence, not speed](06_speedups.ipynb#cell-id=06-shuffling-is-for-convergence-not-speed) |
+# | 000-20 | "use pinned memory" | correct | when training on a GPU: CPU→GPU copies from pinned memory are faster, and with `.to(device, non_blocking=True)` they overlap with computation; without a GPU no batch is pinned and nothing changes | [06: pin_memory](06_speedups.ipynb#cell-id=06-pin-memory) |
+# | 000-21 | "lighter model", "balance accuracy and speed", "remove unneeded computation" | correct | measured parameters, time and accuracy; evaluate under `torch.no_grad()` | [06: A lighter model](06_speedups.ipynb#cell-id=06-a-lighter-model) |
+# | 000-22 | "tune the learning rate", "change the optimizer", "use a scheduler" | misleading | a step is no faster; they converge in fewer steps | [06: Learning rate, optimizer and scheduler](06_speedups.ipynb#cell-id=06-learning-rate-optimizer-and-scheduler) |
+# | 000-23 | "use checkpoints" (saving state) | misleading | no faster; it lets you resume, bit-identically | [06: Checkpoints (1): save and resume the training state](06_speedups.ipynb#cell-id=06-checkpoints-1-save-and-resume-the-training-state) |
+# | 000-24 | "use checkpoints" (activation checkpointing) | misleading | saves memory and makes a step slower | [06: Checkpoints (2): activation checkpointing](06_speedups.ipynb#cell-id=06-checkpoints-2-activation-checkpointing) |
+# | 000-25 | "a faster GPU", "special hardware such as TPUs" | misleading | a faster GPU is a matter of budget, with the same code (`nccl`); a TPU is not: `nccl` does not work there (CUDA only) and PyTorch alone cannot put a tensor on it; it takes torch_xla and a code change: XLA devices, its data loaders, a sync call every step, the `xla` backend | [08: A TPU needs torch_xla](08_errata.ipynb#cell-id=08-a-tpu-needs-torch-xla) |
+# | 000-26 | "Apex" | outdated | `torch.autocast` and `torch.amp.GradScaler`; `torch.cuda.amp` is deprecated too | [06: Mixed precision (torch.autocast)](06_speedups.ipynb#cell-id=06-mixed-precision-torch-autocast) |
+# | 000-27 | "Horovod" | outdated | latest release 0.28.1 (2023); with PyTorch use torchrun and DDP | [07: Horovod today](07_ecosystem.ipynb#cell-id=07-horovod-today) |
+# | 000-28 | "combined with no_sync() these methods speed training up further" | misleading | `no_sync` matters only with gradient accumulation, independently of the rest | [04: When to use it (the document's lists, rewritten)](04_no_sync.ipynb#cell-id=04-when-to-use-it-the-document-s-lists-rewritten) |
+# | 000-29 | "the effect depends on data, model and goal; try several methods" | correct | measure and decide; this lesson's numbers are this machine's | [06: DataLoader workers](06_speedups.ipynb#cell-id=06-dataloader-workers) |
 
 # %% [markdown] lang="ja"
 # ## 記事 004: data_parallel、Horovod、フレームワーク
 #
 # | id | 記事の記述 | 判定 | 正しくは | 確かめるセル |
 # |---|---|---|---|---|
-# | 004-1 | 「データ並列処理とは、異なるデータサンプルを複数の GPU に分散させて処理し、訓練と推論を高速化する手法」 | 正しい | 分けるのはデータで、モデルは各デバイスに複製する | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#2.-replicate:-モデルを複製する) |
-# | 004-2 | 「data_parallel() はモデルと入力を複数の GPU に分散させ、結果を集約する」 | 正しい | `scatter`、`replicate`、`parallel_apply`、`gather` の 4 段階 | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#2.-replicate:-モデルを複製する) |
-# | 004-3 | 「メリット: 訓練と推論の速度を大幅に向上」 | 誤解を招く | 複数の GPU で速くなることはあるが、呼び出しのたびにモデルを複製し、レプリカを 1 プロセスのスレッドで動かす。PyTorch は 1 台のマシンでも DDP を勧める。CPU では何もしない | [03: スレッドの DataParallel とプロセスの DDP](03_ddp.ipynb#スレッドの-DataParallel-とプロセスの-DDP) |
-# | 004-4 | 「特に、大規模なデータセットや複雑なモデルを扱う場合に有効」 | 誤解を招く | 決めるのは 1 ステップの計算と通信の比。データセットの大きさはステップ数を変えるだけ。大きなモデルは計算も増えるが、呼び出しごとの複製と勾配の集約も増える | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#world-size-1-と-2-の-1-ステップの時間) |
-# | 004-5 | 「コードの変更を最小限に抑えながら」 | 正しい | 包むだけで使える。ただし推奨は DDP | [02: PyTorch が DDP を勧める理由](02_data_parallel.ipynb#PyTorch-が-DDP-を勧める理由) |
-# | 004-6 | 「使い方」: DataParallel で包み、入力を分け、data_parallel に渡す | 誤り | クラスか関数のどちらか一方に、バッチ全体を渡す | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#記事-004-の使い方を直す) |
-# | 004-7 | 最初のコード例: `forward` のない `MyModel` と `torch.randn(100, 1024)` | 誤り | `forward` がないので呼ぶと NotImplementedError | [08: 記事 004 の最初のコード例](08_errata.ipynb#記事-004-の最初のコード例) |
-# | 004-8 | コード `nn.DataParallel(MyModel())` (3 つの例。モデルは CPU のまま、入力だけ `.cuda()`) | 誤り | GPU が 2 台以上あると、呼んだ時点で RuntimeError「module must have its parameters and buffers on device cuda:0」。1 台なら DataParallel が自分でモデルを移す。`nn.DataParallel(MyModel().cuda())` と書く | [08: GPU のあるマシンでの記事 004 の DataParallel](08_errata.ipynb#GPU-のあるマシンでの記事-004-の-DataParallel) |
-# | 004-9 | コメント「入力データを GPU に分散」「データを GPU に分散」と `.cuda()` | 誤解を招く | `.cuda()` はバッチ全体を 1 台の GPU (いまのデバイス、ふつうは cuda:0) に置くだけ。GPU ごとに分けるのは DataParallel の `forward` の中の `scatter` | [08: GPU のあるマシンでの記事 004 の DataParallel](08_errata.ipynb#GPU-のあるマシンでの記事-004-の-DataParallel) |
-# | 004-10 | 「モデルのすべての層が GPU で実行できる必要」 | 正しい | レプリカは各 GPU で丸ごと動く | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#2.-replicate:-モデルを複製する) |
-# | 004-11 | 「モデルのパラメータはすべての GPU に同期されている必要」 | 誤り | 呼び出しのたびに複製し直すので、利用者がそろえる必要はない。必要なのはモデルを `device_ids[0]` に置くこと (004-8) | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#記事-004-の使い方を直す) |
-# | 004-12 | 「データバッチサイズは GPU のメモリ容量に収まる必要」 | 誤解を招く | 各 GPU には分けた一部が載る。出力はデバイス 0 に集まる | [02: 4. gather: 出力を集める](02_data_parallel.ipynb#4.-gather:-出力を集める) |
-# | 004-13 | 「replicate や scatter_gather は異なる並列処理パターンに対応」 | 誤り | `data_parallel` 自身の部品。`scatter_gather` はモジュール | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#記事-004-の使い方を直す) |
-# | 004-14 | 「PyTorch Lightning などで、さらに簡単に」 | 正しい | 中で DDP と `no_sync` を使う。確かめるセルは Lightning を入れたときだけ動き、標準の環境では飛ばす | [07: PyTorch Lightning と Hugging Face Accelerate](07_ecosystem.ipynb#PyTorch-Lightning-と-Hugging-Face-Accelerate) |
-# | 004-15 | 「data_parallel() は強力なツール」(まとめ) | 古い | 1 台のマシンでも DDP を使う (PyTorch の推奨) | [02: PyTorch が DDP を勧める理由](02_data_parallel.ipynb#PyTorch-が-DDP-を勧める理由) |
-# | 004-16 | コード `x.view(-1)` (MLP) | 誤り | バッチ 100 でエラー、バッチ 1 では形が黙って壊れる | [01: バッチが 1 のときは黙って間違える](01_models.ipynb#バッチが-1-のときは黙って間違える) |
-# | 004-17 | コード `nn.DataParallel(MyModel())` (GPU なし) | 誤解を招く | CPU では `device_ids` が空で、モデルを 1 回呼ぶだけ | [02: CPU では nn.DataParallel は何もしない](02_data_parallel.ipynb#CPU-では-nn.DataParallel-は何もしない) |
-# | 004-18 | コード `.cuda()` | 誤解を招く | GPU がなければ止まる。`device` を選ぶ | [01: 記事 004 の「カスタム損失関数」の例](01_models.ipynb#記事-004-の「カスタム損失関数」の例) |
-# | 004-19 | コード `MyLoss` (平均二乗誤差) | 正しい | `nn.MSELoss()` と同じ値 | [01: 記事 004 の「カスタム損失関数」の例](01_models.ipynb#記事-004-の「カスタム損失関数」の例) |
-# | 004-20 | コード `optimizer.step()` (`optimizer` が未定義) | 誤り | NameError。オプティマイザを作る | [01: 記事 004 の「カスタム損失関数」の例](01_models.ipynb#記事-004-の「カスタム損失関数」の例) |
-# | 004-21 | コード `loss.backward` (括弧なし) | 誤り | 呼ばれず勾配は None。`loss.backward()` | [01: loss.backward と loss.backward() は違う](01_models.ipynb#loss.backward-と-loss.backward()-は違う) |
-# | 004-22 | コード (学習ループ) `zero_grad` なし | 誤り | 勾配がステップごとに積み重なる | [01: zero_grad() を忘れると勾配がたまる](01_models.ipynb#zero_grad()-を忘れると勾配がたまる) |
-# | 004-23 | コード (学習ループ) `optimizer.step()` なし | 誤り | オプティマイザを作っても呼ばないので、パラメータは 1 つも変わらない。10 エポック回しても学習しない | [01: 記事 004 の学習ループを書かれたとおりに](01_models.ipynb#記事-004-の学習ループを書かれたとおりに) |
-# | 004-24 | コード `MyDataset` (独立な乱数) | 誤解を招く | 学ぶものがない。収束を見るなら学習できる課題で | [01: 記事のデータには学ぶものがない](01_models.ipynb#記事のデータには学ぶものがない) |
-# | 004-25 | 「手動で並列処理: 1. モデルを複数の GPU に分割」 | 誤り | データ並列はデータを分けてモデルを複製する。モデルを分けるのはモデル並列 | [07: 手動の並列化](07_ecosystem.ipynb#手動の並列化) |
-# | 004-26 | 「Horovod は MPI を使用して通信」 | 誤解を招く | プロセス間の調整 (コントローラ) は Gloo か MPI のどちらか。GPU のテンソルの all-reduce はふつう NCCL で行う | [07: Horovod のいま](07_ecosystem.ipynb#Horovod-のいま) |
-# | 004-27 | 「Horovod は使いやすく、スケーラブルな分散訓練ソリューション」 | 古い | 2023 年から新しいリリースがなく、新しい PyTorch に対してビルドできないと報告されている | [07: Horovod のいま](07_ecosystem.ipynb#Horovod-のいま) |
-# | 004-28 | 「モデルを Horovod でラップします」 | 誤り | 包むのはオプティマイザ (`hvd.DistributedOptimizer`) | [07: Horovod のいま](07_ecosystem.ipynb#Horovod-のいま) |
-# | 004-29 | 「PyTorch Lightning や TensorFlow Lattice などの分散訓練用フレームワーク」 | 誤り | TensorFlow Lattice は形状制約つきの格子モデルのライブラリ | [07: TensorFlow Lattice は分散学習のフレームワークではない](07_ecosystem.ipynb#TensorFlow-Lattice-は分散学習のフレームワークではない) |
-# | 004-30 | 「コードを変更することなく、複数の GPU 上で訓練」 | 誤解を招く | 少ない変更で (LightningModule、`accelerator.prepare`) | [07: PyTorch Lightning と Hugging Face Accelerate](07_ecosystem.ipynb#PyTorch-Lightning-と-Hugging-Face-Accelerate) |
+# | 004-1 | 「データ並列処理とは、異なるデータサンプルを複数の GPU に分散させて処理し、訓練と推論を高速化する手法」 | 正しい | 分けるのはデータで、モデルは各デバイスに複製する | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
+# | 004-2 | 「data_parallel() はモデルと入力を複数の GPU に分散させ、結果を集約する」 | 正しい | `scatter`、`replicate`、`parallel_apply`、`gather` の 4 段階 | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
+# | 004-3 | 「メリット: 訓練と推論の速度を大幅に向上」 | 誤解を招く | 複数の GPU で速くなることはあるが、呼び出しのたびにモデルを複製し、レプリカを 1 プロセスのスレッドで動かす。PyTorch は 1 台のマシンでも DDP を勧める。CPU では何もしない | [03: スレッドの DataParallel とプロセスの DDP](03_ddp.ipynb#cell-id=03-thread-based-dataparallel-against-process-based-ddp) |
+# | 004-4 | 「特に、大規模なデータセットや複雑なモデルを扱う場合に有効」 | 誤解を招く | 決めるのは 1 ステップの計算と通信の比。データセットの大きさはステップ数を変えるだけ。大きなモデルは計算も増えるが、呼び出しごとの複製と勾配の集約も増える | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
+# | 004-5 | 「コードの変更を最小限に抑えながら」 | 正しい | 包むだけで使える。ただし推奨は DDP | [02: PyTorch が DDP を勧める理由](02_data_parallel.ipynb#cell-id=02-why-pytorch-recommends-ddp) |
+# | 004-6 | 「使い方」: DataParallel で包み、入力を分け、data_parallel に渡す | 誤り | クラスか関数のどちらか一方に、バッチ全体を渡す | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
+# | 004-7 | 最初のコード例: `forward` のない `MyModel` と `torch.randn(100, 1024)` | 誤り | `forward` がないので呼ぶと NotImplementedError | [08: 記事 004 の最初のコード例](08_errata.ipynb#cell-id=08-doc-004-s-first-code-example) |
+# | 004-8 | コード `nn.DataParallel(MyModel())` (3 つの例。モデルは CPU のまま、入力だけ `.cuda()`) | 誤り | GPU が 2 台以上あると、呼んだ時点で RuntimeError「module must have its parameters and buffers on device cuda:0」。1 台なら DataParallel が自分でモデルを移す。`nn.DataParallel(MyModel().cuda())` と書く | [08: GPU のあるマシンでの記事 004 の DataParallel](08_errata.ipynb#cell-id=08-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-9 | コメント「入力データを GPU に分散」「データを GPU に分散」と `.cuda()` | 誤解を招く | `.cuda()` はバッチ全体を 1 台の GPU (いまのデバイス、ふつうは cuda:0) に置くだけ。GPU ごとに分けるのは DataParallel の `forward` の中の `scatter` | [08: GPU のあるマシンでの記事 004 の DataParallel](08_errata.ipynb#cell-id=08-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-10 | 「モデルのすべての層が GPU で実行できる必要」 | 正しい | レプリカは各 GPU で丸ごと動く | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
+# | 004-11 | 「モデルのパラメータはすべての GPU に同期されている必要」 | 誤り | 呼び出しのたびに複製し直すので、利用者がそろえる必要はない。必要なのはモデルを `device_ids[0]` に置くこと (004-8) | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
+# | 004-12 | 「データバッチサイズは GPU のメモリ容量に収まる必要」 | 誤解を招く | 各 GPU には分けた一部が載る。出力はデバイス 0 に集まる | [02: 4. gather: 出力を集める](02_data_parallel.ipynb#cell-id=02-4-gather-collect-the-outputs) |
+# | 004-13 | 「replicate や scatter_gather は異なる並列処理パターンに対応」 | 誤り | `data_parallel` 自身の部品。`scatter_gather` はモジュール | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
+# | 004-14 | 「PyTorch Lightning などで、さらに簡単に」 | 正しい | 中で DDP と `no_sync` を使う。確かめるセルは Lightning を入れたときだけ動き、標準の環境では飛ばす | [07: PyTorch Lightning と Hugging Face Accelerate](07_ecosystem.ipynb#cell-id=07-pytorch-lightning-and-hugging-face-accelerate) |
+# | 004-15 | 「data_parallel() は強力なツール」(まとめ) | 古い | 1 台のマシンでも DDP を使う (PyTorch の推奨) | [02: PyTorch が DDP を勧める理由](02_data_parallel.ipynb#cell-id=02-why-pytorch-recommends-ddp) |
+# | 004-16 | コード `x.view(-1)` (MLP) | 誤り | バッチ 100 でエラー、バッチ 1 では形が黙って壊れる | [01: バッチが 1 のときは黙って間違える](01_models.ipynb#cell-id=01-with-a-batch-of-one-it-is-silently-wrong) |
+# | 004-17 | コード `nn.DataParallel(MyModel())` (GPU なし) | 誤解を招く | CPU では `device_ids` が空で、モデルを 1 回呼ぶだけ | [02: CPU では nn.DataParallel は何もしない](02_data_parallel.ipynb#cell-id=02-on-a-cpu-nn-dataparallel-does-nothing) |
+# | 004-18 | コード `.cuda()` | 誤解を招く | GPU がなければ止まる。`device` を選ぶ | [01: 記事 004 の「カスタム損失関数」の例](01_models.ipynb#cell-id=01-doc-004-s-custom-loss-example) |
+# | 004-19 | コード `MyLoss` (平均二乗誤差) | 正しい | `nn.MSELoss()` と同じ値 | [01: 記事 004 の「カスタム損失関数」の例](01_models.ipynb#cell-id=01-doc-004-s-custom-loss-example) |
+# | 004-20 | コード `optimizer.step()` (`optimizer` が未定義) | 誤り | NameError。オプティマイザを作る | [01: 記事 004 の「カスタム損失関数」の例](01_models.ipynb#cell-id=01-doc-004-s-custom-loss-example) |
+# | 004-21 | コード `loss.backward` (括弧なし) | 誤り | 呼ばれず勾配は None。`loss.backward()` | [01: loss.backward と loss.backward() は違う](01_models.ipynb#cell-id=01-loss-backward-is-not-loss-backward) |
+# | 004-22 | コード (学習ループ) `zero_grad` なし | 誤り | 勾配がステップごとに積み重なる | [01: zero_grad() を忘れると勾配がたまる](01_models.ipynb#cell-id=01-without-zero-grad-gradients-pile-up) |
+# | 004-23 | コード (学習ループ) `optimizer.step()` なし | 誤り | オプティマイザを作っても呼ばないので、パラメータは 1 つも変わらない。10 エポック回しても学習しない | [01: 記事 004 の学習ループを書かれたとおりに](01_models.ipynb#cell-id=01-doc-004-s-training-loop-as-written) |
+# | 004-24 | コード `MyDataset` (独立な乱数) | 誤解を招く | 学ぶものがない。収束を見るなら学習できる課題で | [01: 記事のデータには学ぶものがない](01_models.ipynb#cell-id=01-the-document-s-data-has-nothing-to-learn) |
+# | 004-25 | 「手動で並列処理: 1. モデルを複数の GPU に分割」 | 誤り | データ並列はデータを分けてモデルを複製する。モデルを分けるのはモデル並列 | [07: 手動の並列化](07_ecosystem.ipynb#cell-id=07-parallelism-by-hand) |
+# | 004-26 | 「Horovod は MPI を使用して通信」 | 誤解を招く | プロセス間の調整 (コントローラ) は Gloo か MPI のどちらか。GPU のテンソルの all-reduce はふつう NCCL で行う | [07: Horovod のいま](07_ecosystem.ipynb#cell-id=07-horovod-today) |
+# | 004-27 | 「Horovod は使いやすく、スケーラブルな分散訓練ソリューション」 | 古い | 2023 年から新しいリリースがなく、新しい PyTorch に対してビルドできないと報告されている | [07: Horovod のいま](07_ecosystem.ipynb#cell-id=07-horovod-today) |
+# | 004-28 | 「モデルを Horovod でラップします」 | 誤り | 包むのはオプティマイザ (`hvd.DistributedOptimizer`) | [07: Horovod のいま](07_ecosystem.ipynb#cell-id=07-horovod-today) |
+# | 004-29 | 「PyTorch Lightning や TensorFlow Lattice などの分散訓練用フレームワーク」 | 誤り | TensorFlow Lattice は形状制約つきの格子モデルのライブラリ | [07: TensorFlow Lattice は分散学習のフレームワークではない](07_ecosystem.ipynb#cell-id=07-tensorflow-lattice-is-not-a-distributed-training-framework) |
+# | 004-30 | 「コードを変更することなく、複数の GPU 上で訓練」 | 誤解を招く | 少ない変更で (LightningModule、`accelerator.prepare`) | [07: PyTorch Lightning と Hugging Face Accelerate](07_ecosystem.ipynb#cell-id=07-pytorch-lightning-and-hugging-face-accelerate) |
 
 # %% [markdown] lang="en"
 # ## Doc 004: data_parallel, Horovod, frameworks
 #
 # | id | the document says | verdict | in fact | the cell that shows it |
 # |---|---|---|---|---|
-# | 004-1 | "data parallelism processes different samples on several GPUs to speed up training and inference" | correct | the data is split, the model is copied to every device | [02: 2. replicate: copy the model](02_data_parallel.ipynb#2.-replicate:-copy-the-model) |
-# | 004-2 | "data_parallel() spreads model and input over GPUs and gathers the result" | correct | the four steps `scatter`, `replicate`, `parallel_apply`, `gather` | [02: 2. replicate: copy the model](02_data_parallel.ipynb#2.-replicate:-copy-the-model) |
-# | 004-3 | "benefit: much faster training and inference" | misleading | it can be faster on several GPUs, but every call copies the model and runs the replicas as threads of one process; PyTorch recommends DDP even on one machine; on a CPU it does nothing | [03: Thread-based DataParallel against process-based DDP](03_ddp.ipynb#Thread-based-DataParallel-against-process-based-DDP) |
-# | 004-4 | "especially effective for large data sets and complex models" | misleading | a step's computation against its communication decides; a larger data set only means more steps; a larger model computes more, but also copies and reduces more at every call | [03: Time per step with world size 1 and 2](03_ddp.ipynb#Time-per-step-with-world-size-1-and-2) |
-# | 004-5 | "with minimal code changes" | correct | just wrap the model; but PyTorch recommends DDP | [02: Why PyTorch recommends DDP](02_data_parallel.ipynb#Why-PyTorch-recommends-DDP) |
-# | 004-6 | "how to use": wrap in DataParallel, split the input, pass to data_parallel | wrong | use the class or the function, with the whole batch | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#Fixing-doc-004's-recipe) |
-# | 004-7 | first code example: `MyModel` without `forward`, `torch.randn(100, 1024)` | wrong | no `forward`, so calling it raises NotImplementedError | [08: Doc 004's first code example](08_errata.ipynb#Doc-004's-first-code-example) |
-# | 004-8 | code `nn.DataParallel(MyModel())` (three examples: the model stays on the CPU, only the input is `.cuda()`) | wrong | with two or more GPUs the call raises RuntimeError "module must have its parameters and buffers on device cuda:0"; with one GPU DataParallel moves the model itself; write `nn.DataParallel(MyModel().cuda())` | [08: Doc 004's DataParallel on a machine with GPUs](08_errata.ipynb#Doc-004's-DataParallel-on-a-machine-with-GPUs) |
-# | 004-9 | comments "spread the input over the GPUs", "spread the data over the GPUs" on `.cuda()` | misleading | `.cuda()` puts the whole batch on one GPU (the current device, usually cuda:0); `scatter`, inside DataParallel's `forward`, splits it among the GPUs | [08: Doc 004's DataParallel on a machine with GPUs](08_errata.ipynb#Doc-004's-DataParallel-on-a-machine-with-GPUs) |
-# | 004-10 | "every layer must run on the GPU" | correct | each replica runs whole on its GPU | [02: 2. replicate: copy the model](02_data_parallel.ipynb#2.-replicate:-copy-the-model) |
-# | 004-11 | "parameters must be synchronized on all GPUs" | wrong | replicas are rebuilt at every call: nothing for the user to do; what is needed is the model on `device_ids[0]` (004-8) | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#Fixing-doc-004's-recipe) |
-# | 004-12 | "the batch must fit in GPU memory" | misleading | each GPU holds its chunk; outputs are gathered on device 0 | [02: 4. gather: collect the outputs](02_data_parallel.ipynb#4.-gather:-collect-the-outputs) |
-# | 004-13 | "replicate and scatter_gather serve different patterns" | wrong | they are the parts of `data_parallel`; `scatter_gather` is a module | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#Fixing-doc-004's-recipe) |
-# | 004-14 | "PyTorch Lightning makes it even easier" | correct | it uses DDP and `no_sync` underneath; the cell that checks it runs only where Lightning is installed and is skipped in the default environment | [07: PyTorch Lightning and Hugging Face Accelerate](07_ecosystem.ipynb#PyTorch-Lightning-and-Hugging-Face-Accelerate) |
-# | 004-15 | "data_parallel() is a powerful tool" (summary) | outdated | use DDP, even on one machine (PyTorch's advice) | [02: Why PyTorch recommends DDP](02_data_parallel.ipynb#Why-PyTorch-recommends-DDP) |
-# | 004-16 | code `x.view(-1)` (MLP) | wrong | fails with a batch of 100, silently wrong with a batch of 1 | [01: With a batch of one it is silently wrong](01_models.ipynb#With-a-batch-of-one-it-is-silently-wrong) |
-# | 004-17 | code `nn.DataParallel(MyModel())` (no GPU) | misleading | on a CPU `device_ids` is empty: one plain call | [02: On a CPU, nn.DataParallel does nothing](02_data_parallel.ipynb#On-a-CPU,-nn.DataParallel-does-nothing) |
-# | 004-18 | code `.cuda()` | misleading | stops without a GPU; choose a `device` | [01: Doc 004's "custom loss" example](01_models.ipynb#Doc-004's-"custom-loss"-example) |
-# | 004-19 | code `MyLoss` (mean squared error) | correct | the same value as `nn.MSELoss()` | [01: Doc 004's "custom loss" example](01_models.ipynb#Doc-004's-"custom-loss"-example) |
-# | 004-20 | code `optimizer.step()` (`optimizer` undefined) | wrong | NameError; create the optimizer | [01: Doc 004's "custom loss" example](01_models.ipynb#Doc-004's-"custom-loss"-example) |
-# | 004-21 | code `loss.backward` (no parentheses) | wrong | never called, gradients stay None; `loss.backward()` | [01: loss.backward is not loss.backward()](01_models.ipynb#loss.backward-is-not-loss.backward()) |
-# | 004-22 | code (training loop) without `zero_grad` | wrong | gradients pile up step after step | [01: Without zero_grad() gradients pile up](01_models.ipynb#Without-zero_grad()-gradients-pile-up) |
-# | 004-23 | code (training loop) without `optimizer.step()` | wrong | the optimizer is created but never called: not one parameter changes, and ten epochs learn nothing | [01: Doc 004's training loop, as written](01_models.ipynb#Doc-004's-training-loop,-as-written) |
-# | 004-24 | code `MyDataset` (independent random numbers) | misleading | nothing to learn; watch convergence on a learnable task | [01: The document's data has nothing to learn](01_models.ipynb#The-document's-data-has-nothing-to-learn) |
-# | 004-25 | "by hand: 1. split the model across GPUs" | wrong | data parallelism splits data and copies the model; splitting the model is model parallelism | [07: Parallelism by hand](07_ecosystem.ipynb#Parallelism-by-hand) |
-# | 004-26 | "Horovod communicates with MPI" | misleading | Gloo or MPI coordinates the processes (the controller); tensors on GPUs are usually all-reduced with NCCL | [07: Horovod today](07_ecosystem.ipynb#Horovod-today) |
-# | 004-27 | "Horovod is an easy-to-use, scalable distributed-training solution" | outdated | no release since 2023, reported not to build against recent PyTorch | [07: Horovod today](07_ecosystem.ipynb#Horovod-today) |
-# | 004-28 | "wrap the model with Horovod" | wrong | you wrap the optimizer (`hvd.DistributedOptimizer`) | [07: Horovod today](07_ecosystem.ipynb#Horovod-today) |
-# | 004-29 | "distributed-training frameworks such as PyTorch Lightning and TensorFlow Lattice" | wrong | TensorFlow Lattice is a library of shape-constrained lattice models | [07: TensorFlow Lattice is not a distributed-training framework](07_ecosystem.ipynb#TensorFlow-Lattice-is-not-a-distributed-training-framework) |
-# | 004-30 | "train on several GPUs without changing the code" | misleading | with few changes (a LightningModule, `accelerator.prepare`) | [07: PyTorch Lightning and Hugging Face Accelerate](07_ecosystem.ipynb#PyTorch-Lightning-and-Hugging-Face-Accelerate) |
+# | 004-1 | "data parallelism processes different samples on several GPUs to speed up training and inference" | correct | the data is split, the model is copied to every device | [02: 2. replicate: copy the model](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
+# | 004-2 | "data_parallel() spreads model and input over GPUs and gathers the result" | correct | the four steps `scatter`, `replicate`, `parallel_apply`, `gather` | [02: 2. replicate: copy the model](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
+# | 004-3 | "benefit: much faster training and inference" | misleading | it can be faster on several GPUs, but every call copies the model and runs the replicas as threads of one process; PyTorch recommends DDP even on one machine; on a CPU it does nothing | [03: Thread-based DataParallel against process-based DDP](03_ddp.ipynb#cell-id=03-thread-based-dataparallel-against-process-based-ddp) |
+# | 004-4 | "especially effective for large data sets and complex models" | misleading | a step's computation against its communication decides; a larger data set only means more steps; a larger model computes more, but also copies and reduces more at every call | [03: Time per step with world size 1 and 2](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
+# | 004-5 | "with minimal code changes" | correct | just wrap the model; but PyTorch recommends DDP | [02: Why PyTorch recommends DDP](02_data_parallel.ipynb#cell-id=02-why-pytorch-recommends-ddp) |
+# | 004-6 | "how to use": wrap in DataParallel, split the input, pass to data_parallel | wrong | use the class or the function, with the whole batch | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
+# | 004-7 | first code example: `MyModel` without `forward`, `torch.randn(100, 1024)` | wrong | no `forward`, so calling it raises NotImplementedError | [08: Doc 004's first code example](08_errata.ipynb#cell-id=08-doc-004-s-first-code-example) |
+# | 004-8 | code `nn.DataParallel(MyModel())` (three examples: the model stays on the CPU, only the input is `.cuda()`) | wrong | with two or more GPUs the call raises RuntimeError "module must have its parameters and buffers on device cuda:0"; with one GPU DataParallel moves the model itself; write `nn.DataParallel(MyModel().cuda())` | [08: Doc 004's DataParallel on a machine with GPUs](08_errata.ipynb#cell-id=08-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-9 | comments "spread the input over the GPUs", "spread the data over the GPUs" on `.cuda()` | misleading | `.cuda()` puts the whole batch on one GPU (the current device, usually cuda:0); `scatter`, inside DataParallel's `forward`, splits it among the GPUs | [08: Doc 004's DataParallel on a machine with GPUs](08_errata.ipynb#cell-id=08-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-10 | "every layer must run on the GPU" | correct | each replica runs whole on its GPU | [02: 2. replicate: copy the model](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
+# | 004-11 | "parameters must be synchronized on all GPUs" | wrong | replicas are rebuilt at every call: nothing for the user to do; what is needed is the model on `device_ids[0]` (004-8) | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
+# | 004-12 | "the batch must fit in GPU memory" | misleading | each GPU holds its chunk; outputs are gathered on device 0 | [02: 4. gather: collect the outputs](02_data_parallel.ipynb#cell-id=02-4-gather-collect-the-outputs) |
+# | 004-13 | "replicate and scatter_gather serve different patterns" | wrong | they are the parts of `data_parallel`; `scatter_gather` is a module | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
+# | 004-14 | "PyTorch Lightning makes it even easier" | correct | it uses DDP and `no_sync` underneath; the cell that checks it runs only where Lightning is installed and is skipped in the default environment | [07: PyTorch Lightning and Hugging Face Accelerate](07_ecosystem.ipynb#cell-id=07-pytorch-lightning-and-hugging-face-accelerate) |
+# | 004-15 | "data_parallel() is a powerful tool" (summary) | outdated | use DDP, even on one machine (PyTorch's advice) | [02: Why PyTorch recommends DDP](02_data_parallel.ipynb#cell-id=02-why-pytorch-recommends-ddp) |
+# | 004-16 | code `x.view(-1)` (MLP) | wrong | fails with a batch of 100, silently wrong with a batch of 1 | [01: With a batch of one it is silently wrong](01_models.ipynb#cell-id=01-with-a-batch-of-one-it-is-silently-wrong) |
+# | 004-17 | code `nn.DataParallel(MyModel())` (no GPU) | misleading | on a CPU `device_ids` is empty: one plain call | [02: On a CPU, nn.DataParallel does nothing](02_data_parallel.ipynb#cell-id=02-on-a-cpu-nn-dataparallel-does-nothing) |
+# | 004-18 | code `.cuda()` | misleading | stops without a GPU; choose a `device` | [01: Doc 004's "custom loss" example](01_models.ipynb#cell-id=01-doc-004-s-custom-loss-example) |
+# | 004-19 | code `MyLoss` (mean squared error) | correct | the same value as `nn.MSELoss()` | [01: Doc 004's "custom loss" example](01_models.ipynb#cell-id=01-doc-004-s-custom-loss-example) |
+# | 004-20 | code `optimizer.step()` (`optimizer` undefined) | wrong | NameError; create the optimizer | [01: Doc 004's "custom loss" example](01_models.ipynb#cell-id=01-doc-004-s-custom-loss-example) |
+# | 004-21 | code `loss.backward` (no parentheses) | wrong | never called, gradients stay None; `loss.backward()` | [01: loss.backward is not loss.backward()](01_models.ipynb#cell-id=01-loss-backward-is-not-loss-backward) |
+# | 004-22 | code (training loop) without `zero_grad` | wrong | gradients pile up step after step | [01: Without zero_grad() gradients pile up](01_models.ipynb#cell-id=01-without-zero-grad-gradients-pile-up) |
+# | 004-23 | code (training loop) without `optimizer.step()` | wrong | the optimizer is created but never called: not one parameter changes, and ten epochs learn nothing | [01: Doc 004's training loop, as written](01_models.ipynb#cell-id=01-doc-004-s-training-loop-as-written) |
+# | 004-24 | code `MyDataset` (independent random numbers) | misleading | nothing to learn; watch convergence on a learnable task | [01: The document's data has nothing to learn](01_models.ipynb#cell-id=01-the-document-s-data-has-nothing-to-learn) |
+# | 004-25 | "by hand: 1. split the model across GPUs" | wrong | data parallelism splits data and copies the model; splitting the model is model parallelism | [07: Parallelism by hand](07_ecosystem.ipynb#cell-id=07-parallelism-by-hand) |
+# | 004-26 | "Horovod communicates with MPI" | misleading | Gloo or MPI coordinates the processes (the controller); tensors on GPUs are usually all-reduced with NCCL | [07: Horovod today](07_ecosystem.ipynb#cell-id=07-horovod-today) |
+# | 004-27 | "Horovod is an easy-to-use, scalable distributed-training solution" | outdated | no release since 2023, reported not to build against recent PyTorch | [07: Horovod today](07_ecosystem.ipynb#cell-id=07-horovod-today) |
+# | 004-28 | "wrap the model with Horovod" | wrong | you wrap the optimizer (`hvd.DistributedOptimizer`) | [07: Horovod today](07_ecosystem.ipynb#cell-id=07-horovod-today) |
+# | 004-29 | "distributed-training frameworks such as PyTorch Lightning and TensorFlow Lattice" | wrong | TensorFlow Lattice is a library of shape-constrained lattice models | [07: TensorFlow Lattice is not a distributed-training framework](07_ecosystem.ipynb#cell-id=07-tensorflow-lattice-is-not-a-distributed-training-framework) |
+# | 004-30 | "train on several GPUs without changing the code" | misleading | with few changes (a LightningModule, `accelerator.prepare`) | [07: PyTorch Lightning and Hugging Face Accelerate](07_ecosystem.ipynb#cell-id=07-pytorch-lightning-and-hugging-face-accelerate) |
 
 # %% [markdown] lang="ja"
 # ## 各レッスンの主張
@@ -206,24 +212,24 @@ labkit.set_lang("en")
 #
 # | id | レッスンの主張 | 確かめるセル |
 # |---|---|---|
-# | L03-1 | DDP の各ランクはモデル全体 (全パラメータ) を持つ | [03: 各ランクはモデル全体を持つ](03_ddp.ipynb#各ランクはモデル全体を持つ) |
-# | L03-2 | `DistributedSampler` はランクごとに重ならないサンプルを配り、`set_epoch` がなければ毎エポック同じ順序になる | [03: DistributedSampler と set_epoch](03_ddp.ipynb#DistributedSampler-と-set_epoch) |
-# | L03-3 | DDP の勾配は、全ランクのバッチを合わせた 1 つのバッチの勾配と等しい | [03: DDP の勾配 = 全バッチの勾配](03_ddp.ipynb#DDP-の勾配-=-全バッチの勾配) |
-# | L03-4 | 勾配は逆伝播の途中で all-reduce され、1 ステップで送るのはパラメータと同じバイト数 | [03: 何が、いつ通信されるか](03_ddp.ipynb#何が、いつ通信されるか) |
-# | L03-5 | 学習を続けてもレプリカは同一のまま | [03: 学習してもレプリカは一致したまま](03_ddp.ipynb#学習してもレプリカは一致したまま) |
-# | L03-6 | 2 ランクが 1 ランクより速いか遅いかは、計算と通信の比で決まる | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#world-size-1-と-2-の-1-ステップの時間) |
-# | L04-1 | `with model.no_sync():` で K 回の逆伝播を累積すると、all-reduce は 1 更新に 1 回 | [04: 大きなバッチと同じ勾配になる](04_no_sync.ipynb#大きなバッチと同じ勾配になる) |
-# | L04-2 | 損失を K で割って累積した勾配は、K 倍のバッチの勾配と等しい | [04: 大きなバッチと同じ勾配になる](04_no_sync.ipynb#大きなバッチと同じ勾配になる) |
-# | L04-3 | 損失を K で割らないと、勾配は K 倍になる | [04: 損失を K で割らないと](04_no_sync.ipynb#損失を-K-で割らないと) |
-# | L04-4 | `ddp_model.no_sync()` を 1 行で呼んでも何も変わらず、毎回 all-reduce する | [04: 誤用 1: ddp_model.no_sync() と 1 行書く](04_no_sync.ipynb#誤用-1:-ddp_model.no_sync()-と-1-行書く) |
-# | L04-5 | 順伝播を `with` の外で行うと、毎回 all-reduce する | [04: 誤用 2: 順伝播を with の外で行う](04_no_sync.ipynb#誤用-2:-順伝播を-with-の外で行う) |
-# | L04-6 | `no_sync` の中で `step` するとレプリカがずれ、戻らない | [04: 誤用 3: no_sync の中で optimizer.step() する](04_no_sync.ipynb#誤用-3:-no_sync-の中で-optimizer.step()-する) |
-# | L04-7 | 勾配累積では `no_sync` を使うと 1 更新の時間が短くなる | [04: 1 ステップの時間: K と no_sync](04_no_sync.ipynb#1-ステップの時間:-K-と-no_sync) |
-# | L04-8 | 正しく使えば、更新ごとの損失は同期ありと重なる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#収束:-記事の「同期あり-vs-no_sync」をやり直す) |
-# | L05-1 | all-reduce の時間は、リングの段数 2(n−1) × α + 各ランクが送るバイト数 2(n−1)/n × S ÷ 帯域で表せる (モデル) | [05: all-reduce を測る](05_communication.ipynb#all-reduce-を測る) |
-# | L05-2 | DDP は勾配をバケットにまとめ、バケットごとに 1 回 all-reduce する。`DDP(model)` は最初のステップのあとでバケットを作り直す | [05: バケット: DDP(model) が実際に送るもの](05_communication.ipynb#バケット:-DDP(model)-が実際に送るもの) |
-# | L05-3 | 通信の一部は勾配の計算と重なる (隠れる) | [05: 勾配の計算と通信の重なり](05_communication.ipynb#勾配の計算と通信の重なり) |
-# | L05-4 | 1 更新の時間は計算と通信のモデルで予測でき、測っていない K でも当たる | [05: 1 回の更新の時間を予測する](05_communication.ipynb#1-回の更新の時間を予測する) |
+# | L03-1 | DDP の各ランクはモデル全体 (全パラメータ) を持つ | [03: 各ランクはモデル全体を持つ](03_ddp.ipynb#cell-id=03-every-rank-holds-the-whole-model) |
+# | L03-2 | `DistributedSampler` はランクごとに重ならないサンプルを配り、`set_epoch` がなければ毎エポック同じ順序になる | [03: DistributedSampler と set_epoch](03_ddp.ipynb#cell-id=03-distributedsampler-and-set-epoch) |
+# | L03-3 | DDP の勾配は、全ランクのバッチを合わせた 1 つのバッチの勾配と等しい | [03: DDP の勾配 = 全バッチの勾配](03_ddp.ipynb#cell-id=03-ddp-s-gradient-the-whole-batch-s-gradient) |
+# | L03-4 | 勾配は逆伝播の途中で all-reduce され、1 ステップで送るのはパラメータと同じバイト数 | [03: 何が、いつ通信されるか](03_ddp.ipynb#cell-id=03-what-is-communicated-and-when) |
+# | L03-5 | 学習を続けてもレプリカは同一のまま | [03: 学習してもレプリカは一致したまま](03_ddp.ipynb#cell-id=03-replicas-stay-identical-through-training) |
+# | L03-6 | 2 ランクが 1 ランクより速いか遅いかは、計算と通信の比で決まる | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
+# | L04-1 | `with model.no_sync():` で K 回の逆伝播を累積すると、all-reduce は 1 更新に 1 回 | [04: 大きなバッチと同じ勾配になる](04_no_sync.ipynb#cell-id=04-the-same-gradient-as-the-large-batch) |
+# | L04-2 | 損失を K で割って累積した勾配は、K 倍のバッチの勾配と等しい | [04: 大きなバッチと同じ勾配になる](04_no_sync.ipynb#cell-id=04-the-same-gradient-as-the-large-batch) |
+# | L04-3 | 損失を K で割らないと、勾配は K 倍になる | [04: 損失を K で割らないと](04_no_sync.ipynb#cell-id=04-without-dividing-the-loss-by-k) |
+# | L04-4 | `ddp_model.no_sync()` を 1 行で呼んでも何も変わらず、毎回 all-reduce する | [04: 誤用 1: ddp_model.no_sync() と 1 行書く](04_no_sync.ipynb#cell-id=04-misuse-1-writing-ddp-model-no-sync-on-its-own-line) |
+# | L04-5 | 順伝播を `with` の外で行うと、毎回 all-reduce する | [04: 誤用 2: 順伝播を with の外で行う](04_no_sync.ipynb#cell-id=04-misuse-2-the-forward-pass-outside-the-block) |
+# | L04-6 | `no_sync` の中で `step` するとレプリカがずれ、戻らない | [04: 誤用 3: no_sync の中で optimizer.step() する](04_no_sync.ipynb#cell-id=04-misuse-3-optimizer-step-inside-no-sync) |
+# | L04-7 | 勾配累積では `no_sync` を使うと 1 更新の時間が短くなる | [04: 1 ステップの時間: K と no_sync](04_no_sync.ipynb#cell-id=04-time-per-step-k-and-no-sync) |
+# | L04-8 | 正しく使えば、更新ごとの損失は同期ありと重なる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
+# | L05-1 | all-reduce の時間は、リングの段数 2(n−1) × α + 各ランクが送るバイト数 2(n−1)/n × S ÷ 帯域で表せる (モデル) | [05: all-reduce を測る](05_communication.ipynb#cell-id=05-timing-all-reduce) |
+# | L05-2 | DDP は勾配をバケットにまとめ、バケットごとに 1 回 all-reduce する。`DDP(model)` は最初のステップのあとでバケットを作り直す | [05: バケット: DDP(model) が実際に送るもの](05_communication.ipynb#cell-id=05-buckets-what-ddp-model-really-sends) |
+# | L05-3 | 通信の一部は勾配の計算と重なる (隠れる) | [05: 勾配の計算と通信の重なり](05_communication.ipynb#cell-id=05-communication-overlaps-the-gradient-computation) |
+# | L05-4 | 1 更新の時間は計算と通信のモデルで予測でき、測っていない K でも当たる | [05: 1 回の更新の時間を予測する](05_communication.ipynb#cell-id=05-predicting-the-time-of-an-update) |
 
 # %% [markdown] lang="en"
 # ## The lessons' own claims
@@ -233,24 +239,24 @@ labkit.set_lang("en")
 #
 # | id | the lesson says | the cell that shows it |
 # |---|---|---|
-# | L03-1 | every DDP rank holds the whole model (all the parameters) | [03: Every rank holds the whole model](03_ddp.ipynb#Every-rank-holds-the-whole-model) |
-# | L03-2 | `DistributedSampler` gives the ranks disjoint samples, and without `set_epoch` every epoch has the same order | [03: DistributedSampler and set_epoch](03_ddp.ipynb#DistributedSampler-and-set_epoch) |
-# | L03-3 | DDP's gradient equals the gradient of one batch made of all the ranks' batches | [03: DDP's gradient = the whole batch's gradient](03_ddp.ipynb#DDP's-gradient-=-the-whole-batch's-gradient) |
-# | L03-4 | gradients are all-reduced during backward; a step sends as many bytes as the parameters | [03: What is communicated, and when](03_ddp.ipynb#What-is-communicated,-and-when) |
-# | L03-5 | the replicas stay identical through training | [03: Replicas stay identical through training](03_ddp.ipynb#Replicas-stay-identical-through-training) |
-# | L03-6 | whether two ranks are faster or slower than one depends on computation against communication | [03: Time per step with world size 1 and 2](03_ddp.ipynb#Time-per-step-with-world-size-1-and-2) |
-# | L04-1 | accumulating K backward passes with `with model.no_sync():` makes one all-reduce per update | [04: The same gradient as the large batch](04_no_sync.ipynb#The-same-gradient-as-the-large-batch) |
-# | L04-2 | with the loss divided by K, the accumulated gradient equals the K-times batch's | [04: The same gradient as the large batch](04_no_sync.ipynb#The-same-gradient-as-the-large-batch) |
-# | L04-3 | without dividing the loss by K, the gradient is K times too large | [04: Without dividing the loss by K](04_no_sync.ipynb#Without-dividing-the-loss-by-K) |
-# | L04-4 | `ddp_model.no_sync()` on its own line changes nothing: every backward all-reduces | [04: Misuse 1: writing ddp_model.no_sync() on its own line](04_no_sync.ipynb#Misuse-1:-writing-ddp_model.no_sync()-on-its-own-line) |
-# | L04-5 | with the forward pass outside the `with`, every backward all-reduces | [04: Misuse 2: the forward pass outside the block](04_no_sync.ipynb#Misuse-2:-the-forward-pass-outside-the-block) |
-# | L04-6 | stepping inside `no_sync` makes the replicas drift apart for good | [04: Misuse 3: optimizer.step() inside no_sync](04_no_sync.ipynb#Misuse-3:-optimizer.step()-inside-no_sync) |
-# | L04-7 | with gradient accumulation, `no_sync` makes an update take less time | [04: Time per step: K and no_sync](04_no_sync.ipynb#Time-per-step:-K-and-no_sync) |
-# | L04-8 | used correctly, the loss per update coincides with synchronizing every step | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#Convergence:-the-document's-"sync-vs-no_sync",-done-properly) |
-# | L05-1 | the time of an all-reduce is 2(n−1) ring steps × α plus the 2(n−1)/n × S bytes each rank sends over the bandwidth (a model) | [05: Timing all-reduce](05_communication.ipynb#Timing-all-reduce) |
-# | L05-2 | DDP packs gradients into buckets and all-reduces once per bucket; `DDP(model)` rebuilds its buckets after the first step | [05: Buckets: what DDP(model) really sends](05_communication.ipynb#Buckets:-what-DDP(model)-really-sends) |
-# | L05-3 | part of the communication overlaps the gradient computation (is hidden) | [05: Communication overlaps the gradient computation](05_communication.ipynb#Communication-overlaps-the-gradient-computation) |
-# | L05-4 | a model of computation and communication predicts the time of an update, also for a K it was not fitted on | [05: Predicting the time of an update](05_communication.ipynb#Predicting-the-time-of-an-update) |
+# | L03-1 | every DDP rank holds the whole model (all the parameters) | [03: Every rank holds the whole model](03_ddp.ipynb#cell-id=03-every-rank-holds-the-whole-model) |
+# | L03-2 | `DistributedSampler` gives the ranks disjoint samples, and without `set_epoch` every epoch has the same order | [03: DistributedSampler and set_epoch](03_ddp.ipynb#cell-id=03-distributedsampler-and-set-epoch) |
+# | L03-3 | DDP's gradient equals the gradient of one batch made of all the ranks' batches | [03: DDP's gradient = the whole batch's gradient](03_ddp.ipynb#cell-id=03-ddp-s-gradient-the-whole-batch-s-gradient) |
+# | L03-4 | gradients are all-reduced during backward; a step sends as many bytes as the parameters | [03: What is communicated, and when](03_ddp.ipynb#cell-id=03-what-is-communicated-and-when) |
+# | L03-5 | the replicas stay identical through training | [03: Replicas stay identical through training](03_ddp.ipynb#cell-id=03-replicas-stay-identical-through-training) |
+# | L03-6 | whether two ranks are faster or slower than one depends on computation against communication | [03: Time per step with world size 1 and 2](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
+# | L04-1 | accumulating K backward passes with `with model.no_sync():` makes one all-reduce per update | [04: The same gradient as the large batch](04_no_sync.ipynb#cell-id=04-the-same-gradient-as-the-large-batch) |
+# | L04-2 | with the loss divided by K, the accumulated gradient equals the K-times batch's | [04: The same gradient as the large batch](04_no_sync.ipynb#cell-id=04-the-same-gradient-as-the-large-batch) |
+# | L04-3 | without dividing the loss by K, the gradient is K times too large | [04: Without dividing the loss by K](04_no_sync.ipynb#cell-id=04-without-dividing-the-loss-by-k) |
+# | L04-4 | `ddp_model.no_sync()` on its own line changes nothing: every backward all-reduces | [04: Misuse 1: writing ddp_model.no_sync() on its own line](04_no_sync.ipynb#cell-id=04-misuse-1-writing-ddp-model-no-sync-on-its-own-line) |
+# | L04-5 | with the forward pass outside the `with`, every backward all-reduces | [04: Misuse 2: the forward pass outside the block](04_no_sync.ipynb#cell-id=04-misuse-2-the-forward-pass-outside-the-block) |
+# | L04-6 | stepping inside `no_sync` makes the replicas drift apart for good | [04: Misuse 3: optimizer.step() inside no_sync](04_no_sync.ipynb#cell-id=04-misuse-3-optimizer-step-inside-no-sync) |
+# | L04-7 | with gradient accumulation, `no_sync` makes an update take less time | [04: Time per step: K and no_sync](04_no_sync.ipynb#cell-id=04-time-per-step-k-and-no-sync) |
+# | L04-8 | used correctly, the loss per update coincides with synchronizing every step | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
+# | L05-1 | the time of an all-reduce is 2(n−1) ring steps × α plus the 2(n−1)/n × S bytes each rank sends over the bandwidth (a model) | [05: Timing all-reduce](05_communication.ipynb#cell-id=05-timing-all-reduce) |
+# | L05-2 | DDP packs gradients into buckets and all-reduces once per bucket; `DDP(model)` rebuilds its buckets after the first step | [05: Buckets: what DDP(model) really sends](05_communication.ipynb#cell-id=05-buckets-what-ddp-model-really-sends) |
+# | L05-3 | part of the communication overlaps the gradient computation (is hidden) | [05: Communication overlaps the gradient computation](05_communication.ipynb#cell-id=05-communication-overlaps-the-gradient-computation) |
+# | L05-4 | a model of computation and communication predicts the time of an update, also for a K it was not fitted on | [05: Predicting the time of an update](05_communication.ipynb#cell-id=05-predicting-the-time-of-an-update) |
 
 # %% [markdown] lang="ja"
 # ## 記事 004 の最初のコード例
@@ -478,7 +484,7 @@ else:
 import json
 from pathlib import Path
 
-from labkit import links
+from labkit import ledger, links
 
 here = Path.cwd()
 if (here / "08_errata.ipynb").exists():  # run from the notebook's folder
@@ -492,14 +498,14 @@ if (here / "08_errata.ipynb").exists():  # run from the notebook's folder
     counts = {v: sum(row[3].strip() == v for row in doc_rows) for v in verdicts}
     print(f"{len(doc_rows)} rows about the documents:", counts)
     assert sum(counts.values()) == len(doc_rows) >= 55  # every row has a known verdict
-    ledger = links.ledger(here / "08_errata.ipynb")
-    ids = [id_ for id_, _, _ in ledger]
+    rows = ledger.ledger(here / "08_errata.ipynb")
+    ids = [id_ for id_, _, _ in rows]
     for doc in ("000", "004", "L03", "L04", "L05"):
         numbers = [int(i.split("-")[1]) for i in ids if i.startswith(doc + "-")]
         assert numbers == list(range(1, len(numbers) + 1)), (doc, numbers)
     assert len(ids) == len(set(ids))  # no id twice
     assert sum(not i.startswith("L") for i in ids) == len(doc_rows)
-    assert all(target is not None for _, target, _ in ledger)  # every row links
+    assert all(target is not None for _, target, _ in rows)  # every row links
     broken = links.broken_links(here)
     print("broken links:", broken or "none")
     assert broken == []

@@ -141,7 +141,7 @@ def captured_stderr() -> Iterator[CapturedStderr]:
 
 
 # The checks below that raise AssertionError when the claim is false: the claims
-# ledger (labkit.links.asserts) counts a call of one of them as an assertion.
+# ledger (labkit.ledger.asserts) counts a call of one of them as an assertion.
 RAISING = frozenset({"expect_error", "grads_match", "grads_differ", "replicas_equal",
                      "allreduce_calls", "one_sync_per_update", "faster"})
 

@@ -6,35 +6,48 @@ JupyterLab 4 gives each rendered Markdown heading the id
 as backticks gone, and every space replaced by "-". Nothing else changes:
 case, punctuation and Japanese text stay as they are.
 
-The claims ledger is the tables of the errata notebook: each row starts with an
-id (`000-3`, `004-12` for the documents' claims, `L03-2` for a lesson's own)
-and links to the section that proves it. A section is a heading and the cells
-under it up to the next heading; it proves something only if one of its code
-cells asserts (an `assert` statement, or a call that raises when the claim is
-false: `assert_*`, `check_*`, or one of labkit.checks.RAISING).
+Such a heading link opens the right notebook but does not land on its heading
+in JupyterLab 4.6: a link's fragment reaches `Notebook.setFragment` as
+`anchor.hash`, percent-encoded (every Japanese character, and `"`), and is
+never decoded; and a plain `#Heading` fragment is looked up among the rendered
+cells just after the notebook's model loads, before the cells are rendered,
+so the notebook stays at its top. What JupyterLab does resolve on a freshly
+opened notebook, in any language, is a cell id: `NN_topic.ipynb#cell-id=NN-012`
+finds the cell in the notebook's model and scrolls it into view.
+
+So the lessons link to headings with `#cell-id=`, and the heading a link means
+is its text's end: `[04: Correct use](04_no_sync.ipynb#cell-id=04-correct-use)`
+goes to the cell whose heading reads "Correct use". tools/build_notebooks.py
+names a heading cell after its English heading (the Japanese twin gets the
+same id), so a link stays true when a lesson gains or loses cells. `land`
+writes such links from heading links, and rewrites the ids that no longer hold
+the heading their text names (after a heading is renamed):
+
+    python -m labkit.links course/08_errata.py   # then build the notebooks
+
+That the heading then stays on screen needs the course's JupyterLab defaults
+(jupyterlab-settings/, which `make lab` uses); tests/test_browser.py clicks
+such links in both languages.
 """
 
 from __future__ import annotations
 
-import ast
+import argparse
 import json
 import re
-from collections import Counter
+import sys
 from pathlib import Path
 
-__all__ = ["CLAIM_ID", "LINK", "asserts", "broken_links", "heading_anchor", "headings",
-           "ledger", "ledger_problems", "links", "section_code"]
+__all__ = ["CELL_ID", "LINK", "broken_links", "heading_anchor", "heading_cells",
+           "headings", "land", "links", "notebook_cells", "section_code"]
 
-# [text](NN_topic.ipynb#anchor): a link to a heading of a lesson notebook.
-LINK = re.compile(r"\]\((\d\d_[A-Za-z0-9_]+\.ipynb)#((?:[^()\s]|\([^()\s]*\))+)\)")
+# [text](NN_topic.ipynb#fragment): a link to a place in a lesson notebook. The
+# text may hold [brackets] one level deep, the fragment (balanced) parentheses.
+LINK = re.compile(r"\[((?:[^\[\]]|\[[^\[\]]*\])*)\]"
+                  r"\((\d\d_[A-Za-z0-9_]+\.ipynb)#((?:[^()\s]|\([^()\s]*\))+)\)")
+CELL_ID = "cell-id="
 _FENCE = re.compile(r"^(```|~~~)")
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s")
-# 000-7, 004-12 (the documents' claims), L03-2 (a lesson's own claim).
-CLAIM_ID = re.compile(r"^(?:\d{3}|L\d\d)-\d+$")
-# Calls that raise when the claim is false: torch.testing.assert_close,
-# labkit's exercises.check_* and comm.check_*; and checks.NAME for the names in
-# labkit.checks.RAISING.
-_RAISING_CALL = re.compile(r"^(assert|check_)")
 
 
 def _inline_text(markdown: str) -> str:
@@ -59,158 +72,168 @@ def heading_anchor(heading: str) -> str:
     return _inline_text(text).replace(" ", "-")
 
 
-def _cells(path: Path) -> list[tuple[str, str]]:
-    """(cell type, source) of every cell of the notebook at `path`."""
-    nb = json.loads(path.read_text(encoding="utf-8"))
-    return [(c["cell_type"],
+def notebook_cells(path: Path) -> list[tuple[str, str, str]]:
+    """(cell id, cell type, source) of every cell of the notebook at `path`."""
+    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    return [(c.get("id", ""), c["cell_type"],
              "".join(c["source"]) if isinstance(c["source"], list) else c["source"])
             for c in nb["cells"]]
 
 
-def _markdown_cells(path: Path) -> list[str]:
-    return [source for kind, source in _cells(path) if kind == "markdown"]
+def _markdown_cells(path: Path) -> list[tuple[str, str]]:
+    """(cell id, source) of each Markdown cell of the notebook at `path`."""
+    return [(cell_id, source) for cell_id, kind, source in notebook_cells(path)
+            if kind == "markdown"]
 
 
-def _heading_lines(source: str) -> list[str]:
-    """The heading lines of one Markdown cell, fenced code left out."""
-    found, fenced = [], False
+def _cell_headings(source: str) -> list[str]:
+    """Anchors of the headings of one Markdown cell, fenced code left out."""
+    anchors, fenced = [], False
     for line in source.splitlines():
         if _FENCE.match(line.strip()):
             fenced = not fenced
         elif not fenced and _HEADING.match(line):
-            found.append(line)
-    return found
+            anchors.append(heading_anchor(line))
+    return anchors
+
+
+def heading_cells(path: Path) -> dict[str, list[str]]:
+    """Cell id -> anchors of its headings, for each Markdown cell with one."""
+    return {cell_id: found for cell_id, source in _markdown_cells(path)
+            if (found := _cell_headings(source))}
 
 
 def headings(path: Path) -> set[str]:
     """Anchors of every Markdown heading in the notebook at `path`."""
-    return {heading_anchor(line) for source in _markdown_cells(path)
-            for line in _heading_lines(source)}
+    return {a for found in heading_cells(path).values() for a in found}
 
 
-def links(path: Path) -> list[tuple[str, str]]:
-    """Every (notebook, anchor) that the notebook at `path` links to."""
-    return [m.groups() for source in _markdown_cells(path)
-            for m in LINK.finditer(source)]
+def section_code(path: Path, fragment: str) -> list[str] | None:
+    """Code cells of the section a link's `fragment` names, in the notebook `path`.
 
-
-def broken_links(folder: Path) -> list[str]:
-    """Links in the notebooks of `folder` whose notebook or heading is missing."""
-    folder = Path(folder)
-    known: dict[str, set[str] | None] = {}
-    problems = []
-    for path in sorted(folder.glob("*.ipynb")):
-        for target, anchor in links(path):
-            if target not in known:
-                dest = folder / target
-                known[target] = headings(dest) if dest.exists() else None
-            if known[target] is None:
-                problems.append(f"{path.name}: no notebook {target}")
-            elif anchor not in known[target]:
-                problems.append(f"{path.name}: {target} has no heading #{anchor}")
-    return problems
-
-
-def section_code(path: Path, anchor: str) -> list[str] | None:
-    """Code cells under the heading `anchor`, up to the next heading of any level.
-
+    A section is a heading (`Heading-anchor`, or the first heading of the cell
+    `cell-id=ID`) and the cells under it, up to the next heading of any level.
     None if the notebook has no such heading.
     """
     inside, code = False, []
-    for kind, source in _cells(path):
+    for cell_id, kind, source in notebook_cells(path):
         if kind == "code":
             if inside:
                 code.append(source)
             continue
-        for line in _heading_lines(source):
+        for n, anchor in enumerate(_cell_headings(source)):
             if inside:
                 return code
-            inside = heading_anchor(line) == anchor
+            inside = (fragment == anchor or
+                      (n == 0 and fragment == CELL_ID + cell_id))
     return code if inside else None
 
 
-def _python(source: str) -> str:
-    """A cell's Python, without IPython magics (`%%px`, `%time`, `!pip`)."""
-    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line
-                     for line in source.splitlines())
+def links(path: Path) -> list[tuple[str, str]]:
+    """Every (notebook, fragment) that the notebook at `path` links to."""
+    return [m.groups()[1:] for _, source in _markdown_cells(path)
+            for m in LINK.finditer(source)]
 
 
-def _is_raising_check(func: ast.expr) -> bool:
-    """Whether `func` is `checks.NAME` with NAME one of labkit's raising checks."""
-    from labkit import checks
-
-    return (isinstance(func, ast.Attribute) and func.attr in checks.RAISING
-            and isinstance(func.value, ast.Name) and func.value.id == "checks")
+def _names(text: str, anchors: list[str]) -> bool:
+    """Whether link text `text` ends with one of the heading `anchors`."""
+    said = heading_anchor(text)
+    return any(said == a or said.endswith("-" + a) for a in anchors)
 
 
-def asserts(source: str) -> bool:
-    """Whether a code cell asserts: an `assert` statement or a raising check call."""
-    try:
-        tree = ast.parse(_python(source))
-    except SyntaxError:
-        return False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assert):
-            return True
-        if isinstance(node, ast.Call):
-            func = node.func
-            name = (func.attr if isinstance(func, ast.Attribute)
-                    else getattr(func, "id", ""))
-            if _RAISING_CALL.match(name) or _is_raising_check(func):
-                return True
-    return False
+def _problem(text: str, fragment: str, cells: dict[str, list[str]]) -> str | None:
+    """Why the link [text](...#fragment) does not land on its heading, or None."""
+    if not fragment.startswith(CELL_ID):
+        if fragment in {a for found in cells.values() for a in found}:
+            return (f"#{fragment} opens the notebook at its top in JupyterLab; "
+                    f"link its cell (python -m labkit.links SOURCE)")
+        return f"has no heading #{fragment}"
+    cell_id = fragment[len(CELL_ID):]
+    if cell_id not in cells:
+        return f"has no heading cell #{fragment}"
+    if not _names(text, cells[cell_id]):
+        return (f"#{fragment} holds {', '.join(cells[cell_id])}, not the heading "
+                f"that [{text}] names (python -m labkit.links SOURCE)")
+    return None
 
 
-def ledger(path: Path) -> list[tuple[str, str | None, str | None]]:
-    """(id, notebook, anchor) of every ledger row in the notebook at `path`.
-
-    A ledger row is a table row whose first cell is a claim id; notebook and
-    anchor are None when the row has no link.
-    """
-    rows = []
-    for source in _markdown_cells(path):
-        for line in source.splitlines():
-            cells = line.split("|")
-            if len(cells) > 2 and CLAIM_ID.match(cells[1].strip()):
-                m = LINK.search(line)
-                rows.append((cells[1].strip(), *(m.groups() if m else (None, None))))
-    return rows
-
-
-def ledger_problems(folder: Path, name: str = "08_errata.ipynb",
-                    known_gaps: dict[str, str] | None = None) -> list[str]:
-    """What is wrong with the claims ledger in `folder`/`name`, one line each.
-
-    A row must have a unique id and a link to a section whose code asserts.
-    `known_gaps` (id -> why) names rows whose section does not assert yet: they
-    are not reported, but one that asserts now, or that no row has, is.
-    """
-    folder, known_gaps = Path(folder), dict(known_gaps or {})
-    rows = ledger(folder / name)
-    # A row whose id is mistyped would drop out of the ledger unseen.
-    problems = [f"a table row without an id: {line[:60]}"
-                for source in _markdown_cells(folder / name)
-                for line in source.splitlines() if line.startswith("|")
-                and line.split("|")[1].strip() not in ("id", "")
-                and not set(line.split("|")[1].strip()) <= set("-:")
-                and not CLAIM_ID.match(line.split("|")[1].strip())]
-    problems += [f"{id_}: id used {n} times"
-                 for id_, n in Counter(id_ for id_, _, _ in rows).items() if n > 1]
-    for id_, target, anchor in rows:
-        if target is None:
-            problems.append(f"{id_}: no link to the cell that proves it")
-            continue
-        code = (section_code(folder / target, anchor)
-                if (folder / target).exists() else None)
-        if code is None:
-            problems.append(f"{id_}: {target} has no heading #{anchor}")
-        elif not any(asserts(c) for c in code):
-            if id_ not in known_gaps:
-                problems.append(f"{id_}: no assertion under {target}#{anchor}")
-        elif id_ in known_gaps:
-            problems.append(f"{id_}: {target}#{anchor} asserts now; "
-                            "remove it from the known gaps")
-    ids = {id_ for id_, _, _ in rows}
-    problems += [f"{id_}: a known gap that no row has" for id_ in known_gaps
-                 if id_ not in ids]
+def broken_links(folder: Path) -> list[str]:
+    """Links in the notebooks of `folder` that do not land on their heading."""
+    folder = Path(folder)
+    known: dict[str, dict[str, list[str]] | None] = {}
+    problems = []
+    for path in sorted(folder.glob("*.ipynb")):
+        for _, source in _markdown_cells(path):
+            for text, target, fragment in LINK.findall(source):
+                if target not in known:
+                    dest = folder / target
+                    known[target] = heading_cells(dest) if dest.exists() else None
+                cells = known[target]
+                if cells is None:
+                    problems.append(f"{path.name}: no notebook {target}")
+                elif why := _problem(text, fragment, cells):
+                    problems.append(f"{path.name}: {target} {why}")
     return problems
+
+
+def _landing_cell(text: str, fragment: str, targets: list[dict[str, list[str]]]) -> str:
+    """The id of the cell a link means: its heading anchor's, else its text's."""
+    found = set()
+    for cells in targets:
+        for cell_id, anchors in cells.items():
+            if fragment.startswith(CELL_ID) and _names(text, anchors):
+                found.add(cell_id)
+            elif fragment in anchors:
+                found.add(cell_id)
+    if len(found) != 1:
+        where = "no heading cell" if not found else f"several cells ({sorted(found)})"
+        raise ValueError(f"[{text}](…#{fragment}): {where} to link to")
+    return found.pop()
+
+
+def land(markdown: str, folders: list[Path]) -> str:
+    """`markdown` with each lesson link pointing at its heading's cell id.
+
+    A link to `NN_topic.ipynb` looks its heading up in NN_topic.ipynb of each
+    folder of `folders` (one per language: a lesson source holds both, and
+    twin cells share their id). Idempotent: a link that already lands is
+    written back unchanged.
+    """
+    def one(m: re.Match) -> str:
+        text, target, fragment = m.groups()
+        targets = [heading_cells(Path(f) / target) for f in folders
+                   if (Path(f) / target).exists()]
+        if not targets:
+            raise ValueError(f"[{text}]({target}#…): no notebook {target}")
+        cell_id = _landing_cell(text, fragment, targets)
+        return f"[{text}]({target}#{CELL_ID}{cell_id})"
+
+    return LINK.sub(one, markdown)
+
+
+def main(argv: list[str] | None = None) -> int:
+    root = Path(__file__).resolve().parent.parent
+    parser = argparse.ArgumentParser(
+        description="Point lesson links at their heading's cell, so that JupyterLab "
+                    "lands on it. Reads the built notebooks: build them first, and "
+                    "again afterwards.")
+    parser.add_argument("sources", nargs="+", type=Path,
+                        help="lesson sources to rewrite")
+    parser.add_argument("--notebooks", type=Path, default=root / "notebooks")
+    args = parser.parse_args(argv)
+    folders = sorted(p for p in args.notebooks.iterdir() if p.is_dir())
+    for source in args.sources:
+        text = source.read_text(encoding="utf-8")
+        try:
+            new = land(text, folders)
+        except ValueError as e:
+            print(f"{source}: {e}", file=sys.stderr)
+            return 1
+        if new != text:
+            source.write_text(new, encoding="utf-8")
+            print(f"rewrote {source}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,10 @@
-"""A real browser: JupyterLab serves a lesson, headless Chromium runs every cell.
+"""A real browser: JupyterLab serves the lessons, headless Chromium runs every
+cell of one and follows the errata's links to the cells that prove them.
 
 Uses Debian's chromium (/usr/bin/chromium) driven by Playwright; no browser is
 downloaded. Skipped, saying why, where chromium is not installed, unless
-LABKIT_REQUIRE_BROWSER=1 (CI sets it) makes that a failure. The screenshot is
-kept in build/e2e/ as the test's artifact.
+LABKIT_REQUIRE_BROWSER=1 (CI sets it) makes that a failure. Screenshots (the
+lesson run, and each link that misses) are kept in build/e2e/ as artifacts.
 """
 
 import os
@@ -49,16 +50,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """JupyterLab on 127.0.0.1 over a copy of the notebooks (outputs stay there)."""
+def _serve_lab(tmp_path, settings, *args):
+    """JupyterLab on 127.0.0.1 over a copy of the notebooks (outputs stay there),
+    with `settings` ({"plugin-extension/plugin": json text}) as the user's and
+    `args` added to its command line."""
     shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
-    # Render every cell (not only those on screen), and no news pop-up.
-    settings = tmp_path / "settings"
-    for name, value in {"notebook-extension/tracker": '{"windowingMode": "none"}',
-                        "apputils-extension/notification": '{"fetchNews": "false"}'
-                        }.items():
-        path = settings / "@jupyterlab" / f"{name}.jupyterlab-settings"
+    for name, value in settings.items():
+        path = tmp_path / "settings" / "@jupyterlab" / f"{name}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(value)
     port, token = _free_port(), secrets.token_hex(16)
@@ -66,8 +64,8 @@ def lab(tmp_path):
            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
            "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
            f"--ServerApp.root_dir={tmp_path / 'notebooks'}",
-           f"--LabApp.user_settings_dir={settings}",
-           "--LabApp.expose_app_in_browser=True"]  # window.jupyterapp: run commands
+           f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
+           "--LabApp.expose_app_in_browser=True", *args]  # window.jupyterapp: commands
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     env = os.environ | {"JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
@@ -94,15 +92,36 @@ def lab(tmp_path):
             server.kill()
 
 
+NO_NEWS = {"apputils-extension/notification": '{"fetchNews": "false"}'}
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """JupyterLab that renders every cell (not only those on screen)."""
+    yield from _serve_lab(tmp_path, NO_NEWS | {
+        "notebook-extension/tracker": '{"windowingMode": "none"}'})
+
+
+@pytest.fixture
+def lab_as_shipped(tmp_path):
+    """JupyterLab with the course's defaults, as `make lab` opens it."""
+    yield from _serve_lab(tmp_path, NO_NEWS,
+                          f"--LabApp.app_settings_dir={ROOT / 'jupyterlab-settings'}")
+
+
+def _chromium(p):
+    return p.chromium.launch(
+        executable_path=CHROMIUM,
+        args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update",
+              "--disable-sync"])
+
+
 def test_lesson_runs_in_a_browser_with_widgets_and_plots(lab):
     base, token = lab
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync"])
+        browser = _chromium(p)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(f"{base}/lab/tree/ja/00_setup.ipynb?token={token}")
@@ -131,3 +150,121 @@ def test_lesson_runs_in_a_browser_with_widgets_and_plots(lab):
     assert "Error displaying widget" not in text
     assert errors == 0, "a cell failed in the browser"
     assert "想定どおりの例外: MissingGlyphError" in text  # the cells really ran
+
+
+# Where the heading (one of `anchors`, its ids) is in the notebook open at
+# `path`: on screen when it lies wholly inside both the notebook's scrolled
+# area and the window.
+HEADING_PLACE = r"""([path, anchors]) => {
+    const w = window.jupyterapp.shell.currentWidget;
+    if (!w || !w.context || w.context.path !== path) return 'not open';
+    const h = [...w.content.node.querySelectorAll('h1, h2, h3, h4, h5, h6')]
+        .find(h => anchors.includes(h.getAttribute('data-jupyter-id') || h.id));
+    if (!h) return 'not rendered';
+    const r = h.getBoundingClientRect();
+    const area = (w.content.outerNode || w.content.node).getBoundingClientRect();
+    const on = r.height > 0 && r.top >= area.top && r.bottom <= area.bottom
+        && r.top >= 0 && r.bottom <= window.innerHeight;
+    return on ? 'on screen' : `off screen (top ${Math.round(r.top)})`;
+}"""
+TO_TOP = """() => { const n = window.jupyterapp.shell.currentWidget.content;
+    (n.outerNode || n.node).scrollTop = 0; }"""
+# Marks the link to `path#fragment` in the notebook on screen, for Playwright.
+MARK_LINK = r"""([path, fragment]) => {
+    const w = window.jupyterapp.shell.currentWidget;
+    const a = w && [...w.node.querySelectorAll('.jp-Notebook a[href]')].find(a => {
+        const href = decodeURIComponent(a.getAttribute('href'));
+        return href.includes('/' + path) && href.endsWith('#' + fragment);
+    });
+    if (a) a.setAttribute('data-labkit-probe', path + '#' + fragment);
+    return Boolean(a);
+}"""
+
+
+def _click(link):
+    """Click `link` in a notebook, which may still scroll while it settles."""
+    for _ in range(10):
+        # Off screen, a cell may not be laid out yet (notebook windowing), and
+        # Playwright finds nothing visible to click: show it first.
+        link.evaluate("a => a.scrollIntoView({block: 'center'})")
+        try:
+            link.click(timeout=2_000)
+            return
+        except playwright.TimeoutError:
+            continue
+    link.click(timeout=2_000)
+
+
+def _links_to_try(lang):
+    """A few errata links, each to a heading below its notebook's first screen.
+
+    The deepest linked heading of lessons 04 and 06, then one in the middle of
+    lesson 04, which is already open by then: JupyterLab reveals its tab.
+    """
+    from labkit import links
+
+    folder = ROOT / "notebooks" / lang
+    errata = links._markdown_cells(folder / "08_errata.ipynb")
+    found = [m.groups() for _, source in errata for m in links.LINK.finditer(source)]
+
+    def depth(link):
+        """How far down its notebook a link's heading is, from 0 to 1."""
+        cells = links.heading_cells(folder / link[1])
+        fragment = link[2].removeprefix(links.CELL_ID)
+        return next((n for n, (cell_id, anchors) in enumerate(cells.items())
+                     if fragment == cell_id or fragment in anchors), 0) / len(cells)
+
+    by_lesson = {n: sorted({lk for lk in found if lk[1].startswith(n)},
+                           key=lambda lk: (depth(lk), lk))
+                 for n in ("04_", "06_")}
+    assert all(by_lesson.values()), "the errata link lessons 04 and 06"
+    lesson4 = by_lesson["04_"]
+    return [by_lesson["06_"][-1], lesson4[-1], lesson4[len(lesson4) // 2]]
+
+
+def _anchors(lang, target, fragment):
+    """The heading ids a link to `target#fragment` should bring on screen."""
+    from labkit import links
+
+    cells = links.heading_cells(ROOT / "notebooks" / lang / target)
+    return cells.get(fragment.removeprefix(links.CELL_ID), [fragment])
+
+
+def test_errata_links_land_on_their_heading(lab_as_shipped):
+    base, token = lab_as_shipped
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    missed = []
+    with playwright.sync_playwright() as p:
+        browser = _chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            for lang in ("ja", "en"):
+                page.goto(f"{base}/lab/tree/{lang}/08_errata.ipynb?token={token}")
+                for text, target, fragment in _links_to_try(lang):
+                    path, anchors = f"{lang}/{target}", _anchors(lang, target, fragment)
+                    page.wait_for_function(MARK_LINK, arg=[path, fragment],
+                                           timeout=60_000)
+                    errata = page.evaluate("window.jupyterapp.shell.currentWidget.id")
+                    _click(page.locator(f'[data-labkit-probe="{path}#{fragment}"]'))
+                    try:
+                        page.wait_for_function(
+                            f"a => ({HEADING_PLACE})(a) === 'on screen'",
+                            arg=[path, anchors], timeout=20_000)
+                        time.sleep(1)  # it stays there while the cells above render
+                        place = page.evaluate(HEADING_PLACE, [path, anchors])
+                    except playwright.TimeoutError:
+                        place = page.evaluate(HEADING_PLACE, [path, anchors])
+                    if place != "on screen":
+                        shot = ARTIFACTS / f"link-{lang}-{target}.png"
+                        page.screenshot(path=str(shot))
+                        missed.append(f"{lang}: [{text}]({target}#{fragment}): {place}")
+                    # The check can fail: at the notebook's top the heading is
+                    # off screen (or, in a windowed notebook, not rendered).
+                    page.evaluate(TO_TOP)
+                    page.wait_for_timeout(300)
+                    at_top = page.evaluate(HEADING_PLACE, [path, anchors])
+                    assert at_top != "on screen", f"{path}#{fragment} is on top"
+                    page.evaluate(f"window.jupyterapp.shell.activateById({errata!r})")
+        finally:
+            browser.close()
+    assert not missed, "links that do not land on their heading:\n" + "\n".join(missed)

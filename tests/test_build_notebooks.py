@@ -97,3 +97,30 @@ def test_committed_notebooks_are_in_sync():
     result = subprocess.run([sys.executable, str(ROOT / "tools/build_notebooks.py"),
                              "--check"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_heading_cells_are_named_after_their_english_heading(tmp_path):
+    course = lesson(tmp_path, GOOD + '''
+# %% [markdown] lang="ja"
+# ## 正しい使い方 (`no_sync`)
+
+# %% [markdown] lang="en"
+# ## Correct use (`no_sync`)
+
+# %% [markdown] lang="ja"
+# 見出しのないセル
+
+# %% [markdown] lang="en"
+# A cell without a heading
+''')
+    built = bn.build(course / "00_demo.py")
+    ids = {lang: [c.id for c in nbformat.reads(text, as_version=4).cells]
+           for lang, text in built.items()}
+    assert ids["ja"] == ids["en"] == ["00-hello", "00-001", "00-002",
+                                      "00-correct-use-no-sync", "00-004"]
+    # A cell added above a heading moves the positions, not the heading's id.
+    course = lesson(tmp_path, GOOD.replace("x = 1 + 1\n", "x = 1 + 1\n\n# %%\ny = 2\n")
+                    + '# %% [markdown] lang="ja"\n# ## 正しい使い方\n\n'
+                    '# %% [markdown] lang="en"\n# ## Correct use\n')
+    moved = nbformat.reads(bn.build(course / "00_demo.py")["en"], as_version=4)
+    assert [c.id for c in moved.cells][-1] == "00-correct-use"

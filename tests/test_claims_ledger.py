@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit import links
+from labkit import ledger
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -23,12 +23,12 @@ KNOWN_GAPS = {
 
 @pytest.mark.parametrize("lang", ["ja", "en"])
 def test_every_row_links_to_a_cell_that_asserts(lang):
-    assert links.ledger_problems(NOTEBOOKS / lang, known_gaps=KNOWN_GAPS) == []
+    assert ledger.ledger_problems(NOTEBOOKS / lang, known_gaps=KNOWN_GAPS) == []
 
 
 def test_both_languages_have_the_same_rows_and_targets():
-    ja = links.ledger(NOTEBOOKS / "ja" / "08_errata.ipynb")
-    en = links.ledger(NOTEBOOKS / "en" / "08_errata.ipynb")
+    ja = ledger.ledger(NOTEBOOKS / "ja" / "08_errata.ipynb")
+    en = ledger.ledger(NOTEBOOKS / "en" / "08_errata.ipynb")
     assert len(en) >= 70
     assert [(i, target) for i, target, _ in ja] == [(i, target) for i, target, _ in en]
 
@@ -52,7 +52,7 @@ def test_both_languages_have_the_same_rows_and_targets():
     ],
 )
 def test_what_counts_as_an_assertion(source, proves):
-    assert links.asserts(source) is proves
+    assert ledger.asserts(source) is proves
 
 
 def test_the_checks_counted_as_assertions_raise_on_a_false_claim():
@@ -68,11 +68,12 @@ def test_the_checks_counted_as_assertions_raise_on_a_false_claim():
 
 
 def _notebook(path, *cells):
-    """Write a notebook of (cell type, source) pairs."""
+    """Write a notebook of (cell type, source) pairs; cell n has the id "c{n}"."""
     code = {"outputs": [], "execution_count": None}
     path.write_text(json.dumps({
-        "cells": [{"cell_type": kind, "metadata": {}, "source": source,
-                   **(code if kind == "code" else {})} for kind, source in cells],
+        "cells": [{"cell_type": kind, "id": f"c{n}", "metadata": {}, "source": source,
+                   **(code if kind == "code" else {})}
+                  for n, (kind, source) in enumerate(cells)],
         "metadata": {}, "nbformat": 4, "nbformat_minor": 5}), encoding="utf-8")
 
 
@@ -90,15 +91,26 @@ def test_a_section_without_an_assertion_fails(tmp_path):
     _pair(tmp_path, [*PROVED, *UNPROVED],
           ["| 000-1 | ok | [x](03_lesson.ipynb#Proved) |",
            "| 000-2 | no proof | [x](03_lesson.ipynb#Unproved) |"])
-    assert links.ledger_problems(tmp_path) == [
+    assert ledger.ledger_problems(tmp_path) == [
         "000-2: no assertion under 03_lesson.ipynb#Unproved"]
+
+
+def test_a_link_to_a_heading_cell_names_its_section(tmp_path):
+    # Cells c0-c1 prove, c2-c3 do not: the links land by cell id.
+    _pair(tmp_path, [*PROVED, *UNPROVED],
+          ["| 000-1 | ok | [x](03_lesson.ipynb#cell-id=c0) |",
+           "| 000-2 | no proof | [x](03_lesson.ipynb#cell-id=c2) |",
+           "| 000-3 | not a heading | [x](03_lesson.ipynb#cell-id=c1) |"])
+    assert ledger.ledger_problems(tmp_path) == [
+        "000-2: no assertion under 03_lesson.ipynb#cell-id=c2",
+        "000-3: 03_lesson.ipynb has no heading #cell-id=c1"]
 
 
 def test_the_section_ends_at_the_next_heading(tmp_path):
     # The assertion belongs to the next heading, not to "Unproved".
     _pair(tmp_path, [UNPROVED[0], ("markdown", "### Below"), PROVED[1]],
           ["| L03-1 | claim | [x](03_lesson.ipynb#Unproved) |"])
-    assert links.ledger_problems(tmp_path) == [
+    assert ledger.ledger_problems(tmp_path) == [
         "L03-1: no assertion under 03_lesson.ipynb#Unproved"]
 
 
@@ -109,7 +121,7 @@ def test_missing_links_headings_and_repeated_ids_fail(tmp_path):
            "| 004-3 | first | [x](03_lesson.ipynb#Proved) |",
            "| 004-3 | again | [x](03_lesson.ipynb#Proved) |",
            "| 04-4 | mistyped id | [x](03_lesson.ipynb#Proved) |"])
-    assert sorted(links.ledger_problems(tmp_path)) == [
+    assert sorted(ledger.ledger_problems(tmp_path)) == [
         "004-1: no link to the cell that proves it",
         "004-2: 03_lesson.ipynb has no heading #No-such-heading",
         "004-3: id used 2 times",
@@ -122,8 +134,8 @@ def test_known_gaps_are_visible_and_must_shrink(tmp_path):
     _pair(tmp_path, [*PROVED, *UNPROVED],
           ["| 000-1 | ok | [x](03_lesson.ipynb#Proved) |",
            "| 000-2 | no proof | [x](03_lesson.ipynb#Unproved) |"])
-    assert links.ledger_problems(tmp_path, known_gaps={"000-2": "todo"}) == []
-    assert links.ledger_problems(tmp_path, known_gaps={"000-1": "x", "000-2": "x",
+    assert ledger.ledger_problems(tmp_path, known_gaps={"000-2": "todo"}) == []
+    assert ledger.ledger_problems(tmp_path, known_gaps={"000-1": "x", "000-2": "x",
                                                        "000-9": "x"}) == [
         "000-1: 03_lesson.ipynb#Proved asserts now; remove it from the known gaps",
         "000-9: a known gap that no row has",

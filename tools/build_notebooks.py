@@ -12,6 +12,7 @@ in the language code (the `labkit.set_lang("ja")` cell).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -76,10 +77,33 @@ def _clean(cell: nbformat.NotebookNode, cell_id: str) -> nbformat.NotebookNode:
     return new
 
 
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*)$", re.MULTILINE)
+
+
+def cell_ids(lesson: str, cells: list[nbformat.NotebookNode]) -> list[str]:
+    """The id of each cell: "04-correct-use" for a cell whose English heading is
+    "Correct use", else its position ("04-017").
+
+    Lesson links land on heading cells by id (labkit.links), so a heading's id
+    must not move when a lesson gains a cell; twins in the other language get
+    the same id.
+    """
+    ids: list[str] = []
+    for n, cell in enumerate(cells):
+        m = _HEADING.search(cell.source) if cell.cell_type == "markdown" else None
+        slug = re.sub(r"[^a-z0-9]+", "-", m.group(1).lower()).strip("-") if m else ""
+        cell_id = f"{lesson}-{slug}"[:64].rstrip("-")
+        if not slug or cell_id in ids:
+            cell_id = f"{lesson}-{n:03d}"
+        ids.append(cell_id)
+    return ids
+
+
 def build(path: Path) -> dict[str, str]:
     """The JSON text of each language's notebook for the source `path`."""
     source = jupytext.read(path, fmt="py:percent")
     per_lang = split_languages(source, path.name)
+    ids = cell_ids(path.stem[:2], per_lang["en"])
     texts = {}
     for lang, cells in per_lang.items():
         nb = nbformat.v4.new_notebook()
@@ -89,7 +113,7 @@ def build(path: Path) -> dict[str, str]:
             "language_info": {"name": "python"},
             "labkit": {"lang": lang, "source": f"course/{path.name}"},
         }
-        nb.cells = [_clean(c, f"{path.stem[:2]}-{n:03d}") for n, c in enumerate(cells)]
+        nb.cells = [_clean(c, cell_id) for c, cell_id in zip(cells, ids, strict=True)]
         nbformat.validate(nb)
         texts[lang] = nbformat.writes(nb) + "\n"
     return texts
