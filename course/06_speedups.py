@@ -1078,10 +1078,11 @@ ranks.stop()
 #
 # 「より高速な GPU」と「TPU」は、同じ話ではありません。
 #
-# - **GPU** は予算と、デバイスの指定の話です。このコースの DDP のコードは、GPU では通信のバックエンドを
-#   `nccl` にし、各ランクが自分の GPU を選び (`torch.cuda.set_device(local_rank)`)、モデルとバッチを
-#   そこへ送れば (`.to(device)`、`DDP(model, device_ids=[local_rank])`) そのまま動きます。`nccl` は NVIDIA の
-#   GPU のための通信ライブラリで、CUDA のテンソルだけを扱います。
+# - **GPU** は予算と、デバイスの指定の話です。DDP のコードは、通信のバックエンドを `nccl` にし、各ランクが
+#   自分の GPU を選び (`torch.cuda.set_device(local_rank)`)、モデルとバッチをそこへ送れば (`.to(device)`、
+#   `DDP(model, device_ids=[local_rank])`) GPU で動きます。labkit のコマンドラインの実験
+#   (`--backend nccl`、レッスン 00) がこれを行います。ノートブックのエンジンは、どのマシンでも gloo と
+#   CPU のままです。`nccl` は NVIDIA の GPU のための通信ライブラリで、CUDA のテンソルだけを扱います。
 # - **TPU** では `nccl` は使えません。PyTorch から TPU を使うには、別のパッケージ **PyTorch/XLA**
 #   (`torch_xla`) が必要で、**コードを書き換えます**。
 #   - テンソルとモデルは XLA デバイスに置きます (`torch_xla.core.xla_model.xla_device()`、新しい版では
@@ -1105,11 +1106,13 @@ ranks.stop()
 #
 # "A faster GPU" and "a TPU" are not the same kind of change.
 #
-# - **A GPU** is a matter of budget and of naming the device. This course's DDP code runs
-#   on GPUs once the backend is `nccl`, each rank picks its GPU
+# - **A GPU** is a matter of budget and of naming the device. DDP code runs on GPUs
+#   once the backend is `nccl`, each rank picks its GPU
 #   (`torch.cuda.set_device(local_rank)`), and the model and batches go there
-#   (`.to(device)`, `DDP(model, device_ids=[local_rank])`). `nccl` is NVIDIA's
-#   communication library for GPUs; it takes CUDA tensors only.
+#   (`.to(device)`, `DDP(model, device_ids=[local_rank])`). labkit's command-line
+#   experiments do this (`--backend nccl`, lesson 00); the notebooks' engines stay on
+#   gloo and the CPU on every machine. `nccl` is NVIDIA's communication library for
+#   GPUs; it takes CUDA tensors only.
 # - **A TPU** does not use `nccl`. PyTorch on a TPU needs another package,
 #   **PyTorch/XLA** (`torch_xla`), and **a change of code**:
 #   - tensors and the model go to an XLA device (`torch_xla.core.xla_model.xla_device()`,
