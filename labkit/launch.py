@@ -76,6 +76,12 @@ def _worker(fn: Callable, kwargs: dict, backend: str, timeout_s: float, port: in
         dist.destroy_process_group()
 
 
+# The signals torch's elastic agent handles by default (TORCHELASTIC_SIGNALS_TO_HANDLE).
+_AGENT_SIGNALS = tuple(getattr(signal, name) for name in
+                       ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+                       if hasattr(signal, name))
+
+
 def run(fn: Callable, kwargs: dict, world_size: int, backend: str = "gloo",
         timeout_s: float = 60.0, port: int = 0,
         fault: tuple[str, int] | None = None) -> list:
@@ -125,10 +131,18 @@ def run(fn: Callable, kwargs: dict, world_size: int, backend: str = "gloo",
     log.setLevel(logging.CRITICAL)
     shared = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    # The agent turns these signals into SignalException while it runs (so that
+    # Ctrl-C stops the workers) and leaves its handler installed: give the
+    # caller's back, or a later Ctrl-C in the same kernel or test process would
+    # no longer be a KeyboardInterrupt.
+    handlers = ({sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
+                if threading.current_thread() is threading.main_thread() else {})
     try:
         results = elastic_launch(config, _worker)(fn, kwargs, backend, timeout_s,
                                                   store.port, f"{run_id}/pg", fault)
     finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         log.setLevel(level)
         if shared is None:
             os.environ.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)

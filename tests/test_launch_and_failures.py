@@ -111,7 +111,11 @@ def test_stop_leaves_no_process_behind():
 
 
 def test_headless_run_gives_results_in_rank_order():
+    before = signal.getsignal(signal.SIGINT)
     assert launch.run(my_rank, {}, world_size=2) == [(0, 2, "gloo"), (1, 2, "gloo")]
+    # torch's agent installs its own SIGINT handler; Ctrl-C must be a
+    # KeyboardInterrupt again afterwards (a notebook kernel, a test process).
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_headless_failing_rank_is_named_with_its_traceback():
