@@ -101,7 +101,8 @@ with tempfile.TemporaryDirectory() as tmp:
                                 nproc_per_node=2, timeout_s=120)
     one_node = json.loads(out.read_text())
 print("exit code", node.returncode, "| world size", one_node["world_size"])
-assert node.returncode == 0 and one_node["world_size"] == 2
+assert node.returncode == 0, node.output[-3000:]  # on failure: what torchrun printed
+assert one_node["world_size"] == 2
 assert one_node["allreduce_calls_per_step_nosync"] == 1
 
 # %% [markdown] lang="ja"
@@ -142,7 +143,7 @@ for n in nodes:
 print({k: two_nodes[k] for k in ("world_size", "grad_max_abs_diff",
                                  "allreduce_calls_per_step_sync",
                                  "allreduce_calls_per_step_nosync")})
-assert [n.returncode for n in nodes] == [0, 0]
+assert [n.returncode for n in nodes] == [0, 0], [n.output[-2000:] for n in nodes]
 assert two_nodes["world_size"] == 2 and two_nodes["grad_max_abs_diff"] <= 1e-6
 assert two_nodes["allreduce_calls_per_step_sync"] == 2
 assert two_nodes["allreduce_calls_per_step_nosync"] == 1

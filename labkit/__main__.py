@@ -210,5 +210,10 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from labkit import launch
+
     # Under torchrun, record() writes this rank's traceback where torchrun reads it.
-    sys.exit(record(main)())
+    code = record(main)()
+    if launch.under_torchrun():
+        launch.exit_now(code or 0)  # a rank leaves without finalizing: see exit_now
+    sys.exit(code)

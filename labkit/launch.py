@@ -8,10 +8,12 @@ traceback is recorded and printed.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -22,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from . import rendezvous
 
-__all__ = ["run", "under_torchrun"]
+__all__ = ["exit_now", "run", "under_torchrun"]
 
 
 def under_torchrun() -> bool:
@@ -58,6 +60,24 @@ def _inject(fault: tuple[str, int] | None, rank: int, where: str) -> None:
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
 
 
+def exit_now(code: int = 0) -> None:
+    """End this rank's process now, flushed, without Python's finalization.
+
+    After a rank's last collective, torch's gloo threads may still be releasing
+    its tensors, which takes the GIL. If the interpreter is finalizing by then,
+    that thread is killed inside a C++ destructor and the process aborts
+    ("terminate called without an active exception", SIGABRT), so a run that
+    had finished is reported failed. Seen in about one torchrun run in four
+    here; the core dump showed ProcessGroupGloo::runLoop destroying an
+    AsyncAllgatherWork while the main thread was in Py_FinalizeEx. DDP keeps
+    the group alive past destroy_process_group, so its threads cannot be
+    joined first.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 @record
 def _worker(fn: Callable, kwargs: dict, backend: str, timeout_s: float, port: int,
             prefix: str, fault: tuple[str, int] | None = None):
@@ -71,9 +91,13 @@ def _worker(fn: Callable, kwargs: dict, backend: str, timeout_s: float, port: in
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s),
                                    wait_all_ranks=True)
         _inject(fault, rank, "run")
-        return fn(rank, world_size, **kwargs)
+        result = fn(rank, world_size, **kwargs)
     finally:
         dist.destroy_process_group()
+    # The launcher reads the result before this process ends; then leave
+    # without finalizing (see exit_now). A failed rank exits as usual.
+    atexit.register(exit_now, 0)
+    return result
 
 
 # The signals torch's elastic agent handles by default (TORCHELASTIC_SIGNALS_TO_HANDLE).
