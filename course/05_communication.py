@@ -112,8 +112,8 @@ for size, t in zip(sizes, seconds, strict=True):
           f"{ab.time(size, 2) * 1e3:>8.3f}ms")
 print(f"alpha = {ab.alpha * 1e6:.0f} µs, beta = {ab.beta / 1e9:.2f} GB/s")
 fig = plots.line_chart(
-    {"measured": (sizes, [t * 1e3 for t in seconds]),
-     "alpha-beta": (sizes, [ab.time(s, 2) * 1e3 for s in sizes])},
+    {labkit.t("measured"): (sizes, [t * 1e3 for t in seconds]),
+     labkit.t("alpha_beta_model"): (sizes, [ab.time(s, 2) * 1e3 for s in sizes])},
     xlabel="message_bytes", ylabel="allreduce_ms", title="allreduce_title",
     logx=True, logy=True, x_bytes=True)
 

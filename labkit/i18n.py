@@ -54,6 +54,8 @@ MESSAGES: dict[str, dict[str, str]] = {
                       "en": "message size [bytes]"},
     "allreduce_ms": {"ja": "all-reduce 1 回の時間 [ミリ秒]",
                      "en": "one all-reduce [ms]"},
+    "measured": {"ja": "実測", "en": "measured"},
+    "alpha_beta_model": {"ja": "α–β モデル", "en": "alpha-beta model"},
     "allreduce_title": {
         "ja": "all-reduce の時間: 実測と α–β モデル (2 ランク)",
         "en": "All-reduce time: measured and the alpha-beta model (2 ranks)",
