@@ -6,9 +6,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import models, timing
+from . import timing
 
 __all__ = [
     "CommCounter",
@@ -16,7 +15,6 @@ __all__ = [
     "gather_params",
     "replica_max_diff",
     "shard",
-    "step_time",
 ]
 
 
@@ -89,27 +87,3 @@ def allreduce_time(numel: int, repeat: int = 10, group=None) -> float:
 
     dist.barrier(group=group)
     return timing.median_time(run, repeat=repeat, warmup=2, device=x.device)
-
-
-def step_time(hidden: int, depth: int, global_batch: int, group=None,
-              repeat: int = 5) -> float:
-    """Median seconds of one DDP training step, the global batch split over `group`.
-
-    Call on every rank of `group`: each rank processes global_batch / size
-    samples, so a larger group means less compute per rank plus communication.
-    """
-    size = dist.get_world_size(group)
-    rank = dist.get_rank(group)
-    torch.manual_seed(0)
-    model = DDP(models.WideMLP(hidden=hidden, depth=depth), process_group=group)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    X = shard(torch.randn(global_batch, 10), rank, size)
-    y = shard(torch.randn(global_batch, 10), rank, size)
-
-    def step():
-        dist.barrier(group=group)
-        optimizer.zero_grad()
-        models.MyLoss()(model(X), y).backward()
-        optimizer.step()
-
-    return timing.median_time(step, repeat=repeat, warmup=2)
