@@ -1096,7 +1096,7 @@ ranks.stop()
 #     (`dist.init_process_group("xla", init_method="xla://")`)。プロセスの起動も `torch_xla` の
 #     ランチャーで行います。
 #
-# 細かい名前は `torch_xla` の版で変わるので、使う版の文書で確かめてください。このマシンの torch で
+# 細かい名前は `torch_xla` の版で変わるので、使う版の文書 ([PyTorch/XLA](https://docs.pytorch.org/xla/)) で確かめてください。このマシンの torch で
 # 確かめられるのは、torch 本体が `xla` というデバイスの種類を知っているだけで、その上で動く演算も
 # `"xla"` バックエンドも持っていない (どちらも `torch_xla` が加える) ことです。このマシンで何が使えるかは
 # `labkit doctor` が示します (レッスン 00)。
@@ -1127,7 +1127,7 @@ ranks.stop()
 #     started by `torch_xla`'s launcher.
 #
 # The exact names change between `torch_xla` versions: check the documentation of the
-# one you use. What this machine's torch shows is that torch itself only knows the
+# one you use ([PyTorch/XLA](https://docs.pytorch.org/xla/)). What this machine's torch shows is that torch itself only knows the
 # device type `xla`: it has no operators that run on it and no `"xla"` backend (both
 # come with `torch_xla`). `labkit doctor` shows what this machine has (lesson 00).
 
