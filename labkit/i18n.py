@@ -55,6 +55,11 @@ MESSAGES: dict[str, dict[str, str]] = {
     "allreduce_ms": {"ja": "all-reduce 1 回の時間 [ミリ秒]",
                      "en": "one all-reduce [ms]"},
     "measured": {"ja": "実測", "en": "measured"},
+    "no_torch_xla": {
+        "ja": "torch_xla はインストールされていません。"
+              "PyTorch で TPU を使うには torch_xla が必要です",
+        "en": "torch_xla is not installed; PyTorch needs it to use a TPU",
+    },
     "alpha_beta_model": {"ja": "α–β モデル", "en": "alpha-beta model"},
     "allreduce_title": {
         "ja": "all-reduce の時間: 実測と α–β モデル (2 ランク)",

@@ -290,9 +290,9 @@ def interleaved_step_samples(model: DDP, optimizer, batches: list, ks: Sequence[
     consecutive steps lasting about `block_s`, with no barrier inside a block,
     as in training; a block's mean adds up as the step model of lesson 05 does.
     Each round times one block of every (K, mode) in turn, so the slow moments
-    of a shared machine fall on all of them alike; the result is the median
-    over `rounds` of each block's mean is what interleaved_step_times keeps;
-    the rounds themselves show the spread.
+    of a shared machine fall on all of them alike. Returned: each block's mean,
+    one per round, which show the spread; interleaved_step_times keeps their
+    medians.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")

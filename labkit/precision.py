@@ -31,11 +31,6 @@ i18n.register({
         "ja": "CUDA がないので、このセルは何もしません ({what})",
         "en": "No CUDA here, so this cell does nothing ({what})",
     },
-    "no_torch_xla": {
-        "ja": "torch_xla はインストールされていません。"
-              "PyTorch で TPU を使うには torch_xla が必要です",
-        "en": "torch_xla is not installed; PyTorch needs it to use a TPU",
-    },
 })
 
 
