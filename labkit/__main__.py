@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds before a stuck collective fails")
         p.add_argument("--port", type=int, default=0,
                        help="rendezvous port on 127.0.0.1 (default 0: any free one)")
-        p.add_argument("--fault", choices=("raise", "kill", "hang"),
+        p.add_argument("--fault", choices=("raise", "kill", "hang", "stop"),
                        help="make one rank fail on purpose, to see what it looks like")
         p.add_argument("--fault-rank", type=int, default=1, metavar="R",
                        help="the rank that fails (default 1)")

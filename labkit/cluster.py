@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import threading
 import traceback
 from dataclasses import dataclass, field
 
-from . import engine_main, engine_side, rendezvous
+from . import engine_main, engine_side, rendezvous, stalls
 
 __all__ = ["ENGINE_BACKEND", "RankError", "Ranks", "current", "start"]
 
@@ -28,6 +29,11 @@ __all__ = ["ENGINE_BACKEND", "RankError", "Ranks", "current", "start"]
 # %%px cells put models and tensors on the CPU, and nccl takes CUDA tensors only.
 # The mechanism they teach is the same on every backend.
 ENGINE_BACKEND = "gloo"
+
+# A cell or call on the ranks still running after this many seconds prints the
+# stacks of the kernel and of every rank (labkit.stalls): no lesson cell takes
+# a tenth of it here. LABKIT_STALL_S changes it; 0 turns it off.
+STALL_S = float(os.environ.get("LABKIT_STALL_S", 120)) or None
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # Words in the errors of a collective that failed or timed out (gloo, nccl).
@@ -67,6 +73,11 @@ class Ranks:
     # What the last failure left behind: "reset" (the process group may be out
     # of step) or "restart" (an engine is gone). The next call repairs it.
     damage: str | None = None
+    # The engines' pids, in rank order; watched while a call or cell runs.
+    pids: list = field(default_factory=list, repr=False)
+    stall_s: float | None = STALL_S
+    _stopped: dict = field(default_factory=dict, repr=False)
+    _watchers: list = field(default_factory=list, repr=False)
 
     def run(self, fn, *args, **kwargs) -> list:
         """Call `fn(*args, **kwargs)` on every rank; results in rank order."""
@@ -90,8 +101,55 @@ class Ranks:
         self._repair()
         return self._gather(self.view.pull(name, block=False))
 
+    def _watch(self, what: str) -> None:
+        """Watch the ranks until `_unwatch`, unless already watched (a call in a cell).
+
+        A stopped engine is killed and named (it would make the others wait
+        until their timeout); past `stall_s` the stacks of the kernel and of
+        every rank are printed. See labkit.stalls.Watchdog.
+        """
+        if self._watchers:
+            self._watchers.append(None)
+            return
+        self._stopped.clear()
+
+        def ranks() -> dict[str, int]:
+            return {f"rank {r}": pid for r, pid in enumerate(self.pids)}
+
+        def report(elapsed_s: float) -> None:
+            print(f"labkit: {what} is still running after {elapsed_s:.0f} s; the "
+                  "stacks of the kernel and of every rank:\n"
+                  + stalls.stacks_report(ranks(), me="kernel"), file=sys.stderr,
+                  flush=True)
+
+        def on_stopped(label: str, pid: int, stacks: str) -> None:
+            rank = int(label.split()[1])
+            self._stopped[rank] = (
+                f"{label} (pid {pid}) was stopped (SIGSTOP, Ctrl-Z or a debugger) "
+                "while the other ranks waited for it; labkit killed it so that they "
+                "do not wait until their timeout, and the next call starts fresh "
+                f"ranks. The stacks of every rank just before:\n{stacks}")
+            self.damage = "restart"
+            print(f"labkit: {self._stopped[rank]}", file=sys.stderr, flush=True)
+
+        self._watchers.append(stalls.Watchdog(self.stall_s, report, ranks=ranks,
+                                              on_stopped=on_stopped).start())
+
+    def _unwatch(self) -> None:
+        if self._watchers:
+            watcher = self._watchers.pop()
+            if watcher is not None:
+                watcher.stop()
+
     def _gather(self, result) -> list:
         """Wait for every rank; turn any failure into a RankError naming ranks."""
+        self._watch("this call")
+        try:
+            return self._wait_for(result)
+        finally:
+            self._unwatch()
+
+    def _wait_for(self, result) -> list:
         import ipyparallel as ipp
 
         try:
@@ -138,6 +196,8 @@ class Ranks:
             text = tb if tb else f"{ename}: {evalue}"
             failures[rank] = _ANSI.sub("", text if isinstance(text, str)
                                        else "\n".join(text))
+        for rank, note in self._stopped.items():  # why that rank's process died
+            failures[rank] = note + ("\n" + failures[rank] if rank in failures else "")
         return failures
 
     def _note_damage(self, err) -> None:
@@ -199,14 +259,15 @@ class Ranks:
                 prefix, self.timeout_s, self.threads_per_rank, kernel, controller)
             for rank, eid in enumerate(self.view.targets)
         ]
-        failures = {}
+        failures, pids = {}, []
         for rank, result in enumerate(pending):
             try:
-                result.get(timeout=self.timeout_s + 60)
+                pids.append(result.get(timeout=self.timeout_s + 60))
             except Exception as err:  # report every rank, not only the first
                 failures[rank] = "".join(traceback.format_exception_only(err))
         if failures:
             raise RankError(failures)
+        self.pids = pids
 
     def _launch(self) -> None:
         """Start the engines and join them in a new process group."""
@@ -263,6 +324,8 @@ class Ranks:
         return self.view is not None and (starting is None or not starting.is_alive())
 
     def _shutdown(self) -> None:
+        while self._watchers:
+            self._unwatch()
         try:
             if self.client is not None:
                 self.client.close()
@@ -401,15 +464,21 @@ def _uses_px(info) -> bool:
 
 def _before_cell(info) -> None:
     ranks = _current
-    if ranks is None or not _uses_px(info):
+    if ranks is None:
         return
-    ranks.wait()
-    ranks._repair()
+    if _uses_px(info):
+        ranks.wait()
+        ranks._repair()
+    if ranks.ready:
+        ranks._watch("this cell")
 
 
 def _after_cell(result) -> None:
     import ipyparallel as ipp
 
     ranks, err = _current, getattr(result, "error_in_exec", None)
-    if ranks is not None and isinstance(err, ipp.error.CompositeError):
+    if ranks is None:
+        return
+    ranks._unwatch()
+    if isinstance(err, ipp.error.CompositeError):
         ranks._note_damage(err)

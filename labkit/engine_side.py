@@ -13,20 +13,25 @@ __all__ = ["end_with_kernel", "leave_group", "setup_rank"]
 
 def setup_rank(rank: int, world_size: int, backend: str, port: int, prefix: str,
                   timeout_s: float, threads: int, kernel: tuple[int, float],
-                  controller_pid: int | None) -> str:
-    """Runs on an engine: join the group and give the notebook's names to its code."""
+                  controller_pid: int | None) -> int:
+    """Runs on an engine: join the group and give the notebook's names to its code.
+
+    Returns the engine's pid, which the kernel watches (labkit.stalls).
+    """
     import threading
 
     from IPython import get_ipython
 
     from labkit import rendezvous as rdzv
+    from labkit import stalls
 
     if not any(t.name == "labkit-watch-kernel" for t in threading.enumerate()):
         threading.Thread(target=end_with_kernel, args=(kernel, controller_pid),
                          name="labkit-watch-kernel", daemon=True).start()
+    stalls.enable_dumps(f"rank {rank}")
     device = rdzv.init_rank(rank, world_size, backend, port, prefix, timeout_s, threads)
     get_ipython().user_ns.update(rank=rank, world_size=world_size, device=device)
-    return device
+    return os.getpid()
 
 
 def end_with_kernel(kernel: tuple[int, float], controller_pid: int | None) -> None:

@@ -22,9 +22,9 @@ from collections.abc import Callable
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from . import rendezvous
+from . import rendezvous, stalls
 
-__all__ = ["exit_now", "run", "under_torchrun"]
+__all__ = ["StoppedRankError", "exit_now", "run", "under_torchrun"]
 
 
 def under_torchrun() -> bool:
@@ -35,6 +35,7 @@ def under_torchrun() -> bool:
 def _join_from_env(backend: str, timeout_s: float) -> tuple[int, int]:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", rendezvous.loopback_interface())
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    stalls.enable_dumps(f"rank {rank}")
     if backend == "nccl":
         import torch
 
@@ -43,7 +44,7 @@ def _join_from_env(backend: str, timeout_s: float) -> tuple[int, int]:
     return rank, world_size
 
 
-FAULTS = ("raise", "kill", "hang")
+FAULTS = ("raise", "kill", "hang", "stop")
 
 
 def _inject(fault: tuple[str, int] | None, rank: int, where: str) -> None:
@@ -58,6 +59,9 @@ def _inject(fault: tuple[str, int] | None, rank: int, where: str) -> None:
     elif kind == "kill" and where == "run":
         # SIGKILL a moment later, in the middle of whatever step is running then.
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    elif kind == "stop" and where == "run":
+        # SIGSTOP a moment later: alive but frozen, as under a debugger or Ctrl-Z.
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGSTOP)).start()
 
 
 def exit_now(code: int = 0) -> None:
@@ -83,6 +87,7 @@ def _worker(fn: Callable, kwargs: dict, backend: str, timeout_s: float, port: in
             prefix: str, fault: tuple[str, int] | None = None):
     """One rank under the elastic launcher: join our loopback store, run, leave."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    stalls.enable_dumps(f"rank {rank} of {prefix.partition('/')[0]}")
     rendezvous.init_rank(rank, world_size, backend, port, prefix, timeout_s)
     try:
         _inject(fault, rank, "start")
@@ -98,6 +103,10 @@ def _worker(fn: Callable, kwargs: dict, backend: str, timeout_s: float, port: in
     # without finalizing (see exit_now). A failed rank exits as usual.
     atexit.register(exit_now, 0)
     return result
+
+
+class StoppedRankError(RuntimeError):
+    """A rank was stopped (SIGSTOP) while the others waited for it."""
 
 
 # The signals torch's elastic agent handles by default (TORCHELASTIC_SIGNALS_TO_HANDLE).
@@ -161,10 +170,25 @@ def run(fn: Callable, kwargs: dict, world_size: int, backend: str = "gloo",
     # no longer be a KeyboardInterrupt.
     handlers = ({sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
                 if threading.current_thread() is threading.main_thread() else {})
+    stopped = {}
+    watchdog = stalls.Watchdog(
+        None, None, ranks=lambda: stalls.labelled_children(run_id),
+        on_stopped=lambda label, pid, stacks: stopped.update(
+            label=label, pid=pid, stacks=stacks)).start()
     try:
         results = elastic_launch(config, _worker)(fn, kwargs, backend, timeout_s,
                                                   store.port, f"{run_id}/pg", fault)
+    except Exception as err:
+        if stopped:
+            raise StoppedRankError(
+                f"{stopped['label']} (pid {stopped['pid']}) was stopped while the "
+                "other ranks waited for it in a collective; it was killed to end the "
+                "run. "
+                f"The stacks of every rank at that moment:\n{stopped['stacks']}"
+            ) from err
+        raise
     finally:
+        watchdog.stop()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         log.setLevel(level)

@@ -4,6 +4,48 @@ import pytest
 matplotlib.use("Agg")
 
 
+# A test that runs past its timeout (pyproject's `timeout`, or its own
+# `timeout` mark) is failed by pytest-timeout, which prints this process's
+# stacks. A little before that, this also writes the stacks of every rank the
+# test started (engines, launcher workers) into the test's output and into
+# build/stalls/, so that a one-off stall leaves its evidence behind.
+STALL_BEFORE_TIMEOUT = 0.8
+
+
+def _report_stall(item, elapsed_s: float) -> None:
+    import re
+    import sys
+    from pathlib import Path
+
+    from labkit import stalls
+
+    report = (f"labkit: {item.nodeid} still running after {elapsed_s:.0f} s; the "
+              "stacks of this test process and of every rank it started:\n"
+              + stalls.stacks_report(me="pytest"))
+    folder = Path(__file__).resolve().parent.parent / "build" / "stalls"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / (re.sub(r"[^\w.-]+", "_", item.nodeid) + ".txt")).write_text(report)
+    print(report, file=sys.stderr, flush=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item, settings):
+    """Start the stall report's watchdog; pytest-timeout then sets its own timer."""
+    from labkit import stalls
+
+    if settings.timeout and settings.timeout > 0:
+        item._labkit_watchdog = stalls.Watchdog(
+            settings.timeout * STALL_BEFORE_TIMEOUT,
+            lambda elapsed: _report_stall(item, elapsed)).start()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_cancel_timer(item):
+    watchdog = getattr(item, "_labkit_watchdog", None)
+    if watchdog is not None:
+        watchdog.stop()
+
+
 @pytest.fixture(autouse=True)
 def _lang_and_figures():
     """Each test starts in English and leaves no figure open."""
@@ -54,6 +96,20 @@ def child_processes():
 
     return [p for p in psutil.Process().children(recursive=True) if p.is_running()
             and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt, as in a kernel, whatever was inherited.
+
+    A test run started in the background (`make test &`, nohup) inherits
+    SIGINT ignored, and Python then leaves it ignored.
+    """
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture

@@ -31,31 +31,63 @@ def group():
     assert {p.pid for p in child_processes()} - before == set()
 
 
+@pytest.mark.timeout(120)  # an error, not a hang
 def test_a_killed_rank_is_named_and_the_group_restarts(group):
     pids = group.run(os.getpid)
     threading.Timer(1.0, os.kill, (pids[1], signal.SIGKILL)).start()
-    t0 = time.perf_counter()
     with pytest.raises(cluster.RankError) as err:
         group.run(all_reduce_forever)
-    assert time.perf_counter() - t0 < 30  # an error, not a hang
     assert "rank 1's process died" in err.value.failures[1]
     assert group.damage == "restart"
     assert group.run(abs, -3) == [3, 3]  # fresh engines, transparently
     assert group.run(os.getpid)[1] != pids[1]
 
 
+@pytest.mark.timeout(120)  # an error, not a hang
 def test_a_hung_rank_is_named_and_interrupted(group):
-    t0 = time.perf_counter()
     with pytest.raises(cluster.RankError) as err:
         group.run(hang_on_rank_1)
-    assert time.perf_counter() - t0 < 40
     assert "rank 1 did not finish within 15 s" in err.value.failures[1]
     assert "rank 0" not in err.value.failures.get(1, "")
     assert 0 in err.value.failures  # rank 0's collective timed out
     assert group.run(abs, -2) == [2, 2]  # the group was reset and works
 
 
-def test_interrupting_the_kernel_stops_the_ranks(group):
+@pytest.mark.timeout(120)  # ended and named, not left waiting
+def test_a_stopped_rank_is_named_with_the_stacks_of_the_waiting_one(group, capfd):
+    """SIGSTOP on rank 1 in the middle of all-reduces: rank 0 waits in one.
+
+    The call ends well before the collective's timeout would matter (the group's
+    task timeout is 15 s: without the watchdog it would end there, naming rank
+    1 only as unfinished), names rank 1 as stopped, and shows rank 0's stack
+    inside all_reduce; the next call gets fresh ranks.
+    """
+    pids = group.run(os.getpid)
+    threading.Timer(1.0, os.kill, (pids[1], signal.SIGSTOP)).start()
+    with pytest.raises(cluster.RankError) as err:
+        group.run(all_reduce_forever)
+    note = err.value.failures[1]
+    assert f"rank 1 (pid {pids[1]}) was stopped" in note
+    waiting = note.split(f"=== rank 0 (pid {pids[0]}")[1]
+    assert "in all_reduce" in waiting and "all_reduce_forever" in waiting
+    assert "did not finish within" not in note  # not the task timeout
+    assert "was stopped" in capfd.readouterr().err  # also said at once
+    assert group.run(abs, -4) == [4, 4]
+    assert group.run(os.getpid)[1] != pids[1]
+
+
+def test_a_call_past_stall_s_prints_every_ranks_stacks(group, capfd):
+    group.stall_s = 1.0
+    assert group.run(time.sleep, 2.5) == [None, None]  # slow, not failed
+    err = capfd.readouterr().err
+    assert "labkit: this call is still running after 1 s" in err
+    assert "=== kernel (pid" in err and "in _wait_for" in err
+    for rank in (0, 1):  # each engine's main thread, in the call
+        stacks = err.split(f"=== rank {rank} (pid ")[1].split("\n=== ")[0]
+        assert "Current thread" in stacks and "in do_apply" in stacks
+
+
+def test_interrupting_the_kernel_stops_the_ranks(group, sigint_raises):
     """KeyboardInterrupt while ranks work: they stop too, and the group recovers."""
     def interrupt_me():
         time.sleep(2)

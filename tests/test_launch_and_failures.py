@@ -12,7 +12,7 @@ from conftest import child_processes
 from ddp_rank_checks import my_rank, raise_on_rank_1
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from labkit import cluster, launch, rendezvous
+from labkit import cluster, launch, rendezvous, stalls
 from labkit.__main__ import main
 
 
@@ -24,11 +24,10 @@ def _fail_on_rank_1():
     return "ok"
 
 
+@pytest.mark.timeout(120)  # reported, not hung
 def test_a_raising_rank_is_named_with_its_traceback(ranks):
-    t0 = time.perf_counter()
     with pytest.raises(cluster.RankError, match="rank 1 raised") as err:
         ranks.run(_fail_on_rank_1)
-    assert time.perf_counter() - t0 < 30  # reported, not hung
     assert list(err.value.failures) == [1]
     assert "ValueError: rank 1 got a batch of the wrong shape" in err.value.failures[1]
     assert "Traceback" in err.value.failures[1]
@@ -238,13 +237,15 @@ def _cli(*args, timeout=120):
         ("raise", ["rank      : 1", "RuntimeError: fault injected on rank 1"]),
         ("kill", ["rank      : 1", "SIGKILL"]),
         ("hang", ["Rank 1 failed to pass monitoredBarrier"]),
+        # Stopped in the middle of the run: named, and rank 0's stacks shown.
+        ("stop", ["StoppedRankError: rank 1 of labkit-", "was stopped",
+                  "=== rank 0 of labkit-", "most recent call first"]),
     ],
 )
+@pytest.mark.timeout(180)  # an error within the --timeout, not a hang
 def test_cli_faults_name_the_rank(fault, expected):
     before = {p.pid for p in child_processes()}
-    t0 = time.perf_counter()
     result = _cli("misuse", "--steps", "100000", "--fault", fault, "--timeout", "5")
-    assert time.perf_counter() - t0 < 60  # an error within the timeout, not a hang
     assert result.returncode == 1
     for text in expected:
         assert text in result.stderr, result.stderr[-2000:]
@@ -268,6 +269,7 @@ def test_a_taken_port_is_a_one_line_error():
     assert launch.run(my_rank, {}, world_size=2)[1] == (1, 2, "gloo")
 
 
+@pytest.mark.timeout(180)
 def test_ctrl_c_stops_a_headless_run_and_its_ranks():
     import psutil
 
@@ -275,22 +277,26 @@ def test_ctrl_c_stops_a_headless_run_and_its_ranks():
                              "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        me = psutil.Process(proc.pid)
-        deadline = time.monotonic() + 60
-        while len(me.children(recursive=True)) < 2 and time.monotonic() < deadline:
+        # Wait until both ranks run labkit's code, not a time: a worker still
+        # being spawned (importing torch, seconds under load) prints
+        # multiprocessing's own traceback when interrupted; torch's worker
+        # wrapper takes Ctrl-C quietly only once it runs.
+        ranks = []
+        while len(ranks) < 2 and proc.poll() is None:
             time.sleep(0.2)
-        ranks = me.children(recursive=True)
-        assert len(ranks) >= 2
-        time.sleep(2)  # well into training
+            ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                     if stalls.dump_file(p.pid) is not None]
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 130
     assert "ranks stopped" in err and "Traceback" not in err
-    time.sleep(1)
-    alive = [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert alive == []
+    for rank in ranks:  # gone, not left behind
+        try:
+            rank.wait(timeout=30)
+        except psutil.TimeoutExpired:
+            pytest.fail(f"rank process {rank.pid} still running after Ctrl-C")
 
 
 def test_background_start_returns_before_the_ranks_are_up():
