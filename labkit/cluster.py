@@ -466,11 +466,12 @@ def _before_cell(info) -> None:
     ranks = _current
     if ranks is None:
         return
+    # Watched from the start: a cell that waits for ranks still booting is
+    # watched too (its report then shows where the start stands).
+    ranks._watch("this cell")
     if _uses_px(info):
         ranks.wait()
         ranks._repair()
-    if ranks.ready:
-        ranks._watch("this cell")
 
 
 def _after_cell(result) -> None:
