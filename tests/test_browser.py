@@ -239,7 +239,12 @@ def test_errata_links_land_on_their_heading(lab_as_shipped):
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             for lang in ("ja", "en"):
-                page.goto(f"{base}/lab/tree/{lang}/08_errata.ipynb?token={token}")
+                # A clean workspace for each language (`reset`): reloaded, the
+                # page would first restore the lessons the other pass opened,
+                # and twice, both times under load, the first link clicked while
+                # they loaded opened its lesson at the top (JupyterLab did not
+                # scroll to the fragment). See "Noticed" in the issue 13 notes.
+                page.goto(f"{base}/lab/tree/{lang}/08_errata.ipynb?reset&token={token}")
                 for text, target, fragment in _links_to_try(lang):
                     path, anchors = f"{lang}/{target}", _anchors(lang, target, fragment)
                     page.wait_for_function(MARK_LINK, arg=[path, fragment],
