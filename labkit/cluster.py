@@ -348,10 +348,13 @@ class Ranks:
     def restart(self) -> Ranks:
         """Replace every engine with a fresh one, same settings; returns self."""
         global _current
+        watched = len(self._watchers)
         self._shutdown()
         self.generation, self.damage, self._activated = 0, None, False
         self._launch()
         _current = self
+        for _ in range(watched):  # a cell that repairs its ranks stays watched
+            self._watch("this cell")
         return self.wait()
 
     def __enter__(self) -> Ranks:

@@ -130,7 +130,9 @@ NOTEBOOK_CELLS = [
         x = torch.ones(1)
         while True:
             dist.all_reduce(x)"""),
-    "%%px\nrank * 10",
+    # Its start restarts the ranks (rank 1 was killed): still watched after that.
+    "ranks.stall_s = 1",
+    "%%px\nimport time\ntime.sleep(2.5)\nrank * 10",
     "ranks.stop()",
 ]
 
@@ -151,7 +153,7 @@ def test_a_stalled_px_cell_shows_every_ranks_stacks_and_a_stopped_rank_ends():
             o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
             for o in cell.outputs))
 
-    slow, stopped, after = (text(nb.cells[i]) for i in (1, 3, 4))
+    slow, stopped, after = (text(nb.cells[i]) for i in (1, 3, 5))
     assert "labkit: this cell is still running after 1 s" in slow
     assert "=== kernel (pid" in slow
     for rank in (0, 1):  # each engine's main thread, in the cell's code
@@ -162,4 +164,5 @@ def test_a_stalled_px_cell_shows_every_ranks_stacks_and_a_stopped_rank_ends():
     waiting = stopped.split("=== rank 0 (pid ")[1].split("\n=== ")[0]
     assert "in all_reduce" in waiting
     assert "]: 0" in after and "]: 10" in after  # fresh ranks answer
+    assert "labkit: this cell is still running after 1 s" in after
     assert {p.pid for p in child_processes()} - before == set()
