@@ -19,6 +19,7 @@ one that exited).
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
@@ -129,7 +130,10 @@ def process_stacks(pid: int, wait_s: float = 2.0) -> str | None:
     if path is None or state(pid) in ("stopped", "exited"):
         return None
     start = path.stat().st_size
-    os.kill(pid, _DUMP_SIGNAL)
+    try:
+        os.kill(pid, _DUMP_SIGNAL)
+    except ProcessLookupError:  # it ended after the question above
+        return None
     deadline = time.monotonic() + wait_s
     size = start
     while time.monotonic() < deadline:
@@ -217,7 +221,8 @@ class Watchdog:
                 for label, pid in ranks.items():
                     if pid in stopped and pid in stopped_before:
                         stacks = stacks_report(ranks)
-                        os.kill(pid, signal.SIGKILL)
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
                         if self.on_stopped is not None:
                             self.on_stopped(label, pid, stacks)
                         return

@@ -90,12 +90,26 @@ def ranks(_two_ranks):
     return _two_ranks
 
 
+def alive(process) -> bool:
+    """Whether a process (psutil.Process or pid) is running and not a zombie.
+
+    A process may end between any two questions about it: ending is an answer.
+    """
+    import psutil
+
+    try:
+        if not isinstance(process, psutil.Process):
+            process = psutil.Process(process)
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def child_processes():
     """Live processes started (directly or not) by this test process."""
     import psutil
 
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE]
+    return [p for p in psutil.Process().children(recursive=True) if alive(p)]
 
 
 @pytest.fixture

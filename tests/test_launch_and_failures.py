@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch.distributed as dist
-from conftest import child_processes
+from conftest import alive, child_processes
 from ddp_rank_checks import my_rank, raise_on_rank_1
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -206,8 +206,6 @@ sys.stdin.read()  # wait to be killed
 
 def test_engines_end_when_their_kernel_is_killed():
     """A kernel killed with SIGKILL cannot stop its engines; they stop themselves."""
-    import psutil
-
     kernel = subprocess.Popen([sys.executable, "-c", KERNEL], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -218,12 +216,11 @@ def test_engines_end_when_their_kernel_is_killed():
         kernel.wait()
     deadline = time.monotonic() + 30  # the engines look once every 0.5 s
     while time.monotonic() < deadline:
-        alive = [pid for pid in pids if psutil.pid_exists(pid)
-                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-        if not alive:
+        running = [pid for pid in pids if alive(pid)]
+        if not running:
             break
         time.sleep(0.2)
-    assert alive == []
+    assert running == []
 
 
 def _cli(*args, timeout=120):
