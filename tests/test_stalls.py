@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from conftest import child_processes
@@ -166,3 +167,33 @@ def test_a_stalled_px_cell_shows_every_ranks_stacks_and_a_stopped_rank_ends():
     assert "]: 0" in after and "]: 10" in after  # fresh ranks answer
     assert "labkit: this cell is still running after 1 s" in after
     assert {p.pid for p in child_processes()} - before == set()
+
+
+def test_a_hung_test_fails_by_name_with_the_stacks_of_its_ranks(tmp_path):
+    """conftest's watchdog, run the way pytest runs it (loaded as a plugin)."""
+    tests = Path(__file__).resolve().parent
+    (tmp_path / "test_hang.py").write_text(textwrap.dedent("""
+        import time
+        import pytest
+        from test_stalls import _child
+
+        @pytest.mark.timeout(4)
+        def test_hangs():
+            child = _child(dumps=True)
+            try:
+                time.sleep(60)
+            finally:
+                child.kill()
+                child.wait()
+    """))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p",
+         "no:cacheprovider", "test_hang.py"], cwd=tmp_path, capture_output=True,
+        text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tests)})
+    out = result.stdout
+    assert result.returncode == 1, out[-2000:]
+    assert "Timeout (>4.0s) from pytest-timeout" in out
+    assert "labkit: test_hang.py::test_hangs still running after 3 s" in out
+    assert "in waiting_here" in out.split("=== rank 7 of a test (pid ")[1]
+    kept = tests.parent / "build" / "stalls" / "test_hang.py_test_hangs.txt"
+    assert "=== rank 7 of a test" in kept.read_text()
