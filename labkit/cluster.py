@@ -31,8 +31,8 @@ __all__ = ["ENGINE_BACKEND", "RankError", "Ranks", "current", "start"]
 ENGINE_BACKEND = "gloo"
 
 # A cell or call on the ranks still running after this many seconds prints the
-# stacks of the kernel and of every rank (labkit.stalls): no lesson cell takes
-# a tenth of it here. LABKIT_STALL_S changes it; 0 turns it off.
+# stacks of the kernel and of every rank (labkit.stalls): the slowest lesson cell
+# took 38 s here with another suite running. LABKIT_STALL_S changes it; 0: off.
 STALL_S = float(os.environ.get("LABKIT_STALL_S", 120)) or None
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
