@@ -62,7 +62,7 @@ from pathlib import Path
 
 import torch
 
-from labkit import ecosystem, exercises, multinode, plots, sharding
+from labkit import doctor, ecosystem, exercises, plots, sharding, torchrun
 
 # %% [markdown] lang="ja"
 # ## 1 台のマシンで torchrun
@@ -75,7 +75,7 @@ from labkit import ecosystem, exercises, multinode, plots, sharding
 # torchrun --nproc-per-node 2 -m labkit nosync --accum 2 --steps 2 --repeat 1
 # ```
 #
-# 次のセルは同じことをこのマシンで実行します (`multinode.run_nodes` は torchrun を子プロセスとして起動し、
+# 次のセルは同じことをこのマシンで実行します (`torchrun.run_nodes` は torchrun を子プロセスとして起動し、
 # 時間切れなら子プロセスごと止めます)。
 
 # %% [markdown] lang="en"
@@ -90,14 +90,14 @@ from labkit import ecosystem, exercises, multinode, plots, sharding
 # torchrun --nproc-per-node 2 -m labkit nosync --accum 2 --steps 2 --repeat 1
 # ```
 #
-# The next cell runs exactly that here (`multinode.run_nodes` starts torchrun as a child
+# The next cell runs exactly that here (`torchrun.run_nodes` starts torchrun as a child
 # process and, on a timeout, stops it together with its workers).
 
 # %%
 experiment = ["-m", "labkit", "nosync", "--accum", "2", "--steps", "2", "--repeat", "1"]
 with tempfile.TemporaryDirectory() as tmp:
     out = Path(tmp) / "one_node.json"
-    node, = multinode.run_nodes([*experiment, "--json", str(out)], nnodes=1,
+    node, = torchrun.run_nodes([*experiment, "--json", str(out)], nnodes=1,
                                 nproc_per_node=2, timeout_s=120)
     one_node = json.loads(out.read_text())
 print("exit code", node.returncode, "| world size", one_node["world_size"])
@@ -130,12 +130,12 @@ assert one_node["allreduce_calls_per_step_nosync"] == 1
 # different "nodes" and run the same experiment as on one machine.
 
 # %%
-print(" ".join(multinode.torchrun_command(
+print(" ".join(torchrun.command(
     experiment, nnodes=2, nproc_per_node=1, endpoint="127.0.0.1:PORT",
     run_id="RUN_ID", python="python")))
 with tempfile.TemporaryDirectory() as tmp:
     out = Path(tmp) / "two_nodes.json"
-    nodes = multinode.run_nodes([*experiment, "--json", str(out)], nnodes=2,
+    nodes = torchrun.run_nodes([*experiment, "--json", str(out)], nnodes=2,
                                 nproc_per_node=1, timeout_s=120)
     two_nodes = json.loads(out.read_text())
 for n in nodes:
@@ -211,7 +211,7 @@ exercises.check_torchrun_env(torchrun_env)
 #
 # 本物のクラスタでは、ジョブスケジューラがマシンを割り当てます。SLURM なら、ノードごとに 1 つのタスクで
 # torchrun を起動し、割り当ての最初のノードを待ち合わせ場所にします。リポジトリの
-# `docs/slurm_example.sh` が、2 ノード × 4 GPU でこのコースの実験を実行する例です (`sbatch` で投入します)。
+# `labkit/slurm_example.sh` が、2 ノード × 4 GPU でこのコースの実験を実行する例です (`sbatch` で投入します)。
 # ノード間の通信には nccl バックエンドを使います。
 
 # %% [markdown] lang="en"
@@ -219,16 +219,16 @@ exercises.check_torchrun_env(torchrun_env)
 #
 # On a real cluster a job scheduler hands out the machines. With SLURM, start torchrun as
 # one task per node and use the allocation's first node as the meeting point. The
-# repository's `docs/slurm_example.sh` runs this course's experiment on 2 nodes × 4 GPUs
+# repository's `labkit/slurm_example.sh` runs this course's experiment on 2 nodes × 4 GPUs
 # (submit it with `sbatch`). Between nodes, use the nccl backend.
 
 # %%
 import subprocess
 
-script = multinode.SLURM_EXAMPLE.read_text()
+script = torchrun.SLURM_EXAMPLE.read_text()
 print("\n".join(line for line in script.splitlines()
                 if line.startswith(("#SBATCH", "srun", "    --", "head_node"))))
-assert subprocess.run(["bash", "-n", str(multinode.SLURM_EXAMPLE)]).returncode == 0
+assert subprocess.run(["bash", "-n", str(torchrun.SLURM_EXAMPLE)]).returncode == 0
 assert "--rdzv-backend c10d" in script and "--nnodes \"$SLURM_NNODES\"" in script
 
 # %% [markdown] lang="ja"
@@ -307,7 +307,7 @@ assert calls == ["scatter", "replicate", "parallel_apply", "gather"]
 # %% tags=["nbval-ignore-output"]
 checked = []
 for name in ecosystem.FRAMEWORKS:
-    installed = ecosystem.version(name)
+    installed = doctor.version(name)
     if installed is None:
         print(labkit.t("framework_skip", name=name))
         continue
@@ -580,7 +580,7 @@ fig = plots.bar_chart({"7.5B, 64 ranks": {k: v / 1e9 for k, v in per_rank.items(
 # | Lightning や TensorFlow Lattice が分散訓練を自動で | Lightning (と Accelerate) は正しい。中で `no_sync` を使う (インストールされているときだけセルが確かめる。既定の環境では確かめない)。TensorFlow Lattice は形状制約つきの格子モデルのライブラリ |
 # | コードを変更することなく | 少ない変更で (LightningModule、`accelerator.prepare`) |
 # | 各 GPU はパラメータの一部を保持 | DDP ではなく FSDP / ZeRO-3 |
-# | 1 台を超えて広げる | 各ノードで torchrun、c10d ランデブー。クラスタでは SLURM などから (`docs/slurm_example.sh`) |
+# | 1 台を超えて広げる | 各ノードで torchrun、c10d ランデブー。クラスタでは SLURM などから (`labkit/slurm_example.sh`) |
 
 # %% [markdown] lang="en"
 # ## Summary
@@ -593,4 +593,4 @@ fig = plots.bar_chart({"7.5B, 64 ranks": {k: v / 1e9 for k, v in per_rank.items(
 # | Lightning and TensorFlow Lattice handle distribution | right for Lightning (and Accelerate), which use `no_sync` underneath (the cell checks it only where they are installed, not in the default environment); TensorFlow Lattice is a library of shape-constrained lattice models |
 # | without changing the code | with few changes (a LightningModule, `accelerator.prepare`) |
 # | each GPU holds part of the parameters | not DDP: FSDP / ZeRO-3 |
-# | beyond one machine | one torchrun per node, c10d rendezvous; on clusters from SLURM or the like (`docs/slurm_example.sh`) |
+# | beyond one machine | one torchrun per node, c10d rendezvous; on clusters from SLURM or the like (`labkit/slurm_example.sh`) |

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from . import i18n
 from .i18n import t
 
-__all__ = ["Report", "collect", "format_report"]
+__all__ = ["Report", "collect", "format_report", "version"]
 
 i18n.register({
     "doctor_title": {"ja": "この環境で動くもの", "en": "What this machine can run"},
@@ -84,7 +84,8 @@ class Report:
         return asdict(self)
 
 
-def _version(dist_name: str) -> str | None:
+def version(dist_name: str) -> str | None:
+    """The installed version of the distribution `dist_name`, or None."""
     try:
         return metadata.version(dist_name)
     except metadata.PackageNotFoundError:
@@ -125,7 +126,7 @@ def collect() -> Report:
         gpus=gpus,
         backends=backends,
         japanese_font=_japanese_font(),
-        ipywidgets=_version("ipywidgets"),
+        ipywidgets=version("ipywidgets"),
         can_run=[k for k, ok in capabilities.items() if ok],
         cannot_run=[k for k, ok in capabilities.items() if not ok],
     )

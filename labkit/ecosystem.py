@@ -13,11 +13,13 @@ import inspect
 import json
 import re
 import sys
-from importlib import metadata
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from . import i18n
 
-__all__ = ["FRAMEWORKS", "count_no_sync", "no_sync_lines", "run_counted", "version"]
+__all__ = ["FRAMEWORKS", "count_no_sync", "counted_no_sync", "no_sync_lines",
+           "run_counted"]
 
 i18n.register({
     "framework_skip": {
@@ -43,14 +45,6 @@ FRAMEWORKS = {
 }
 
 
-def version(name: str) -> str | None:
-    """The installed version of the distribution `name`, or None."""
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def no_sync_lines(name: str) -> list[str]:
     """The source lines of `name`'s accumulation helper that call no_sync()."""
     import importlib
@@ -71,17 +65,16 @@ def no_sync_lines(name: str) -> list[str]:
     return lines
 
 
-def count_no_sync(name: str, accum_steps: int = 4, batches: int = 8) -> dict:
-    """Train with `name`'s accumulation under DDP; count no_sync() entries (one rank).
+@contextmanager
+def counted_no_sync() -> Iterator[list[int]]:
+    """Count the entries into DDP.no_sync() in the block (one item per entry).
 
-    Runs inside a process started by torchrun. DDP.no_sync is wrapped in a
-    counter before the library builds its DDP model, so every entry counts.
+    DDP.no_sync is replaced by a counting wrapper for the block only: it is put
+    back however the block ends, so a failed run leaves DDP as torch made it.
     """
-    import torch
-    from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    entered = []
+    entered: list[int] = []
     original = DDP.no_sync
 
     def counting(self):
@@ -89,68 +82,93 @@ def count_no_sync(name: str, accum_steps: int = 4, batches: int = 8) -> dict:
         return original(self)
 
     DDP.no_sync = counting
+    try:
+        yield entered
+    finally:
+        DDP.no_sync = original
+
+
+def count_no_sync(name: str, accum_steps: int = 4, batches: int = 8) -> dict:
+    """Train with `name`'s accumulation under DDP; count no_sync() entries (one rank).
+
+    Runs inside a process started by torchrun. DDP.no_sync is wrapped in a
+    counter before the library builds its DDP model, so every entry counts.
+    """
+    import torch
+
+    if name not in FRAMEWORKS:
+        raise ValueError(f"unknown framework {name!r}")
     torch.manual_seed(0)
     per_rank = batches * 2  # two samples a batch on each rank
     world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
     dataset = torch.utils.data.TensorDataset(torch.randn(per_rank * world, 10),
                                              torch.randn(per_rank * world, 10))
-    if name == "accelerate":
-        from accelerate import Accelerator
-
-        accelerator = Accelerator(gradient_accumulation_steps=accum_steps, cpu=True)
-        model = nn.Linear(10, 10)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        loader = torch.utils.data.DataLoader(dataset, batch_size=2)
-        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-        steps = 0
-        for X, y in loader:
-            with accelerator.accumulate(model):  # no_sync() unless it is step time
-                accelerator.backward(nn.functional.mse_loss(model(X), y))
-                optimizer.step()  # Accelerate skips it between accumulation steps
-                steps += accelerator.sync_gradients
-                optimizer.zero_grad()
-        rank, wrapped = accelerator.process_index, type(model).__name__
-    elif name == "lightning":
-        import lightning as L
-
-        seen: set[str] = set()  # what Lightning wrapped the module in, in training
-
-        class Module(L.LightningModule):
-            def __init__(self):
-                super().__init__()
-                self.net = nn.Linear(10, 10)
-
-            def training_step(self, batch, batch_idx):
-                seen.add(type(self.trainer.strategy.model).__name__)
-                X, y = batch
-                return nn.functional.mse_loss(self.net(X), y)
-
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=0.1)
-
-        trainer = L.Trainer(accelerator="cpu", devices=world, strategy="ddp",
-                            accumulate_grad_batches=accum_steps, max_epochs=1,
-                            logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False)
-        trainer.fit(Module(), torch.utils.data.DataLoader(dataset, batch_size=2))
-        rank, steps = trainer.global_rank, trainer.global_step
-        wrapped = ", ".join(sorted(seen))
-    else:
-        raise ValueError(f"unknown framework {name!r}")
-    DDP.no_sync = original
+    train = _train_accelerate if name == "accelerate" else _train_lightning
+    with counted_no_sync() as entered:
+        rank, steps, wrapped = train(dataset, accum_steps, world)
     return {"framework": name, "rank": rank, "world_size": world,
             "wrapped_in": wrapped, "batches": batches, "accum_steps": accum_steps,
             "optimizer_steps": steps, "no_sync_entries": len(entered)}
 
 
+def _train_accelerate(dataset, accum_steps: int, world: int) -> tuple[int, int, str]:
+    """Accelerate's accumulation; returns (rank, optimizer steps, wrapper type)."""
+    import torch
+    from accelerate import Accelerator
+    from torch import nn
+
+    accelerator = Accelerator(gradient_accumulation_steps=accum_steps, cpu=True)
+    model = nn.Linear(10, 10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    steps = 0
+    for X, y in loader:
+        with accelerator.accumulate(model):  # no_sync() unless it is step time
+            accelerator.backward(nn.functional.mse_loss(model(X), y))
+            optimizer.step()  # Accelerate skips it between accumulation steps
+            steps += accelerator.sync_gradients
+            optimizer.zero_grad()
+    return accelerator.process_index, steps, type(model).__name__
+
+
+def _train_lightning(dataset, accum_steps: int, world: int) -> tuple[int, int, str]:
+    """Lightning's accumulation; returns (rank, optimizer steps, wrapper type)."""
+    import lightning as L
+    import torch
+    from torch import nn
+
+    seen: set[str] = set()  # what Lightning wrapped the module in, in training
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(10, 10)
+
+        def training_step(self, batch, batch_idx):
+            seen.add(type(self.trainer.strategy.model).__name__)
+            X, y = batch
+            return nn.functional.mse_loss(self.net(X), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = L.Trainer(accelerator="cpu", devices=world, strategy="ddp",
+                        accumulate_grad_batches=accum_steps, max_epochs=1,
+                        logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Module(), torch.utils.data.DataLoader(dataset, batch_size=2))
+    return trainer.global_rank, trainer.global_step, ", ".join(sorted(seen))
+
+
 def run_counted(name: str, world_size: int = 2, timeout_s: float = 180.0) -> list[dict]:
     """`count_no_sync(name)` on `world_size` ranks under torchrun; results by rank."""
-    from . import multinode
+    from . import torchrun
 
     if name not in FRAMEWORKS:
         raise ValueError(f"unknown framework {name!r}: choose one of "
                          f"{', '.join(FRAMEWORKS)}")
-    node, = multinode.run_nodes(["-m", "labkit.ecosystem", name], nnodes=1,
+    node, = torchrun.run_nodes(["-m", "labkit.ecosystem", name], nnodes=1,
                                 nproc_per_node=world_size, timeout_s=timeout_s)
     # Ranks share one output: take each result object, not each line.
     results = [json.loads(m) for m in re.findall(r"LABKIT_RESULT (\{[^{}]*\})",

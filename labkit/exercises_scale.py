@@ -20,8 +20,8 @@ import torch.distributed as dist
 from . import (
     exercise_messages_scale,  # noqa: F401  (registers the messages)
     models,
-    multinode,
     sgd,
+    torchrun,
 )
 from .feedback import WrongAnswer, off, right
 
@@ -174,7 +174,7 @@ def _torchrun_env(nnodes: int, nproc_per_node: int) -> dict[int, list[dict]]:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "env.py"
         script.write_text(_ENV_SCRIPT)
-        nodes = multinode.run_nodes([str(script), tmp], nnodes=nnodes,
+        nodes = torchrun.run_nodes([str(script), tmp], nnodes=nnodes,
                                     nproc_per_node=nproc_per_node, timeout_s=60)
         envs = [json.loads(f.read_text()) for f in Path(tmp).glob("*.json")]
     if len(envs) != nnodes * nproc_per_node or any(n.returncode for n in nodes):

@@ -1,7 +1,10 @@
 import json
 
+import matplotlib
 import pytest
 import torch
+from matplotlib import font_manager
+from matplotlib.ft2font import FT2Font
 
 import labkit
 from labkit import doctor
@@ -13,7 +16,11 @@ def test_report_describes_this_machine():
     assert report.torch_version == torch.__version__
     assert report.cpu_cores >= 1
     assert set(report.backends) == {"gloo", "nccl", "mpi"}
-    assert report.japanese_font == "IPAexGothic"
+    # The font reported is the one plots use, and it draws Japanese (whatever
+    # its name: matplotlib-fontja may ship another font one day).
+    assert report.japanese_font == matplotlib.rcParams["font.family"][0]
+    path = font_manager.findfont(report.japanese_font, fallback_to_default=False)
+    assert all(ord(c) in FT2Font(path).get_charmap() for c in "勾配の同期ランク")
     assert set(report.can_run).isdisjoint(report.cannot_run)
     if not torch.cuda.is_available():
         assert report.gpus == []

@@ -1,3 +1,6 @@
+import importlib
+import pkgutil
+
 import matplotlib
 import matplotlib.pyplot as plt
 import pytest
@@ -5,6 +8,14 @@ import pytest
 import labkit
 from labkit import i18n, plots
 from labkit.i18n import MissingGlyphError
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _every_module_imported():
+    """Modules register their messages when imported: check them all, not only
+    those that earlier tests happened to import."""
+    for module in pkgutil.walk_packages(labkit.__path__, "labkit."):
+        importlib.import_module(module.name)
 
 
 def test_set_lang_switches_messages():

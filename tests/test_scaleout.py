@@ -8,7 +8,7 @@ import time
 import pytest
 from conftest import child_processes
 
-from labkit import batchnorm, ecosystem, launch, multinode, sharding
+from labkit import batchnorm, doctor, ecosystem, launch, sharding, torchrun
 
 
 def _leftovers(before):
@@ -24,7 +24,7 @@ def _leftovers(before):
 def test_two_torchrun_nodes_run_one_experiment(tmp_path):
     before = {p.pid for p in child_processes()}
     out = tmp_path / "two_nodes.json"
-    nodes = multinode.run_nodes(
+    nodes = torchrun.run_nodes(
         ["-m", "labkit", "nosync", "--accum", "2", "--steps", "2", "--repeat", "1",
          "--json", str(out)], nnodes=2, nproc_per_node=1, timeout_s=150)
     assert [n.returncode for n in nodes] == [0, 0], nodes[0].output[-2000:]
@@ -39,30 +39,30 @@ def test_two_torchrun_nodes_run_one_experiment(tmp_path):
 @pytest.mark.timeout(180)  # stopped, not left running
 def test_a_run_past_its_timeout_is_stopped_with_its_workers():
     before = {p.pid for p in child_processes()}
-    lone = multinode.torchrun_command(["-m", "labkit", "nosync"], nnodes=2,
+    lone = torchrun.command(["-m", "labkit", "nosync"], nnodes=2,
                                       nproc_per_node=1, endpoint="127.0.0.1:1",
                                       run_id="x")
     assert lone[:3] == [sys.executable, "-m", "torch.distributed.run"]
     # A run far longer than its timeout: both agents and their workers must go.
-    nodes = multinode.run_nodes(["-m", "labkit", "misuse", "--steps", "100000"],
+    nodes = torchrun.run_nodes(["-m", "labkit", "misuse", "--steps", "100000"],
                                 nnodes=2, nproc_per_node=1, timeout_s=8)
     assert all(n.returncode != 0 and "stopped after 8 s" in n.output for n in nodes)
     assert _leftovers(before) == set()
 
 
-def test_torchrun_command_needs_positive_sizes():
+def test_the_torchrun_command_needs_positive_sizes():
     with pytest.raises(ValueError, match="must be >= 1"):
-        multinode.torchrun_command([], nnodes=0, nproc_per_node=1,
+        torchrun.command([], nnodes=0, nproc_per_node=1,
                                    endpoint="127.0.0.1:1", run_id="x")
     with pytest.raises(ValueError, match="timeout_s must be > 0"):
-        multinode.run_nodes([], timeout_s=0)
+        torchrun.run_nodes([], timeout_s=0)
 
 
 def test_slurm_example_is_valid_bash():
     import subprocess
 
-    assert subprocess.run(["bash", "-n", str(multinode.SLURM_EXAMPLE)]).returncode == 0
-    assert "--rdzv-backend c10d" in multinode.SLURM_EXAMPLE.read_text()
+    assert subprocess.run(["bash", "-n", str(torchrun.SLURM_EXAMPLE)]).returncode == 0
+    assert "--rdzv-backend c10d" in torchrun.SLURM_EXAMPLE.read_text()
 
 
 def test_zero_arithmetic_matches_the_paper():
@@ -119,7 +119,7 @@ def test_fsdp_shards_and_batchnorm_on_two_ranks():
 
 
 def test_frameworks_are_optional():
-    assert ecosystem.version("surely-not-installed-package") is None
+    assert doctor.version("surely-not-installed-package") is None
     with pytest.raises(ValueError, match="unknown framework"):
         ecosystem.no_sync_lines("horovod")
     with pytest.raises(ValueError, match="unknown framework"):
@@ -128,9 +128,24 @@ def test_frameworks_are_optional():
 
 @pytest.mark.parametrize("name", list(ecosystem.FRAMEWORKS))
 def test_frameworks_accumulate_with_no_sync(name):
-    if ecosystem.version(name) is None:
+    if doctor.version(name) is None:
         pytest.skip(f"{name} is not installed (optional)")
     assert any("no_sync" in line for line in ecosystem.no_sync_lines(name))
     for r in ecosystem.run_counted(name):
         assert r["wrapped_in"] == "DistributedDataParallel"
         assert r["optimizer_steps"] == 2 and r["no_sync_entries"] == 6
+
+
+def test_the_no_sync_counter_counts_and_puts_no_sync_back_after_an_error():
+    """A run that fails inside the counter leaves DDP.no_sync as torch made it."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    original = DDP.no_sync
+    with pytest.raises(RuntimeError, match="failed inside"):
+        with ecosystem.counted_no_sync() as entered:
+            assert DDP.no_sync is not original
+            DDP.no_sync(object())  # calling counts; the block need not be entered
+            DDP.no_sync(object())
+            raise RuntimeError("failed inside")
+    assert len(entered) == 2
+    assert DDP.no_sync is original

@@ -18,9 +18,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["NodeRun", "free_port", "run_nodes", "torchrun_command"]
+__all__ = ["SLURM_EXAMPLE", "NodeRun", "command", "free_port", "run_nodes"]
 
-SLURM_EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "slurm_example.sh"
+SLURM_EXAMPLE = Path(__file__).resolve().parent / "slurm_example.sh"
 
 
 def free_port() -> int:
@@ -35,7 +35,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_command(args: list[str], *, nnodes: int, nproc_per_node: int,
+def command(args: list[str], *, nnodes: int, nproc_per_node: int,
                      endpoint: str, run_id: str,
                      python: str = sys.executable) -> list[str]:
     """The torchrun command line one node runs (the same on every node)."""
@@ -72,7 +72,7 @@ def run_nodes(args: list[str], nnodes: int = 2, nproc_per_node: int = 1,
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     endpoint = f"127.0.0.1:{port or free_port()}"
     run_id = f"labkit-{uuid.uuid4().hex[:8]}"
-    cmd = torchrun_command(args, nnodes=nnodes, nproc_per_node=nproc_per_node,
+    cmd = command(args, nnodes=nnodes, nproc_per_node=nproc_per_node,
                            endpoint=endpoint, run_id=run_id)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     with tempfile.TemporaryDirectory() as tmp:
