@@ -172,7 +172,7 @@ class FixedMLP(models.MLPAsWritten):
         return x
 
 # %%
-exercises.check_keeps_batch(FixedMLP)
+exercises.grade_keeps_batch(FixedMLP)
 
 # %% [markdown] lang="ja"
 # ## 直し方: サンプルごとに平坦化する
@@ -404,7 +404,7 @@ def train_step(model, optimizer, criterion, X, y):
     return loss.item()
 
 # %%
-exercises.check_train_step(train_step)
+exercises.grade_train_step(train_step)
 
 # %% [markdown] lang="ja"
 # ## 直した学習ループ

@@ -78,7 +78,7 @@ import threading
 import torch
 from torch import nn
 
-from labkit import checks, exercises, models
+from labkit import checks, compare, exercises, models
 from labkit import data_parallel as dp
 
 torch.manual_seed(0)
@@ -221,7 +221,7 @@ predicted = {
 }
 
 # %%
-exercises.check_chunk_sizes(predicted)
+exercises.grade_chunk_sizes(predicted)
 
 # %% [markdown] lang="ja"
 # 引数が複数あっても、キーワード引数でも、タプルや辞書の中でも、テンソルはすべて同じように分けられます。
@@ -327,7 +327,7 @@ assert {pid for _, pid in seen} == {os.getpid()}  # one process: this kernel
 # %%
 Y_hat = dp.gather(outputs, output_device=0)
 print("gathered:", tuple(Y_hat.shape))
-out_diff = checks.max_abs_diff(Y_hat, reference(X))
+out_diff = compare.max_abs_diff(Y_hat, reference(X))
 print(f"max |output - one device| = {out_diff:.1e}")
 assert Y_hat.shape == (100, 10) and out_diff <= 1e-6
 
@@ -366,7 +366,7 @@ for r in replicas:
     r.fc1.weight.register_hook(keep)
 criterion(Y_hat, y).backward()
 criterion(reference(X), y).backward()
-grad_diff = checks.max_abs_diff([p.grad for p in model.parameters()],
+grad_diff = compare.max_abs_diff([p.grad for p in model.parameters()],
                                 [p.grad for p in reference.parameters()])
 print(f"max |gradient - one device's| = {grad_diff:.1e}")
 assert grad_diff <= 1e-6
@@ -421,7 +421,7 @@ def my_data_parallel(module, X, device_ids):
     return dp.gather(outputs, output_device=0)  # 4. join on device 0
 
 # %%
-exercises.check_manual_data_parallel(my_data_parallel)
+exercises.grade_manual_data_parallel(my_data_parallel)
 
 # %% [markdown] lang="ja"
 # ## 4 段階を 1 回で: `data_parallel()`
@@ -443,8 +443,8 @@ for n in (2, 3):
     out = dp.data_parallel(model, X, device_ids=list(range(n)))
     criterion(out, y).backward()
     criterion(reference(X), y).backward()
-    out_diff = checks.max_abs_diff(out, reference(X))
-    grad_diff = checks.max_abs_diff([p.grad for p in model.parameters()],
+    out_diff = compare.max_abs_diff(out, reference(X))
+    grad_diff = compare.max_abs_diff([p.grad for p in model.parameters()],
                                     [p.grad for p in reference.parameters()])
     print(f"{n} devices: output diff {out_diff:.1e}, gradient diff {grad_diff:.1e}")
     assert out_diff <= 1e-6 and grad_diff <= 1e-6
@@ -486,7 +486,7 @@ print("chunks:", [tuple(c.shape) for c in dp.scatter(sequence, device_ids, dim=1
 out = dp.data_parallel(layer, sequence, device_ids, dim=1)
 print("output:", tuple(out.shape))
 assert out.shape == (7, 100, 4)
-assert checks.max_abs_diff(out, layer(sequence)) <= 1e-6
+assert compare.max_abs_diff(out, layer(sequence)) <= 1e-6
 
 # %% [markdown] lang="ja"
 # ## 記事 004 の使い方を直す
@@ -608,7 +608,7 @@ with torch.no_grad():
     out = dp.data_parallel(model, X, device_ids)
     dp.data_parallel(model, X, device_ids)
     model.fc2.bias -= 1.0
-    assert checks.max_abs_diff(out, reference(X) + 1.0) <= 1e-6  # the change arrived
+    assert compare.max_abs_diff(out, reference(X) + 1.0) <= 1e-6  # the change arrived
 hook.remove()
 print("modules that ran in two calls:", len({id(m) for m in ran}))
 assert len({id(m) for m in ran}) == 4 and model not in ran  # new replicas each call

@@ -163,13 +163,13 @@ assert len(set(pids)) == world_size  # one process per rank
 # %%px
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labkit import checks, ddp, models
+from labkit import checks, compare, ddp, models
 
 torch.manual_seed(rank)  # different initial weights on each rank, on purpose
 model = models.MLP()
-before = ddp.replica_max_diff(model)
+before = compare.replica_max_diff(model)
 model = DDP(model)  # broadcasts rank 0's parameters and buffers
-after = ddp.replica_max_diff(model)
+after = compare.replica_max_diff(model)
 n_params = models.count_params(model.module)
 print(f"rank {rank}: {n_params} parameters; "
       f"max difference before DDP {before:.3f}, after {after}")
@@ -288,7 +288,7 @@ def epoch_orders(dataset, rank, world_size, num_epochs):
     return orders
 
 # %%
-exercises.check_set_epoch(ranks, epoch_orders)
+exercises.grade_set_epoch(ranks, epoch_orders)
 
 # %% [markdown] lang="ja"
 # ## DDP の勾配 = 全バッチの勾配
@@ -320,7 +320,7 @@ torch.manual_seed(1)
 X, y = torch.randn(64, 10), torch.randn(64, 10)  # the same on every rank
 criterion(model(ddp.shard(X, rank, world_size)), ddp.shard(y, rank, world_size)).backward()
 criterion(local(X), y).backward()
-grad_diff = checks.max_abs_diff([p.grad for p in model.parameters()],
+grad_diff = compare.max_abs_diff([p.grad for p in model.parameters()],
                                 [p.grad for p in local.parameters()])
 print(f"rank {rank}: max |DDP grad - whole-batch grad| = {grad_diff:.2e}")
 assert grad_diff <= 1e-6
@@ -364,7 +364,7 @@ def average_gradients(model, world_size):
         p.grad /= world_size  # the sum becomes the mean
 
 # %%
-exercises.check_average_gradients(ranks, average_gradients)
+exercises.grade_average_gradients(ranks, average_gradients)
 
 # %% [markdown] lang="ja"
 # ## 何が、いつ通信されるか
@@ -457,7 +457,7 @@ for epoch in range(3):
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-replica_diff = ddp.replica_max_diff(model)
+replica_diff = compare.replica_max_diff(model)
 print(f"rank {rank}: {len(losses)} steps, last loss {losses[-1]:.3f}, "
       f"max parameter difference between ranks {replica_diff}")
 assert replica_diff == 0.0

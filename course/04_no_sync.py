@@ -104,7 +104,7 @@ import copy
 
 import torch
 
-from labkit import checks, ddp, models, nosync
+from labkit import checks, compare, ddp, models, nosync
 
 K = 4
 cfg = nosync.NoSyncConfig(accum_steps=K, batch_per_rank=16)
@@ -384,13 +384,13 @@ for step in range(15):  # the misuse: every rank steps on its own gradient
             optimizer.zero_grad()
             criterion(model(X), y).backward()
             optimizer.step()
-    param_diff.append(ddp.replica_max_diff(model))
+    param_diff.append(compare.replica_max_diff(model))
 for step in range(15, 30):  # back to correct, synchronized accumulation
     optimizer.zero_grad()
     nosync.accumulate_no_sync(
         model, criterion, nosync.micro_batches(dataset, cfg, step, rank, world_size))
     optimizer.step()
-    param_diff.append(ddp.replica_max_diff(model))
+    param_diff.append(compare.replica_max_diff(model))
 print(f"rank {rank}: max difference after 15 misused steps {param_diff[15]:.4f}, "
       f"after 15 more synchronized steps {param_diff[-1]:.4f}")
 assert param_diff[15] > 1e-3 and param_diff[-1] > 0.5 * param_diff[15]
@@ -458,7 +458,7 @@ def accumulation_step(model, optimizer, criterion, batches):
     optimizer.step()  # once, with the same averaged gradient on every rank
 
 # %%
-exercises.check_accumulation(ranks, accumulation_step)
+exercises.grade_accumulation(ranks, accumulation_step)
 
 # %% [markdown] lang="ja"
 # ## 演習: レプリカがずれる原因を探す
@@ -508,7 +508,7 @@ def train(model, optimizer, scheduler, criterion, updates, rank):
     return losses
 
 # %%
-exercises.check_replicas_agree(ranks, train)
+exercises.grade_replicas_agree(ranks, train)
 
 # %% [markdown] lang="ja"
 # ## 1 ステップの時間: K と no_sync

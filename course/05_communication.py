@@ -221,7 +221,7 @@ nbytes = 4 * n_params  # float32: 4 bytes each
 allreduce_s = 2 * (8 - 1) * ab.alpha + 2 * (8 - 1) / 8 * nbytes / ab.beta
 
 # %%
-exercises.check_allreduce_prediction(ab, n_params, 8, allreduce_s)
+exercises.grade_allreduce_prediction(ab, n_params, 8, allreduce_s)
 
 # %% [markdown] lang="ja"
 # ## バケット: `DDP(model)` が実際に送るもの
@@ -524,7 +524,7 @@ sync_s = K * c + K * s + o  # K computations, K synchronizations, one optimizer 
 no_sync_s = K * c + s + o  # no_sync: one synchronization per update
 
 # %%
-exercises.check_step_prediction(fit, K, sync_s, no_sync_s)
+exercises.grade_step_prediction(fit, K, sync_s, no_sync_s)
 
 # %% [markdown] lang="ja"
 # ## モデルで探る: GPU とランク数

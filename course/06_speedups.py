@@ -400,7 +400,7 @@ def lr_at(step, batch_size):
 # %%
 from labkit import exercises
 
-exercises.check_warmup_schedule(lr_at)
+exercises.grade_warmup_schedule(lr_at)
 
 # %% [markdown] lang="ja"
 # ## シャッフルは速さではなく収束のため
@@ -784,9 +784,11 @@ fig = plots.bar_chart(
     ylabel="saved_mb", title="ckpt_title", fmt="{:.1f}")
 
 # %%
+from labkit import compare
+
 assert cost[True]["saved_bytes"] < 0.5 * cost[False]["saved_bytes"]
 assert cost[True]["peak_bytes"] < cost[False]["peak_bytes"]
-assert checks.max_abs_diff(grads[True], grads[False]) == 0.0  # the same gradients
+assert compare.max_abs_diff(grads[True], grads[False]) == 0.0  # the same gradients
 # Every Linear's forward runs twice: once in the forward, once again in backward.
 assert (work[False]["linear_forwards"], work[True]["linear_forwards"]) == (12, 24)
 one_forward = 2 * len(X_deep) * sum(  # a Linear's forward: 2 FLOPs per weight and sample
@@ -1018,7 +1020,7 @@ def global_mean_var(x):
     return mean, squares / count  # divided by the count: the variance BatchNorm uses
 
 # %%
-exercises.check_global_statistics(ranks, global_mean_var)
+exercises.grade_global_statistics(ranks, global_mean_var)
 
 # %% [markdown] lang="ja"
 # labkit の `batchnorm.global_batch_norm` も同じ計算をします。こちらはサンプル数、和、二乗和を 1 つの

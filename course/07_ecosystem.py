@@ -204,7 +204,7 @@ def torchrun_env(nnodes, nproc_per_node, node_rank):
     return envs
 
 # %%
-exercises.check_torchrun_env(torchrun_env)
+exercises.grade_torchrun_env(torchrun_env)
 
 # %% [markdown] lang="ja"
 # ## 本物のクラスタ: SLURM
@@ -540,7 +540,7 @@ def values_held(shape, rank, world_size):
     return mine * per_row
 
 # %%
-exercises.check_shard_sizes(ranks, values_held)
+exercises.grade_shard_sizes(ranks, values_held)
 
 # %%
 ranks.stop()

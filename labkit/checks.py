@@ -12,12 +12,12 @@ from contextlib import contextmanager
 
 import torch
 
-from . import ddp, i18n
+from . import compare, i18n
 from .i18n import t
 
 __all__ = ["GRAD_TOL", "RAISING", "CapturedStderr", "ExpectedError", "allreduce_calls",
            "captured_stderr", "expect_error", "faster", "grads_differ", "grads_match",
-           "max_abs_diff", "one_sync_per_update", "replicas_equal"]
+           "one_sync_per_update", "replicas_equal"]
 
 # float32 sums of the same terms in another order (micro-batches, ranks) differ
 # by rounding only: well under this for the course's models.
@@ -95,23 +95,6 @@ def expect_error(
         raise AssertionError(t("did_not_raise", name=name))
 
 
-def max_abs_diff(a: Iterable[torch.Tensor] | torch.Tensor,
-                 b: Iterable[torch.Tensor] | torch.Tensor) -> float:
-    """Largest absolute elementwise difference between tensors (or lists of them)."""
-    if isinstance(a, torch.Tensor):
-        a, b = [a], [b]
-    a, b = list(a), list(b)
-    if len(a) != len(b):
-        raise ValueError(f"different numbers of tensors: {len(a)} and {len(b)}")
-    worst = 0.0
-    for x, y in zip(a, b, strict=True):
-        if x.shape != y.shape:
-            raise ValueError(f"shapes differ: {tuple(x.shape)} and {tuple(y.shape)}")
-        if x.numel():
-            worst = max(worst, (x.detach() - y.detach()).abs().max().item())
-    return worst
-
-
 class CapturedStderr:
     """What `captured_stderr` caught: `text`, once the block has run."""
 
@@ -149,7 +132,7 @@ RAISING = frozenset({"expect_error", "grads_match", "grads_differ", "replicas_eq
 def grads_match(got: Iterable[torch.Tensor], want: Iterable[torch.Tensor],
                 tol: float = GRAD_TOL) -> float:
     """Assert the gradients agree to `tol` elementwise; return the largest gap."""
-    diff = max_abs_diff(got, want)
+    diff = compare.max_abs_diff(got, want)
     if not diff <= tol:  # also catches NaN
         raise AssertionError(t("check_grads_match", diff=diff, tol=tol))
     return diff
@@ -158,7 +141,7 @@ def grads_match(got: Iterable[torch.Tensor], want: Iterable[torch.Tensor],
 def grads_differ(got: Iterable[torch.Tensor], want: Iterable[torch.Tensor],
                  floor: float = 1e-3) -> float:
     """Assert the gradients differ by more than `floor` somewhere; return the gap."""
-    diff = max_abs_diff(got, want)
+    diff = compare.max_abs_diff(got, want)
     if not diff > floor:
         raise AssertionError(t("check_grads_differ", diff=diff, floor=floor))
     return diff
@@ -168,9 +151,9 @@ def replicas_equal(model: torch.nn.Module | float) -> float:
     """Assert every rank holds exactly rank 0's parameters.
 
     Give the model (run on every rank: it gathers the parameters) or a
-    difference ddp.replica_max_diff has already measured.
+    difference compare.replica_max_diff has already measured.
     """
-    diff = model if isinstance(model, float) else ddp.replica_max_diff(model)
+    diff = model if isinstance(model, float) else compare.replica_max_diff(model)
     if diff != 0.0:
         raise AssertionError(t("check_replicas", diff=diff))
     return diff

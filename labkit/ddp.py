@@ -1,4 +1,7 @@
-"""DDP helpers the lessons share: count communication, compare replicas, shard data."""
+"""DDP helpers the lessons share: count communication, shard data, time all-reduce.
+
+Comparing the ranks' replicas is labkit.compare's job.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +15,6 @@ from . import timing
 __all__ = [
     "CommCounter",
     "allreduce_time",
-    "gather_params",
-    "replica_max_diff",
     "shard",
 ]
 
@@ -43,20 +44,6 @@ class CommCounter:
         counter.calls += 1
         counter.bytes += buffer.numel() * buffer.element_size()
         return default_hooks.allreduce_hook(None, bucket)
-
-
-def gather_params(model: nn.Module) -> list[torch.Tensor]:
-    """Every rank's parameters as one flat vector each, in rank order."""
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    out = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, flat)
-    return out
-
-
-def replica_max_diff(model: nn.Module) -> float:
-    """Largest difference between any rank's parameters and rank 0's (collective)."""
-    flats = gather_params(model)
-    return max((f - flats[0]).abs().max().item() for f in flats)
 
 
 def shard(X: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:

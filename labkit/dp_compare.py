@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import checks, i18n, models
+from . import compare, i18n, models
 from .data_parallel import data_parallel
 
 __all__ = ["ddp_stepper", "dp_experiment", "dp_stepper"]
@@ -60,9 +60,9 @@ def dp_experiment(devices: int = 2, batch: int = 100, seed: int = 0) -> dict:
         "simulated": simulated,
         "chunk_sizes": chunks,
         "replicas_used": len(chunks),
-        "output_max_abs_diff": checks.max_abs_diff(out, ref_out),
+        "output_max_abs_diff": compare.max_abs_diff(out, ref_out),
         "loss_abs_diff": abs(loss.item() - ref_loss.item()),
-        "grad_max_abs_diff": checks.max_abs_diff(
+        "grad_max_abs_diff": compare.max_abs_diff(
             [p.grad for p in model.parameters()],
             [p.grad for p in reference.parameters()]),
     }

@@ -5,8 +5,8 @@ The ledger is the tables of the errata notebook: each row starts with an id
 links to the section that proves it (labkit.links says how links land). A
 section is a heading and the cells under it up to the next heading; it proves
 something only if one of its code cells asserts: an `assert` statement, or a
-call that raises when the claim is false (`assert_*`, `check_*`, or one of
-labkit.checks.RAISING).
+call that raises when the claim is false (`assert_*`, `check_*`, an exercise's
+`grade_*`, or one of labkit.checks.RAISING).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ __all__ = ["CLAIM_ID", "asserts", "ledger", "ledger_problems"]
 # 000-7, 004-12 (the documents' claims), L03-2 (a lesson's own claim).
 CLAIM_ID = re.compile(r"^(?:\d{3}|L\d\d)-\d+$")
 # Calls that raise when the claim is false: torch.testing.assert_close,
-# labkit's exercises.check_* and comm.check_*; and checks.NAME for the names in
+# labkit's exercises.grade_* and comm.check_*; and checks.NAME for the names in
 # labkit.checks.RAISING.
-_RAISING_CALL = re.compile(r"^(assert|check_)")
+_RAISING_CALL = re.compile(r"^(assert|check_|grade_)")
 
 
 def _python(source: str) -> str:

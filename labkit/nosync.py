@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import data, ddp, models, rendezvous, timing
+from . import compare, data, ddp, models, rendezvous, timing
 
 __all__ = [
     "NoSyncConfig",
@@ -172,10 +172,10 @@ def accumulated_and_whole_grads(model: nn.Module, criterion, X: torch.Tensor,
     model.zero_grad()
     for Xi, yi in zip(X.chunk(K), y.chunk(K), strict=True):
         (criterion(model(Xi), yi) / K).backward()
-    accumulated = _grads(model)
+    accumulated = compare.grads(model)
     model.zero_grad()
     criterion(model(X), y).backward()
-    return accumulated, _grads(model)
+    return accumulated, compare.grads(model)
 
 
 def uneven_micro_batches(dataset, sizes: Sequence[Sequence[int]], rank: int
@@ -208,10 +208,6 @@ def wrap(cfg: NoSyncConfig) -> tuple[DDP, ddp.CommCounter]:
     return model, ddp.CommCounter().attach(model)
 
 
-def _grads(model: nn.Module) -> list[torch.Tensor]:
-    return [p.grad.detach().clone() for p in model.parameters()]
-
-
 def nosync_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
     """Equivalence, replica agreement, all-reduce counts and step times."""
     cfg.check(world_size)
@@ -227,7 +223,7 @@ def nosync_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
     optimizer.zero_grad()
     first = micro_batches(dataset, cfg, 0, rank, world_size)
     accumulate_no_sync(model, criterion, first)
-    grad_diff = _max_diff(_grads(model.module), _grads(local))
+    grad_diff = compare.max_abs_diff(compare.grads(model.module), compare.grads(local))
 
     # 2. Train `steps` steps; count all-reduce calls per optimizer step.
     calls = []
@@ -238,7 +234,7 @@ def nosync_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
                            micro_batches(dataset, cfg, step, rank, world_size))
         optimizer.step()
         calls.append(counter.calls)
-    replica_diff = ddp.replica_max_diff(model)
+    replica_diff = compare.replica_max_diff(model)
     calls_nosync = calls[-1]  # after the first step DDP has rebuilt its buckets
     counter.reset()
     optimizer.zero_grad()
@@ -400,7 +396,7 @@ def misuse_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
                 optimizer.zero_grad()
                 criterion(model(X), y).backward()
                 optimizer.step()
-        diffs.append(ddp.replica_max_diff(model))
+        diffs.append(compare.replica_max_diff(model))
     # Synchronized steps afterwards apply the same update to different weights.
     for step in range(cfg.steps):
         optimizer.zero_grad()
@@ -418,7 +414,7 @@ def misuse_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
         "forward_outside_allreduce_calls": calls_of(forward_outside),
         "diverged_param_diff_per_step": diffs,
         "diverged_max_param_diff": max(diffs),
-        "param_diff_after_sync_steps": ddp.replica_max_diff(model),
+        "param_diff_after_sync_steps": compare.replica_max_diff(model),
     }
 
 
@@ -449,8 +445,4 @@ def convergence(rank: int, world_size: int, cfg: NoSyncConfig,
     return {"losses": losses, "elapsed_s": elapsed,
             "allreduce_calls_per_update": counter.calls,  # the last update's
             "allreduce_bytes_per_update": counter.bytes,
-            "replica_max_param_diff": ddp.replica_max_diff(model)}
-
-
-def _max_diff(a, b) -> float:
-    return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
+            "replica_max_param_diff": compare.replica_max_diff(model)}

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labkit import checks, ddp, models, nosync
+from labkit import checks, compare, ddp, models, nosync
 
 TINY_BUCKET_MB = 0.002  # about 2 KB: doc 004's model (8 KB of gradients) gets several
 
@@ -23,7 +23,7 @@ def _global_batch(step, n=8, world_size=2):
 
 
 def _params_equal_across_ranks(model):
-    flats = ddp.gather_params(model)
+    flats = compare.gather_params(model)
     for other in flats[1:]:
         torch.testing.assert_close(other, flats[0], rtol=0, atol=0)
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import labkit
-from labkit import checks
+from labkit import checks, compare
 
 
 def test_expect_error_catches_and_reports(capsys):
@@ -40,12 +40,12 @@ def test_expect_error_lets_other_errors_through():
 def test_max_abs_diff():
     a = [torch.zeros(3), torch.ones(2)]
     b = [torch.tensor([0.0, 0.5, 0.0]), torch.ones(2)]
-    assert checks.max_abs_diff(a, b) == 0.5
-    assert checks.max_abs_diff(torch.ones(2), torch.ones(2)) == 0.0
+    assert compare.max_abs_diff(a, b) == 0.5
+    assert compare.max_abs_diff(torch.ones(2), torch.ones(2)) == 0.0
     with pytest.raises(ValueError, match="shapes differ"):
-        checks.max_abs_diff(torch.ones(2), torch.ones(3))
+        compare.max_abs_diff(torch.ones(2), torch.ones(3))
     with pytest.raises(ValueError, match="numbers of tensors"):
-        checks.max_abs_diff(a, b[:1])
+        compare.max_abs_diff(a, b[:1])
 
 
 def test_require_names_both_versions():

@@ -40,10 +40,10 @@ def test_both_languages_have_the_same_rows_and_targets():
     [
         ("assert x == 1", True),
         ("torch.testing.assert_close(a, b)", True),
-        ("exercises.check_train_step(train_step)", True),
+        ("exercises.grade_train_step(train_step)", True),
         ("with checks.expect_error(ValueError):\n    f()", True),
         ("checks.grads_match(got, want)", True),
-        ("diff = checks.max_abs_diff(got, want)", False),  # measures, never raises
+        ("diff = compare.max_abs_diff(got, want)", False),  # measures, never raises
         ("other.grads_match(got, want)", False),
         ("%%px\nassert replica_diff == 0.0", True),
         ("mock_obj.assert_called_once_with(1)", True),

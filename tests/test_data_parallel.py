@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from labkit import checks, dp_compare, models
+from labkit import compare, dp_compare, models
 from labkit import data_parallel as dp
 
 # The simulation runs on CPU tensors; a model on the CPU selects it even with CUDA.
@@ -33,8 +33,8 @@ def run_both(batch, device_ids, seed=0):
     models.MyLoss()(out, y).backward()
     ref = reference(X)
     models.MyLoss()(ref, y).backward()
-    return (checks.max_abs_diff(out, ref),
-            checks.max_abs_diff(grads(model), grads(reference)), out)
+    return (compare.max_abs_diff(out, ref),
+            compare.max_abs_diff(grads(model), grads(reference)), out)
 
 
 @pytest.mark.parametrize(("batch", "n"), [(100, 2), (100, 3), (10, 4), (7, 2), (1, 2)])
@@ -71,7 +71,7 @@ def test_gradients_of_all_replicas_sum_into_the_original():
     models.MyLoss()(dp.gather(outputs, 0), y).backward()
     models.MyLoss()(reference(X), y).backward()
     torch.testing.assert_close(model.fc2.bias.grad, seen[0] + seen[1])
-    assert checks.max_abs_diff(grads(model), grads(reference)) <= 1e-6
+    assert compare.max_abs_diff(grads(model), grads(reference)) <= 1e-6
     # A second backward accumulates, as with one device.
     models.MyLoss()(dp.data_parallel(model, X, [0, 1]), y).backward()
     torch.testing.assert_close(model.fc2.bias.grad, 2 * reference.fc2.bias.grad)
@@ -108,9 +108,9 @@ def test_dim_other_than_zero():
     chunks = dp.scatter(seq, [0, 1, 2], dim=1)
     assert [c.shape for c in chunks] == [(7, 3, 10)] * 3
     out = dp.data_parallel(layer, seq, [0, 1, 2], dim=1)
-    assert checks.max_abs_diff(out, layer(seq)) <= 1e-6
+    assert compare.max_abs_diff(out, layer(seq)) <= 1e-6
     out = dp.data_parallel(layer, seq, [0, 1], dim=-2)
-    assert checks.max_abs_diff(out, layer(seq)) <= 1e-6
+    assert compare.max_abs_diff(out, layer(seq)) <= 1e-6
 
 
 class Scaled(nn.Module):
@@ -302,9 +302,9 @@ def test_simulation_matches_torch_data_parallel_on_cuda():
     out_sim = dp.data_parallel(model, X, list(range(max(n, 2))))  # the simulation
     models.MyLoss()(out_sim, y).backward()
     assert dp.uses_cuda(cuda_model) and not dp.uses_cuda(model)
-    assert checks.max_abs_diff(out_cuda.cpu(), out_sim) <= 1e-5
+    assert compare.max_abs_diff(out_cuda.cpu(), out_sim) <= 1e-5
     cuda_grads = [g.cpu() for g in grads(cuda_model)]
-    assert checks.max_abs_diff(cuda_grads, grads(model)) <= 1e-5
+    assert compare.max_abs_diff(cuda_grads, grads(model)) <= 1e-5
     with pytest.raises(ValueError, match="device_ids"):
         dp.data_parallel(cuda_model, X.cuda(), [n])  # beyond device_count
 
@@ -337,7 +337,7 @@ def test_dataparallel_replicates_at_every_step():
     step = dp_compare.dp_stepper(100, 1, 64, devices=2)
     before = [p.detach().clone() for p in step.model.parameters()]
     assert _replications_in(3, step) == 3
-    assert checks.max_abs_diff(list(step.model.parameters()), before) > 0  # it trained
+    assert compare.max_abs_diff(list(step.model.parameters()), before) > 0  # it trained
 
 
 def test_the_replication_count_catches_replicas_built_once():
@@ -363,14 +363,14 @@ def test_dp_stepper_times_a_step_and_restores_threads():
 
 def test_ddp_stepper_shards_the_batch_and_keeps_replicas_equal(ranks):
     ranks.execute(
-        "from labkit import ddp, dp_compare\n"
+        "from labkit import compare, dp_compare\n"
         "step = dp_compare.ddp_stepper(100, 1, 64)\n"
         "seen = []\n"
         "hook = step.model.module.register_forward_hook(\n"
         "    lambda module, args, out: seen.append(len(args[0])))\n"
         "seconds = [step() for _ in range(2)]\n"
         "hook.remove()\n"
-        "diff = ddp.replica_max_diff(step.model)\n")
+        "diff = compare.replica_max_diff(step.model)\n")
     assert ranks.pull("seen") == [[32, 32], [32, 32]]  # half the batch per rank
     assert ranks.pull("diff") == [0.0, 0.0]
     assert all(s > 0 for seconds in ranks.pull("seconds") for s in seconds)

@@ -15,8 +15,8 @@ def wrong(key):
 def test_wrong_answers_are_assertion_errors_in_the_lesson_language(capsys):
     labkit.set_lang("ja")
     with pytest.raises(AssertionError, match=r"まだです。.*ヒント: `x.view\(-1\)`"):
-        exercises.check_keeps_batch(answers.ViewMinusOne)
-    exercises.check_keeps_batch(answers.FlattenEachSample)
+        exercises.grade_keeps_batch(answers.ViewMinusOne)
+    exercises.grade_keeps_batch(answers.FlattenEachSample)
     assert capsys.readouterr().out.startswith("✓ 正解です。")
 
 
@@ -24,53 +24,53 @@ def test_wrong_answers_are_assertion_errors_in_the_lesson_language(capsys):
 
 
 def test_keeps_batch(capsys):
-    exercises.check_keeps_batch(answers.FlattenEachSample)
+    exercises.grade_keeps_batch(answers.FlattenEachSample)
     assert "Correct" in capsys.readouterr().out
     with wrong("ex_batch_error") as caught:
-        exercises.check_keeps_batch(answers.ViewMinusOne)
+        exercises.grade_keeps_batch(answers.ViewMinusOne)
     assert "shape (100, 10) fails" in str(caught.value)
     assert "flatten each sample only" in str(caught.value)
     with wrong("ex_batch") as caught:  # silently wrong with a batch of one
-        exercises.check_keeps_batch(answers.Squeeze)
+        exercises.grade_keeps_batch(answers.Squeeze)
     assert "output of shape (10,), not (1, 10)" in str(caught.value)
 
 
 def test_train_step(capsys):
-    exercises.check_train_step(answers.train_step)
+    exercises.grade_train_step(answers.train_step)
     assert "3 updates match correct SGD" in capsys.readouterr().out
     with wrong("ex_no_backward") as caught:
-        exercises.check_train_step(answers.train_step_as_written)
+        exercises.grade_train_step(answers.train_step_as_written)
     assert "call `loss.backward()`" in str(caught.value)
     with wrong("ex_no_zero_grad") as caught:
-        exercises.check_train_step(answers.train_step_no_zero_grad)
+        exercises.grade_train_step(answers.train_step_no_zero_grad)
     assert "Update 1 is right, update 2 is not" in str(caught.value)
     with wrong("ex_no_step"):
-        exercises.check_train_step(answers.train_step_no_step)
+        exercises.grade_train_step(answers.train_step_no_step)
 
 
 # 02
 
 
 def test_chunk_sizes(capsys):
-    exercises.check_chunk_sizes({(7, 3): [3, 3, 1], (6, 4): [2, 2, 2]})
+    exercises.grade_chunk_sizes({(7, 3): [3, 3, 1], (6, 4): [2, 2, 2]})
     assert "Correct" in capsys.readouterr().out
     with wrong("ex_fill_in"):
-        exercises.check_chunk_sizes({(7, 3): None})
+        exercises.grade_chunk_sizes({(7, 3): None})
     with wrong("ex_chunks") as caught:  # an even spread, as numpy.array_split
-        exercises.check_chunk_sizes({(6, 4): [2, 2, 1, 1]})
+        exercises.grade_chunk_sizes({(6, 4): [2, 2, 1, 1]})
     assert "rounded up" in str(caught.value)
 
 
 def test_manual_data_parallel(capsys):
-    exercises.check_manual_data_parallel(answers.data_parallel)
+    exercises.grade_manual_data_parallel(answers.data_parallel)
     assert "Outputs and gradients equal one device's" in capsys.readouterr().out
     with wrong("ex_dp_type") as caught:
-        exercises.check_manual_data_parallel(answers.data_parallel_no_gather)
+        exercises.grade_manual_data_parallel(answers.data_parallel_no_gather)
     assert "returned list" in str(caught.value)
     with wrong("ex_dp_shape"):
-        exercises.check_manual_data_parallel(answers.data_parallel_gather_dim1)
+        exercises.grade_manual_data_parallel(answers.data_parallel_gather_dim1)
     with wrong("ex_dp_replicas") as caught:
-        exercises.check_manual_data_parallel(answers.data_parallel_no_replicas)
+        exercises.grade_manual_data_parallel(answers.data_parallel_no_replicas)
     assert "the original model 2 times" in str(caught.value)
 
 
@@ -81,20 +81,20 @@ STEP = comm.StepModel(compute_s=0.002, sync_s=0.005, optimizer_s=0.001)
 
 
 def test_step_prediction(capsys):
-    exercises.check_step_prediction(STEP, 8, 8 * 0.007 + 0.001, 8 * 0.002 + 0.006)
+    exercises.grade_step_prediction(STEP, 8, 8 * 0.007 + 0.001, 8 * 0.002 + 0.006)
     assert "sync 57.0 ms, no_sync 22.0 ms" in capsys.readouterr().out
-    exercises.check_step_prediction(STEP, 8, STEP.predict(8, False),
+    exercises.grade_step_prediction(STEP, 8, STEP.predict(8, False),
                                     STEP.predict(8, True))
     with wrong("ex_fill_in"):
-        exercises.check_step_prediction(STEP, 8, None, None)
+        exercises.grade_step_prediction(STEP, 8, None, None)
     with wrong("ex_nosync_once"):  # no_sync counted with K synchronizations
-        exercises.check_step_prediction(STEP, 8, 0.057, 0.057)
+        exercises.grade_step_prediction(STEP, 8, 0.057, 0.057)
     with wrong("ex_forgot_o"):
-        exercises.check_step_prediction(STEP, 8, 0.056, 0.021)
+        exercises.grade_step_prediction(STEP, 8, 0.056, 0.021)
     with wrong("ex_units"):
-        exercises.check_step_prediction(STEP, 8, 57.0, 22.0)
+        exercises.grade_step_prediction(STEP, 8, 57.0, 22.0)
     with wrong("ex_step_hint"):
-        exercises.check_step_prediction(STEP, 8, 0.1, 0.022)
+        exercises.grade_step_prediction(STEP, 8, 0.1, 0.022)
 
 
 AB = comm.AlphaBeta(alpha=1e-4, beta=1e9)
@@ -102,73 +102,73 @@ AB = comm.AlphaBeta(alpha=1e-4, beta=1e9)
 
 def test_allreduce_prediction(capsys):
     params, n = 2_000_000, 8
-    exercises.check_allreduce_prediction(AB, params, n, 14e-4 + 1.75 * 8e6 / 1e9)
+    exercises.grade_allreduce_prediction(AB, params, n, 14e-4 + 1.75 * 8e6 / 1e9)
     assert "15.40 ms on 8 ranks (8.20 ms on 2)" in capsys.readouterr().out
     with wrong("ex_ring"):
-        exercises.check_allreduce_prediction(AB, params, n, 14e-4 + 8e6 / 1e9)
+        exercises.grade_allreduce_prediction(AB, params, n, 14e-4 + 8e6 / 1e9)
     with wrong("ex_bytes"):
-        exercises.check_allreduce_prediction(AB, params, n, 14e-4 + 1.75 * 2e6 / 1e9)
+        exercises.grade_allreduce_prediction(AB, params, n, 14e-4 + 1.75 * 2e6 / 1e9)
     with wrong("ex_alpha_steps"):
-        exercises.check_allreduce_prediction(AB, params, n, 1e-4 + 1.75 * 8e6 / 1e9)
+        exercises.grade_allreduce_prediction(AB, params, n, 1e-4 + 1.75 * 8e6 / 1e9)
     with wrong("ex_ab_hint"):
-        exercises.check_allreduce_prediction(AB, params, n, 1.0)
+        exercises.grade_allreduce_prediction(AB, params, n, 1.0)
 
 
 # 03 and 04: the learner's function runs on two ranks
 
 
 def test_set_epoch(ranks, capsys):
-    exercises.check_set_epoch(ranks, answers.epoch_orders)
+    exercises.grade_set_epoch(ranks, answers.epoch_orders)
     assert "all 16 samples without overlap" in capsys.readouterr().out
     with wrong("ex_repeats") as caught:
-        exercises.check_set_epoch(ranks, answers.epoch_orders_no_set_epoch)
+        exercises.grade_set_epoch(ranks, answers.epoch_orders_no_set_epoch)
     assert "sampler.set_epoch(epoch)" in str(caught.value)
     with wrong("ex_epochs"):  # each rank shuffles with its own epoch number
-        exercises.check_set_epoch(ranks, answers.epoch_orders_rank_epoch)
+        exercises.grade_set_epoch(ranks, answers.epoch_orders_rank_epoch)
 
 
 def test_average_gradients(ranks, capsys):
-    exercises.check_average_gradients(ranks, answers.average_gradients)
+    exercises.grade_average_gradients(ranks, answers.average_gradients)
     assert "equals the whole batch's" in capsys.readouterr().out
     with wrong("ex_grads_summed") as caught:
-        exercises.check_average_gradients(ranks, answers.average_gradients_sum)
+        exercises.grade_average_gradients(ranks, answers.average_gradients_sum)
     assert "2 times" in str(caught.value) and "divide by the world size" in str(
         caught.value)
     with wrong("ex_grads_apart"):
-        exercises.check_average_gradients(ranks, answers.average_gradients_copy)
+        exercises.grade_average_gradients(ranks, answers.average_gradients_copy)
 
 
 def test_accumulation_right(ranks, capsys):
-    exercises.check_accumulation(ranks, answers.accumulation_step)
+    exercises.grade_accumulation(ranks, answers.accumulation_step)
     assert "one all-reduce, identical replicas" in capsys.readouterr().out
 
 
 def test_replicas_agree(ranks, capsys):
-    exercises.check_replicas_agree(ranks, answers.train)
+    exercises.grade_replicas_agree(ranks, answers.train)
     assert "learning rate 0.0125" in capsys.readouterr().out
     with wrong("ex_lr_apart") as caught:
-        exercises.check_replicas_agree(ranks, answers.train_scheduler_on_rank_0)
+        exercises.grade_replicas_agree(ranks, answers.train_scheduler_on_rank_0)
     assert "rank 0: 0.0125, rank 1: 0.1" in str(caught.value)
     with wrong("ex_train_apart"):
-        exercises.check_replicas_agree(ranks, answers.train_step_on_rank_0)
+        exercises.grade_replicas_agree(ranks, answers.train_step_on_rank_0)
     with wrong("ex_only_line"):
-        exercises.check_replicas_agree(ranks, answers.train_no_scheduler)
+        exercises.grade_replicas_agree(ranks, answers.train_no_scheduler)
 
 
 # 06: the learning rate of a large batch
 
 
 def test_warmup_schedule(capsys):
-    exercises.check_warmup_schedule(answers.lr_at)
+    exercises.grade_warmup_schedule(answers.lr_at)
     assert "0.16 at step 0, then up in a straight line to 3.2 at step 20" in (
         capsys.readouterr().out)
     with wrong("ex_fill_in"):
-        exercises.check_warmup_schedule(lambda step, batch_size: None)
+        exercises.grade_warmup_schedule(lambda step, batch_size: None)
 
 
 def test_warmup_schedule_wrong_factor():
     with wrong("ex_lr_peak") as caught:  # scaled by the world size of 8 ranks
-        exercises.check_warmup_schedule(lambda step, batch_size: 8 * answers.lr_at(
+        exercises.grade_warmup_schedule(lambda step, batch_size: 8 * answers.lr_at(
             step, 32))
     assert "16 times the batch, 16 times the rate" in str(caught.value)
 
@@ -177,7 +177,7 @@ def test_warmup_schedule_wrong_factor():
 
 
 def test_global_statistics(ranks, capsys):
-    exercises.check_global_statistics(ranks, answers.global_mean_var)
+    exercises.grade_global_statistics(ranks, answers.global_mean_var)
     assert "With 3 + 9 = 12 samples on the ranks, every rank got the mean and " \
            "variance of all of them" in capsys.readouterr().out
 
@@ -186,22 +186,22 @@ def test_global_statistics(ranks, capsys):
 
 
 def test_torchrun_env(capsys):
-    exercises.check_torchrun_env(answers.torchrun_env)  # with a real torchrun run
+    exercises.grade_torchrun_env(answers.torchrun_env)  # with a real torchrun run
     assert "node 0: RANK 0, 1; node 1: RANK 2, 3" in capsys.readouterr().out
-    exercises.check_torchrun_env(answers.torchrun_env_as_strings, real=False)
+    exercises.grade_torchrun_env(answers.torchrun_env_as_strings, real=False)
     with wrong("ex_fill_in"):
-        exercises.check_torchrun_env(lambda nnodes, nproc_per_node, node_rank: None)
+        exercises.grade_torchrun_env(lambda nnodes, nproc_per_node, node_rank: None)
     with wrong("ex_fill_in"):  # the lesson's starting point
-        exercises.check_torchrun_env(lambda nnodes, nproc_per_node, node_rank: [
+        exercises.grade_torchrun_env(lambda nnodes, nproc_per_node, node_rank: [
             {"RANK": None, "LOCAL_RANK": i, "WORLD_SIZE": None}
             for i in range(nproc_per_node)])
 
 
 def test_shard_sizes(ranks, capsys):
-    exercises.check_shard_sizes(ranks, answers.values_held)
+    exercises.grade_shard_sizes(ranks, answers.values_held)
     assert "fully_shard measured on these 2 ranks" in capsys.readouterr().out
     with wrong("ex_fill_in"):
-        exercises.check_shard_sizes(ranks, lambda shape, rank, world_size: None)
+        exercises.grade_shard_sizes(ranks, lambda shape, rank, world_size: None)
 
 
 # Typical mistakes: each check names the one it sees
@@ -225,7 +225,7 @@ def test_shard_sizes(ranks, capsys):
 ])
 def test_mistakes(check, answer, key, says):
     with wrong(key) as caught:
-        getattr(exercises, f"check_{check}")(getattr(answers, answer))
+        getattr(exercises, f"grade_{check}")(getattr(answers, answer))
     assert says in str(caught.value)
 
 
@@ -267,5 +267,5 @@ def test_mistakes(check, answer, key, says):
 ])
 def test_mistakes_on_ranks(ranks, check, answer, key, says):
     with wrong(key) as caught:
-        getattr(exercises, f"check_{check}")(ranks, getattr(answers, answer))
+        getattr(exercises, f"grade_{check}")(ranks, getattr(answers, answer))
     assert says in str(caught.value)

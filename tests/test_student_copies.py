@@ -56,7 +56,7 @@ def test_each_exercise_has_a_solution_then_a_check(lang, lesson):
     for i in starts:
         solution, check = cells[i + 1], cells[i + 2]
         assert "solution" in tags(solution), f"{path.name}: cell {i + 2}"
-        assert check.cell_type == "code" and "exercises.check_" in check.source
+        assert check.cell_type == "code" and "exercises.grade_" in check.source
     assert sum("solution" in tags(c) for c in cells) == len(starts)
 
 

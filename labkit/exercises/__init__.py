@@ -1,0 +1,38 @@
+"""Graders of the lessons' exercises: right, or what is wrong and a hint.
+
+A lesson's exercise ends in a cell that calls `exercises.grade_NAME(answer)`.
+A grader prints its verdict in the lesson's language when the answer is right,
+and raises WrongAnswer (an AssertionError) naming the mistake and a hint when
+it is not; graders that take `ranks` run the learner's function on every rank.
+Each lesson's graders, with their messages, live in the module named after the
+lesson (lesson 04, `course/04_no_sync.py`: `labkit/exercises/no_sync.py`).
+"""
+
+from __future__ import annotations
+
+from .communication import grade_allreduce_prediction, grade_step_prediction
+from .data_parallel import grade_chunk_sizes, grade_manual_data_parallel
+from .ddp import grade_average_gradients, grade_set_epoch
+from .ecosystem import grade_shard_sizes, grade_torchrun_env
+from .feedback import WrongAnswer
+from .models import grade_keeps_batch, grade_train_step
+from .no_sync import grade_accumulation, grade_replicas_agree
+from .speedups import grade_global_statistics, grade_warmup_schedule
+
+__all__ = [
+    "WrongAnswer",
+    "grade_accumulation",
+    "grade_allreduce_prediction",
+    "grade_average_gradients",
+    "grade_chunk_sizes",
+    "grade_global_statistics",
+    "grade_keeps_batch",
+    "grade_manual_data_parallel",
+    "grade_replicas_agree",
+    "grade_set_epoch",
+    "grade_shard_sizes",
+    "grade_step_prediction",
+    "grade_torchrun_env",
+    "grade_train_step",
+    "grade_warmup_schedule",
+]
