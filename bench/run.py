@@ -63,15 +63,15 @@ def cold_launch() -> float:
 @contextmanager
 def ipyparallel_defaults():
     """Start engines as plain ipyparallel does: 3 s heartbeat, torch imported late."""
-    from labkit import engine_main
+    from labkit.cluster import engine
 
-    saved = engine_main.CONTROLLER_ARGS, engine_main.config
-    engine_main.CONTROLLER_ARGS = ["--IPController.use_threads=True"]
-    engine_main.config = lambda: None
+    saved = engine.CONTROLLER_ARGS, engine.config
+    engine.CONTROLLER_ARGS = ["--IPController.use_threads=True"]
+    engine.config = lambda: None
     try:
         yield
     finally:
-        engine_main.CONTROLLER_ARGS, engine_main.config = saved
+        engine.CONTROLLER_ARGS, engine.config = saved
 
 
 def launch_times(repeat: int, cold_repeat: int) -> dict:
@@ -109,13 +109,14 @@ def loop_ratio(repeat: int, K: int = 4) -> float:
     import torch
     import torch.distributed as dist
 
-    from labkit import models, nosync
+    from labkit import models, nosync, workload
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    cfg = nosync.NoSyncConfig(accum_steps=K, hidden=512, depth=2, batch_per_rank=256)
-    model, _ = nosync.wrap(cfg)
-    optimizer = nosync.make_optimizer(model, cfg)
-    batches = nosync.micro_batches(nosync.make_dataset(cfg), cfg, 0, rank, world_size)
+    cfg = workload.Config(accum_steps=K, hidden=512, depth=2, batch_per_rank=256)
+    model, _ = workload.wrap(cfg)
+    optimizer = workload.make_optimizer(model, cfg)
+    dataset = workload.make_dataset(cfg)
+    batches = workload.micro_batches(dataset, cfg, 0, rank, world_size)
     criterion = models.MyLoss()
 
     def labkit_loop():

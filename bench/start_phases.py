@@ -28,13 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     import ipyparallel as ipp
 
     mark("ipyparallel imported")
-    from labkit import engine_main, rendezvous
+    from labkit.cluster import engine, rendezvous
 
     mark("labkit imported (torch with it; a lesson has imported it already)")
     if args.defaults:
         controller_args, config = ["--IPController.use_threads=True"], None
     else:
-        controller_args, config = engine_main.CONTROLLER_ARGS, engine_main.config()
+        controller_args, config = engine.CONTROLLER_ARGS, engine.config()
     c = ipp.Cluster(n=2, controller_ip="127.0.0.1", engines="local", log_level=40,
                     controller_args=controller_args, config=config)
     try:
@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         mark("torch imported on both engines")
         store = rendezvous.local_store(20.0, 0)
         view.scatter("rank", [0, 1], flatten=True, block=True)
-        view.apply_sync(lambda port: __import__("labkit.rendezvous").rendezvous
+        view.apply_sync(lambda port: __import__("labkit.cluster.rendezvous")
+                        .cluster.rendezvous
                         .init_rank(rank, 2, "gloo", port, "phases", 20.0, 1),  # noqa: F821
                         store.port)
         mark("process group joined")

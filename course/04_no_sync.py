@@ -60,7 +60,7 @@ labkit.set_lang("en")
 # %%
 import torch
 
-from labkit import checks, cluster, exercises, models, nosync, plots
+from labkit import checks, cluster, exercises, models, nosync, plots, workload
 
 ranks = cluster.start(2, background=True)  # the ranks boot while you read
 
@@ -104,16 +104,16 @@ import copy
 
 import torch
 
-from labkit import checks, compare, ddp, models, nosync
+from labkit import checks, compare, ddp, models, nosync, workload
 
 K = 4
-cfg = nosync.NoSyncConfig(accum_steps=K, batch_per_rank=16)
-dataset = nosync.make_dataset(cfg)  # the teacher task
+cfg = workload.Config(accum_steps=K, batch_per_rank=16)
+dataset = workload.make_dataset(cfg)  # the teacher task
 criterion = models.MyLoss()
-model, counter = nosync.wrap(cfg)  # DDP, same weights on every rank, counting hook
+model, counter = workload.wrap(cfg)  # DDP, same weights on every rank, counting hook
 reference = copy.deepcopy(model.module)  # one process, no DDP, same weights
-optimizer = nosync.make_optimizer(model, cfg)
-batches = nosync.micro_batches(dataset, cfg, 0, rank, world_size)  # this rank's K
+optimizer = workload.make_optimizer(model, cfg)
+batches = workload.micro_batches(dataset, cfg, 0, rank, world_size)  # this rank's K
 
 optimizer.zero_grad()
 counter.reset()
@@ -152,7 +152,7 @@ print(f"rank {rank}: {counter.calls} all-reduce call(s) for {K} micro-batches")
 
 # %%
 # %%px
-(X_all, y_all), = nosync.micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
+(X_all, y_all), = workload.micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
 criterion(reference(X_all), y_all).backward()
 ref_grads = [p.grad for p in reference.parameters()]
 diff_inside = checks.grads_differ(grads_before_sync, ref_grads)  # own data only
@@ -281,8 +281,8 @@ print(f"|accumulated - 64-sample batch gradient|: with BatchNorm {bn_gap:.2e}, "
 import torch.distributed as dist
 
 sizes = [[16, 16, 16, 4], [16, 16, 16, 16]]  # rank -> micro-batch sizes
-uneven, (X_whole, y_whole) = nosync.uneven_micro_batches(dataset, sizes, rank)
-uneven_model, _ = nosync.wrap(cfg)
+uneven, (X_whole, y_whole) = workload.uneven_micro_batches(dataset, sizes, rank)
+uneven_model, _ = workload.wrap(cfg)
 whole_model = copy.deepcopy(uneven_model.module)  # one process, all 116 samples
 whole_loss = criterion(whole_model(X_whole), y_whole)
 whole_loss.backward()
@@ -375,11 +375,11 @@ print(f"rank {rank}: {counter.calls} all-reduce calls, gradient still right "
 
 # %%
 # %%px
-model, counter = nosync.wrap(cfg)
-optimizer = nosync.make_optimizer(model, cfg)
+model, counter = workload.wrap(cfg)
+optimizer = workload.make_optimizer(model, cfg)
 param_diff = [checks.replicas_equal(model)]  # 0.0: DDP starts from equal replicas
 for step in range(15):  # the misuse: every rank steps on its own gradient
-    for X, y in nosync.micro_batches(dataset, cfg, step, rank, world_size):
+    for X, y in workload.micro_batches(dataset, cfg, step, rank, world_size):
         with model.no_sync():
             optimizer.zero_grad()
             criterion(model(X), y).backward()
@@ -388,7 +388,7 @@ for step in range(15):  # the misuse: every rank steps on its own gradient
 for step in range(15, 30):  # back to correct, synchronized accumulation
     optimizer.zero_grad()
     nosync.accumulate_no_sync(
-        model, criterion, nosync.micro_batches(dataset, cfg, step, rank, world_size))
+        model, criterion, workload.micro_batches(dataset, cfg, step, rank, world_size))
     optimizer.step()
     param_diff.append(compare.replica_max_diff(model))
 print(f"rank {rank}: max difference after 15 misused steps {param_diff[15]:.4f}, "
@@ -536,8 +536,8 @@ exercises.grade_replicas_agree(ranks, train)
 
 # %%
 sizes = {"doc 004 MLP": (100, 1), "MLP 1024x3": (1024, 3)}  # name -> (hidden, depth)
-params = {name: models.count_params(nosync.make_model(
-    nosync.NoSyncConfig(hidden=hidden, depth=depth))) for name, (hidden, depth) in sizes.items()}
+params = {name: models.count_params(workload.make_model(
+    workload.Config(hidden=hidden, depth=depth))) for name, (hidden, depth) in sizes.items()}
 for name, n in params.items():
     print(f"{name}: {n:,} parameters, {4 * n:,} bytes of float32 gradients "
           f"= {4 * n / 1e6:.4g} MB = {4 * n / 2**20:.4g} MiB")
@@ -559,7 +559,7 @@ import statistics
 
 costs = {}  # model -> nosync.update_costs(...) and "allreduce": seconds of one
 for name, (hidden, depth) in {"doc 004 MLP": (100, 1), "MLP 1024x3": (1024, 3)}.items():
-    c = nosync.NoSyncConfig(hidden=hidden, depth=depth, repeat=5)
+    c = workload.Config(hidden=hidden, depth=depth, repeat=5)
     costs[name] = nosync.update_costs(rank, world_size, c, ks=(1, 2, 4, 8))
     costs[name]["allreduce"] = ddp.allreduce_time(costs[name]["params"])
     print(name, {k: f"sync {statistics.median(a) * 1e3:.1f} ms, "
@@ -665,8 +665,8 @@ fig = plots.line_chart(series, xlabel="accum_k", ylabel="step_time_ms",
 
 # %% tags=["nbval-ignore-output"]
 # %%px
-c = nosync.NoSyncConfig(accum_steps=4, hidden=1024, depth=3, steps=30, lr=0.05,
-                        momentum=0.9)
+c = workload.Config(accum_steps=4, hidden=1024, depth=3, steps=30, lr=0.05,
+                    momentum=0.9)
 runs = {mode: nosync.convergence(rank, world_size, c, use_no_sync=mode == "no_sync")
         for mode in ("sync", "no_sync")}
 print(f"rank {rank}: final loss sync {runs['sync']['losses'][-1]:.4f}, "

@@ -247,21 +247,21 @@ exercises.grade_allreduce_prediction(ab, n_params, 8, allreduce_s)
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labkit import models, nosync
+from labkit import models, workload
 
 
 def log_buckets(cfg, steps=3, **ddp_kwargs):
     """Bytes of each bucket DDP sent, per step, on this rank's first micro-batch."""
-    model = DDP(nosync.make_model(cfg), **ddp_kwargs)
+    model = DDP(workload.make_model(cfg), **ddp_kwargs)
     log = comm.BucketLog().attach(model)
-    X, y = nosync.micro_batches(nosync.make_dataset(cfg), cfg, 0, rank, world_size)[0]
+    X, y = workload.micro_batches(workload.make_dataset(cfg), cfg, 0, rank, world_size)[0]
     for _ in range(steps):
         log.step()
         models.MyLoss()(model(X), y).backward()
     return log.steps, 4 * models.count_params(model.module)
 
 
-big = nosync.NoSyncConfig(hidden=1024, depth=3, accum_steps=1)
+big = workload.Config(hidden=1024, depth=3, accum_steps=1)
 seen = {}
 ways = {"DDP(model)": {}, "bucket_cap_mb=25": {"bucket_cap_mb": 25}}
 for name, kwargs in ways.items():
@@ -275,7 +275,7 @@ comm.check_buckets_rebuilt(seen["DDP(model)"], param_bytes)
 assert seen["DDP(model)"][1][0] >= dist._DEFAULT_FIRST_BUCKET_BYTES  # 1 MiB
 assert seen["bucket_cap_mb=25"] == [[param_bytes]] * 3  # one bucket every step
 # The buckets a training step sends, for the cells below (doc 004's model too).
-buckets_used = {"doc 004 MLP": log_buckets(nosync.NoSyncConfig(accum_steps=1))[0][-1],
+buckets_used = {"doc 004 MLP": log_buckets(workload.Config(accum_steps=1))[0][-1],
                 "MLP 1024x3": seen["DDP(model)"][-1]}
 
 # %% [markdown] lang="ja"
@@ -352,7 +352,7 @@ buckets_used = {"doc 004 MLP": log_buckets(nosync.NoSyncConfig(accum_steps=1))[0
 
 # %% tags=["nbval-ignore-output"]
 # %%px
-cfg = nosync.NoSyncConfig(hidden=512, depth=8, bucket_cap_mb=1, accum_steps=1)
+cfg = workload.Config(hidden=512, depth=8, bucket_cap_mb=1, accum_steps=1)
 timeline = comm.bucket_timeline(rank, world_size, cfg, steps=4)
 for i, step in enumerate(timeline, start=1):
     print(f"rank {rank}, step {i}: {len(step['events'])} all-reduce(s); gradients done "
@@ -450,9 +450,9 @@ import time
 
 import torch
 
-from labkit import models, nosync
+from labkit import models, workload
 
-net = nosync.make_model(nosync.NoSyncConfig(hidden=1024, depth=3))
+net = workload.make_model(workload.Config(hidden=1024, depth=3))
 criterion = models.MyLoss()
 X, y = torch.randn(16, 10), torch.randn(16, 10)
 first, later = [], []

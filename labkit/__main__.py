@@ -33,9 +33,10 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _experiment(args: argparse.Namespace) -> int:
-    from . import launch, nosync, rendezvous
+    from . import nosync, workload
+    from .cluster import launch, rendezvous
 
-    cfg = nosync.NoSyncConfig(
+    cfg = workload.Config(
         accum_steps=args.accum, steps=args.steps, batch_per_rank=args.batch_per_rank,
         hidden=args.hidden, depth=args.depth, lr=args.lr, seed=args.seed,
         bucket_cap_mb=args.bucket_cap_mb, repeat=args.repeat)
@@ -45,8 +46,8 @@ def _experiment(args: argparse.Namespace) -> int:
 
         world_size = int(os.environ["WORLD_SIZE"])
     # Every argument is checked here, before a single worker starts.
-    rendezvous.check_args(world_size, args.backend, args.accum)
-    cfg.check(world_size)
+    rendezvous.check_args(world_size, args.backend, args.port)
+    cfg.check()
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be > 0, got {args.timeout}")
     fn = {"nosync": nosync.nosync_experiment,
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from labkit import launch
+    from labkit.cluster import launch
 
     # Under torchrun, record() writes this rank's traceback where torchrun reads it.
     code = record(main)()

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import ddp, models, nosync
+from . import ddp, models, nosync, workload
 
 __all__ = [
     "LINKS",
@@ -274,17 +274,19 @@ def step_times_by_k(rank: int, world_size: int, hidden: int, depth: int,
     One model for every K, timed in turn over `repeat` rounds
     (nosync.interleaved_step_times).
     """
-    cfg = nosync.NoSyncConfig(accum_steps=max(ks), hidden=hidden, depth=depth,
-                              repeat=repeat, bucket_cap_mb=bucket_cap_mb)
-    cfg.check(world_size)
-    model, _ = nosync.wrap(cfg)
-    batches = nosync.micro_batches(nosync.make_dataset(cfg), cfg, 1, rank, world_size)
-    return nosync.interleaved_step_times(model, nosync.make_optimizer(model, cfg),
+    cfg = workload.Config(accum_steps=max(ks), hidden=hidden, depth=depth,
+                          repeat=repeat, bucket_cap_mb=bucket_cap_mb)
+    cfg.check()
+    model, _ = workload.wrap(cfg)
+    dataset = workload.make_dataset(cfg)
+    batches = workload.micro_batches(dataset, cfg, 1, rank, world_size)
+    return nosync.interleaved_step_times(model, workload.make_optimizer(model, cfg),
                                          batches, ks, repeat)
 
 
-def _first_micro_batch(cfg: nosync.NoSyncConfig, rank: int, world_size: int):
-    return nosync.micro_batches(nosync.make_dataset(cfg), cfg, 0, rank, world_size)[0]
+def _first_micro_batch(cfg: workload.Config, rank: int, world_size: int):
+    dataset = workload.make_dataset(cfg)
+    return workload.micro_batches(dataset, cfg, 0, rank, world_size)[0]
 
 
 def split_at(spans: Sequence[tuple[float, float]], t: float) -> tuple[float, float]:
@@ -367,7 +369,7 @@ class Timeline:
         return step
 
 
-def bucket_timeline(rank: int, world_size: int, cfg: nosync.NoSyncConfig,
+def bucket_timeline(rank: int, world_size: int, cfg: workload.Config,
                     steps: int = 4, comm_hook: Callable | None = None) -> list[dict]:
     """`steps` records of Timeline on the first micro-batch, one per backward.
 
@@ -377,7 +379,7 @@ def bucket_timeline(rank: int, world_size: int, cfg: nosync.NoSyncConfig,
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    model = DDP(nosync.make_model(cfg), bucket_cap_mb=cfg.bucket_cap_mb)
+    model = DDP(workload.make_model(cfg), bucket_cap_mb=cfg.bucket_cap_mb)
     timeline = Timeline(model, comm_hook)
     X, y = _first_micro_batch(cfg, rank, world_size)
     criterion = models.MyLoss()

@@ -1,4 +1,4 @@
-"""Gradient accumulation with DDP's no_sync, and the experiments of lesson 04.
+"""Gradient accumulation with DDP's no_sync, its timing, and lesson 04's experiments.
 
 Every function taking `rank, world_size` runs on each rank of an initialized
 process group: on the notebook's engines, under torchrun, or under
@@ -11,107 +11,27 @@ import statistics
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import compare, data, ddp, models, rendezvous, timing
+from . import compare, models, timing, workload
 
 __all__ = [
-    "NoSyncConfig",
     "accumulate_by_count",
     "accumulate_no_sync",
     "accumulated_and_whole_grads",
     "convergence",
     "interleaved_step_samples",
     "interleaved_step_times",
-    "make_dataset",
-    "make_model",
-    "make_optimizer",
-    "micro_batches",
     "misuse_experiment",
     "nosync_experiment",
     "step_times",
-    "uneven_micro_batches",
     "update_costs",
-    "wrap",
 ]
-
-
-@dataclass
-class NoSyncConfig:
-    """One experiment: model size, accumulation, data and timing settings."""
-
-    accum_steps: int = 4
-    steps: int = 10
-    batch_per_rank: int = 16  # samples per rank in one micro-batch
-    hidden: int = 100  # hidden=100, depth=1 is doc 004's model
-    depth: int = 1
-    lr: float = 0.05
-    momentum: float = 0.0
-    seed: int = 0
-    # None: DDP's own default (not the same as 25: see lesson 05's buckets)
-    bucket_cap_mb: float | None = None
-    repeat: int = 5  # timed optimizer steps per mode
-
-    def check(self, world_size: int) -> None:
-        rendezvous.check_args(world_size, "gloo", self.accum_steps)  # backend: launcher
-        for name in ("steps", "batch_per_rank", "hidden", "depth", "repeat"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
-            raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
-
-
-def make_model(cfg: NoSyncConfig) -> nn.Module:
-    """The same initial weights on every rank and in the single-process reference."""
-    torch.manual_seed(cfg.seed)
-    return models.WideMLP(hidden=cfg.hidden, depth=cfg.depth).to(_device())
-
-
-def _device() -> torch.device:
-    """This rank's GPU under nccl, else the CPU."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def make_optimizer(model: nn.Module, cfg: NoSyncConfig) -> torch.optim.Optimizer:
-    """SGD with the configured learning rate and momentum."""
-    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-
-
-def make_dataset(cfg: NoSyncConfig) -> data.TeacherDataset:
-    """The teacher task, on this rank's device."""
-    dataset = data.TeacherDataset(n=4096, seed=cfg.seed)
-    device = _device()
-    dataset.data, dataset.target = dataset.data.to(device), dataset.target.to(device)
-    return dataset
-
-
-def micro_batches(dataset, cfg: NoSyncConfig, step: int, rank: int, world_size: int,
-                  whole: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Rank `rank`'s K micro-batches for optimizer step `step`.
-
-    The global batch of one step is K x world_size x batch_per_rank samples;
-    micro-batch i takes a slice of it and each rank takes its share of that.
-    With `whole`, the single step's whole global batch (the reference).
-    """
-    per_micro = world_size * cfg.batch_per_rank
-    size = cfg.accum_steps * per_micro
-    idx = ((torch.arange(size) + step * size) % len(dataset)).to(dataset.data.device)
-    X, y = dataset.data[idx], dataset.target[idx]
-    if whole:
-        return [(X, y)]
-    out = []
-    for i in range(cfg.accum_steps):
-        part = slice(i * per_micro, (i + 1) * per_micro)
-        out.append((ddp.shard(X[part], rank, world_size),
-                    ddp.shard(y[part], rank, world_size)))
-    return out
 
 
 def accumulate_no_sync(model: DDP, criterion, batches, use_no_sync: bool = True,
@@ -133,7 +53,6 @@ def accumulate_no_sync(model: DDP, criterion, batches, use_no_sync: bool = True,
             (loss / K if scale else loss).backward()
         total += loss.item()
     return total / K
-
 
 def accumulate_by_count(model: DDP, criterion, batches) -> float:
     """Like accumulate_no_sync, exact for micro-batches of any sizes.
@@ -160,7 +79,6 @@ def accumulate_by_count(model: DDP, criterion, batches) -> float:
     dist.all_reduce(total)
     return (total / count).item()
 
-
 def accumulated_and_whole_grads(model: nn.Module, criterion, X: torch.Tensor,
                                 y: torch.Tensor, K: int
                                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -177,51 +95,20 @@ def accumulated_and_whole_grads(model: nn.Module, criterion, X: torch.Tensor,
     criterion(model(X), y).backward()
     return accumulated, compare.grads(model)
 
-
-def uneven_micro_batches(dataset, sizes: Sequence[Sequence[int]], rank: int
-                         ) -> tuple[list, tuple[torch.Tensor, torch.Tensor]]:
-    """Rank `rank`'s micro-batches of the given sizes, and the whole batch.
-
-    `sizes[r]` lists rank r's micro-batch sizes; the whole batch is every
-    rank's samples together, consecutive from the dataset's start.
-    """
-    if len(sizes) != dist.get_world_size():
-        raise ValueError(f"sizes lists {len(sizes)} ranks, the group has "
-                         f"{dist.get_world_size()}")
-    if len({len(s) for s in sizes}) != 1 or min(min(s) for s in sizes) < 1:
-        raise ValueError(f"every rank needs as many micro-batches, each of at least "
-                         f"one sample: {sizes}")
-    start = sum(sum(s) for s in sizes[:rank])
-    out = []
-    for n in sizes[rank]:
-        out.append((dataset.data[start:start + n], dataset.target[start:start + n]))
-        start += n
-    total = sum(sum(s) for s in sizes)
-    return out, (dataset.data[:total], dataset.target[:total])
-
-
-def wrap(cfg: NoSyncConfig) -> tuple[DDP, ddp.CommCounter]:
-    """A DDP model (same initial weights on every rank) with an all-reduce counter."""
-    device = _device()
-    model = DDP(make_model(cfg), bucket_cap_mb=cfg.bucket_cap_mb,
-                device_ids=[device] if device.type == "cuda" else None)
-    return model, ddp.CommCounter().attach(model)
-
-
-def nosync_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
+def nosync_experiment(rank: int, world_size: int, cfg: workload.Config) -> dict:
     """Equivalence, replica agreement, all-reduce counts and step times."""
-    cfg.check(world_size)
-    dataset = make_dataset(cfg)
+    cfg.check()
+    dataset = workload.make_dataset(cfg)
     criterion = models.MyLoss()
-    model, counter = wrap(cfg)
-    optimizer = make_optimizer(model, cfg)
+    model, counter = workload.wrap(cfg)
+    optimizer = workload.make_optimizer(model, cfg)
 
     # 1. The accumulated DDP gradient against one process on the K-times batch.
-    local = make_model(cfg)
-    (Xg, yg), = micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
+    local = workload.make_model(cfg)
+    (Xg, yg), = workload.micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
     criterion(local(Xg), yg).backward()
     optimizer.zero_grad()
-    first = micro_batches(dataset, cfg, 0, rank, world_size)
+    first = workload.micro_batches(dataset, cfg, 0, rank, world_size)
     accumulate_no_sync(model, criterion, first)
     grad_diff = compare.max_abs_diff(compare.grads(model.module), compare.grads(local))
 
@@ -231,7 +118,7 @@ def nosync_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
         optimizer.zero_grad()
         counter.reset()
         accumulate_no_sync(model, criterion,
-                           micro_batches(dataset, cfg, step, rank, world_size))
+                           workload.micro_batches(dataset, cfg, step, rank, world_size))
         optimizer.step()
         calls.append(counter.calls)
     replica_diff = compare.replica_max_diff(model)
@@ -256,14 +143,12 @@ def nosync_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
         "step_s_nosync": nosync_s,
     }
 
-
-def step_times(model: DDP, optimizer, dataset, cfg: NoSyncConfig, rank: int,
+def step_times(model: DDP, optimizer, dataset, cfg: workload.Config, rank: int,
                world_size: int) -> tuple[float, float]:
     """Seconds of one optimizer step of K micro-batches: (sync, no_sync)."""
-    batches = micro_batches(dataset, cfg, 1, rank, world_size)
+    batches = workload.micro_batches(dataset, cfg, 1, rank, world_size)
     return interleaved_step_times(model, optimizer, batches, (cfg.accum_steps,),
                                   cfg.repeat)[cfg.accum_steps]
-
 
 def interleaved_step_times(model: DDP, optimizer, batches: list, ks: Sequence[int],
                            rounds: int, block_s: float = 0.05
@@ -275,7 +160,6 @@ def interleaved_step_times(model: DDP, optimizer, batches: list, ks: Sequence[in
     samples = interleaved_step_samples(model, optimizer, batches, ks, rounds, block_s)
     return {k: (statistics.median(samples[k][0]), statistics.median(samples[k][1]))
             for k in ks}
-
 
 def interleaved_step_samples(model: DDP, optimizer, batches: list, ks: Sequence[int],
                              rounds: int, block_s: float = 0.05
@@ -305,7 +189,7 @@ def interleaved_step_samples(model: DDP, optimizer, batches: list, ks: Sequence[
             optimizer.zero_grad()
             accumulate_no_sync(model, criterion, batches[:k], use_no_sync=use_no_sync)
             optimizer.step()
-        timing.sync(_device())
+        timing.sync(workload.device())
         return (time.perf_counter() - t0) / steps
 
     for mode in modes:  # warm-up: DDP's first iterations rebuild its buckets
@@ -326,8 +210,7 @@ def interleaved_step_samples(model: DDP, optimizer, batches: list, ks: Sequence[
             times[mode].append(block(*mode, n))
     return {k: (times[k, False], times[k, True]) for k in ks}
 
-
-def update_costs(rank: int, world_size: int, cfg: NoSyncConfig,
+def update_costs(rank: int, world_size: int, cfg: workload.Config,
                  ks: Sequence[int] = (1, 2, 4, 8)) -> dict:
     """What one update of K micro-batches costs, synced and with no_sync, per K.
 
@@ -335,12 +218,13 @@ def update_costs(rank: int, world_size: int, cfg: NoSyncConfig,
     update; "seconds" (sync rounds, no_sync rounds) from cfg.repeat
     interleaved rounds (interleaved_step_samples).
     """
-    cfg = NoSyncConfig(**{**asdict(cfg), "accum_steps": max(ks)})
-    cfg.check(world_size)
-    model, counter = wrap(cfg)
-    optimizer = make_optimizer(model, cfg)
+    cfg = workload.Config(**{**asdict(cfg), "accum_steps": max(ks)})
+    cfg.check()
+    model, counter = workload.wrap(cfg)
+    optimizer = workload.make_optimizer(model, cfg)
     criterion = models.MyLoss()
-    batches = micro_batches(make_dataset(cfg), cfg, 1, rank, world_size)
+    dataset = workload.make_dataset(cfg)
+    batches = workload.micro_batches(dataset, cfg, 1, rank, world_size)
     accumulate_no_sync(model, criterion, batches)  # warm-up: DDP rebuilds buckets
     calls, nbytes = {}, {}
     for k in ks:
@@ -356,17 +240,16 @@ def update_costs(rank: int, world_size: int, cfg: NoSyncConfig,
     return {"params": models.count_params(model.module), "calls": calls,
             "bytes": nbytes, "seconds": seconds}
 
-
-def misuse_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
+def misuse_experiment(rank: int, world_size: int, cfg: workload.Config) -> dict:
     """The documents' misuses of no_sync, measured."""
-    cfg.check(world_size)
-    dataset = make_dataset(cfg)
+    cfg.check()
+    dataset = workload.make_dataset(cfg)
     criterion = models.MyLoss()
     K = cfg.accum_steps
-    batches = micro_batches(dataset, cfg, 0, rank, world_size)
+    batches = workload.micro_batches(dataset, cfg, 0, rank, world_size)
 
     def calls_of(run) -> int:
-        model, counter = wrap(cfg)
+        model, counter = workload.wrap(cfg)
         accumulate_no_sync(model, criterion, batches)  # warm-up: buckets rebuilt
         model.zero_grad()
         counter.reset()
@@ -387,11 +270,11 @@ def misuse_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
                 loss.backward()
 
     # Stepping inside no_sync: every rank updates with its own gradient.
-    model, _ = wrap(cfg)
-    optimizer = make_optimizer(model, cfg)
+    model, _ = workload.wrap(cfg)
+    optimizer = workload.make_optimizer(model, cfg)
     diffs = []
     for step in range(cfg.steps):
-        for X, y in micro_batches(dataset, cfg, step, rank, world_size):
+        for X, y in workload.micro_batches(dataset, cfg, step, rank, world_size):
             with model.no_sync():
                 optimizer.zero_grad()
                 criterion(model(X), y).backward()
@@ -401,7 +284,7 @@ def misuse_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
     for step in range(cfg.steps):
         optimizer.zero_grad()
         accumulate_no_sync(model, criterion,
-                           micro_batches(dataset, cfg, step, rank, world_size))
+                           workload.micro_batches(dataset, cfg, step, rank, world_size))
         optimizer.step()
     return {
         "rank": rank,
@@ -417,28 +300,26 @@ def misuse_experiment(rank: int, world_size: int, cfg: NoSyncConfig) -> dict:
         "param_diff_after_sync_steps": compare.replica_max_diff(model),
     }
 
-
-def convergence(rank: int, world_size: int, cfg: NoSyncConfig,
+def convergence(rank: int, world_size: int, cfg: workload.Config,
                 use_no_sync: bool) -> dict:
     """Loss and elapsed time after each optimizer step, with or without no_sync.
 
     Also the all-reduce calls and bytes of the last update (by then DDP has
     rebuilt its buckets).
     """
-    cfg.check(world_size)
-    dataset = make_dataset(cfg)
+    cfg.check()
+    dataset = workload.make_dataset(cfg)
     criterion = models.MyLoss()
-    model, counter = wrap(cfg)
-    optimizer = make_optimizer(model, cfg)
+    model, counter = workload.wrap(cfg)
+    optimizer = workload.make_optimizer(model, cfg)
     losses, elapsed = [], []
     dist.barrier()
     t0 = time.perf_counter()
     for step in range(cfg.steps):
         counter.reset()  # keeps the last update's count
         optimizer.zero_grad()
-        loss = accumulate_no_sync(model, criterion,
-                                  micro_batches(dataset, cfg, step, rank, world_size),
-                                  use_no_sync=use_no_sync)
+        batches = workload.micro_batches(dataset, cfg, step, rank, world_size)
+        loss = accumulate_no_sync(model, criterion, batches, use_no_sync=use_no_sync)
         optimizer.step()
         losses.append(loss)
         elapsed.append(time.perf_counter() - t0)

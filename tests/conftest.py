@@ -17,7 +17,7 @@ def _report_stall(item, elapsed_s: float) -> None:
     import sys
     from pathlib import Path
 
-    from labkit import stalls
+    from labkit.cluster import stalls
 
     report = (f"labkit: {item.nodeid} still running after {elapsed_s:.0f} s; the "
               "stacks of this test process and of every rank it started:\n"
@@ -31,7 +31,7 @@ def _report_stall(item, elapsed_s: float) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_timeout_set_timer(item, settings):
     """Start the stall report's watchdog; pytest-timeout then sets its own timer."""
-    from labkit import stalls
+    from labkit.cluster import stalls
 
     if settings.timeout and settings.timeout > 0:
         item._labkit_watchdog = stalls.Watchdog(

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labkit import checks, compare, ddp, models, nosync
+from labkit import checks, compare, ddp, models, nosync, workload
 
 TINY_BUCKET_MB = 0.002  # about 2 KB: doc 004's model (8 KB of gradients) gets several
 
@@ -96,14 +96,14 @@ def ddp_niter(num_iters=5):
 
 def count_misuses(K=4):
     """All-reduce calls per K micro-batches for each way of (mis)using no_sync."""
-    cfg = nosync.NoSyncConfig(accum_steps=K, bucket_cap_mb=TINY_BUCKET_MB)
-    dataset = nosync.make_dataset(cfg)
+    cfg = workload.Config(accum_steps=K, bucket_cap_mb=TINY_BUCKET_MB)
+    dataset = workload.make_dataset(cfg)
     criterion = models.MyLoss()
-    batches = nosync.micro_batches(dataset, cfg, 0, dist.get_rank(),
-                                   dist.get_world_size())
+    batches = workload.micro_batches(dataset, cfg, 0, dist.get_rank(),
+                                     dist.get_world_size())
 
     def calls(run):
-        model, counter = nosync.wrap(cfg)
+        model, counter = workload.wrap(cfg)
         nosync.accumulate_no_sync(model, criterion, batches)  # bucket rebuild
         model.zero_grad()
         counter.reset()
@@ -134,13 +134,13 @@ def count_misuses(K=4):
 
 
 def nosync_experiment_small():
-    cfg = nosync.NoSyncConfig(accum_steps=4, steps=3, repeat=1,
-                              bucket_cap_mb=TINY_BUCKET_MB)
+    cfg = workload.Config(accum_steps=4, steps=3, repeat=1,
+                          bucket_cap_mb=TINY_BUCKET_MB)
     return nosync.nosync_experiment(dist.get_rank(), dist.get_world_size(), cfg)
 
 
 def misuse_experiment_small():
-    cfg = nosync.NoSyncConfig(accum_steps=4, steps=5)
+    cfg = workload.Config(accum_steps=4, steps=5)
     return nosync.misuse_experiment(dist.get_rank(), dist.get_world_size(), cfg)
 
 
@@ -166,7 +166,7 @@ def pause(rank, world_size, seconds=3.0):
 
 def convergence_twice():
     """The DDP loss curve of lesson 04, run twice with the same seed."""
-    cfg = nosync.NoSyncConfig(accum_steps=2, steps=6, momentum=0.9)
+    cfg = workload.Config(accum_steps=2, steps=6, momentum=0.9)
     runs = [nosync.convergence(dist.get_rank(), dist.get_world_size(), cfg, True)
             for _ in range(2)]
     return [r["losses"] for r in runs]
@@ -195,14 +195,14 @@ def accumulation_matches_large_batch(K, batch_per_rank, hidden, seed):
     synchronized backward costs (without no_sync they cost K times as much).
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    cfg = nosync.NoSyncConfig(accum_steps=K, batch_per_rank=batch_per_rank,
-                              hidden=hidden, seed=seed)
-    dataset = nosync.make_dataset(cfg)
-    model, counter = nosync.wrap(cfg)
-    local = nosync.make_model(cfg)
-    (X, y), = nosync.micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
+    cfg = workload.Config(accum_steps=K, batch_per_rank=batch_per_rank,
+                          hidden=hidden, seed=seed)
+    dataset = workload.make_dataset(cfg)
+    model, counter = workload.wrap(cfg)
+    local = workload.make_model(cfg)
+    (X, y), = workload.micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
     models.MyLoss()(local(X), y).backward()
-    batches = nosync.micro_batches(dataset, cfg, 0, rank, world_size)
+    batches = workload.micro_batches(dataset, cfg, 0, rank, world_size)
     nosync.accumulate_no_sync(model, models.MyLoss(), batches)
     calls = counter.calls
     for p, q in zip(model.parameters(), local.parameters(), strict=True):
@@ -220,14 +220,14 @@ def one_over_k(K=4):
     times it)}, None where the check passed.
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    cfg = nosync.NoSyncConfig(accum_steps=K)
-    dataset = nosync.make_dataset(cfg)
-    model, _ = nosync.wrap(cfg)
-    local = nosync.make_model(cfg)
-    (X, y), = nosync.micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
+    cfg = workload.Config(accum_steps=K)
+    dataset = workload.make_dataset(cfg)
+    model, _ = workload.wrap(cfg)
+    local = workload.make_model(cfg)
+    (X, y), = workload.micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
     models.MyLoss()(local(X), y).backward()
     reference = [p.grad for p in local.parameters()]
-    batches = nosync.micro_batches(dataset, cfg, 0, rank, world_size)
+    batches = workload.micro_batches(dataset, cfg, 0, rank, world_size)
     out = {}
     for scale in (True, False):
         model.zero_grad()
@@ -256,18 +256,18 @@ def lesson_checks_on_variants(K=4):
     it passed. The checks are labkit.checks, the ones the lessons call.
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    cfg = nosync.NoSyncConfig(accum_steps=K)
-    dataset = nosync.make_dataset(cfg)
+    cfg = workload.Config(accum_steps=K)
+    dataset = workload.make_dataset(cfg)
     criterion = models.MyLoss()
-    batches = nosync.micro_batches(dataset, cfg, 0, rank, world_size)
-    local = nosync.make_model(cfg)
-    (X, y), = nosync.micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
+    batches = workload.micro_batches(dataset, cfg, 0, rank, world_size)
+    local = workload.make_model(cfg)
+    (X, y), = workload.micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
     criterion(local(X), y).backward()
     reference = [p.grad for p in local.parameters()]
 
     def counted(run):
         """All-reduce calls, bytes and gradients of one update made by run(model)."""
-        model, counter = nosync.wrap(cfg)
+        model, counter = workload.wrap(cfg)
         nosync.accumulate_no_sync(model, criterion, batches)  # bucket rebuild
         model.zero_grad()
         counter.reset()
@@ -338,10 +338,10 @@ def lesson_checks_on_variants(K=4):
     # 03 and 04: replicas stay equal; broken: optimizer.step inside no_sync.
     apart = {}
     for name in ("correct", "step_inside"):
-        model, _ = nosync.wrap(cfg)
-        optimizer = nosync.make_optimizer(model, cfg)
+        model, _ = workload.wrap(cfg)
+        optimizer = workload.make_optimizer(model, cfg)
         for step in range(3):
-            steps = nosync.micro_batches(dataset, cfg, step, rank, world_size)
+            steps = workload.micro_batches(dataset, cfg, step, rank, world_size)
             if name == "correct":
                 optimizer.zero_grad()
                 nosync.accumulate_no_sync(model, criterion, steps)
@@ -373,13 +373,13 @@ def lesson_checks_on_variants(K=4):
 
     # 04: unequal micro-batches; the count-weighted loss fixes the mean of means.
     sizes = [[16, 16, 16, 4], [16, 16, 16, 16]]
-    uneven, (Xw, yw) = nosync.uneven_micro_batches(dataset, sizes, rank)
-    local = nosync.make_model(cfg)
+    uneven, (Xw, yw) = workload.uneven_micro_batches(dataset, sizes, rank)
+    local = workload.make_model(cfg)
     criterion(local(Xw), yw).backward()
     whole_grads = [p.grad for p in local.parameters()]
     fixed = {}
     for accumulate in (nosync.accumulate_by_count, nosync.accumulate_no_sync):
-        model, _ = nosync.wrap(cfg)
+        model, _ = workload.wrap(cfg)
         accumulate(model, criterion, uneven)
         fixed[accumulate.__name__] = _fails(
             checks.grads_match, [p.grad for p in model.parameters()], whole_grads)
@@ -397,12 +397,12 @@ def bucket_logs(caps=(None, 25, 1), steps=3):
     from labkit import comm
 
     out = {}
-    cfg = nosync.NoSyncConfig(hidden=1024, depth=3, accum_steps=1)
-    X, y = nosync.micro_batches(nosync.make_dataset(cfg), cfg, 0, dist.get_rank(),
-                                dist.get_world_size())[0]
+    cfg = workload.Config(hidden=1024, depth=3, accum_steps=1)
+    X, y = workload.micro_batches(workload.make_dataset(cfg), cfg, 0, dist.get_rank(),
+                                  dist.get_world_size())[0]
     for cap in caps:
         kwargs = {} if cap is None else {"bucket_cap_mb": cap}
-        model = DDP(nosync.make_model(cfg), **kwargs)
+        model = DDP(workload.make_model(cfg), **kwargs)
         log = comm.BucketLog().attach(model)
         for _ in range(steps):
             log.step()
@@ -432,18 +432,18 @@ def timelines(delayed=False, steps=3):
     """Lesson 05's overlap record, with DDP's all-reduce or the delayed one."""
     from labkit import comm
 
-    cfg = nosync.NoSyncConfig(hidden=512, depth=8, bucket_cap_mb=1, accum_steps=1)
+    cfg = workload.Config(hidden=512, depth=8, bucket_cap_mb=1, accum_steps=1)
     return comm.bucket_timeline(dist.get_rank(), dist.get_world_size(), cfg, steps,
                                 comm_hook=delay_until_last if delayed else None)
 
 
 def interleaved_times_small(ks=(1, 2, 3), rounds=2):
     """Times of doc 004's model for several K, and the counted all-reduces."""
-    cfg = nosync.NoSyncConfig(accum_steps=max(ks))
-    model, counter = nosync.wrap(cfg)
-    batches = nosync.micro_batches(nosync.make_dataset(cfg), cfg, 1, dist.get_rank(),
-                                   dist.get_world_size())
-    times = nosync.interleaved_step_times(model, nosync.make_optimizer(model, cfg),
+    cfg = workload.Config(accum_steps=max(ks))
+    model, counter = workload.wrap(cfg)
+    batches = workload.micro_batches(workload.make_dataset(cfg), cfg, 1,
+                                     dist.get_rank(), dist.get_world_size())
+    times = nosync.interleaved_step_times(model, workload.make_optimizer(model, cfg),
                                           batches, ks, rounds, block_s=0.0)
     return times, counter.calls
 

@@ -12,7 +12,8 @@ from ddp_rank_checks import (
     timelines,
 )
 
-from labkit import comm, launch, nosync
+from labkit import comm, nosync, workload
+from labkit.cluster import launch
 
 
 def test_ring_factor_and_bandwidths_follow_nccl_tests():
@@ -151,7 +152,7 @@ def test_check_overlap_refuses_too_few_steps():
         comm.check_overlap([step, step], skip=-1)
     comm.check_overlap([step, step])
     with pytest.raises(ValueError, match="steps must be >= 1"):
-        comm.bucket_timeline(0, 2, nosync.NoSyncConfig(), steps=0)
+        comm.bucket_timeline(0, 2, workload.Config(), steps=0)
 
 
 def test_interleaved_step_times_run_every_k_in_both_modes(ranks):
@@ -167,8 +168,8 @@ def test_interleaved_step_times_run_every_k_in_both_modes(ranks):
 
 
 def test_interleaved_step_times_refuse_bad_arguments():
-    cfg = nosync.NoSyncConfig()
-    model = nosync.make_model(cfg)
+    cfg = workload.Config()
+    model = workload.make_model(cfg)
     with pytest.raises(ValueError, match="rounds must be >= 1"):
         nosync.interleaved_step_times(model, None, [], (1,), 0)
     with pytest.raises(ValueError, match="K = 4 needs 4 micro-batches, got 2"):
@@ -205,12 +206,12 @@ def test_predicted_speedup_refuses_bad_input():
 
 
 def test_nosync_config_default_means_ddp_default():
-    cfg = nosync.NoSyncConfig()
+    cfg = workload.Config()
     assert cfg.bucket_cap_mb is None
-    cfg.check(2)
+    cfg.check()
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="bucket_cap_mb must be > 0"):
-            nosync.NoSyncConfig(bucket_cap_mb=bad).check(2)
+            workload.Config(bucket_cap_mb=bad).check()
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux /proc")

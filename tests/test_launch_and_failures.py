@@ -12,8 +12,9 @@ from conftest import alive, child_processes
 from ddp_rank_checks import my_rank, raise_on_rank_1
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from labkit import cluster, launch, rendezvous, stalls
+from labkit import cluster
 from labkit.__main__ import main
+from labkit.cluster import launch, rendezvous, stalls
 
 
 def _fail_on_rank_1():
@@ -62,6 +63,7 @@ def test_process_group_can_be_recreated(ranks):
         ({"world_size": 1000}, "more than 64 ranks"),
         ({"world_size": 2, "backend": "mpi"}, "unknown backend 'mpi'"),
         ({"world_size": 2, "timeout_s": 0}, "timeout_s must be > 0"),
+        ({"world_size": 2, "port": 70000}, "port must be 0 .* got 70000"),
     ],
 )
 def test_bad_arguments_fail_before_any_engine_starts(kwargs, message):
@@ -136,6 +138,7 @@ def test_headless_failing_rank_is_named_with_its_traceback():
         (["misuse", "--backend", "mpi"], "unknown backend 'mpi'"),
         (["nosync", "--steps", "0"], "steps must be >= 1"),
         (["nosync", "--accum", "x"], "argument --accum: invalid int value"),
+        (["nosync", "--port", "-1"], "or 1-65535, got -1"),
     ],
 )
 def test_cli_bad_arguments_are_one_line(argv, message, capsys):

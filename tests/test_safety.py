@@ -6,7 +6,8 @@ import time
 import psutil
 from ddp_rank_checks import pause
 
-from labkit import cluster, launch
+from labkit import cluster
+from labkit.cluster import launch
 
 LOOPBACK = {"127.0.0.1", "::1"}
 

@@ -8,7 +8,8 @@ import time
 import pytest
 from conftest import child_processes
 
-from labkit import batchnorm, doctor, ecosystem, launch, sharding, torchrun
+from labkit import batchnorm, doctor, ecosystem, sharding, torchrun
+from labkit.cluster import launch
 
 
 def _leftovers(before):

@@ -1,6 +1,6 @@
 """A stall explains itself: stacks of every rank, and the rank that stopped.
 
-labkit.stalls in one process and its children; then the same in a notebook
+labkit.cluster.stalls in one process and its children; then the same in a notebook
 kernel, where a `%%px` cell is what stalls. The engines' and the launcher's
 own cases are in test_faults.py and test_launch_and_failures.py.
 """
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from conftest import child_processes
 
-from labkit import stalls
+from labkit.cluster import stalls
 
 CHILD = textwrap.dedent("""
     import sys, time
-    from labkit import stalls
+    from labkit.cluster import stalls
     if sys.argv[1] == "dumps":
         stalls.enable_dumps("rank 7 of a test")
     def waiting_here():

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .. import compare, models, nosync
+from .. import compare, models, workload
 from .feedback import WrongAnswer, off, register, right
 
 if TYPE_CHECKING:
@@ -78,12 +78,12 @@ register({  # key: (ja, en)
 def _accumulation_trial(fn: Callable, updates: int, accum_steps: int) -> list[dict]:
     """Runs on every rank: each update by `fn` vs one step on the K-times batch."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    cfg = nosync.NoSyncConfig(accum_steps=accum_steps, batch_per_rank=8)
-    dataset, criterion = nosync.make_dataset(cfg), models.MyLoss()
-    model, counter = nosync.wrap(cfg)
-    reference = nosync.make_model(cfg)
-    optimizer = nosync.make_optimizer(model, cfg)
-    ref_opt = nosync.make_optimizer(reference, cfg)
+    cfg = workload.Config(accum_steps=accum_steps, batch_per_rank=8)
+    dataset, criterion = workload.make_dataset(cfg), models.MyLoss()
+    model, counter = workload.wrap(cfg)
+    reference = workload.make_model(cfg)
+    optimizer = workload.make_optimizer(model, cfg)
+    ref_opt = workload.make_optimizer(reference, cfg)
     steps, step = [0], optimizer.step
 
     def counted_step(*args, **kwargs):
@@ -93,13 +93,13 @@ def _accumulation_trial(fn: Callable, updates: int, accum_steps: int) -> list[di
     optimizer.step = counted_step
     out = []
     for u in range(updates):
-        (X, y), = nosync.micro_batches(dataset, cfg, u, rank, world_size, whole=True)
+        (X, y), = workload.micro_batches(dataset, cfg, u, rank, world_size, whole=True)
         before = compare.flat(model.parameters())
         ref_before = compare.flat(reference.parameters())
         counter.reset()
         steps[0] = 0
         fn(model, optimizer, criterion,
-           nosync.micro_batches(dataset, cfg, u, rank, world_size))
+           workload.micro_batches(dataset, cfg, u, rank, world_size))
         ref_opt.zero_grad()
         criterion(reference(X), y).backward()
         ref_opt.step()
@@ -138,18 +138,18 @@ def grade_accumulation(ranks: Ranks, fn: Callable, updates: int = 3,
 def _schedule_trial(fn: Callable, updates: int) -> dict:
     """Runs on every rank: `fn` trains with a halving learning rate; one process too."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    cfg = nosync.NoSyncConfig(accum_steps=2, batch_per_rank=8, lr=0.1)
-    dataset, criterion = nosync.make_dataset(cfg), models.MyLoss()
-    model, _ = nosync.wrap(cfg)
-    reference = nosync.make_model(cfg)
-    optimizers = [nosync.make_optimizer(m, cfg) for m in (model, reference)]
+    cfg = workload.Config(accum_steps=2, batch_per_rank=8, lr=0.1)
+    dataset, criterion = workload.make_dataset(cfg), models.MyLoss()
+    model, _ = workload.wrap(cfg)
+    reference = workload.make_model(cfg)
+    optimizers = [workload.make_optimizer(m, cfg) for m in (model, reference)]
     schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5)
                   for o in optimizers]
-    batches = [nosync.micro_batches(dataset, cfg, u, rank, world_size)
+    batches = [workload.micro_batches(dataset, cfg, u, rank, world_size)
                for u in range(updates)]
     fn(model, optimizers[0], schedulers[0], criterion, batches, rank)
     for u in range(updates):
-        (X, y), = nosync.micro_batches(dataset, cfg, u, rank, world_size, whole=True)
+        (X, y), = workload.micro_batches(dataset, cfg, u, rank, world_size, whole=True)
         optimizers[1].zero_grad()
         criterion(reference(X), y).backward()
         optimizers[1].step()

@@ -1,7 +1,8 @@
 """How ranks find each other: argument checks, a loopback store, process groups.
 
-Shared by the notebook's engines (labkit.cluster) and the headless launcher
-(labkit.launch), so both check arguments the same way and bind to 127.0.0.1.
+Shared by the notebook's engines (labkit.cluster.ranks) and the command line's
+launcher (labkit.cluster.launch), so both check arguments the same way, bind
+to 127.0.0.1 and join alike.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ __all__ = [
     "BACKENDS",
     "MAX_LOCAL_WORLD_SIZE",
     "check_args",
+    "init_from_env",
     "init_rank",
     "local_store",
     "loopback_interface",
@@ -28,7 +30,7 @@ BACKENDS = ("gloo", "nccl")
 MAX_LOCAL_WORLD_SIZE = 64
 
 
-def check_args(world_size: int, backend: str = "gloo", accum_steps: int = 1) -> None:
+def check_args(world_size: int, backend: str = "gloo", port: int = 0) -> None:
     """Raise ValueError naming the bad argument, before any worker starts."""
     if isinstance(world_size, bool) or not isinstance(world_size, int):
         raise ValueError(f"world_size must be an integer, got {world_size!r}")
@@ -39,6 +41,8 @@ def check_args(world_size: int, backend: str = "gloo", accum_steps: int = 1) -> 
             f"world_size={world_size} is more than {MAX_LOCAL_WORLD_SIZE} ranks on one "
             "machine; use torchrun across machines for that"
         )
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be 0 (any free port) or 1-65535, got {port}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: choose one of "
                          f"{', '.join(BACKENDS)}")
@@ -50,10 +54,6 @@ def check_args(world_size: int, backend: str = "gloo", accum_steps: int = 1) -> 
         if world_size > gpus:
             raise ValueError(f"backend 'nccl' needs one GPU per rank: world_size="
                              f"{world_size} but only {gpus} GPU(s)")
-    if isinstance(accum_steps, bool) or not isinstance(accum_steps, int):
-        raise ValueError(f"accum_steps must be an integer, got {accum_steps!r}")
-    if accum_steps < 1:
-        raise ValueError(f"accum_steps must be >= 1, got {accum_steps}")
 
 
 def loopback_interface() -> str:
@@ -70,10 +70,8 @@ def local_store(timeout_s: float, port: int = 0) -> dist.TCPStore:
 
     TCPStore on its own listens on every interface; binding the socket here
     first keeps it on loopback, and port 0 means no other program can race us
-    for it. Ranks connect to `store.port`.
+    for it. Ranks connect to `store.port`. `check_args` has checked `port`.
     """
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port must be 0 (any free port) or 1-65535, got {port}")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.bind(("127.0.0.1", port))
@@ -96,26 +94,45 @@ def local_store(timeout_s: float, port: int = 0) -> dist.TCPStore:
     )
 
 
-def init_rank(rank: int, world_size: int, backend: str, port: int, prefix: str,
-              timeout_s: float, threads: int | None = None) -> str:
-    """Join the process group from a worker; returns the rank's device name.
-
-    The collective timeout is short so that a rank that never arrives turns
-    into an error within seconds, not gloo's default 30 minutes.
-    """
+def _prepare(backend: str, gpu: int, threads: int | None) -> str:
+    """What a rank sets before it joins; returns its device name."""
     if threads:
         torch.set_num_threads(threads)  # ranks sharing few cores must not oversubscribe
     # gloo opens its own sockets on the interface of the host name: keep them local.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
+    if backend != "nccl":
+        return "cpu"
+    torch.cuda.set_device(gpu)
+    return f"cuda:{torch.cuda.current_device()}"
+
+
+def init_rank(rank: int, world_size: int, backend: str, port: int, prefix: str,
+              timeout_s: float, threads: int | None = None) -> str:
+    """Join the process group through our store on 127.0.0.1:`port`; returns
+    the rank's device name.
+
+    The collective timeout is short so that a rank that never arrives turns
+    into an error within seconds, not gloo's default 30 minutes.
+    """
+    gpu = rank % torch.cuda.device_count() if backend == "nccl" else 0
+    device = _prepare(backend, gpu, threads)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    device = "cpu"
-    if backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-        device = f"cuda:{torch.cuda.current_device()}"
     timeout = datetime.timedelta(seconds=timeout_s)
     client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
     dist.init_process_group(backend, store=dist.PrefixStore(prefix, client),
                             rank=rank, world_size=world_size, timeout=timeout)
     return device
+
+
+def init_from_env(backend: str, timeout_s: float) -> tuple[int, int]:
+    """Join the process group torchrun made; returns (rank, world size).
+
+    torchrun's environment names the rank, the world size, this rank's GPU
+    (LOCAL_RANK) and where the group meets.
+    """
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _prepare(backend, int(os.environ.get("LOCAL_RANK", rank)), None)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return rank, world_size

@@ -1,4 +1,4 @@
-"""Ranks as ipyparallel engines: a live process group inside a notebook.
+"""Ranks as ipyparallel engines: starting, calling, watching and repairing them.
 
 `start(2)` launches two engine processes on 127.0.0.1, makes engine i rank i,
 and joins them in one gloo process group, on any machine: the notebooks' `%%px`
@@ -13,14 +13,14 @@ kernel, or with `ranks.stop()`.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import sys
 import threading
 import traceback
 from dataclasses import dataclass, field
 
-from . import engine_main, engine_side, rendezvous, stalls
+from . import engine, failures, notebook, rendezvous, stalls
+from .failures import RankError
 
 __all__ = ["ENGINE_BACKEND", "RankError", "Ranks", "current", "start"]
 
@@ -31,27 +31,10 @@ __all__ = ["ENGINE_BACKEND", "RankError", "Ranks", "current", "start"]
 ENGINE_BACKEND = "gloo"
 
 # A cell or call on the ranks still running after this many seconds prints the
-# stacks of the kernel and of every rank (labkit.stalls): the slowest lesson cell
-# took 38 s here with another suite running. LABKIT_STALL_S changes it; 0: off.
+# stacks of the kernel and of every rank (labkit.cluster.stalls): the slowest
+# lesson cell took 38 s here with another suite running. LABKIT_STALL_S changes
+# it; 0: off.
 STALL_S = float(os.environ.get("LABKIT_STALL_S", 120)) or None
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# Words in the errors of a collective that failed or timed out (gloo, nccl).
-_COLLECTIVE_FAILURES = ("gloo", "Gloo", "NCCL", "Timed out", "timed out",
-                        "Connection reset", "Connection closed", "monitoredBarrier",
-                        "DistBackendError", "ProcessGroup")
-
-
-class RankError(RuntimeError):
-    """One or more ranks raised; names them and carries their tracebacks."""
-
-    def __init__(self, failures: dict[int, str]):
-        self.failures = failures
-        ranks = ", ".join(str(r) for r in sorted(failures))
-        details = "\n".join(f"--- rank {r} ---\n{tb}"
-                            for r, tb in sorted(failures.items()))
-        super().__init__(f"rank {ranks} raised an error:\n{details}")
-
 
 @dataclass
 class Ranks:
@@ -106,7 +89,7 @@ class Ranks:
 
         A stopped engine is killed and named (it would make the others wait
         until their timeout); past `stall_s` the stacks of the kernel and of
-        every rank are printed. See labkit.stalls.Watchdog.
+        every rank are printed. See labkit.cluster.stalls.Watchdog.
         """
         if self._watchers:
             self._watchers.append(None)
@@ -156,23 +139,24 @@ class Ranks:
             if not result.wait(self.task_timeout_s):
                 stuck = self._unfinished(result)
                 self._interrupt(result, stuck)
-                failures = self._failures(result)
+                found = self._failures(result)
                 for r in stuck:
                     note = (f"rank {r} did not finish within {self.task_timeout_s:g} s "
                             "and was interrupted (hung?)")
-                    failures[r] = note + ("\n" + failures[r] if r in failures else "")
-                self.damage = self.damage or "reset"
-                raise RankError(failures)
+                    found[r] = note + ("\n" + found[r] if r in found else "")
+                self.damage = failures.worse(self.damage, "reset")
+                raise RankError(found)
             return result.get()
         except KeyboardInterrupt:
             # The learner pressed stop: stop the ranks too, not just the wait.
             self._interrupt(result, self._unfinished(result))
-            self.damage = self.damage or "reset"
+            self.damage = failures.worse(self.damage, "reset")
             raise
         except ipp.error.CompositeError as err:
             raise RankError(self._failures(result, err)) from None
 
     def _failures(self, result, err=None) -> dict[int, str]:
+        """Each failed rank's message (labkit.cluster.failures); notes the damage."""
         import ipyparallel as ipp
 
         if err is None:
@@ -183,34 +167,15 @@ class Ranks:
                 err = e
             except Exception:  # still running, or a single engine's error
                 return {}
-        self._note_damage(err)
-        failures = {}
-        for ename, evalue, tb, info in err.elist:
-            rank = self._rank_of(info.get("engine_id"))
-            if ename == "EngineError":  # the engine process itself is gone
-                dead = re.search(r"Engine (\d+) died", str(evalue))
-                if dead:
-                    rank = self._rank_of(int(dead.group(1)))
-                failures[rank] = f"rank {rank}'s process died: {evalue}"
-                continue
-            text = tb if tb else f"{ename}: {evalue}"
-            failures[rank] = _ANSI.sub("", text if isinstance(text, str)
-                                       else "\n".join(text))
+        self.note_damage(err)
+        found = failures.failures(err.elist, self._rank_of)
         for rank, note in self._stopped.items():  # why that rank's process died
-            failures[rank] = note + ("\n" + failures[rank] if rank in failures else "")
-        return failures
+            found[rank] = note + ("\n" + found[rank] if rank in found else "")
+        return found
 
-    def _note_damage(self, err) -> None:
-        """What a failure broke: a dead engine needs a restart; a failed or
-        timed-out collective leaves the process group out of step (a reset).
-        A plain error in a rank's code (a typo) breaks nothing.
-        """
-        for ename, evalue, _tb, _info in err.elist:
-            if ename == "EngineError":
-                self.damage = "restart"
-            elif self.damage is None and any(
-                    word in f"{ename} {evalue}" for word in _COLLECTIVE_FAILURES):
-                self.damage = "reset"
+    def note_damage(self, err) -> None:
+        """Remember what a CompositeError broke; the next call repairs it."""
+        self.damage = failures.worse(self.damage, failures.damage(err.elist))
 
     def _unfinished(self, result) -> list[int]:
         done = {self._rank_of(md.get("engine_id")) for md in result._metadata
@@ -242,7 +207,7 @@ class Ranks:
 
     def reset_process_group(self) -> None:
         """Destroy and re-create the process group on the same engines."""
-        self._gather(self.view.apply_async(engine_side.leave_group))
+        self._gather(self.view.apply_async(engine.leave_group))
         self.generation += 1
         self._join()
 
@@ -255,18 +220,18 @@ class Ranks:
         controller = getattr(self.cluster.controller, "pid", None)
         pending = [
             self.client[eid].apply_async(
-                engine_side.setup_rank, rank, self.world_size, self.backend, port,
+                engine.setup_rank, rank, self.world_size, self.backend, port,
                 prefix, self.timeout_s, self.threads_per_rank, kernel, controller)
             for rank, eid in enumerate(self.view.targets)
         ]
-        failures, pids = {}, []
+        found, pids = {}, []
         for rank, result in enumerate(pending):
             try:
                 pids.append(result.get(timeout=self.timeout_s + 60))
             except Exception as err:  # report every rank, not only the first
-                failures[rank] = "".join(traceback.format_exception_only(err))
-        if failures:
-            raise RankError(failures)
+                found[rank] = "".join(traceback.format_exception_only(err))
+        if found:
+            raise RankError(found)
         self.pids = pids
 
     def _launch(self) -> None:
@@ -275,8 +240,8 @@ class Ranks:
 
         self.cluster = ipp.Cluster(n=self.world_size, controller_ip="127.0.0.1",
                                    engines="local", log_level=40,
-                                   controller_args=engine_main.CONTROLLER_ARGS,
-                                   config=engine_main.config())
+                                   controller_args=engine.CONTROLLER_ARGS,
+                                   config=engine.config())
         try:
             self.client = self.cluster.start_and_connect_sync()
             self.client.wait_for_engines(self.world_size, timeout=60)
@@ -409,7 +374,7 @@ def start(world_size: int = 2, backend: str = ENGINE_BACKEND, *,
     """
     global _current
     _check_engine_backend(backend)
-    rendezvous.check_args(world_size, backend)
+    rendezvous.check_args(world_size, backend, port)
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     if task_timeout_s is not None and task_timeout_s <= 0:
@@ -418,14 +383,12 @@ def start(world_size: int = 2, backend: str = ENGINE_BACKEND, *,
         threads_per_rank = max(1, _usable_cores() // world_size)
     if threads_per_rank < 1:
         raise ValueError(f"threads_per_rank must be >= 1, got {threads_per_rank}")
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port must be 0 (any free port) or 1-65535, got {port}")
     if _current is not None:
         _current.stop()
     ranks = Ranks(world_size, backend, timeout_s, threads_per_rank, task_timeout_s,
                   activate, port)
     _current = ranks
-    _install_notebook_hooks()
+    notebook.install_hooks(current)
     if background:
         ranks._launch_in_background()
         return ranks
@@ -435,54 +398,3 @@ def start(world_size: int = 2, backend: str = ENGINE_BACKEND, *,
         _current = None
         raise
     return ranks.wait()
-
-
-_hooks_installed = False
-
-
-def _install_notebook_hooks() -> None:
-    """In IPython: `%%px` cells wait for the ranks and find them repaired.
-
-    Before a cell that uses the px magics runs, wait for a background start
-    and repair the damage a failed cell left; after a cell fails on the ranks,
-    note what the failure broke.
-    """
-    global _hooks_installed
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    shell = get_ipython()
-    if shell is None or _hooks_installed:
-        return
-    shell.events.register("pre_run_cell", _before_cell)
-    shell.events.register("post_run_cell", _after_cell)
-    _hooks_installed = True
-
-
-def _uses_px(info) -> bool:
-    return "%px" in (getattr(info, "raw_cell", "") or "") or \
-        "%autopx" in (getattr(info, "raw_cell", "") or "")
-
-
-def _before_cell(info) -> None:
-    ranks = _current
-    if ranks is None:
-        return
-    # Watched from the start: a cell that waits for ranks still booting is
-    # watched too (its report then shows where the start stands).
-    ranks._watch("this cell")
-    if _uses_px(info):
-        ranks.wait()
-        ranks._repair()
-
-
-def _after_cell(result) -> None:
-    import ipyparallel as ipp
-
-    ranks, err = _current, getattr(result, "error_in_exec", None)
-    if ranks is None:
-        return
-    ranks._unwatch()
-    if isinstance(err, ipp.error.CompositeError):
-        ranks._note_damage(err)

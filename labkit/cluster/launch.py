@@ -32,18 +32,6 @@ def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
 
 
-def _join_from_env(backend: str, timeout_s: float) -> tuple[int, int]:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", rendezvous.loopback_interface())
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    stalls.enable_dumps(f"rank {rank}")
-    if backend == "nccl":
-        import torch
-
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
-    return rank, world_size
-
-
 FAULTS = ("raise", "kill", "hang", "stop")
 
 
@@ -124,7 +112,8 @@ def run(fn: Callable, kwargs: dict, world_size: int, backend: str = "gloo",
     all_gather_object, so rank 0 can report them.
     """
     if under_torchrun():
-        rank, world_size = _join_from_env(backend, timeout_s)
+        stalls.enable_dumps(f"rank {os.environ['RANK']}")
+        rank, world_size = rendezvous.init_from_env(backend, timeout_s)
         try:
             result = fn(rank, world_size, **kwargs)
             results = [None] * world_size
@@ -135,7 +124,7 @@ def run(fn: Callable, kwargs: dict, world_size: int, backend: str = "gloo",
 
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    rendezvous.check_args(world_size, backend)
+    rendezvous.check_args(world_size, backend, port)
     if fault is not None and (fault[0] not in FAULTS or not 0 <= fault[1] < world_size):
         raise ValueError(f"fault must be one of {', '.join(FAULTS)} on a rank in "
                          f"0..{world_size - 1}, got {fault}")

@@ -1,0 +1,33 @@
+"""The ranks: processes that each run one rank of a process group.
+
+In a notebook, `cluster.start(2)` launches two ipyparallel engines on
+127.0.0.1, makes engine i rank i and joins them in one gloo process group:
+`%%px` cells then run on every rank, and `ranks.run(fn)` calls a function on
+every rank (labkit.cluster.ranks). From the command line, labkit.cluster.launch
+starts the ranks with torch's elastic launcher, or joins the ones torchrun
+started. Both meet through labkit.cluster.rendezvous, watch for stalls with
+labkit.cluster.stalls, and report failures with labkit.cluster.failures.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["ENGINE_BACKEND", "RankError", "Ranks", "current", "start"]
+
+# The engines run `python -m labkit.cluster.engine`, which imports this package
+# first. Importing ranks here would import torch before ipyparallel (engine.py
+# says why that order matters) and engine.py before runpy runs it as __main__.
+# So these names load on first use.
+_HOMES = {"ENGINE_BACKEND": "ranks", "Ranks": "ranks", "current": "ranks",
+          "start": "ranks", "RankError": "failures"}
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])
