@@ -63,7 +63,16 @@ labkit.set_lang("en")
 # %%
 import torch
 
-from labkit import activations, checks, data, loading, models, plots, precision, sgd
+from labkit import (
+    activations,
+    checks,
+    data,
+    loading,
+    models,
+    plots,
+    precision,
+    training,
+)
 
 torch.manual_seed(0)
 
@@ -258,7 +267,7 @@ else:
 # memory limit. Measure it with doc 004's model.
 
 # %% tags=["nbval-ignore-output"]
-per_s = sgd.throughput([8, 32, 128, 512, 2048])
+per_s = training.throughput([8, 32, 128, 512, 2048])
 for b, v in per_s.items():
     print(f"batch {b:5d}: {v:10.0f} samples/s")
 fig = plots.line_chart({"doc 004 MLP": (list(per_s), list(per_s.values()))},
@@ -285,16 +294,16 @@ fig = plots.line_chart({"doc 004 MLP": (list(per_s), list(per_s.values()))},
 # %%
 from dataclasses import replace
 
-base = sgd.SGDConfig(batch_size=32, lr=0.05)
+base = training.TrainConfig(batch_size=32, lr=0.05)
 runs = {
-    "batch 32, lr 0.05": sgd.scaled(base, 32, epochs=10),
-    "batch 512, lr 0.05": replace(sgd.scaled(base, 512, epochs=10), lr=0.05),
-    "batch 512, lr 0.8": sgd.scaled(base, 512, epochs=10),
+    "batch 32, lr 0.05": training.scaled(base, 32, epochs=10),
+    "batch 512, lr 0.05": replace(training.scaled(base, 512, epochs=10), lr=0.05),
+    "batch 512, lr 0.8": training.scaled(base, 512, epochs=10),
 }
 results = {}
 for name, cfg in runs.items():
     cfg.eval_every = max(1, cfg.steps // 20)
-    results[name] = sgd.fit(cfg)
+    results[name] = training.fit(cfg)
     print(f"{name}: {cfg.steps} steps, held-out loss {results[name]['heldout_loss'][-1]:.3f}")
 fig = plots.line_chart({k: (r["samples"], r["heldout_loss"]) for k, r in results.items()},
                        xlabel="samples_seen", ylabel="heldout_loss",
@@ -325,10 +334,10 @@ assert final["batch 512, lr 0.8"] < 0.5 * final["batch 512, lr 0.05"]  # scaling
 # to 3.2 over the first 20 steps.
 
 # %%
-big = sgd.scaled(replace(base, lr=0.2), 512)
+big = training.scaled(replace(base, lr=0.2), 512)
 big.steps, big.eval_every = 100, 5
-warm = {"lr 3.2": sgd.fit(big),
-        "lr 3.2 + warm-up 20": sgd.fit(replace(big, schedule="warmup",
+warm = {"lr 3.2": training.fit(big),
+        "lr 3.2 + warm-up 20": training.fit(replace(big, schedule="warmup",
                                                    warmup_steps=20))}
 for name, r in warm.items():
     print(f"{name}: lr of the first steps {[round(x, 2) for x in r['lr'][:3]]}, "
@@ -420,8 +429,8 @@ exercises.grade_warmup_schedule(lr_at)
 # written in some order gives) and on data shuffled every epoch.
 
 # %%
-order = {o: sgd.fit(sgd.SGDConfig(steps=640, optimizer="momentum", order=o,
-                                  eval_every=16)) for o in sgd.ORDERS}
+order = {o: training.fit(training.TrainConfig(steps=640, optimizer="momentum", order=o,
+                                  eval_every=16)) for o in training.ORDERS}
 for o, r in order.items():
     print(f"{o:8s}: held-out loss {r['heldout_loss'][-1]:.3f}, "
           f"median epoch {sorted(r['epoch_s'])[len(r['epoch_s']) // 2] * 1e3:.0f} ms")
@@ -483,7 +492,10 @@ assert dtypes == {"output": torch.bfloat16, "weight": torch.float32,
 # instructions (AMX, AVX512-BF16) the conversions can even make it slower.
 
 # %% tags=["nbval-ignore-output"]
-prec = {p: precision.train_precision(p) for p in ("float32", "bfloat16")}
+prec = {p: training.fit(training.TrainConfig(steps=60, hidden=512, depth=2, batch_size=256,
+                                             optimizer="momentum", n=4096, precision=p,
+                                             eval_every=60))
+        for p in training.PRECISIONS}
 for p, r in prec.items():
     print(f"{p}: final loss {r['losses'][-1]:.4f}, median step {r['median_step_s'] * 1e3:.1f} ms")
 fig = plots.loss_curves({p: r["losses"] for p, r in prec.items()},
@@ -561,12 +573,12 @@ assert any(w.startswith("FutureWarning") and "torch.amp.autocast('cuda'" in w
 # %% tags=["nbval-ignore-output"]
 sizes = {}
 for width in (16, 64, 256, 1024):
-    run = sgd.fit(sgd.SGDConfig(steps=300, hidden=width, optimizer="adam", lr=0.003,
+    run = training.fit(training.TrainConfig(steps=300, hidden=width, optimizer="adam", lr=0.003,
                                 eval_every=100))
     work = activations.step_work(models.WideMLP(hidden=width), torch.randn(1024, 10))
     sizes[width] = {"params": run["params"], "flops": work["flops"],
                     "loss": run["heldout_loss"][-1]}
-step_s = sgd.step_times(list(sizes), batch_size=1024, rounds=5, steps=5)
+step_s = training.step_times(list(sizes), batch_size=1024, rounds=5, steps=5)
 for width, s in sizes.items():
     s["step_s"] = statistics.median(step_s[width])
     print(f"width {width:5d}: {s['params']:6d} parameters, {s['flops'] / 1e6:5.1f} MFLOP "
@@ -633,7 +645,7 @@ assert kept_bytes > 0 and kept_no_grad == 0
 # drawn at 10).
 
 # %%
-lr_runs = {lr: sgd.fit(sgd.SGDConfig(steps=320, lr=lr, eval_every=320))["heldout_loss"][-1]
+lr_runs = {lr: training.fit(training.TrainConfig(steps=320, lr=lr, eval_every=320))["heldout_loss"][-1]
            for lr in (0.003, 0.03, 0.3, 3.0)}
 print({lr: round(v, 3) for lr, v in lr_runs.items()})
 fig = plots.line_chart({"SGD": (list(lr_runs), [min(v, 10.0) for v in lr_runs.values()])},
@@ -650,7 +662,7 @@ assert lr_runs[0.3] < lr_runs[0.003] and lr_runs[0.3] < lr_runs[3.0]
 # Adam get lower in fewer steps than plain SGD.
 
 # %%
-opt_runs = {name: sgd.fit(sgd.SGDConfig(steps=320, optimizer=name, lr=lr, eval_every=16))
+opt_runs = {name: training.fit(training.TrainConfig(steps=320, optimizer=name, lr=lr, eval_every=16))
             for name, lr in (("sgd", 0.05), ("momentum", 0.05), ("adam", 0.003),
                              ("adamw", 0.003))}
 fig = plots.line_chart({f"{k} (lr {r['config']['lr']})": (r["steps"], r["heldout_loss"])
@@ -675,9 +687,9 @@ assert last["momentum"] < last["sgd"] and last["adam"] < last["sgd"]
 # and the schedule together.
 
 # %%
-sched_runs = {name: sgd.fit(sgd.SGDConfig(steps=600, optimizer="adam", lr=0.01,
+sched_runs = {name: training.fit(training.TrainConfig(steps=600, optimizer="adam", lr=0.01,
                                           schedule=name, warmup_steps=60, eval_every=30))
-              for name in sgd.SCHEDULES}
+              for name in training.SCHEDULES}
 fig = plots.line_chart({k: (r["steps"], r["heldout_loss"]) for k, r in sched_runs.items()},
                        xlabel="optimizer_step", ylabel="heldout_loss",
                        title="schedule_title", logy=True)
@@ -693,7 +705,7 @@ assert abs(sched_runs["warmup"]["lr"][0] - 0.01 / 60) < 1e-9  # warm-up starts s
 # 乱数の状態、ステップ数) をファイルに保存することです。これは学習を速くしません。止まっても
 # 最初からやり直さずに済む、という意味で時間を節約します。
 #
-# `labkit.train` で 40 ステップを一気に学習した場合と、20 ステップで止めてチェックポイントから再開した場合を
+# `labkit.training` で 40 ステップを一気に学習した場合と、20 ステップで止めてチェックポイントから再開した場合を
 # 比べます。重みのハッシュ (`param_sha256`) が一致すれば、1 ビットも違わない同じ結果です。
 
 # %% [markdown] lang="en"
@@ -703,20 +715,19 @@ assert abs(sched_runs["warmup"]["lr"][0] - 0.01 / 60) < 1e-9  # warm-up starts s
 # state (weights, optimizer, random-number state, step) to a file. That does not make
 # training faster; it saves time by not starting over after a stop.
 #
-# With `labkit.train`, compare 40 steps in one go with 20 steps, a stop, and a resume
+# With `labkit.training`, compare 40 steps in one go with 20 steps, a stop, and a resume
 # from the checkpoint. Equal weight hashes (`param_sha256`) mean bit-identical results.
 
 # %%
 import tempfile
 from pathlib import Path
 
-from labkit import train
-
+cfg = training.TrainConfig(steps=40, batch_size=64, optimizer="momentum")
 with tempfile.TemporaryDirectory() as tmp:
     ckpt = Path(tmp) / "state.pt"
-    straight = train.train(train.TrainConfig(steps=40))
-    train.train(train.TrainConfig(steps=20), ckpt)  # stops after 20 steps
-    resumed = train.train(train.TrainConfig(steps=40), ckpt, resume=True)
+    straight = training.fit(cfg)
+    training.fit(replace(cfg, steps=20), ckpt)  # stops after 20 steps
+    resumed = training.fit(cfg, ckpt, resume=True)
 print("uninterrupted:", straight["param_sha256"][:16])
 print("resumed:      ", resumed["param_sha256"][:16], "from step", resumed["resumed_from"])
 assert resumed["resumed_from"] == 20

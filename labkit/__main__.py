@@ -71,15 +71,15 @@ def _experiment(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from . import train
+    from . import training
 
-    cfg = train.TrainConfig(
+    cfg = training.TrainConfig(
         steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-        momentum=args.momentum, hidden=args.hidden, depth=args.depth, seed=args.seed,
-        checkpoint_every=args.checkpoint_every)
+        optimizer=args.optimizer, momentum=args.momentum, hidden=args.hidden,
+        depth=args.depth, seed=args.seed, checkpoint_every=args.checkpoint_every)
     if args.resume and not args.checkpoint:
         raise ValueError("--resume needs --checkpoint PATH")
-    result = train.train(cfg, args.checkpoint, resume=args.resume)
+    result = training.fit(cfg, args.checkpoint, resume=args.resume)
     for key in ("steps", "resumed_from", "final_loss", "param_sha256"):
         print(f"{key}: {result[key]}")
     if args.json:
@@ -166,7 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=50, help="optimizer steps in all")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05, help="learning rate")
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--optimizer", default="momentum",
+                   help="sgd, momentum, adam or adamw (default momentum)")
+    p.add_argument("--momentum", type=float, default=0.9,
+                   help="the momentum of the momentum optimizer")
     p.add_argument("--hidden", type=int, default=100, help="hidden width")
     p.add_argument("--depth", type=int, default=1, help="hidden layers")
     p.add_argument("--seed", type=int, default=0)

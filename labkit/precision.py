@@ -1,10 +1,11 @@
 """Mixed precision with torch.autocast: bfloat16 on CPUs, float16 with a
 GradScaler on GPUs, and what became of Apex's amp and torch.cuda.amp.
+
+A whole training run in bfloat16 is labkit.training's `precision="bfloat16"`.
 """
 
 from __future__ import annotations
 
-import time
 import warnings
 
 import torch
@@ -15,7 +16,6 @@ __all__ = [
     "autocast_dtypes",
     "cuda_amp_warnings",
     "float16_step",
-    "train_precision",
 ]
 
 i18n.register({
@@ -45,44 +45,6 @@ def autocast_dtypes(model: torch.nn.Module, X: torch.Tensor,
     out.float().pow(2).mean().backward()
     first = next(model.parameters())
     return {"output": out.dtype, "weight": first.dtype, "grad": first.grad.dtype}
-
-
-def train_precision(precision: str, steps: int = 60, hidden: int = 512,
-                    depth: int = 2, batch_size: int = 256, lr: float = 0.05,
-                    seed: int = 0) -> dict:
-    """Train the teacher task in "float32" or "bfloat16" (autocast); losses and times.
-
-    The weights and the optimizer stay in float32 in both runs: autocast only
-    runs eligible operations (matrix products) in the lower precision.
-    """
-    if precision not in ("float32", "bfloat16"):
-        raise ValueError(f"precision must be 'float32' or 'bfloat16', got "
-                         f"{precision!r}")
-    from . import data
-
-    dataset = data.TeacherDataset(n=4096, seed=seed)
-    torch.manual_seed(seed)
-    model = models.WideMLP(hidden=hidden, depth=depth)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    criterion = models.MyLoss()
-    enabled = precision == "bfloat16"
-    losses, step_s = [], []
-    per_epoch = len(dataset) // batch_size
-    for step in range(steps):
-        i = step % per_epoch
-        X = dataset.data[i * batch_size:(i + 1) * batch_size]
-        y = dataset.target[i * batch_size:(i + 1) * batch_size]
-        t0 = time.perf_counter()
-        optimizer.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
-            out = model(X)
-        loss = criterion(out.float(), y)  # the loss in float32
-        loss.backward()
-        optimizer.step()
-        step_s.append(time.perf_counter() - t0)
-        losses.append(loss.item())
-    return {"precision": precision, "losses": losses, "step_s": step_s,
-            "median_step_s": sorted(step_s[2:])[len(step_s[2:]) // 2]}
 
 
 def float16_step(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor,

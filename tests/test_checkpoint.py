@@ -9,36 +9,36 @@ import time
 import pytest
 import torch
 
-from labkit import checkpoint, train
+from labkit import checkpoint, training
 from labkit.__main__ import main
 
 CFG = dict(steps=24, checkpoint_every=5)
 
 
 def test_resumed_run_ends_bit_identical(tmp_path):
-    whole = train.train(train.TrainConfig(**CFG))
+    whole = training.fit(training.TrainConfig(**CFG))
     path = tmp_path / "state.pt"
-    first = train.train(train.TrainConfig(**CFG | {"steps": 10}), path)
+    first = training.fit(training.TrainConfig(**CFG | {"steps": 10}), path)
     assert first["param_sha256"] != whole["param_sha256"]
-    resumed = train.train(train.TrainConfig(**CFG), path, resume=True)
+    resumed = training.fit(training.TrainConfig(**CFG), path, resume=True)
     assert resumed["resumed_from"] == 10
     assert resumed["losses"] == whole["losses"]
     assert resumed["param_sha256"] == whole["param_sha256"]
 
 
 def test_same_seed_same_curve_other_seed_other_curve():
-    a = train.train(train.TrainConfig(steps=15))
-    b = train.train(train.TrainConfig(steps=15))
-    c = train.train(train.TrainConfig(steps=15, seed=1))
+    a = training.fit(training.TrainConfig(steps=15))
+    b = training.fit(training.TrainConfig(steps=15))
+    c = training.fit(training.TrainConfig(steps=15, seed=1))
     assert a["losses"] == b["losses"] and a["param_sha256"] == b["param_sha256"]
     assert a["losses"] != c["losses"]
 
 
 def test_resume_refuses_other_settings(tmp_path):
     path = tmp_path / "state.pt"
-    train.train(train.TrainConfig(steps=5), path)
+    training.fit(training.TrainConfig(steps=5), path)
     with pytest.raises(ValueError, match="other settings"):
-        train.train(train.TrainConfig(steps=10, lr=0.1), path, resume=True)
+        training.fit(training.TrainConfig(steps=10, lr=0.1), path, resume=True)
 
 
 KILLED_WHILE_SAVING = """
@@ -86,9 +86,8 @@ def test_killing_a_real_training_run_never_breaks_its_checkpoint(tmp_path):
         proc.wait()
     state = checkpoint.load(path)
     assert state["step"] >= 1
-    resumed = train.train(train.TrainConfig(**state["config"] | {"steps": state["step"]
-                                                                 + 2}),
-                          path, resume=True)
+    cfg = training.TrainConfig(**state["config"] | {"steps": state["step"] + 2})
+    resumed = training.fit(cfg, path, resume=True)
     assert resumed["resumed_from"] == state["step"]
 
 

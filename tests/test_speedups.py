@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from labkit import activations, loading, precision, sgd, timing
+from labkit import activations, loading, precision, timing, training
 
 
 def test_workers_change_speed_not_data():
@@ -49,22 +49,23 @@ def test_slow_dataset_rejects_bad_arguments(kwargs, message):
 
 
 def test_fit_is_repeatable_and_learns():
-    cfg = sgd.SGDConfig(steps=40, eval_every=10)
-    a, b = sgd.fit(cfg), sgd.fit(cfg)
+    cfg = training.TrainConfig(steps=40, eval_every=10)
+    a, b = training.fit(cfg), training.fit(cfg)
     assert a["heldout_loss"] == b["heldout_loss"]
     assert a["steps"] == [0, 10, 20, 30, 40]
     assert a["heldout_loss"][-1] < a["heldout_loss"][0]
 
 
 def test_linear_scaling_rule():
-    cfg = sgd.scaled(sgd.SGDConfig(lr=0.05, n=2048), 512, epochs=10)
+    cfg = training.scaled(training.TrainConfig(lr=0.05, n=2048), 512, epochs=10)
     assert cfg.lr == pytest.approx(0.8) and cfg.steps == 40 and cfg.batch_size == 512
 
 
-@pytest.mark.parametrize("schedule", sgd.SCHEDULES)
+@pytest.mark.parametrize("schedule", training.SCHEDULES)
 def test_schedules_are_torch_schedulers(schedule):
-    run = sgd.fit(sgd.SGDConfig(steps=40, schedule=schedule, warmup_steps=10,
-                                eval_every=40))
+    cfg = training.TrainConfig(steps=40, schedule=schedule, warmup_steps=10,
+                               eval_every=40)
+    run = training.fit(cfg)
     assert len(run["lr"]) == 40
     if schedule.startswith("warmup"):
         assert run["lr"][0] == pytest.approx(0.05 / 10)
@@ -74,16 +75,17 @@ def test_schedules_are_torch_schedulers(schedule):
 
 
 def test_sorted_order_is_fixed_and_shuffled_is_not():
-    sorted_cfg = sgd.SGDConfig(order="sorted", n=64)
-    shuffled = sgd.SGDConfig(order="shuffled", n=64)
-    assert torch.equal(sgd._order(sorted_cfg, 0), sgd._order(sorted_cfg, 1))
-    assert not torch.equal(sgd._order(shuffled, 0), sgd._order(shuffled, 1))
-    (_, y), _ = sgd._data(sorted_cfg)
+    sorted_cfg = training.TrainConfig(order="sorted", n=64)
+    shuffled = training.TrainConfig(order="shuffled", n=64)
+    order = training.epoch_order
+    assert torch.equal(order(sorted_cfg, 0), order(sorted_cfg, 1))
+    assert not torch.equal(order(shuffled, 0), order(shuffled, 1))
+    (_, y), _ = training.split(sorted_cfg)
     assert torch.all(y[1:, 0] >= y[:-1, 0])
 
 
 def test_a_diverging_run_reports_inf():
-    run = sgd.fit(sgd.SGDConfig(steps=60, lr=50.0, eval_every=60))
+    run = training.fit(training.TrainConfig(steps=60, lr=50.0, eval_every=60))
     assert math.isinf(run["heldout_loss"][-1])
 
 
@@ -95,7 +97,7 @@ def test_a_diverging_run_reports_inf():
 ])
 def test_bad_configs_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        sgd.fit(sgd.SGDConfig(**kwargs))
+        training.fit(training.TrainConfig(**kwargs))
 
 
 def test_autocast_keeps_weights_and_gradients_in_float32():
@@ -105,12 +107,15 @@ def test_autocast_keeps_weights_and_gradients_in_float32():
 
 
 def test_bfloat16_training_follows_float32():
-    f32 = precision.train_precision("float32", steps=15, hidden=64, batch_size=64)
-    bf16 = precision.train_precision("bfloat16", steps=15, hidden=64, batch_size=64)
-    assert f32["losses"][0] == pytest.approx(bf16["losses"][0], rel=0.02)
-    assert bf16["losses"][-1] == pytest.approx(f32["losses"][-1], rel=0.05)
-    with pytest.raises(ValueError, match="precision must be"):
-        precision.train_precision("float16")
+    run = {p: training.fit(training.TrainConfig(steps=15, hidden=64, batch_size=64,
+                                                optimizer="momentum", precision=p))
+           for p in training.PRECISIONS}
+    f32, bf16 = run["float32"]["losses"], run["bfloat16"]["losses"]
+    assert f32[0] == pytest.approx(bf16[0], rel=0.02)
+    assert bf16[-1] == pytest.approx(f32[-1], rel=0.05)
+    assert bf16 != f32  # autocast did change the arithmetic
+    with pytest.raises(ValueError, match="unknown precision 'float16'"):
+        training.fit(training.TrainConfig(precision="float16"))
 
 
 def test_old_cuda_amp_names_warn_with_the_new_ones():
@@ -168,7 +173,7 @@ def test_checkpointing_runs_every_forward_again_and_only_that():
 
 
 def test_step_times_take_turns_and_count_per_step():
-    times = sgd.step_times([4, 8], batch_size=16, rounds=3, steps=2)
+    times = training.step_times([4, 8], batch_size=16, rounds=3, steps=2)
     assert list(times) == [4, 8] and all(len(t) == 3 for t in times.values())
     assert all(t > 0 for ts in times.values() for t in ts)
     order = []

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .. import sgd
+from .. import training
 from .feedback import WrongAnswer, off, register, right
 
 if TYPE_CHECKING:
@@ -150,11 +150,11 @@ def _close(a: float, b: float) -> bool:
 
 
 def _warmup_lrs(peak: float, steps: int) -> list[float]:
-    """The rate at each optimizer step under torch's LinearLR, as sgd.fit uses it."""
-    cfg = sgd.SGDConfig(lr=peak, schedule="warmup", warmup_steps=WARMUP_STEPS,
+    """The rate at each optimizer step under torch's LinearLR, as in training.fit."""
+    cfg = training.TrainConfig(lr=peak, schedule="warmup", warmup_steps=WARMUP_STEPS,
                         steps=steps)
-    optimizer = sgd.make_optimizer(torch.nn.Linear(1, 1), cfg)
-    scheduler = sgd.make_scheduler(optimizer, cfg)
+    optimizer = training.make_optimizer(torch.nn.Linear(1, 1), cfg)
+    scheduler = training.make_scheduler(optimizer, cfg)
     lrs = []
     for _ in range(steps):
         lrs.append(optimizer.param_groups[0]["lr"])
