@@ -148,7 +148,7 @@ fig = plots.font_check()
 import matplotlib
 import matplotlib.pyplot as plt
 
-from labkit.i18n import MissingGlyphError
+from labkit.fonts import MissingGlyphError
 
 open_before = plt.get_fignums()
 with matplotlib.rc_context({"font.family": "DejaVu Sans"}):

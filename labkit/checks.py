@@ -24,6 +24,18 @@ __all__ = ["GRAD_TOL", "RAISING", "CapturedStderr", "ExpectedError", "allreduce_
 GRAD_TOL = 1e-6
 
 i18n.register({
+    "raised_as_expected": {
+        "ja": "想定どおりの例外: {name}: {msg}",
+        "en": "Raised as expected: {name}: {msg}",
+    },
+    "did_not_raise": {
+        "ja": "{name} が発生するはずでしたが、何も起きませんでした",
+        "en": "Expected {name}, but nothing was raised",
+    },
+    "wrong_message": {
+        "ja": "{name} は発生しましたが、メッセージに {pattern!r} がありません: {msg}",
+        "en": "{name} was raised, but its message lacks {pattern!r}: {msg}",
+    },
     "check_grads_match": {
         "ja": "勾配が基準と最大 {diff:.2e} 違います (許容は {tol:.0e} まで)。",
         "en": "The gradients differ from the reference by up to {diff:.2e} "

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import ddp, models, nosync, workload
+from . import ddp, i18n, models, nosync, workload
 
 __all__ = [
     "LINKS",
@@ -48,6 +48,33 @@ __all__ = [
     "split_at",
     "step_times_by_k",
 ]
+
+# Lesson 05's plots.
+i18n.register({
+    "message_bytes": {"ja": "メッセージの大きさ [バイト]",
+                      "en": "message size [bytes]"},
+    "allreduce_ms": {"ja": "all-reduce 1 回の時間 [ミリ秒]",
+                     "en": "one all-reduce [ms]"},
+    "alpha_beta_model": {"ja": "α–β モデル", "en": "alpha-beta model"},
+    "allreduce_title": {
+        "ja": "all-reduce の時間: 実測と α–β モデル (2 ランク)",
+        "en": "All-reduce time: measured and the alpha-beta model (2 ranks)",
+    },
+    "overlap_title": {
+        "ja": "勾配の計算とバケットの all-reduce",
+        "en": "Gradient computation and the buckets' all-reduces",
+    },
+    "model_vs_measured": {
+        "ja": "1 回の更新の時間: 実測 (点) とモデル (破線、K = 1, 2, 4 から)",
+        "en": "Time per update: measured (dots), model (dashed, fitted on K = 1, 2, 4)",
+    },
+    "world_size_n": {"ja": "ランク数 (GPU 数)", "en": "ranks (GPUs)"},
+    "speedup": {"ja": "1 ランクと比べた速度向上 (倍)", "en": "speed-up over one rank"},
+    "explorer_title": {
+        "ja": "モデルによる予測 (測定ではありません)",
+        "en": "Predicted by the model (not a measurement)",
+    },
+})
 
 
 def _check_world_size(world_size: int) -> None:

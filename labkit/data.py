@@ -5,7 +5,16 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from . import i18n
+
 __all__ = ["MyDataset", "TeacherDataset", "make_loader"]
+
+i18n.register({
+    "target_variance": {
+        "ja": "目標の分散 (MyDataset で届く最小値)",
+        "en": "variance of the targets (the best MyDataset allows)",
+    },
+})
 
 
 class MyDataset(Dataset):

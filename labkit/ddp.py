@@ -10,13 +10,21 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from . import timing
+from . import i18n, timing
 
 __all__ = [
     "CommCounter",
     "allreduce_time",
     "shard",
 ]
+
+# Lesson 03's plot of step time by world size.
+i18n.register({
+    "step_time_vs_world": {
+        "ja": "world size ごとの 1 ステップの時間 (全体バッチ 1024)",
+        "en": "Step time by world size (global batch 1024)",
+    },
+})
 
 
 class CommCounter:

@@ -11,12 +11,17 @@ from importlib import metadata
 import torch
 import torch.distributed as dist
 
-from . import i18n
+from . import fonts, i18n
 from .i18n import t
 
 __all__ = ["Report", "collect", "format_report", "version"]
 
 i18n.register({
+    "no_torch_xla": {
+        "ja": "torch_xla はインストールされていません。"
+              "PyTorch で TPU を使うには torch_xla が必要です",
+        "en": "torch_xla is not installed; PyTorch needs it to use a TPU",
+    },
     "doctor_title": {"ja": "この環境で動くもの", "en": "What this machine can run"},
     "python": {"ja": "Python", "en": "Python"},
     "cpu_cores": {"ja": "CPU コア数", "en": "CPU cores"},
@@ -94,7 +99,7 @@ def version(dist_name: str) -> str | None:
 
 def _japanese_font() -> str | None:
     try:
-        return i18n.setup_japanese_font()
+        return fonts.setup_japanese_font()
     except ImportError:
         return None
 

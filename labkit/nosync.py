@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import compare, models, timing, workload
+from . import compare, i18n, models, timing, workload
 
 __all__ = [
     "accumulate_by_count",
@@ -32,6 +32,26 @@ __all__ = [
     "step_times",
     "update_costs",
 ]
+
+# Lesson 04's plots.
+i18n.register({
+    "accum_k": {"ja": "K (1 ステップのマイクロバッチ数)",
+                "en": "K (micro-batches per step)"},
+    "step_time_vs_k": {
+        "ja": "K ごとの 1 回の更新の時間 (2 ランク)",
+        "en": "Time per update by K (2 ranks)",
+    },
+    "param_diff": {"ja": "ランク間のパラメータの最大差",
+                   "en": "max parameter difference between ranks"},
+    "misuse_then_sync": {
+        "ja": "1〜15: no_sync の中で step、16〜30: 正しく同期",
+        "en": "1-15: step inside no_sync, 16-30: synchronized",
+    },
+    "divergence_title": {
+        "ja": "no_sync の中で step するとレプリカがずれる",
+        "en": "Stepping inside no_sync: replicas drift apart",
+    },
+})
 
 
 def accumulate_no_sync(model: DDP, criterion, batches, use_no_sync: bool = True,

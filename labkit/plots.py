@@ -6,7 +6,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 
-from .i18n import MissingGlyphError, checked_glyphs, setup_japanese_font, t
+from . import i18n
+from .fonts import MissingGlyphError, checked_glyphs, setup_japanese_font
+from .i18n import t
 
 __all__ = [
     "bar_chart",
@@ -18,6 +20,35 @@ __all__ = [
     "measured_vs_model",
     "timeline",
 ]
+
+# The axes and titles the plots below draw, and those lessons' cells pass them.
+i18n.register({
+    "step": {"ja": "ステップ", "en": "step"},
+    "epoch": {"ja": "エポック", "en": "epoch"},
+    "loss": {"ja": "損失 (MSE)", "en": "loss (MSE)"},
+    "loss_curve_title": {"ja": "学習曲線", "en": "Training loss"},
+    "optimizer_step": {"ja": "オプティマイザのステップ", "en": "optimizer step"},
+    "seconds": {"ja": "経過時間 [秒]", "en": "elapsed time [s]"},
+    "loss_vs_steps": {"ja": "ステップ数に対する損失", "en": "Loss vs optimizer steps"},
+    "loss_vs_time": {"ja": "経過時間に対する損失", "en": "Loss vs wall-clock time"},
+    "step_time_ms": {"ja": "1 ステップの時間 [ミリ秒]", "en": "time per step [ms]"},
+    "measured": {"ja": "実測", "en": "measured"},
+    "grad_compute": {"ja": "勾配の計算", "en": "gradient computation"},
+    "comm_hidden": {"ja": "隠れた通信 (計算と重なる)",
+                    "en": "hidden (overlaps the computation)"},
+    "comm_exposed": {"ja": "表に出た通信 (計算のあと)",
+                     "en": "exposed (after the computation)"},
+    "backward_returns": {"ja": "backward() が戻る", "en": "backward() returns"},
+    "bucket_n": {"ja": "バケット {i}", "en": "bucket {i}"},
+    "overlap_steps_title": {
+        "ja": "ステップごとの通信: 隠れた分と表に出た分",
+        "en": "Communication per step: hidden and exposed",
+    },
+    "font_check_title": {
+        "ja": "日本語フォントの確認: 勾配の同期とランク",
+        "en": "Font check: gradient synchronization and ranks",
+    },
+})
 
 
 def checked_figure(build: Callable[[], plt.Figure]) -> plt.Figure:

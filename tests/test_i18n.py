@@ -1,21 +1,17 @@
-import importlib
-import pkgutil
-
 import matplotlib
 import matplotlib.pyplot as plt
 import pytest
 
 import labkit
-from labkit import i18n, plots
-from labkit.i18n import MissingGlyphError
+from labkit import fonts, i18n, plots
+from labkit.fonts import MissingGlyphError
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _every_module_imported():
     """Modules register their messages when imported: check them all, not only
     those that earlier tests happened to import."""
-    for module in pkgutil.walk_packages(labkit.__path__, "labkit."):
-        importlib.import_module(module.name)
+    i18n.import_all()
 
 
 def test_set_lang_switches_messages():
@@ -76,7 +72,23 @@ def test_missing_glyphs_are_reported_and_the_figure_closed():
 
 def test_other_warnings_pass_through():
     with pytest.warns(UserWarning, match="unrelated"):
-        with i18n.checked_glyphs():
+        with fonts.checked_glyphs():
             import warnings
 
             warnings.warn("unrelated", UserWarning, stacklevel=1)
+
+
+def test_a_message_of_a_module_not_imported_yet_is_found():
+    """A cell run out of order asks for a label before its module is imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys, labkit\n"
+            "assert 'labkit.comm' not in sys.modules\n"
+            "labkit.set_lang('ja')\n"
+            "print(labkit.t('allreduce_ms'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "all-reduce 1 回の時間 [ミリ秒]"
+    with pytest.raises(KeyError, match="no message 'no_such_label' in any labkit"):
+        labkit.t("no_such_label")
