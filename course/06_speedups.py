@@ -63,16 +63,7 @@ labkit.set_lang("en")
 # %%
 import torch
 
-from labkit import (
-    activations,
-    checks,
-    data,
-    loading,
-    models,
-    plots,
-    precision,
-    training,
-)
+from labkit import activations, checks, data, loading, models, plots, precision
 
 torch.manual_seed(0)
 
@@ -267,6 +258,8 @@ else:
 # memory limit. Measure it with doc 004's model.
 
 # %% tags=["nbval-ignore-output"]
+from labkit import training
+
 per_s = training.throughput([8, 32, 128, 512, 2048])
 for b, v in per_s.items():
     print(f"batch {b:5d}: {v:10.0f} samples/s")
@@ -430,7 +423,7 @@ exercises.grade_warmup_schedule(lr_at)
 
 # %%
 order = {o: training.fit(training.TrainConfig(steps=640, optimizer="momentum", order=o,
-                                  eval_every=16)) for o in training.ORDERS}
+                                            eval_every=16)) for o in training.ORDERS}
 for o, r in order.items():
     print(f"{o:8s}: held-out loss {r['heldout_loss'][-1]:.3f}, "
           f"median epoch {sorted(r['epoch_s'])[len(r['epoch_s']) // 2] * 1e3:.0f} ms")
@@ -492,10 +485,8 @@ assert dtypes == {"output": torch.bfloat16, "weight": torch.float32,
 # instructions (AMX, AVX512-BF16) the conversions can even make it slower.
 
 # %% tags=["nbval-ignore-output"]
-prec = {p: training.fit(training.TrainConfig(steps=60, hidden=512, depth=2, batch_size=256,
-                                             optimizer="momentum", n=4096, precision=p,
-                                             eval_every=60))
-        for p in training.PRECISIONS}
+run = training.TrainConfig(steps=60, hidden=512, depth=2, batch_size=256, n=4096, optimizer="momentum")
+prec = {p: training.fit(replace(run, precision=p)) for p in training.PRECISIONS}
 for p, r in prec.items():
     print(f"{p}: final loss {r['losses'][-1]:.4f}, median step {r['median_step_s'] * 1e3:.1f} ms")
 fig = plots.loss_curves({p: r["losses"] for p, r in prec.items()},
@@ -795,11 +786,9 @@ fig = plots.bar_chart(
     ylabel="saved_mb", title="ckpt_title", fmt="{:.1f}")
 
 # %%
-from labkit import compare
-
 assert cost[True]["saved_bytes"] < 0.5 * cost[False]["saved_bytes"]
 assert cost[True]["peak_bytes"] < cost[False]["peak_bytes"]
-assert compare.max_abs_diff(grads[True], grads[False]) == 0.0  # the same gradients
+checks.grads_match(grads[True], grads[False], tol=0.0)  # the same gradients, exactly
 # Every Linear's forward runs twice: once in the forward, once again in backward.
 assert (work[False]["linear_forwards"], work[True]["linear_forwards"]) == (12, 24)
 one_forward = 2 * len(X_deep) * sum(  # a Linear's forward: 2 FLOPs per weight and sample
