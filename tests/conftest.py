@@ -1,7 +1,15 @@
+import sys
+from pathlib import Path
+
 import matplotlib
 import pytest
 
 matplotlib.use("Agg")
+
+# tools/ holds the maintainers' scripts that tests check (build_notebooks,
+# student_copies, links, ledger, ...): importable by name, as they import
+# each other when run.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 
 # A test that runs past its timeout (pyproject's `timeout`, or its own

@@ -201,7 +201,7 @@ def _links_to_try(lang):
     The deepest linked heading of lessons 04 and 06, then one in the middle of
     lesson 04, which is already open by then: JupyterLab reveals its tab.
     """
-    from labkit import links
+    import links
 
     folder = ROOT / "notebooks" / lang
     errata = links._markdown_cells(folder / "08_errata.ipynb")
@@ -224,7 +224,7 @@ def _links_to_try(lang):
 
 def _anchors(lang, target, fragment):
     """The heading ids a link to `target#fragment` should bring on screen."""
-    from labkit import links
+    import links
 
     cells = links.heading_cells(ROOT / "notebooks" / lang / target)
     return cells.get(fragment.removeprefix(links.CELL_ID), [fragment])

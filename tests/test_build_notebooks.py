@@ -2,12 +2,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import build_notebooks as bn
 import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import build_notebooks as bn  # noqa: E402
 
 HEADER = "# ---\n# jupyter:\n#   jupytext:\n#     formats: py:percent\n# ---\n\n"
 

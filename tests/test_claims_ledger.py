@@ -8,10 +8,9 @@ the list may only shrink: a gap that gets its assertion fails until it is remove
 import json
 from pathlib import Path
 
+import ledger
 import pytest
 import torch
-
-from labkit import ledger
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -142,3 +141,30 @@ def test_known_gaps_are_visible_and_must_shrink(tmp_path):
         "000-1: 03_lesson.ipynb#Proved asserts now; remove it from the known gaps",
         "000-9: a known gap that no row has",
     ]
+
+
+VERDICTS = {"ja": ("正しい", "誤り", "誤解を招く", "古い"),
+            "en": ("correct", "wrong", "misleading", "outdated")}
+
+
+@pytest.mark.parametrize("lang", ["ja", "en"])
+def test_the_errata_tables_are_well_formed(lang):
+    """Every row about the documents has one of the four verdicts; each
+    document's ids run from 1 without a gap or a repeat; every row links."""
+    errata = NOTEBOOKS / lang / "08_errata.ipynb"
+    nb = json.loads(errata.read_text(encoding="utf-8"))
+    doc_rows = [line.split("|") for cell in nb["cells"]
+                if cell["cell_type"] == "markdown"
+                for line in "".join(cell["source"]).splitlines()
+                if line.startswith("| ") and line.split("|")[1].strip()[:1].isdigit()]
+    verdicts = [row[3].strip() for row in doc_rows]
+    assert len(doc_rows) >= 55
+    assert set(verdicts) <= set(VERDICTS[lang]), set(verdicts) - set(VERDICTS[lang])
+    rows = ledger.ledger(errata)
+    ids = [id_ for id_, _, _ in rows]
+    for doc in ("000", "004", "L03", "L04", "L05"):
+        numbers = [int(i.split("-")[1]) for i in ids if i.startswith(doc + "-")]
+        assert numbers == list(range(1, len(numbers) + 1)), (doc, numbers)
+    assert len(ids) == len(set(ids))  # no id twice
+    assert sum(not i.startswith("L") for i in ids) == len(doc_rows)
+    assert all(target is not None for _, target, _ in rows)  # every row links

@@ -3,9 +3,8 @@
 import json
 from pathlib import Path
 
+import links
 import pytest
-
-from labkit import links
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -54,11 +53,11 @@ def test_links_that_do_not_land_are_reported(tmp_path):
               "[gone](05_missing.ipynb#Anything)")
     assert links.broken_links(tmp_path) == [
         "02_links.ipynb: 01_target.ipynb #A-code-heading opens the notebook at its "
-        "top in JupyterLab; link its cell (python -m labkit.links SOURCE)",
+        "top in JupyterLab; link its cell (python tools/links.py SOURCE)",
         "02_links.ipynb: 01_target.ipynb has no heading #No-such-heading",
         "02_links.ipynb: 01_target.ipynb has no heading #not-a-heading:-fenced",
         "02_links.ipynb: 01_target.ipynb #cell-id=01-002 holds Other, not the heading "
-        "that [01: A `code` heading] names (python -m labkit.links SOURCE)",
+        "that [01: A `code` heading] names (python tools/links.py SOURCE)",
         "02_links.ipynb: 01_target.ipynb has no heading cell #cell-id=01-001",
         "02_links.ipynb: no notebook 05_missing.ipynb",
     ]

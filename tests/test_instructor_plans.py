@@ -1,14 +1,12 @@
 """The instructor guides' plans add up, and fit what the lessons ask of a learner."""
 
 import re
-import sys
 from pathlib import Path
 
+import lesson_time
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import lesson_time  # noqa: E402
 
 GUIDES = {"en": ROOT / "docs" / "instructor.md",
           "ja": ROOT / "docs" / "instructor.ja.md"}

@@ -1,14 +1,12 @@
 """Student copies: no solution left, every exercise kept, for every lesson."""
 
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+import student_copies
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import student_copies  # noqa: E402
 
 NOTEBOOKS = ROOT / "notebooks"
 LESSONS_WITH_EXERCISES = ("01", "02", "03", "04", "05", "06", "07")

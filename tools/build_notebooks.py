@@ -84,7 +84,7 @@ def cell_ids(lesson: str, cells: list[nbformat.NotebookNode]) -> list[str]:
     """The id of each cell: "04-correct-use" for a cell whose English heading is
     "Correct use", else its position ("04-017").
 
-    Lesson links land on heading cells by id (labkit.links), so a heading's id
+    Lesson links land on heading cells by id (tools/links.py), so a heading's id
     must not move when a lesson gains a cell; twins in the other language get
     the same id.
     """

@@ -23,7 +23,7 @@ same id), so a link stays true when a lesson gains or loses cells. `land`
 writes such links from heading links, and rewrites the ids that no longer hold
 the heading their text names (after a heading is renamed):
 
-    python -m labkit.links course/08_errata.py   # then build the notebooks
+    python tools/links.py course/08_errata.py   # then build the notebooks
 
 That the heading then stays on screen needs the course's JupyterLab defaults
 (jupyterlab-settings/, which `make lab` uses); tests/test_browser.py clicks
@@ -146,14 +146,14 @@ def _problem(text: str, fragment: str, cells: dict[str, list[str]]) -> str | Non
     if not fragment.startswith(CELL_ID):
         if fragment in {a for found in cells.values() for a in found}:
             return (f"#{fragment} opens the notebook at its top in JupyterLab; "
-                    f"link its cell (python -m labkit.links SOURCE)")
+                    f"link its cell (python tools/links.py SOURCE)")
         return f"has no heading #{fragment}"
     cell_id = fragment[len(CELL_ID):]
     if cell_id not in cells:
         return f"has no heading cell #{fragment}"
     if not _names(text, cells[cell_id]):
         return (f"#{fragment} holds {', '.join(cells[cell_id])}, not the heading "
-                f"that [{text}] names (python -m labkit.links SOURCE)")
+                f"that [{text}] names (python tools/links.py SOURCE)")
     return None
 
 

@@ -2,7 +2,7 @@
 
 The ledger is the tables of the errata notebook: each row starts with an id
 (`000-3`, `004-12` for the documents' claims, `L03-2` for a lesson's own) and
-links to the section that proves it (labkit.links says how links land). A
+links to the section that proves it (tools/links.py says how links land). A
 section is a heading and the cells under it up to the next heading; it proves
 something only if one of its code cells asserts: an `assert` statement, or a
 call that raises when the claim is false (`assert_*`, `check_*`, an exercise's
@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from labkit import links
+import links
 
 __all__ = ["CLAIM_ID", "asserts", "ledger", "ledger_problems"]
 
