@@ -189,7 +189,10 @@ def test_a_hung_test_fails_by_name_with_the_stacks_of_its_ranks(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p",
          "no:cacheprovider", "test_hang.py"], cwd=tmp_path, capture_output=True,
-        text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tests)})
+        text=True, timeout=120,
+        # tests/ first, then whatever path this run found labkit on.
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(tests), *filter(None, [os.environ.get("PYTHONPATH")])])})
     out = result.stdout
     assert result.returncode == 1, out[-2000:]
     assert "Timeout (>4.0s) from pytest-timeout" in out
