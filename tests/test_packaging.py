@@ -6,6 +6,7 @@ breaks after `pip install labkit`. This builds the wheel, installs it into a
 fresh venv and runs it from outside the repository.
 """
 
+import os
 import shutil
 import subprocess
 import sys
@@ -75,14 +76,16 @@ def test_an_installed_wheel_imports_every_module_and_runs_doctor(wheel, tmp_path
         "assert torchrun.SLURM_EXAMPLE.is_file(), torchrun.SLURM_EXAMPLE\n"
         "print(*names)\n"
     )
-    # From a folder outside the repository, so that ./labkit cannot be imported.
-    run = subprocess.run([str(python), "-c", check], cwd=tmp_path,
+    # From a folder outside the repository, and without this run's PYTHONPATH,
+    # so that no other labkit can be imported.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([str(python), "-c", check], cwd=tmp_path, env=env,
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     expected = {p.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
                 for p in _source_files() if p.endswith(".py")} - {"labkit"}
     assert set(run.stdout.split()) == expected
     doctor = subprocess.run([str(python), "-m", "labkit", "doctor"], cwd=tmp_path,
-                            capture_output=True, text=True)
+                            env=env, capture_output=True, text=True)
     assert doctor.returncode == 0, doctor.stderr
     assert "torch" in doctor.stdout
