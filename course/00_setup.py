@@ -34,17 +34,11 @@
 # The first cell checks that the course's package, `labkit`, is recent enough, and sets the
 # language of plots and messages to English.
 
-# %% lang="ja"
+# %%
 import labkit
 
 labkit.require("0.1.0")
 labkit.set_lang("ja")
-
-# %% lang="en"
-import labkit
-
-labkit.require("0.1.0")
-labkit.set_lang("en")
 
 # %% [markdown] lang="ja"
 # ## このマシンにあるもの

@@ -33,17 +33,11 @@
 #
 # Later lessons check DataParallel and DDP against this single-process training.
 
-# %% lang="ja"
+# %%
 import labkit
 
 labkit.require("0.1.0")
 labkit.set_lang("ja")
-
-# %% lang="en"
-import labkit
-
-labkit.require("0.1.0")
-labkit.set_lang("en")
 
 # %%
 import torch

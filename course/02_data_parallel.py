@@ -57,17 +57,11 @@
 # 5. what DataParallel pays at every step, and why PyTorch recommends DDP (lesson 03
 #    times the two)
 
-# %% lang="ja"
+# %%
 import labkit
 
 labkit.require("0.1.0")
 labkit.set_lang("ja")
-
-# %% lang="en"
-import labkit
-
-labkit.require("0.1.0")
-labkit.set_lang("en")
 
 # %%
 import copy

@@ -53,17 +53,11 @@
 # 8. time per step with world size 1 and 2
 # 9. thread-based DataParallel (lesson 02) against process-based DDP, timed
 
-# %% lang="ja"
+# %%
 import labkit
 
 labkit.require("0.1.0")
 labkit.set_lang("ja")
-
-# %% lang="en"
-import labkit
-
-labkit.require("0.1.0")
-labkit.set_lang("en")
 
 # %% [markdown] lang="ja"
 # 次のセルで 2 つのランクの起動を始めます。起動には数秒かかりますが、裏で進むので、その間に先を読めます。

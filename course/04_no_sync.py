@@ -45,17 +45,11 @@
 # This lesson checks with numbers: correct use, equality with the large batch, the
 # document's three misuses, time per step for each K, and convergence.
 
-# %% lang="ja"
+# %%
 import labkit
 
 labkit.require("0.1.0")
 labkit.set_lang("ja")
-
-# %% lang="en"
-import labkit
-
-labkit.require("0.1.0")
-labkit.set_lang("en")
 
 # %%
 import torch

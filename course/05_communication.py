@@ -37,17 +37,11 @@
 # 4. predict the time of an update from K and `no_sync`, and check it against measurements
 # 5. explore with sliders what the model says for GPUs and more ranks
 
-# %% lang="ja"
+# %%
 import labkit
 
 labkit.require("0.1.0")
 labkit.set_lang("ja")
-
-# %% lang="en"
-import labkit
-
-labkit.require("0.1.0")
-labkit.set_lang("en")
 
 # %%
 from labkit import cluster, comm, exercises, plots

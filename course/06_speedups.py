@@ -48,17 +48,11 @@
 # spread hides the difference, they assert the compute (calls, FLOPs) and show the time
 # as "on this run".
 
-# %% lang="ja"
+# %%
 import labkit
 
 labkit.require("0.1.0")
 labkit.set_lang("ja")
-
-# %% lang="en"
-import labkit
-
-labkit.require("0.1.0")
-labkit.set_lang("en")
 
 # %%
 import torch

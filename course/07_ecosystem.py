@@ -43,17 +43,11 @@
 # 5. TensorFlow Lattice is not a distributed-training framework
 # 6. holding part of the parameters is FSDP and ZeRO
 
-# %% lang="ja"
+# %%
 import labkit
 
 labkit.require("0.1.0")
 labkit.set_lang("ja")
-
-# %% lang="en"
-import labkit
-
-labkit.require("0.1.0")
-labkit.set_lang("en")
 
 # %%
 import json

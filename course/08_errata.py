@@ -51,17 +51,11 @@
 # (`jupyterlab-settings/`, which `make lab` uses); elsewhere, if it is off, pick the
 # heading in the table of contents on the left.
 
-# %% lang="ja"
+# %%
 import labkit
 
 labkit.require("0.1.0")
 labkit.set_lang("ja")
-
-# %% lang="en"
-import labkit
-
-labkit.require("0.1.0")
-labkit.set_lang("en")
 
 # %% [markdown] lang="ja"
 # ## 記事 000: no_sync と高速化の方法

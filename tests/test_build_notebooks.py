@@ -24,13 +24,9 @@ GOOD = '''# %% [markdown] lang="ja"
 # %% [markdown] lang="en"
 # # Hello
 
-# %% lang="ja"
+# %%
 import labkit
 labkit.set_lang("ja")
-
-# %% lang="en"
-import labkit
-labkit.set_lang("en")
 
 # %% tags=["nbval-ignore-output"]
 x = 1 + 1
@@ -79,8 +75,8 @@ def test_check_fails_on_a_stale_or_missing_notebook(tmp_path, capsys):
          'lacks its lang="en" twin'),
         ("# %% [markdown]\n# no language\n", "markdown cell without lang"),
         ('# %% [markdown] lang="en"\n# English first\n', "must follow its lang=\"ja\""),
-        ('# %% lang="ja"\nx = 1\n\n# %% lang="en"\nx = 2\n',
-         "differ only in the language code"),
+        ('# %% lang="ja"\nlabkit.set_lang("ja")\n\n# %% lang="en"\n'
+         'labkit.set_lang("en")\n', "code cells are shared, not per language"),
         ('# %% [markdown] lang="ja"\n# 説明\n\n# %% lang="en"\nx = 1\n',
          "its twin is a code cell"),
     ],

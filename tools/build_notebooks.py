@@ -1,9 +1,10 @@
 """Build notebooks/ja and notebooks/en from the lesson sources in course/.
 
-A source is a jupytext py:percent file. Code cells go to both notebooks.
-Cells marked `lang="ja"` / `lang="en"` come in adjacent pairs, Japanese first:
-markdown twins say the same thing in each language; code twins may differ only
-in the language code (the `labkit.set_lang("ja")` cell).
+A source is a jupytext py:percent file. Markdown cells marked `lang="ja"` /
+`lang="en"` come in adjacent pairs, Japanese first, and say the same thing in
+each language. Code cells are shared: one source, both notebooks. The one
+place the code says which language it runs in, `labkit.set_lang("ja")`,
+reads `labkit.set_lang("en")` in the English notebook.
 
     python tools/build_notebooks.py          # write the notebooks
     python tools/build_notebooks.py --check  # fail if any is missing or stale
@@ -27,9 +28,15 @@ class SourceError(ValueError):
     """A lesson source breaks the one-source, two-languages rules."""
 
 
-def _code_twins_match(ja: str, en: str) -> bool:
-    swapped = ja.replace('"ja"', '"en"').replace("'ja'", "'en'")
-    return swapped == en
+_SET_LANG = 'labkit.set_lang("ja")'
+
+
+def _in_language(cell: nbformat.NotebookNode, lang: str) -> nbformat.NotebookNode:
+    """A shared code cell as the `lang` notebook runs it."""
+    if lang == "ja" or _SET_LANG not in cell.source:
+        return cell
+    return nbformat.from_dict({**cell, "source": cell.source.replace(
+        _SET_LANG, f'labkit.set_lang("{lang}")')})
 
 
 def split_languages(source: nbformat.NotebookNode, name: str) -> dict[str, list]:
@@ -45,9 +52,13 @@ def split_languages(source: nbformat.NotebookNode, name: str) -> dict[str, list]
             if cell.cell_type == "markdown":
                 raise SourceError(f"{where}: markdown cell without lang=\"ja\"/\"en\"")
             for lang_ in LANGS:
-                out[lang_].append(cell)
+                out[lang_].append(_in_language(cell, lang_))
             i += 1
             continue
+        if cell.cell_type == "code":
+            raise SourceError(f"{where}: code cells are shared, not per language; "
+                              f"write {_SET_LANG} once, the English notebook gets "
+                              "\"en\"")
         if lang != "ja":
             raise SourceError(
                 f"{where}: a lang={lang!r} cell must follow its lang=\"ja\" twin"
@@ -57,10 +68,6 @@ def split_languages(source: nbformat.NotebookNode, name: str) -> dict[str, list]
             raise SourceError(f"{where}: lang=\"ja\" cell lacks its lang=\"en\" twin")
         if twin.cell_type != cell.cell_type:
             raise SourceError(f"{where}: its twin is a {twin.cell_type} cell")
-        if cell.cell_type == "code" and not _code_twins_match(cell.source, twin.source):
-            raise SourceError(
-                f"{where}: code twins may differ only in the language code"
-            )
         out["ja"].append(cell)
         out["en"].append(twin)
         i += 2
