@@ -593,19 +593,20 @@ asserted = {("doc 004 MLP", 8), ("MLP 1024x3", 4), ("MLP 1024x3", 8)}
 series = {}
 for name, c in costs.items():
     ks = sorted(c["seconds"])
-    med = {k: [statistics.median(r) for r in c["seconds"][k]] for k in ks}  # sync, no_sync
-    series[f"{name}, sync"] = (ks, [med[k][0] * 1e3 for k in ks])
-    series[f"{name}, no_sync"] = (ks, [med[k][1] * 1e3 for k in ks])
+    med = {k: nosync.SyncPair(*map(statistics.median, c["seconds"][k])) for k in ks}
+    series[f"{name}, sync"] = (ks, [med[k].sync * 1e3 for k in ks])
+    series[f"{name}, no_sync"] = (ks, [med[k].no_sync * 1e3 for k in ks])
     t_ar = c["allreduce"]
     print(f"{name}: one all-reduce {t_ar * 1e3:.2f} ms")
     for k in ks:
         checks.one_sync_per_update(k, c["calls"][k], c["bytes"][k], params[name])
         if (name, k) in asserted:  # beyond the noise here: see the text above
-            verdict = f"x{checks.faster(*reversed(c['seconds'][k])):.2f}, asserted"
+            seconds = c["seconds"][k]
+            verdict = f"x{checks.faster(seconds.no_sync, seconds.sync):.2f}, asserted"
         else:
             verdict = "on this run"
-        print(f"  K={k}: {c['calls'][k][0]} vs {c['calls'][k][1]} all-reduce(s), "
-              f"saved {(med[k][0] - med[k][1]) * 1e3:6.2f} ms ({verdict}), "
+        print(f"  K={k}: {c['calls'][k].sync} vs {c['calls'][k].no_sync} all-reduce(s), "
+              f"saved {(med[k].sync - med[k].no_sync) * 1e3:6.2f} ms ({verdict}), "
               f"predicted (K-1) x all-reduce {(k - 1) * t_ar * 1e3:6.2f} ms")
 fig = plots.line_chart(series, xlabel="accum_k", ylabel="step_time_ms",
                        title="step_time_vs_k", logx=True, logy=True)

@@ -404,15 +404,15 @@ for name, times in step_times.items():
     model = comm.fit_step_model(times, fit_on=(1, 2, 4))
     fitted[name], errors[name] = model, comm.max_rel_error(model, times)
     ks = sorted(times)
-    for mode, no_sync in (("sync", False), ("no_sync", True)):
-        measured[f"{name}, {mode}"] = (ks, [times[k][no_sync] * 1e3 for k in ks])
-        predicted[f"{name}, {mode}"] = (ks, [model.predict(k, no_sync) * 1e3
+    for mode in ("sync", "no_sync"):
+        measured[f"{name}, {mode}"] = (ks, [getattr(times[k], mode) * 1e3 for k in ks])
+        predicted[f"{name}, {mode}"] = (ks, [model.predict(k, mode == "no_sync") * 1e3
                                              for k in ks])
     print(f"{name}: c = {model.compute_s * 1e3:.2f} ms, s = {model.sync_s * 1e3:.2f} ms, "
           f"o = {model.optimizer_s * 1e3:.2f} ms; worst error {errors[name]:.0%}")
     for k in ks:
-        print(f"  K={k}: sync {times[k][0] * 1e3:6.1f} ms (model "
-              f"{model.predict(k, False) * 1e3:6.1f}), no_sync {times[k][1] * 1e3:6.1f} ms"
+        print(f"  K={k}: sync {times[k].sync * 1e3:6.1f} ms (model "
+              f"{model.predict(k, False) * 1e3:6.1f}), no_sync {times[k].no_sync * 1e3:6.1f} ms"
               f" (model {model.predict(k, True) * 1e3:6.1f})")
 fig = plots.measured_vs_model(measured, predicted, xlabel="accum_k",
                               ylabel="step_time_ms", title="model_vs_measured")

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import asdict
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from . import compare, i18n, models, timing, workload
 
 __all__ = [
+    "SyncPair",
     "accumulate_by_count",
     "accumulate_no_sync",
     "accumulated_and_whole_grads",
@@ -52,6 +54,13 @@ i18n.register({
         "en": "Stepping inside no_sync: replicas drift apart",
     },
 })
+
+
+class SyncPair(NamedTuple):
+    """One measure of an update, synchronizing every micro-batch and with no_sync."""
+
+    sync: object
+    no_sync: object
 
 
 def accumulate_no_sync(model: DDP, criterion, batches, use_no_sync: bool = True,
@@ -172,18 +181,19 @@ def step_times(model: DDP, optimizer, dataset, cfg: workload.Config, rank: int,
 
 def interleaved_step_times(model: DDP, optimizer, batches: list, ks: Sequence[int],
                            rounds: int, block_s: float = 0.05
-                           ) -> dict[int, tuple[float, float]]:
+                           ) -> dict[int, SyncPair]:
     """Median seconds of one optimizer step for each K: (synced, no_sync).
 
     The medians of interleaved_step_samples.
     """
     samples = interleaved_step_samples(model, optimizer, batches, ks, rounds, block_s)
-    return {k: (statistics.median(samples[k][0]), statistics.median(samples[k][1]))
+    return {k: SyncPair(statistics.median(samples[k].sync),
+                        statistics.median(samples[k].no_sync))
             for k in ks}
 
 def interleaved_step_samples(model: DDP, optimizer, batches: list, ks: Sequence[int],
                              rounds: int, block_s: float = 0.05
-                             ) -> dict[int, tuple[list[float], list[float]]]:
+                             ) -> dict[int, SyncPair]:
     """Seconds of one optimizer step for each K and round: (synced, no_sync).
 
     A step of K takes the first K of `batches`. Steps are timed in blocks of
@@ -228,7 +238,7 @@ def interleaved_step_samples(model: DDP, optimizer, batches: list, ks: Sequence[
     for _ in range(rounds):
         for mode, n in zip(modes, steps, strict=True):
             times[mode].append(block(*mode, n))
-    return {k: (times[k, False], times[k, True]) for k in ks}
+    return {k: SyncPair(times[k, False], times[k, True]) for k in ks}
 
 def update_costs(rank: int, world_size: int, cfg: workload.Config,
                  ks: Sequence[int] = (1, 2, 4, 8)) -> dict:
@@ -254,8 +264,8 @@ def update_costs(rank: int, world_size: int, cfg: workload.Config,
             counter.reset()
             accumulate_no_sync(model, criterion, batches[:k], use_no_sync=use_no_sync)
             counted.append((counter.calls, counter.bytes))
-        calls[k] = (counted[0][0], counted[1][0])
-        nbytes[k] = (counted[0][1], counted[1][1])
+        calls[k] = SyncPair(counted[0][0], counted[1][0])
+        nbytes[k] = SyncPair(counted[0][1], counted[1][1])
     seconds = interleaved_step_samples(model, optimizer, batches, ks, cfg.repeat)
     return {"params": models.count_params(model.module), "calls": calls,
             "bytes": nbytes, "seconds": seconds}
