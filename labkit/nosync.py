@@ -27,6 +27,7 @@ __all__ = [
     "accumulate_no_sync",
     "accumulated_and_whole_grads",
     "convergence",
+    "counted_update",
     "interleaved_step_samples",
     "interleaved_step_times",
     "misuse_experiment",
@@ -107,6 +108,22 @@ def accumulate_by_count(model: DDP, criterion, batches) -> float:
         total += loss.detach() * len(X)
     dist.all_reduce(total)
     return (total / count).item()
+
+def counted_update(cfg: workload.Config, criterion, batches, run
+                   ) -> tuple[int, int, list[torch.Tensor]]:
+    """What one update made by `run(model)` communicates, and its gradients.
+
+    `run` gets a fresh DDP model of `cfg` whose buckets DDP has already rebuilt
+    (one accumulation first, then zeroed), so the count is a steady update's:
+    (all-reduce calls, bytes all-reduced, each parameter's gradient).
+    """
+    model, counter = workload.wrap(cfg)
+    accumulate_no_sync(model, criterion, batches)  # warm-up: DDP rebuilds buckets
+    model.zero_grad()
+    counter.reset()
+    run(model)
+    return counter.calls, counter.bytes, compare.grads(model)
+
 
 def accumulated_and_whole_grads(model: nn.Module, criterion, X: torch.Tensor,
                                 y: torch.Tensor, K: int
@@ -279,12 +296,7 @@ def misuse_experiment(rank: int, world_size: int, cfg: workload.Config) -> dict:
     batches = workload.micro_batches(dataset, cfg, 0, rank, world_size)
 
     def calls_of(run) -> int:
-        model, counter = workload.wrap(cfg)
-        accumulate_no_sync(model, criterion, batches)  # warm-up: buckets rebuilt
-        model.zero_grad()
-        counter.reset()
-        run(model)
-        return counter.calls
+        return counted_update(cfg, criterion, batches, run)[0]
 
     def correct(model):
         accumulate_no_sync(model, criterion, batches)

@@ -103,12 +103,8 @@ def count_misuses(K=4):
                                      dist.get_world_size())
 
     def calls(run):
-        model, counter = workload.wrap(cfg)
-        nosync.accumulate_no_sync(model, criterion, batches)  # bucket rebuild
-        model.zero_grad()
-        counter.reset()
-        run(model)
-        return counter.calls, [p.grad.clone() for p in model.parameters()]
+        calls, _, grads = nosync.counted_update(cfg, criterion, batches, run)
+        return calls, grads
 
     def bare(model):
         model.no_sync()
@@ -266,14 +262,7 @@ def lesson_checks_on_variants(K=4):
     reference = [p.grad for p in local.parameters()]
 
     def counted(run):
-        """All-reduce calls, bytes and gradients of one update made by run(model)."""
-        model, counter = workload.wrap(cfg)
-        nosync.accumulate_no_sync(model, criterion, batches)  # bucket rebuild
-        model.zero_grad()
-        counter.reset()
-        run(model)
-        grads = [p.grad.clone() for p in model.parameters()]
-        return counter.calls, counter.bytes, grads
+        return nosync.counted_update(cfg, criterion, batches, run)
 
     def correct(model):
         nosync.accumulate_no_sync(model, criterion, batches)
