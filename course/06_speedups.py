@@ -511,8 +511,16 @@ if torch.cuda.is_available():
     gpu_opt = torch.optim.SGD(gpu_model.parameters(), lr=0.05)
     scaler = torch.amp.GradScaler("cuda")
     X_gpu, y_gpu = torch.randn(256, 10, device="cuda"), torch.randn(256, 10, device="cuda")
-    losses16 = [precision.float16_step(gpu_model, X_gpu, y_gpu, gpu_opt, scaler)
-                for _ in range(20)]
+    losses16 = []
+    for _ in range(20):
+        gpu_opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            out = gpu_model(X_gpu)
+        loss = models.MyLoss()(out.float(), y_gpu)  # the loss in float32
+        scaler.scale(loss).backward()  # backward of the loss times the scale
+        scaler.step(gpu_opt)  # unscales the gradients; skips the step on inf or NaN
+        scaler.update()  # a smaller scale after an overflow, a larger one after a while
+        losses16.append(loss.item())
     print(f"float16 + GradScaler: loss {losses16[0]:.3f} -> {losses16[-1]:.3f}, "
           f"scale {scaler.get_scale():g}")
     assert losses16[-1] < losses16[0]

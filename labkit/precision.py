@@ -1,7 +1,8 @@
 """Mixed precision with torch.autocast: bfloat16 on CPUs, float16 with a
 GradScaler on GPUs, and what became of Apex's amp and torch.cuda.amp.
 
-A whole training run in bfloat16 is labkit.training's `precision="bfloat16"`.
+A whole training run in bfloat16 is labkit.training's `precision="bfloat16"`;
+lesson 06 writes the float16 step with its GradScaler out in a cell.
 """
 
 from __future__ import annotations
@@ -10,12 +11,11 @@ import warnings
 
 import torch
 
-from . import i18n, models, timing
+from . import i18n
 
 __all__ = [
     "autocast_dtypes",
     "cuda_amp_warnings",
-    "float16_step",
 ]
 
 i18n.register({
@@ -45,26 +45,6 @@ def autocast_dtypes(model: torch.nn.Module, X: torch.Tensor,
     out.float().pow(2).mean().backward()
     first = next(model.parameters())
     return {"output": out.dtype, "weight": first.dtype, "grad": first.grad.dtype}
-
-
-def float16_step(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor,
-                 optimizer: torch.optim.Optimizer,
-                 scaler: torch.amp.GradScaler) -> float:
-    """One float16 mixed-precision step on a GPU, with loss scaling.
-
-    float16 has a narrow range: small gradients underflow to zero. The scaler
-    multiplies the loss before backward, divides the gradients before the
-    step, and skips steps whose gradients overflowed.
-    """
-    optimizer.zero_grad()
-    with torch.autocast("cuda", dtype=torch.float16):
-        out = model(X)
-    loss = models.MyLoss()(out.float(), y)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    timing.sync("cuda")
-    return loss.item()
 
 
 def cuda_amp_warnings() -> list[str]:
