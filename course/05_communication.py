@@ -322,6 +322,10 @@ buckets_used = {"doc 004 MLP": log_buckets(workload.Config(accum_steps=1))[0][-1
 # 書き込まれた直後に呼ばれるフック) の最後の呼び出しで測ります。`loss.backward()` が戻る時刻では
 # 測れません。DDP は `backward()` の終わりで全バケットの all-reduce を待つからです。
 #
+# all-reduce を始めるのは、セルに書いた通信フック `allreduce_hook` です。DDP はバケットがそろうたびに
+# それを呼びます。フックは all-reduce を始め (`timeline.allreduce` が時刻を記録します)、その future を
+# 返します。DDP の既定のフックも、記録しないだけで同じことをします。
+#
 # 勾配の計算が終わる前に走った通信は計算に**隠れ**、あとに走った通信は**表に出て**ステップを
 # 長くします。`comm.check_overlap` は、1 ステップ目 (バケットが 1 つ) のあとの全ステップで、隠れた
 # 通信があることを確かめます。all-reduce を最後のバケットまで止めておく通信フックでは、この確認が
@@ -339,6 +343,11 @@ buckets_used = {"doc 004 MLP": log_buckets(workload.Config(accum_steps=1))[0][-1
 # gradient is written), not the return of `loss.backward()`: DDP waits there for every
 # bucket's all-reduce.
 #
+# What starts each all-reduce is the comm hook written in the cell, `allreduce_hook`:
+# DDP calls it with each bucket once the bucket is complete. It starts the all-reduce
+# (through `timeline.allreduce`, which stamps the times) and returns its future; DDP's
+# default hook does the same, without the stamps.
+#
 # Communication that runs before the gradient computation ends is **hidden** behind it;
 # what runs after is **exposed** and lengthens the step. `comm.check_overlap` asserts that
 # every step after the first (which has one bucket) hid some communication. A comm hook
@@ -347,7 +356,13 @@ buckets_used = {"doc 004 MLP": log_buckets(workload.Config(accum_steps=1))[0][-1
 # %% tags=["nbval-ignore-output"]
 # %%px
 cfg = workload.Config(hidden=512, depth=8, bucket_cap_mb=1, accum_steps=1)
-timeline = comm.bucket_timeline(rank, world_size, cfg, steps=4)
+
+
+def allreduce_hook(timeline, bucket):  # DDP calls it with each bucket once it is full
+    return timeline.allreduce(bucket.buffer())  # starts the all-reduce, returns its future
+
+
+timeline = comm.bucket_timeline(rank, world_size, cfg, allreduce_hook, steps=4)
 for i, step in enumerate(timeline, start=1):
     print(f"rank {rank}, step {i}: {len(step['events'])} all-reduce(s); gradients done "
           f"at {step['grad_end'] * 1e3:.1f} ms, backward() returned at "

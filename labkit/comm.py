@@ -348,17 +348,18 @@ class Timeline:
     stamps when each all-reduce is handed to the process group and when it
     completes (one may queue behind another: the union of the spans is the
     time some communication was under way). Times are seconds from the
-    start of the step's backward.
+    start of the step's backward. `comm_hook(timeline, bucket)` is the DDP
+    comm hook to register: lesson 05 writes it out.
     """
 
-    def __init__(self, model: DDP, comm_hook: Callable | None = None):
+    def __init__(self, model: DDP, comm_hook: Callable):
         self.steps: list[dict] = []
         self._t0 = 0.0
         self._world_size = dist.get_world_size()
         for p in model.parameters():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._grad_done)
-        model.register_comm_hook(self, comm_hook or Timeline.allreduce_hook)
+        model.register_comm_hook(self, comm_hook)
 
     def _now(self) -> float:
         return time.perf_counter() - self._t0
@@ -379,10 +380,6 @@ class Timeline:
 
         return fut.then(done)
 
-    @staticmethod
-    def allreduce_hook(timeline, bucket):  # unannotated: DDP rejects them
-        return timeline.allreduce(bucket.buffer())
-
     def backward(self, loss: torch.Tensor) -> dict:
         """Run one step's backward on every rank at once and return its record."""
         dist.barrier()  # the ranks start together, so waits are not counted
@@ -397,12 +394,13 @@ class Timeline:
 
 
 def bucket_timeline(rank: int, world_size: int, cfg: workload.Config,
-                    steps: int = 4, comm_hook: Callable | None = None) -> list[dict]:
+                    comm_hook: Callable, steps: int = 4) -> list[dict]:
     """`steps` records of Timeline on the first micro-batch, one per backward.
 
     DDP rebuilds its buckets after the first step, so later steps show the
-    buckets a training run uses. `comm_hook(timeline, bucket)` replaces the
-    default all-reduce; it must all-reduce through `timeline.allreduce`.
+    buckets a training run uses. `comm_hook(timeline, bucket)` is DDP's comm
+    hook; it all-reduces the bucket through `timeline.allreduce`, which stamps
+    the times, and returns that future.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")

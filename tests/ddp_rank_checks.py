@@ -417,13 +417,19 @@ def delay_until_last(timeline, bucket):
     return fut
 
 
+def allreduce_now(timeline, bucket):
+    """Lesson 05's comm hook: each bucket's all-reduce as soon as DDP hands it over."""
+    return timeline.allreduce(bucket.buffer())
+
+
 def timelines(delayed=False, steps=3):
     """Lesson 05's overlap record, with DDP's all-reduce or the delayed one."""
     from labkit import comm
 
     cfg = workload.Config(hidden=512, depth=8, bucket_cap_mb=1, accum_steps=1)
-    return comm.bucket_timeline(dist.get_rank(), dist.get_world_size(), cfg, steps,
-                                comm_hook=delay_until_last if delayed else None)
+    hook = delay_until_last if delayed else allreduce_now
+    return comm.bucket_timeline(dist.get_rank(), dist.get_world_size(), cfg, hook,
+                                steps)
 
 
 def interleaved_times_small(ks=(1, 2, 3), rounds=2):

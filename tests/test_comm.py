@@ -5,6 +5,7 @@ import os
 import pytest
 import torch.distributed as dist
 from ddp_rank_checks import (
+    allreduce_now,
     bucket_logs,
     interleaved_times_small,
     sent_share_16mib,
@@ -152,7 +153,7 @@ def test_check_overlap_refuses_too_few_steps():
         comm.check_overlap([step, step], skip=-1)
     comm.check_overlap([step, step])
     with pytest.raises(ValueError, match="steps must be >= 1"):
-        comm.bucket_timeline(0, 2, workload.Config(), steps=0)
+        comm.bucket_timeline(0, 2, workload.Config(), allreduce_now, steps=0)
 
 
 def test_interleaved_step_times_run_every_k_in_both_modes(ranks):
