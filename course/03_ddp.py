@@ -370,7 +370,7 @@ exercises.grade_average_gradients(ranks, average_gradients)
 # - 2 ステップ目の前: 1 ステップ目で勾配がそろった順にバケットを作り直す。最初のバケットは 1 MiB、
 #   残りは 25 MiB に達した時点で閉じる (`bucket_cap_mb` を渡すと、最初のバケットもその値)
 #
-# 通信フック (`comm.BucketLog`) で、ステップごとに送られたバケットのバイト数を記録します。
+# 通信フック (`buckets.BucketLog`) で、ステップごとに送られたバケットのバイト数を記録します。
 # 1 ステップで送るのは全パラメータの勾配 1 回分 (float32 で 2110 × 4 = 8440 バイト) で、1 MiB より
 # ずっと小さいので、`DDP(model)` では毎ステップ 1 つのバケットです。`bucket_cap_mb` を約 2 KB に
 # すると、2 ステップ目からバケットが増えます。回数が増えても、バイト数の合計は同じです。
@@ -389,7 +389,7 @@ exercises.grade_average_gradients(ranks, average_gradients)
 #   first closes once it reaches 1 MiB, the others at 25 MiB (passing `bucket_cap_mb`
 #   sets the first one's limit too)
 #
-# A communication hook (`comm.BucketLog`) records the bytes of the buckets sent in each
+# A communication hook (`buckets.BucketLog`) records the bytes of the buckets sent in each
 # step. One step sends every parameter's gradient once (float32: 2110 × 4 = 8440 bytes),
 # far below 1 MiB, so `DDP(model)` sends one bucket every step. With `bucket_cap_mb` at
 # about 2 KB, there are more buckets from step 2 on: more calls, the same bytes. Lesson
@@ -397,14 +397,14 @@ exercises.grade_average_gradients(ranks, average_gradients)
 
 # %%
 # %%px
-from labkit import comm
+from labkit import buckets
 
 seen = {}
 ways = {"DDP(model)": {}, "bucket_cap_mb=0.002": {"bucket_cap_mb": 0.002}}
 for name, kwargs in ways.items():
     torch.manual_seed(0)
     model = DDP(models.MLP(), **kwargs)
-    log = comm.BucketLog().attach(model)
+    log = buckets.BucketLog().attach(model)
     for step in range(3):
         log.step()
         criterion(model(ddp.shard(X, rank, world_size)),

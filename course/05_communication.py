@@ -223,7 +223,7 @@ exercises.grade_allreduce_prediction(ab, n_params, 8, allreduce_s)
 # DDP は勾配を 1 つずつ送らず、**バケット**にまとめ、バケットの勾配がそろうたびに all-reduce を
 # 1 回実行します。torch のドキュメントは `bucket_cap_mb` の既定値を 25 としていますが、`DDP(model)` は
 # `DDP(model, bucket_cap_mb=25)` と同じではありません。約 210 万パラメータ (2,120,714 個 × 4 バイト
-# = 8.09 MiB) の MLP を両方で包み、送られたバケットの大きさを通信フック (`comm.BucketLog`) で
+# = 8.09 MiB) の MLP を両方で包み、送られたバケットの大きさを通信フック (`buckets.BucketLog`) で
 # ステップごとに記録します (単位の MB は、torch の中では MiB = 2^20 バイトです)。
 
 # %% [markdown] lang="en"
@@ -234,20 +234,20 @@ exercises.grade_allreduce_prediction(ab, n_params, 8, allreduce_s)
 # default of `bucket_cap_mb`, yet `DDP(model)` is not `DDP(model, bucket_cap_mb=25)`.
 # Wrap the MLP of about 2.1 million parameters (2,120,714 × 4 bytes = 8.09 MiB) both ways
 # and record the size of every bucket sent, step by step, with a communication hook
-# (`comm.BucketLog`). (Inside torch, "MB" means MiB, 2^20 bytes.)
+# (`buckets.BucketLog`). (Inside torch, "MB" means MiB, 2^20 bytes.)
 
 # %%
 # %%px
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labkit import models, workload
+from labkit import buckets, models, workload
 
 
 def log_buckets(cfg, steps=3, **ddp_kwargs):
     """Bytes of each bucket DDP sent, per step, on this rank's first micro-batch."""
     model = DDP(workload.make_model(cfg), **ddp_kwargs)
-    log = comm.BucketLog().attach(model)
+    log = buckets.BucketLog().attach(model)
     X, y = workload.micro_batches(workload.make_dataset(cfg), cfg, 0, rank, world_size)[0]
     for _ in range(steps):
         log.step()
@@ -265,7 +265,7 @@ for name, kwargs in ways.items():
               + " + ".join(f"{b / 2**20:.2f}" for b in sizes) + " MiB")
 # DDP(model): one bucket, then from step 2 a rebuilt split; the sizes add up to
 # every gradient's bytes in each step.
-comm.check_buckets_rebuilt(seen["DDP(model)"], param_bytes)
+buckets.check_buckets_rebuilt(seen["DDP(model)"], param_bytes)
 assert seen["DDP(model)"][1][0] >= dist._DEFAULT_FIRST_BUCKET_BYTES  # 1 MiB
 assert seen["bucket_cap_mb=25"] == [[param_bytes]] * 3  # one bucket every step
 # The buckets a training step sends, for the cells below (doc 004's model too).
@@ -327,7 +327,7 @@ buckets_used = {"doc 004 MLP": log_buckets(workload.Config(accum_steps=1))[0][-1
 # 返します。DDP の既定のフックも、記録しないだけで同じことをします。
 #
 # 勾配の計算が終わる前に走った通信は計算に**隠れ**、あとに走った通信は**表に出て**ステップを
-# 長くします。`comm.check_overlap` は、1 ステップ目 (バケットが 1 つ) のあとの全ステップで、隠れた
+# 長くします。`buckets.check_overlap` は、1 ステップ目 (バケットが 1 つ) のあとの全ステップで、隠れた
 # 通信があることを確かめます。all-reduce を最後のバケットまで止めておく通信フックでは、この確認が
 # 失敗します (tests/test_comm.py)。
 
@@ -349,7 +349,7 @@ buckets_used = {"doc 004 MLP": log_buckets(workload.Config(accum_steps=1))[0][-1
 # default hook does the same, without the stamps.
 #
 # Communication that runs before the gradient computation ends is **hidden** behind it;
-# what runs after is **exposed** and lengthens the step. `comm.check_overlap` asserts that
+# what runs after is **exposed** and lengthens the step. `buckets.check_overlap` asserts that
 # every step after the first (which has one bucket) hid some communication. A comm hook
 # that holds every all-reduce until the last bucket makes it fail (tests/test_comm.py).
 
@@ -362,14 +362,14 @@ def allreduce_hook(timeline, bucket):  # DDP calls it with each bucket once it i
     return timeline.allreduce(bucket.buffer())  # starts the all-reduce, returns its future
 
 
-timeline = comm.bucket_timeline(rank, world_size, cfg, allreduce_hook, steps=4)
+timeline = buckets.bucket_timeline(rank, world_size, cfg, allreduce_hook, steps=4)
 for i, step in enumerate(timeline, start=1):
     print(f"rank {rank}, step {i}: {len(step['events'])} all-reduce(s); gradients done "
           f"at {step['grad_end'] * 1e3:.1f} ms, backward() returned at "
           f"{step['backward_end'] * 1e3:.1f} ms; hidden {step['hidden_s'] * 1e3:.1f} ms, "
           f"exposed {step['exposed_s'] * 1e3:.1f} ms")
 assert len(timeline[-1]["events"]) > 3  # several buckets after the rebuild
-comm.check_overlap(timeline)  # every step after the first hid some communication
+buckets.check_overlap(timeline)  # every step after the first hid some communication
 
 # %%
 timeline = ranks.pull("timeline")[0]
@@ -498,13 +498,13 @@ print(f"on this run: forward + backward, first micro-batch "
 
 # %% tags=["nbval-ignore-output"]
 buckets_used = ranks.pull("buckets_used")[0]
-allreduce_s = {name: sum(ab.time(b, 2) for b in buckets)
-               for name, buckets in buckets_used.items()}
-for name, buckets in buckets_used.items():
+allreduce_s = {name: sum(ab.time(b, 2) for b in sizes)
+               for name, sizes in buckets_used.items()}
+for name, sizes in buckets_used.items():
     s_fit = fitted[name].sync_s
     share = allreduce_s[name] / s_fit if s_fit else float("nan")
     print(f"{name}: s = {s_fit * 1e3:.2f} ms, of which the alpha-beta all-reduce of "
-          f"{len(buckets)} bucket(s), " + " + ".join(f"{b / 2**20:.3f}" for b in buckets)
+          f"{len(sizes)} bucket(s), " + " + ".join(f"{b / 2**20:.3f}" for b in sizes)
           + f" MiB, is {allreduce_s[name] * 1e3:.2f} ms ({share:.0%})")
 
 # %% [markdown] lang="ja"

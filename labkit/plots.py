@@ -206,7 +206,7 @@ def _decorate(ax, xlabel, ylabel, title, logx, logy):
 
 
 def timeline(steps: Sequence[Mapping], *, show: int = -1, title: str):
-    """Communication against the gradient computation, from comm.Timeline records.
+    """Communication against the gradient computation, from buckets.Timeline records.
 
     Top: step `show`, one bar per all-reduce, green where it ran before the
     last gradient (hidden), red after it (exposed). Bottom: hidden and exposed

@@ -383,7 +383,7 @@ def bucket_logs(caps=(None, 25, 1), steps=3):
     A cap of None builds DDP(model) without bucket_cap_mb (DDP's own default).
     Also returns the model's gradient bytes.
     """
-    from labkit import comm
+    from labkit import buckets
 
     out = {}
     cfg = workload.Config(hidden=1024, depth=3, accum_steps=1)
@@ -392,7 +392,7 @@ def bucket_logs(caps=(None, 25, 1), steps=3):
     for cap in caps:
         kwargs = {} if cap is None else {"bucket_cap_mb": cap}
         model = DDP(workload.make_model(cfg), **kwargs)
-        log = comm.BucketLog().attach(model)
+        log = buckets.BucketLog().attach(model)
         for _ in range(steps):
             log.step()
             models.MyLoss()(model(X), y).backward()
@@ -424,11 +424,11 @@ def allreduce_now(timeline, bucket):
 
 def timelines(delayed=False, steps=3):
     """Lesson 05's overlap record, with DDP's all-reduce or the delayed one."""
-    from labkit import comm
+    from labkit import buckets
 
     cfg = workload.Config(hidden=512, depth=8, bucket_cap_mb=1, accum_steps=1)
     hook = delay_until_last if delayed else allreduce_now
-    return comm.bucket_timeline(dist.get_rank(), dist.get_world_size(), cfg, hook,
+    return buckets.bucket_timeline(dist.get_rank(), dist.get_world_size(), cfg, hook,
                                 steps)
 
 

@@ -13,7 +13,7 @@ from ddp_rank_checks import (
     timelines,
 )
 
-from labkit import comm, nosync, workload
+from labkit import buckets, comm, nosync, workload
 from labkit.cluster import launch
 
 
@@ -93,37 +93,37 @@ def test_ddp_default_buckets_are_rebuilt_after_the_first_step(ranks):
     # (dist._DEFAULT_FIRST_BUCKET_BYTES). bucket_cap_mb=25 is not the same.
     for logs, param_bytes in ranks.run(bucket_logs):
         assert param_bytes == 4 * 2_120_714
-        comm.check_buckets_rebuilt(logs[None], param_bytes)
+        buckets.check_buckets_rebuilt(logs[None], param_bytes)
         assert logs[None][1] == [4_239_400, 4_243_456]  # 4.04 + 4.05 MiB
         assert logs[None][1][0] >= dist._DEFAULT_FIRST_BUCKET_BYTES
         assert logs[25] == [[param_bytes]] * 3
         assert len(logs[1][1]) == 3 and sum(logs[1][1]) == param_bytes
         # The broken variant: an explicit 25 MiB cap never rebuilds a split.
         with pytest.raises(AssertionError, match="no rebuild"):
-            comm.check_buckets_rebuilt(logs[25], param_bytes)
+            buckets.check_buckets_rebuilt(logs[25], param_bytes)
 
 
 def test_check_buckets_rebuilt_refuses_bad_logs():
     with pytest.raises(ValueError, match="at least 3"):
-        comm.check_buckets_rebuilt([[8]], 8)
+        buckets.check_buckets_rebuilt([[8]], 8)
     with pytest.raises(AssertionError, match="sum to 7 bytes, not 8"):
-        comm.check_buckets_rebuilt([[8], [4, 3], [4, 4]], 8)
+        buckets.check_buckets_rebuilt([[8], [4, 3], [4, 4]], 8)
     with pytest.raises(AssertionError, match="step 1 sent 2 buckets"):
-        comm.check_buckets_rebuilt([[4, 4], [4, 4], [4, 4]], 8)
+        buckets.check_buckets_rebuilt([[4, 4], [4, 4], [4, 4]], 8)
     with pytest.raises(AssertionError, match="no rebuild"):
-        comm.check_buckets_rebuilt([[8], [4, 4], [2, 6]], 8)
-    comm.check_buckets_rebuilt([[8], [4, 4], [4, 4]], 8)
+        buckets.check_buckets_rebuilt([[8], [4, 4], [2, 6]], 8)
+    buckets.check_buckets_rebuilt([[8], [4, 4], [4, 4]], 8)
 
 
 def test_bucket_log_needs_a_step_before_the_backward():
     with pytest.raises(RuntimeError, match=r"step\(\) must be called"):
-        comm.BucketLog._hook(comm.BucketLog(), None)
+        buckets.BucketLog._hook(buckets.BucketLog(), None)
 
 
 def test_overlap_check_passes_with_ddp_and_fails_when_all_reduces_wait(ranks):
     for steps in ranks.run(timelines):
         assert len(steps) == 3 and len(steps[0]["events"]) == 1
-        comm.check_overlap(steps)  # the lesson's assertion
+        buckets.check_overlap(steps)  # the lesson's assertion
         for step in steps[1:]:
             assert len(step["events"]) > 3
             assert step["grad_end"] <= step["backward_end"]
@@ -131,29 +131,29 @@ def test_overlap_check_passes_with_ddp_and_fails_when_all_reduces_wait(ranks):
     for steps in ranks.run(timelines, True):
         assert all(s["hidden_s"] == 0 and s["exposed_s"] > 0 for s in steps)
         with pytest.raises(AssertionError, match="nothing overlapped"):
-            comm.check_overlap(steps)
+            buckets.check_overlap(steps)
 
 
 def test_split_at_counts_each_second_once():
     spans = [(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (5.5, 5.7)]
-    assert comm.split_at(spans, 2.5) == pytest.approx((2.5, 1.5))
-    assert comm.split_at(spans, 0.0) == pytest.approx((0.0, 4.0))
-    assert comm.split_at([], 1.0) == (0.0, 0.0)
+    assert buckets.split_at(spans, 2.5) == pytest.approx((2.5, 1.5))
+    assert buckets.split_at(spans, 0.0) == pytest.approx((0.0, 4.0))
+    assert buckets.split_at([], 1.0) == (0.0, 0.0)
     with pytest.raises(ValueError, match="must end after it starts"):
-        comm.split_at([(2.0, 1.0)], 1.0)
+        buckets.split_at([(2.0, 1.0)], 1.0)
     with pytest.raises(ValueError, match="finite"):
-        comm.split_at(spans, float("nan"))
+        buckets.split_at(spans, float("nan"))
 
 
 def test_check_overlap_refuses_too_few_steps():
     step = {"events": [(0.0, 1.0)], "grad_end": 0.5, "hidden_s": 0.5}
     with pytest.raises(ValueError, match="need more than skip=1"):
-        comm.check_overlap([step])
+        buckets.check_overlap([step])
     with pytest.raises(ValueError, match="need more than skip=-1"):
-        comm.check_overlap([step, step], skip=-1)
-    comm.check_overlap([step, step])
+        buckets.check_overlap([step, step], skip=-1)
+    buckets.check_overlap([step, step])
     with pytest.raises(ValueError, match="steps must be >= 1"):
-        comm.bucket_timeline(0, 2, workload.Config(), allreduce_now, steps=0)
+        buckets.bucket_timeline(0, 2, workload.Config(), allreduce_now, steps=0)
 
 
 def test_interleaved_step_times_run_every_k_in_both_modes(ranks):
