@@ -44,7 +44,7 @@ def _before_cell(info) -> None:
         return
     # Watched from the start: a cell that waits for ranks still booting is
     # watched too (its report then shows where the start stands).
-    ranks._watch("this cell")
+    ranks.watch.push("this cell", ranks.stall_s)
     if _uses_px(info):
         ranks.wait()
         ranks._repair()
@@ -56,6 +56,6 @@ def _after_cell(result) -> None:
     ranks, err = _installed["current"](), getattr(result, "error_in_exec", None)
     if ranks is None:
         return
-    ranks._unwatch()
+    ranks.watch.pop()
     if isinstance(err, ipp.error.CompositeError):
         ranks.note_damage(err)

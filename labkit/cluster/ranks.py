@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import traceback
 from dataclasses import dataclass, field
 
-from . import engine, failures, notebook, rendezvous, stalls
+from . import engine, failures, notebook, rendezvous
 from .failures import RankError
+from .watch import RankWatch
 
 __all__ = ["ENGINE_BACKEND", "RankError", "Ranks", "current", "start"]
 
@@ -59,8 +59,14 @@ class Ranks:
     # The engines' pids, in rank order; watched while a call or cell runs.
     pids: list = field(default_factory=list, repr=False)
     stall_s: float | None = STALL_S
-    _stopped: dict = field(default_factory=dict, repr=False)
-    _watchers: list = field(default_factory=list, repr=False)
+    # Watched while a call or cell runs (labkit.cluster.watch).
+    watch: RankWatch = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.watch = RankWatch(lambda: self.pids, self._stopped_rank_killed)
+
+    def _stopped_rank_killed(self) -> None:
+        self.damage = "restart"
 
     def run(self, fn, *args, **kwargs) -> list:
         """Call `fn(*args, **kwargs)` on every rank; results in rank order."""
@@ -84,53 +90,13 @@ class Ranks:
         self._repair()
         return self._gather(self.view.pull(name, block=False))
 
-    def _watch(self, what: str) -> None:
-        """Watch the ranks until `_unwatch`, unless already watched (a call in a cell).
-
-        A stopped engine is killed and named (it would make the others wait
-        until their timeout); past `stall_s` the stacks of the kernel and of
-        every rank are printed. See labkit.cluster.stalls.Watchdog.
-        """
-        if self._watchers:
-            self._watchers.append(None)
-            return
-        self._stopped.clear()
-
-        def ranks() -> dict[str, int]:
-            return {f"rank {r}": pid for r, pid in enumerate(self.pids)}
-
-        def report(elapsed_s: float) -> None:
-            print(f"labkit: {what} is still running after {elapsed_s:.0f} s; the "
-                  "stacks of the kernel and of every rank:\n"
-                  + stalls.stacks_report(ranks(), me="kernel"), file=sys.stderr,
-                  flush=True)
-
-        def on_stopped(label: str, pid: int, stacks: str) -> None:
-            rank = int(label.split()[1])
-            self._stopped[rank] = (
-                f"{label} (pid {pid}) was stopped (SIGSTOP, Ctrl-Z or a debugger) "
-                "while the other ranks waited for it; labkit killed it so that they "
-                "do not wait until their timeout, and the next call starts fresh "
-                f"ranks. The stacks of every rank just before:\n{stacks}")
-            self.damage = "restart"
-            print(f"labkit: {self._stopped[rank]}", file=sys.stderr, flush=True)
-
-        self._watchers.append(stalls.Watchdog(self.stall_s, report, ranks=ranks,
-                                              on_stopped=on_stopped).start())
-
-    def _unwatch(self) -> None:
-        if self._watchers:
-            watcher = self._watchers.pop()
-            if watcher is not None:
-                watcher.stop()
-
     def _gather(self, result) -> list:
         """Wait for every rank; turn any failure into a RankError naming ranks."""
-        self._watch("this call")
+        self.watch.push("this call", self.stall_s)
         try:
             return self._wait_for(result)
         finally:
-            self._unwatch()
+            self.watch.pop()
 
     def _wait_for(self, result) -> list:
         import ipyparallel as ipp
@@ -169,7 +135,7 @@ class Ranks:
                 return {}
         self.note_damage(err)
         found = failures.failures(err.elist, self._rank_of)
-        for rank, note in self._stopped.items():  # why that rank's process died
+        for rank, note in self.watch.stopped.items():  # why that rank's process died
             found[rank] = note + ("\n" + found[rank] if rank in found else "")
         return found
 
@@ -289,8 +255,7 @@ class Ranks:
         return self.view is not None and (starting is None or not starting.is_alive())
 
     def _shutdown(self) -> None:
-        while self._watchers:
-            self._unwatch()
+        self.watch.stop()
         try:
             if self.client is not None:
                 self.client.close()
@@ -313,13 +278,13 @@ class Ranks:
     def restart(self) -> Ranks:
         """Replace every engine with a fresh one, same settings; returns self."""
         global _current
-        watched = len(self._watchers)
+        watched = self.watch.depth
         self._shutdown()
         self.generation, self.damage, self._activated = 0, None, False
         self._launch()
         _current = self
         for _ in range(watched):  # a cell that repairs its ranks stays watched
-            self._watch("this cell")
+            self.watch.push("this cell", self.stall_s)
         return self.wait()
 
     def __enter__(self) -> Ranks:
