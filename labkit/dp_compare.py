@@ -1,9 +1,10 @@
-"""DataParallel measured: against one device, and against DDP for time.
+"""DataParallel measured: its results against one device's, its time against DDP's.
 
-Kept apart from labkit.data_parallel, which holds the four steps themselves.
-The steppers time one training step per call, so that a lesson can interleave
-the ways it compares (one device, DataParallel, DDP at world size 1 and 2):
-the slow moments of a shared machine then fall on all of them alike.
+labkit.data_parallel is the mechanism (scatter, replicate, parallel_apply,
+gather); this module measures it. The steppers time one training step per
+call, so that a lesson can interleave the ways it compares (one device,
+DataParallel, DDP at world size 1 and 2): the slow moments of a shared machine
+then fall on all of them alike.
 """
 
 from __future__ import annotations
