@@ -1,9 +1,6 @@
 """Lesson 05 (communication): predictions of the step-time and alpha-beta models.
 
-A grader prints "correct" and what the answer got right, or raises
-WrongAnswer naming the mistake with a hint (labkit.exercises.feedback);
-its messages are below, in both languages. `_..._trial` functions run on
-the ranks.
+Messages below; how a grader answers: labkit.exercises.feedback.
 """
 
 from __future__ import annotations

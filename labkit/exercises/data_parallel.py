@@ -1,9 +1,6 @@
 """Lesson 02 (data_parallel): scatter's chunks, and data_parallel by hand.
 
-A grader prints "correct" and what the answer got right, or raises
-WrongAnswer naming the mistake with a hint (labkit.exercises.feedback);
-its messages are below, in both languages. `_..._trial` functions run on
-the ranks.
+Messages below; how a grader answers: labkit.exercises.feedback.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Lesson 03 (ddp): set_epoch's shuffling, and averaging gradients by hand.
 
-A grader prints "correct" and what the answer got right, or raises
-WrongAnswer naming the mistake with a hint (labkit.exercises.feedback);
-its messages are below, in both languages. `_..._trial` functions run on
-the ranks.
+Messages below; how a grader answers: labkit.exercises.feedback. `_..._trial`
+functions run on the ranks.
 """
 
 from __future__ import annotations
