@@ -230,6 +230,10 @@ def fit(cfg: TrainConfig, checkpoint_path: str | Path | None = None,
         if state["config"] != asdict(cfg) | {"steps": state["config"]["steps"]}:
             raise ValueError("the checkpoint was written with other settings: "
                              f"{state['config']}")
+        built_for = state["config"]["steps"]
+        if cfg.schedule != "constant" and built_for != cfg.steps:
+            raise ValueError(f"the checkpoint's schedule {cfg.schedule!r} was built "
+                             f"for {built_for} steps: resume with steps={built_for}")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         if scheduler is not None:

@@ -131,3 +131,34 @@ def test_cli_train_resume_and_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--steps", "0"])
     assert "steps must be >= 1" in capsys.readouterr().err
+
+
+def test_a_resumed_run_with_a_schedule_ends_bit_identical(tmp_path, monkeypatch):
+    """The scheduler's state is in the checkpoint: without it, the resumed run
+    would start its warm-up again and end elsewhere."""
+    cfg = training.TrainConfig(steps=24, checkpoint_every=5, schedule="warmup_cosine",
+                               warmup_steps=4, optimizer="adam", lr=0.01)
+    whole = training.fit(cfg)
+    path, save = tmp_path / "state.pt", checkpoint.save
+
+    def save_then_stop(state, where):  # the run stops right after its step-10 save
+        save(state, where)
+        if state["step"] == 10:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "save", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        training.fit(cfg, path)
+    monkeypatch.undo()
+    resumed = training.fit(cfg, path, resume=True)
+    assert resumed["resumed_from"] == 10
+    assert resumed["lr"] == whole["lr"]
+    assert resumed["param_sha256"] == whole["param_sha256"]
+
+
+def test_a_schedule_is_not_resumed_for_another_number_of_steps(tmp_path):
+    cfg = training.TrainConfig(steps=10, schedule="cosine")
+    training.fit(cfg, tmp_path / "state.pt")
+    with pytest.raises(ValueError, match="schedule .cosine. was built for 10 steps"):
+        training.fit(training.TrainConfig(steps=20, schedule="cosine"),
+                     tmp_path / "state.pt", resume=True)
