@@ -222,10 +222,11 @@ def fit(cfg: TrainConfig, checkpoint_path: str | Path | None = None,
             loss = criterion(model(X_val), y_val).item()
         return loss if math.isfinite(loss) else math.inf
 
-    h = {"steps": [0], "heldout_loss": [evaluate()], "losses": [], "lr": [],
-         "step_s": [], "epoch_s": []}
-    start = 0
-    if resume:
+    if not resume:
+        start = 0
+        h = {"steps": [0], "heldout_loss": [evaluate()], "losses": [], "lr": [],
+             "step_s": [], "epoch_s": []}
+    else:
         state = checkpoint.load(checkpoint_path)
         if state["config"] != asdict(cfg) | {"steps": state["config"]["steps"]}:
             raise ValueError("the checkpoint was written with other settings: "
