@@ -7,6 +7,8 @@ the same sum in another order stays under labkit.checks.GRAD_TOL.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Iterable
 
 import torch
@@ -30,8 +32,14 @@ def max_abs_diff(a: Iterable[torch.Tensor] | torch.Tensor,
         if x.shape != y.shape:
             raise ValueError(f"shapes differ: {tuple(x.shape)} and {tuple(y.shape)}")
         if x.numel():
-            worst = max(worst, (x.detach() - y.detach()).abs().max().item())
+            # max() of floats keeps 0.0 over NaN (NaN compares false): a NaN
+            # anywhere must come out as NaN, so that no check passes on it.
+            worst = _nan_max(worst, (x.detach() - y.detach()).abs().max().item())
     return worst
+
+
+def _nan_max(a: float, b: float) -> float:
+    return math.nan if math.isnan(a) or math.isnan(b) else max(a, b)
 
 
 def flat(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
@@ -57,7 +65,7 @@ def rank_max_diff(x: torch.Tensor) -> float:
     """Largest difference between any rank's `x` and rank 0's (collective)."""
     out = [torch.empty_like(x) for _ in range(dist.get_world_size())]
     dist.all_gather(out, x.detach().contiguous())
-    return max((o - out[0]).abs().max().item() for o in out)
+    return functools.reduce(_nan_max, ((o - out[0]).abs().max().item() for o in out))
 
 
 def replica_max_diff(model: nn.Module) -> float:

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -52,3 +54,12 @@ def test_require_names_both_versions():
     assert labkit.require("0.0.1") == labkit.__version__
     with pytest.raises(RuntimeError, match="needs 99.0 or newer"):
         labkit.require("99.0")
+
+
+def test_a_nan_anywhere_is_a_nan_difference_and_fails_the_checks():
+    """max() of Python floats keeps 0.0 over NaN; the comparison must not."""
+    nan, ok = torch.tensor([float("nan"), 1.0]), torch.tensor([0.0, 1.0])
+    assert math.isnan(compare.max_abs_diff(nan, ok))
+    assert math.isnan(compare.max_abs_diff([ok, nan, ok], [ok, ok, ok]))
+    with pytest.raises(AssertionError):
+        checks.grads_match([nan], [ok])
