@@ -422,6 +422,33 @@ def allreduce_now(timeline, bucket):
     return timeline.allreduce(bucket.buffer())
 
 
+def hook_grads_match_default(hook_name="allreduce_now"):
+    """Gradients of one backward through a Timeline with `hook_name`, against
+    the same weights and data in a DDP with its default hook: equal bits."""
+    from labkit import buckets
+
+    hook = globals()[hook_name]
+    cfg = workload.Config(hidden=512, depth=8, bucket_cap_mb=1, accum_steps=1)
+    X, y = workload.micro_batches(workload.make_dataset(cfg), cfg, 0, dist.get_rank(),
+                                  dist.get_world_size())[0]
+    grads = []
+    for with_hook in (True, False):
+        model = DDP(workload.make_model(cfg), bucket_cap_mb=cfg.bucket_cap_mb)
+        if with_hook:
+            timeline = buckets.Timeline(model, hook)
+            timeline.backward(models.MyLoss()(model(X), y))
+        else:
+            models.MyLoss()(model(X), y).backward()
+        grads.append(compare.grads(model))
+    return compare.max_abs_diff(*grads)
+
+
+def no_mean(timeline, bucket):
+    """A broken hook: the sum of the ranks' gradients, not their mean."""
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(
+        lambda fut: fut.value()[0])
+
+
 def timelines(delayed=False, steps=3):
     """Lesson 05's overlap record, with DDP's all-reduce or the delayed one."""
     from labkit import buckets

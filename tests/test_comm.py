@@ -7,6 +7,7 @@ import torch.distributed as dist
 from ddp_rank_checks import (
     allreduce_now,
     bucket_logs,
+    hook_grads_match_default,
     interleaved_times_small,
     sent_share_16mib,
     sent_shares,
@@ -118,6 +119,12 @@ def test_check_buckets_rebuilt_refuses_bad_logs():
 def test_bucket_log_needs_a_step_before_the_backward():
     with pytest.raises(RuntimeError, match=r"step\(\) must be called"):
         buckets.BucketLog._hook(buckets.BucketLog(), None)
+
+
+def test_lesson_05s_hook_gives_the_default_hooks_gradients(ranks):
+    """Lesson 05 says its hook does what DDP's default does (mean over the ranks)."""
+    assert ranks.run(hook_grads_match_default) == [0.0, 0.0]
+    assert all(d > 0 for d in ranks.run(hook_grads_match_default, "no_mean"))
 
 
 def test_overlap_check_passes_with_ddp_and_fails_when_all_reduces_wait(ranks):
