@@ -238,7 +238,7 @@ def train_step_on_rank_0(model, optimizer, scheduler, criterion, updates, rank):
         scheduler.step()
 
 
-# 06: the learning rate of a large batch (lr 0.2 at batch 32, warm-up 20 steps)
+# 07: the learning rate of a large batch (lr 0.2 at batch 32, warm-up 20 steps)
 
 
 def _warmup(peak, step, start=1 / 20):
@@ -276,7 +276,7 @@ def lr_at_from_base(step, batch_size):
     return 0.2 + (peak - 0.2) * min(step, 20) / 20
 
 
-# 06: SyncBatchNorm's statistics by hand (these run on the ranks)
+# 07: SyncBatchNorm's statistics by hand (these run on the ranks)
 
 
 def _sums(*tensors):

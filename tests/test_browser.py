@@ -198,13 +198,13 @@ def _click(link):
 def _links_to_try(lang):
     """A few errata links, each to a heading below its notebook's first screen.
 
-    The deepest linked heading of lessons 04 and 06, then one in the middle of
+    The deepest linked heading of lessons 04 and 07, then one in the middle of
     lesson 04, which is already open by then: JupyterLab reveals its tab.
     """
     import links
 
     folder = ROOT / "notebooks" / lang
-    errata = links._markdown_cells(folder / "08_errata.ipynb")
+    errata = links._markdown_cells(folder / "09_errata.ipynb")
     found = [m.groups() for _, source in errata for m in links.LINK.finditer(source)]
 
     def depth(link):
@@ -216,10 +216,10 @@ def _links_to_try(lang):
 
     by_lesson = {n: sorted({lk for lk in found if lk[1].startswith(n)},
                            key=lambda lk: (depth(lk), lk))
-                 for n in ("04_", "06_")}
-    assert all(by_lesson.values()), "the errata link lessons 04 and 06"
+                 for n in ("04_", "07_")}
+    assert all(by_lesson.values()), "the errata link lessons 04 and 07"
     lesson4 = by_lesson["04_"]
-    return [by_lesson["06_"][-1], lesson4[-1], lesson4[len(lesson4) // 2]]
+    return [by_lesson["07_"][-1], lesson4[-1], lesson4[len(lesson4) // 2]]
 
 
 def _anchors(lang, target, fragment):
@@ -244,7 +244,7 @@ def test_errata_links_land_on_their_heading(lab_as_shipped):
                 # and twice, both times under load, the first link clicked while
                 # they loaded opened its lesson at the top (JupyterLab did not
                 # scroll to the fragment). See "Noticed" in the issue 13 notes.
-                page.goto(f"{base}/lab/tree/{lang}/08_errata.ipynb?reset&token={token}")
+                page.goto(f"{base}/lab/tree/{lang}/09_errata.ipynb?reset&token={token}")
                 for text, target, fragment in _links_to_try(lang):
                     path, anchors = f"{lang}/{target}", _anchors(lang, target, fragment)
                     page.wait_for_function(MARK_LINK, arg=[path, fragment],

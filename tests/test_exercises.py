@@ -155,7 +155,7 @@ def test_replicas_agree(ranks, capsys):
         exercises.grade_replicas_agree(ranks, answers.train_no_scheduler)
 
 
-# 06: the learning rate of a large batch
+# 07: the learning rate of a large batch
 
 
 def test_warmup_schedule(capsys):
@@ -173,7 +173,7 @@ def test_warmup_schedule_wrong_factor():
     assert "16 times the batch, 16 times the rate" in str(caught.value)
 
 
-# 06: SyncBatchNorm's statistics by hand, on two ranks
+# 07: SyncBatchNorm's statistics by hand, on two ranks
 
 
 def test_global_statistics(ranks, capsys):

@@ -1,4 +1,4 @@
-"""Lesson 07's helpers, and lesson 06's rank-side ones: torchrun on two simulated
+"""Lesson 08's helpers, and lesson 07's rank-side ones: torchrun on two simulated
 nodes, FSDP shards, ZeRO arithmetic, BatchNorm under DDP, optional frameworks."""
 
 import json
@@ -106,7 +106,7 @@ def test_fsdp_shards_and_batchnorm_on_two_ranks():
     assert bn1["running_mean0"]["no_sync"] == bn1["own_data_mean0"]
     assert bn1["running_mean0"]["no_sync"] != bn0["running_mean0"]["no_sync"]
     # Without the copy before each forward, rank 1 would keep its own statistics
-    # and lesson 06's assertions about rank 0's would fail there.
+    # and lesson 07's assertions about rank 0's would fail there.
     unsynced = results[1]["bn_unsynced"]
     assert unsynced["trained_vs_rank0_then_own"] > 0.1
     assert unsynced["evaluated_vs_rank0_data"] > 0.1

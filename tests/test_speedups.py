@@ -1,4 +1,4 @@
-"""Lesson 06's helpers: loading, training knobs, precision, activation memory."""
+"""The helpers of lessons 06 and 07: loading, precision, activations, training."""
 
 import math
 import warnings

@@ -17,7 +17,7 @@ from .ecosystem import grade_shard_sizes, grade_torchrun_env
 from .feedback import WrongAnswer
 from .models import grade_keeps_batch, grade_train_step
 from .no_sync import grade_accumulation, grade_replicas_agree
-from .speedups import grade_global_statistics, grade_warmup_schedule
+from .training_settings import grade_global_statistics, grade_warmup_schedule
 
 __all__ = [
     "WrongAnswer",

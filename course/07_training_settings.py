@@ -1,0 +1,621 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] lang="ja"
+# # 07 学習の設定: 大きなバッチ、スケジューラ、DDP
+#
+# 記事 000 の「訓練速度を向上させる他の方法」のうち、1 ステップの時間ではなく**学習の進み方**を変えるものを
+# 扱います (1 ステップの時間とメモリを変えるものはレッスン 06)。
+#
+# - データローダー: バッチサイズを増やす、データシャッフルを有効にする
+# - 訓練設定: 学習率の調整、オプティマイザーの変更、スケジューラー、チェックポイントの活用
+#
+# どれも 1 ステップを速くはしません。目標の損失に届くまでのステップ数や、止まったときにやり直す時間を
+# 変えます。そこでこのレッスンのセルは、教師ネットワークの課題で、学習に使わない検証データの損失を比べます
+# (`labkit.training` の学習ループ)。後半は 2 つのランクで、これらの設定を DDP と組み合わせるときの注意 (`set_epoch`、BatchNorm の統計、記事の `dim=1`) を確かめます。
+
+# %% [markdown] lang="en"
+# # 07 Training settings: large batches, schedules, and DDP
+#
+# Of doc 000's "other ways to speed up training", this lesson takes those that change
+# **how training progresses** rather than how long a step takes (what changes the time
+# and memory of a step is lesson 06):
+#
+# - data loader: larger batches, shuffling enabled
+# - training settings: tune the learning rate, change the optimizer, use a scheduler, use
+#   checkpoints
+#
+# None of them makes a step faster. They change how many steps it takes to reach a
+# target loss, or how much work a stop costs. So the cells compare the loss on held-out
+# data, never trained on, on the teacher task (`labkit.training`'s loop). The second
+# half, on two ranks, checks what to watch for when these settings meet DDP
+# (`set_epoch`, BatchNorm's statistics, the document's `dim=1`).
+
+# %%
+import labkit
+
+labkit.require("0.1.0")
+labkit.set_lang("ja")
+
+# %%
+import torch
+
+from labkit import plots, training
+
+torch.manual_seed(0)
+
+# %% [markdown] lang="ja"
+# ## 大きなバッチと学習率
+#
+# レッスン 06 では、バッチを大きくすると 1 秒あたりに処理できるサンプル数が増えました。しかし速く処理できても、
+# 学習が早く進むとは限りません。同じサンプル数 (10 エポック) を学習させると、
+# バッチ 512 の更新回数はバッチ 32 の 16 分の 1 です。学習率が同じなら、損失の下がり方は遅くなります。
+# よく使われる対策は**学習率をバッチサイズに比例させる** (linear scaling rule: バッチが 16 倍なら学習率も 16 倍)
+# ことです。検証データ (学習に使わない 1024 サンプル) の損失で比べます。
+
+# %% [markdown] lang="en"
+# ## Large batches and the learning rate
+#
+# Lesson 06 showed that a larger batch processes more samples per second. But
+# processing faster is not learning faster. For the same number of samples (10 epochs),
+# batch 512 makes 16 times fewer updates than batch 32; with the same learning rate the
+# loss falls more slowly. The usual remedy is to **scale the learning rate with the batch
+# size** (the linear scaling rule: 16 times the batch, 16 times the rate). Compare the
+# loss on held-out data (1024 samples never trained on).
+
+# %%
+from dataclasses import replace
+
+base = training.TrainConfig(batch_size=32, lr=0.05)
+runs = {
+    "batch 32, lr 0.05": training.scaled(base, 32, epochs=10),
+    "batch 512, lr 0.05": replace(training.scaled(base, 512, epochs=10), lr=0.05),
+    "batch 512, lr 0.8": training.scaled(base, 512, epochs=10),
+}
+results = {}
+for name, cfg in runs.items():
+    cfg.eval_every = max(1, cfg.steps // 20)
+    results[name] = training.fit(cfg)
+    print(f"{name}: {cfg.steps} steps, held-out loss {results[name]['heldout_loss'][-1]:.3f}")
+fig = plots.line_chart({k: (r["samples"], r["heldout_loss"]) for k, r in results.items()},
+                       xlabel="samples_seen", ylabel="heldout_loss",
+                       title="batch_lr_title", logy=True)
+
+# %%
+final = {k: r["heldout_loss"][-1] for k, r in results.items()}
+assert final["batch 512, lr 0.05"] > 1.5 * final["batch 32, lr 0.05"]  # too few updates
+assert final["batch 512, lr 0.8"] < 0.5 * final["batch 512, lr 0.05"]  # scaling helps
+
+# %% [markdown] lang="ja"
+# ## ウォームアップ
+#
+# 比例させすぎると学習率が大きくなりすぎ、学習の最初で重みが大きく跳ねて、その後うまく学習できなくなります。
+# そこで最初の数十ステップだけ学習率を小さな値から徐々に上げる**ウォームアップ**を組み合わせます
+# (Goyal ら 2017、「Accurate, Large Minibatch SGD」)。バッチ 32 で安定して学習できる学習率 0.2 を、
+# バッチ 512 に合わせて 16 倍の 3.2 にした場合で比べます。ウォームアップは
+# `torch.optim.lr_scheduler.LinearLR` で、最初の 20 ステップで学習率を 3.2 まで上げます。
+
+# %% [markdown] lang="en"
+# ## Warm-up
+#
+# Scaled too far, the learning rate becomes so large that the weights jump at the start
+# and training never recovers well. So the rate is raised gradually from a small value
+# over the first tens of steps: **warm-up** (Goyal et al. 2017, "Accurate, Large Minibatch
+# SGD"). Compare at batch 512 with the rate 0.2, which trains well at batch 32, scaled
+# 16 times to 3.2. The warm-up is `torch.optim.lr_scheduler.LinearLR`, raising the rate
+# to 3.2 over the first 20 steps.
+
+# %%
+big = training.scaled(replace(base, lr=0.2), 512)
+big.steps, big.eval_every = 100, 5
+warm = {"lr 3.2": training.fit(big),
+        "lr 3.2 + warm-up 20": training.fit(replace(big, schedule="warmup",
+                                                   warmup_steps=20))}
+for name, r in warm.items():
+    print(f"{name}: lr of the first steps {[round(x, 2) for x in r['lr'][:3]]}, "
+          f"held-out loss {r['heldout_loss'][-1]:.3f}")
+fig = plots.line_chart({k: (r["steps"], r["heldout_loss"]) for k, r in warm.items()},
+                       xlabel="optimizer_step", ylabel="heldout_loss",
+                       title="loss_curve_title", logy=True)
+assert warm["lr 3.2 + warm-up 20"]["heldout_loss"][-1] < 0.7 * warm["lr 3.2"]["heldout_loss"][-1]
+
+# %% [markdown] lang="ja"
+# 大きなバッチそのものは `no_sync` による勾配累積 (レッスン 04) と同じ数学です。勾配累積で実効バッチを
+# 大きくするときにも、この学習率の調整が必要になります。
+
+# %% [markdown] lang="en"
+# A large batch is the same mathematics as gradient accumulation with `no_sync` (lesson
+# 04): growing the effective batch by accumulation needs the same learning-rate care.
+
+# %% [markdown] lang="ja"
+# ## 演習: 大きなバッチの学習率
+#
+# 上のウォームアップの実行と同じ学習率を返す関数 `lr_at(step, batch_size)` を書いてください。`step` は
+# オプティマイザのステップ (0, 1, 2, …)、`batch_size` はバッチサイズです。
+#
+# - 最大の学習率は、バッチ 32 での 0.2 を、バッチサイズに比例させた値です。
+# - ウォームアップは `LinearLR(start_factor=1/20, total_iters=20)` です。最大の学習率に掛ける倍率が、
+#   ステップ 0 の 1/20 からステップ 20 の 1 まで直線で上がり、そのあとは 1 のままです。
+#
+# 上の実行では、バッチ 512 の最初の 3 ステップの学習率は 0.16、0.31、0.46 でした。確認のセルは、
+# バッチ 128、512、2048 のそれぞれについて、ステップ 0〜59 の学習率を torch の `LinearLR` と比べます。
+#
+# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
+# 違っていれば、何が違うかとヒントが表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
+# ありますが、まず自分で解いてみてください。
+
+# %% [markdown] lang="en"
+# ## Exercise: the learning rate of a large batch
+#
+# Write `lr_at(step, batch_size)`, which returns the learning rate of the warm-up run
+# above at optimizer step `step` (0, 1, 2, ...) for a batch of `batch_size`:
+#
+# - the peak rate is 0.2 at batch 32, scaled with the batch size;
+# - the warm-up is `LinearLR(start_factor=1/20, total_iters=20)`: the factor that
+#   multiplies the peak rises in a straight line from 1/20 at step 0 to 1 at step 20,
+#   and stays 1 after that.
+#
+# In the run above, the first three steps of batch 512 had the rates 0.16, 0.31 and
+# 0.46. The check compares your rates at steps 0 to 59 with torch's `LinearLR`, for
+# batches of 128, 512 and 2048.
+#
+# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
+# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
+# solution cell follows each exercise: try on your own first.
+
+# %% tags=["exercise"]
+base_lr, base_batch, warmup_steps = 0.2, 32, 20  # the warm-up run above
+
+
+def lr_at(step, batch_size):
+    """The learning rate at optimizer step `step` (0, 1, ...) for a batch of `batch_size`."""
+    return None  # TODO: the scaled peak rate, times LinearLR's factor at this step
+
+# %% tags=["solution"]
+def lr_at(step, batch_size):
+    """The learning rate at optimizer step `step` (0, 1, ...) for a batch of `batch_size`."""
+    peak = base_lr * batch_size / base_batch  # the linear scaling rule
+    start = 1 / warmup_steps  # LinearLR's start_factor
+    return peak * (start + (1 - start) * min(step, warmup_steps) / warmup_steps)
+
+# %%
+from labkit import exercises
+
+exercises.grade_warmup_schedule(lr_at)
+
+# %% [markdown] lang="ja"
+# ## シャッフルは速さではなく収束のため
+#
+# 記事は「データシャッフルを有効にする」を高速化の方法に挙げていますが、シャッフルは 1 ステップも 1 エポックも
+# 速くしません。シャッフルの目的は、各バッチを**データ全体から偏りなく取り出した標本**にすることで、これは SGD の
+# 前提です。目標の 1 番目の値で並べ替えたままのデータ (ファイルが何かの順に書かれていると、こうなります) と、
+# エポックごとにシャッフルしたデータで、同じモデルを 10 エポック学習させます (モーメンタム付き SGD)。
+
+# %% [markdown] lang="en"
+# ## Shuffling is for convergence, not speed
+#
+# The document lists "enable data shuffling" as a way to speed up training, but shuffling
+# makes neither a step nor an epoch faster. Its purpose is to make every batch an
+# **unbiased sample of the whole data**, which SGD assumes. Train the same model for 10
+# epochs (SGD with momentum) on data left sorted by its first target value (what a file
+# written in some order gives) and on data shuffled every epoch.
+
+# %%
+order = {o: training.fit(training.TrainConfig(steps=640, optimizer="momentum", order=o,
+                                            eval_every=16)) for o in training.ORDERS}
+for o, r in order.items():
+    print(f"{o:8s}: held-out loss {r['heldout_loss'][-1]:.3f}, "
+          f"median epoch {sorted(r['epoch_s'])[len(r['epoch_s']) // 2] * 1e3:.0f} ms")
+fig = plots.line_chart({o: (r["steps"], r["heldout_loss"]) for o, r in order.items()},
+                       xlabel="optimizer_step", ylabel="heldout_loss",
+                       title="order_title", logy=True)
+assert order["shuffled"]["heldout_loss"][-1] < 0.85 * order["sorted"]["heldout_loss"][-1]
+
+# %% [markdown] lang="ja"
+# 1 エポックの時間はほぼ同じで、違うのは収束です。並べ替えたままでは、続くバッチが似たサンプルばかりになり、
+# モデルはいま見ている部分に引っ張られて損失が上下し、下がりきりません。複数のランクでは
+# `DistributedSampler(shuffle=True)` と `set_epoch` で同じことをします (このレッスンの後半)。
+
+# %% [markdown] lang="en"
+# An epoch takes about as long either way; what differs is convergence. Left sorted,
+# consecutive batches hold similar samples, the model is pulled towards whatever part it
+# is seeing, and the loss swings and stays higher. With several ranks,
+# `DistributedSampler(shuffle=True)` and `set_epoch` do the same job (later in this
+# lesson).
+
+# %% [markdown] lang="ja"
+# ## 学習率、オプティマイザ、スケジューラ
+#
+# これらは 1 ステップを速くするのではなく、**少ないステップで**目標の損失に届くようにするものです。
+# 教師ネットワークの課題で、同じ初期値から比べます。まず SGD の学習率を変えます。小さすぎると進まず、
+# 大きすぎると発散します (発散した損失 `inf` は、図では 10 の位置に描きます)。
+
+# %% [markdown] lang="en"
+# ## Learning rate, optimizer and scheduler
+#
+# These do not make a step faster; they reach a target loss in **fewer steps**. Compare
+# on the teacher task from the same initial weights. First the learning rate of SGD:
+# too small and nothing happens, too large and it diverges (a diverged loss, `inf`, is
+# drawn at 10).
+
+# %%
+lr_runs = {lr: training.fit(training.TrainConfig(steps=320, lr=lr, eval_every=320))["heldout_loss"][-1]
+           for lr in (0.003, 0.03, 0.3, 3.0)}
+print({lr: round(v, 3) for lr, v in lr_runs.items()})
+fig = plots.line_chart({"SGD": (list(lr_runs), [min(v, 10.0) for v in lr_runs.values()])},
+                       xlabel="learning_rate", ylabel="heldout_loss",
+                       title="lr_title", logx=True, logy=True)
+assert lr_runs[0.3] < lr_runs[0.003] and lr_runs[0.3] < lr_runs[3.0]
+
+# %% [markdown] lang="ja"
+# 次にオプティマイザです (学習率はそれぞれのよく使われる値)。この課題では、モーメンタム付き SGD と Adam が
+# 素の SGD より少ないステップで下がります。
+
+# %% [markdown] lang="en"
+# Then the optimizer (each at a common learning rate). On this task SGD with momentum and
+# Adam get lower in fewer steps than plain SGD.
+
+# %%
+opt_runs = {name: training.fit(training.TrainConfig(steps=320, optimizer=name, lr=lr, eval_every=16))
+            for name, lr in (("sgd", 0.05), ("momentum", 0.05), ("adam", 0.003),
+                             ("adamw", 0.003))}
+fig = plots.line_chart({f"{k} (lr {r['config']['lr']})": (r["steps"], r["heldout_loss"])
+                        for k, r in opt_runs.items()},
+                       xlabel="optimizer_step", ylabel="heldout_loss",
+                       title="optimizer_title", logy=True)
+last = {k: r["heldout_loss"][-1] for k, r in opt_runs.items()}
+print({k: round(v, 3) for k, v in last.items()})
+assert last["momentum"] < last["sgd"] and last["adam"] < last["sgd"]
+
+# %% [markdown] lang="ja"
+# スケジューラは学習中に学習率を変えます。torch のスケジューラ (`StepLR`、`CosineAnnealingLR`、
+# ウォームアップの `LinearLR`、つなぐ `SequentialLR`) を、Adam (学習率 0.01、600 ステップ) で比べます。
+# どれが最良かは課題、学習率、ステップ数の組み合わせで決まり、一般的な正解はありません。
+# 学習率とスケジューラは一緒に調整します。
+
+# %% [markdown] lang="en"
+# A scheduler changes the learning rate during training. Compare torch's schedulers
+# (`StepLR`, `CosineAnnealingLR`, `LinearLR` for warm-up, `SequentialLR` to chain them)
+# with Adam (learning rate 0.01, 600 steps). Which is best depends on the task, the rate
+# and the number of steps together; there is no general winner. Tune the learning rate
+# and the schedule together.
+
+# %%
+sched_runs = {name: training.fit(training.TrainConfig(steps=600, optimizer="adam", lr=0.01,
+                                          schedule=name, warmup_steps=60, eval_every=30))
+              for name in training.SCHEDULES}
+fig = plots.line_chart({k: (r["steps"], r["heldout_loss"]) for k, r in sched_runs.items()},
+                       xlabel="optimizer_step", ylabel="heldout_loss",
+                       title="schedule_title", logy=True)
+print({k: round(r["heldout_loss"][-1], 3) for k, r in sched_runs.items()})
+assert all(r["heldout_loss"][-1] < 0.2 for r in sched_runs.values())  # all learn
+assert sched_runs["cosine"]["lr"][-1] < 1e-4  # cosine ends near zero
+assert abs(sched_runs["warmup"]["lr"][0] - 0.01 / 60) < 1e-9  # warm-up starts small
+
+# %% [markdown] lang="ja"
+# ## チェックポイント: 学習状態を保存して再開する
+#
+# 記事の「チェックポイントを活用する」は 2 通りに読めます (もう 1 つの活性化チェックポイントはレッスン 06)。
+# ここで扱うのは、学習状態 (重み、オプティマイザ、乱数の状態、ステップ数) をファイルに保存することです。
+# これは学習を速くしません。止まっても最初からやり直さずに済む、という意味で時間を節約します。
+#
+# `labkit.training` で 40 ステップを一気に学習した場合と、20 ステップで止めてチェックポイントから再開した場合を
+# 比べます。重みのハッシュ (`param_sha256`) が一致すれば、1 ビットも違わない同じ結果です。
+
+# %% [markdown] lang="en"
+# ## Checkpoints: save and resume the training state
+#
+# The document's "use checkpoints" can mean two things (the other, activation
+# checkpointing, is in lesson 06). This one is saving the training state (weights,
+# optimizer, random-number state, step) to a file. That does not make training faster;
+# it saves time by not starting over after a stop.
+#
+# With `labkit.training`, compare 40 steps in one go with 20 steps, a stop, and a resume
+# from the checkpoint. Equal weight hashes (`param_sha256`) mean bit-identical results.
+
+# %%
+import tempfile
+from pathlib import Path
+
+cfg = training.TrainConfig(steps=40, batch_size=64, optimizer="momentum")
+with tempfile.TemporaryDirectory() as tmp:
+    ckpt = Path(tmp) / "state.pt"
+    straight = training.fit(cfg)
+    training.fit(replace(cfg, steps=20), ckpt)  # stops after 20 steps
+    resumed = training.fit(cfg, ckpt, resume=True)
+print("uninterrupted:", straight["param_sha256"][:16])
+print("resumed:      ", resumed["param_sha256"][:16], "from step", resumed["resumed_from"])
+assert resumed["resumed_from"] == 20
+assert resumed["param_sha256"] == straight["param_sha256"]
+assert resumed["losses"] == straight["losses"]
+
+# %% [markdown] lang="ja"
+# ## DDP と組み合わせる: シャッフルと `set_epoch`
+#
+# ここからはランク 2 つで確かめます。DDP では `DataLoader` に `DistributedSampler` を渡し、シャッフルは
+# サンプラーに任せます。`DataLoader(shuffle=True, sampler=...)` と両方指定するとエラーになります。
+# 毎エポック `sampler.set_epoch(epoch)` を呼ばないと、毎回同じ順序になります (レッスン 03)。
+
+# %% [markdown] lang="en"
+# ## With DDP: shuffling and `set_epoch`
+#
+# From here on, two ranks. Under DDP the `DataLoader` gets a `DistributedSampler` and the
+# sampler does the shuffling: `DataLoader(shuffle=True, sampler=...)` with both is an
+# error. Without `sampler.set_epoch(epoch)` every epoch, every epoch has the same order
+# (lesson 03).
+
+# %% tags=["nbval-ignore-output"]
+from labkit import cluster
+
+ranks = cluster.start(2)
+
+# %%
+# %%px
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+
+from labkit import checks, data
+
+dataset = data.MyDataset(n=16)
+sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+with checks.expect_error(ValueError, match="mutually exclusive with shuffle"):
+    DataLoader(dataset, batch_size=4, shuffle=True, sampler=sampler)
+loader = DataLoader(dataset, batch_size=4, sampler=sampler)  # the sampler shuffles
+orders = []
+for epoch in range(2):
+    sampler.set_epoch(epoch)  # a new order each epoch, the same on every rank
+    orders.append(list(sampler))
+print(f"rank {rank}: {orders}")
+assert orders[0] != orders[1]
+assert sum(len(X) for X, _ in loader) == len(dataset) // world_size
+
+# %% [markdown] lang="ja"
+# ## BatchNorm の統計はレプリカごと
+#
+# `BatchNorm` は学習中、**いまのバッチ**の平均と分散で正規化します。DDP では各ランクが自分のバッチしか
+# 見ないので、ランクごとに違う統計で正規化します。全体のバッチで正規化した 1 プロセスの結果とは
+# 一致しません。
+#
+# 評価で使う `running_mean` (バッファ) はどうなるでしょうか。DDP の既定 (`forward_sync_buffers=True`) では、
+# **順伝播を始める前に**ランク 0 のバッファを全ランクにコピー (broadcast) し、そのあと各ランクが自分の
+# バッチで更新します。そのため学習のあと、
+# - ランク 0 の `running_mean` は、ランク 0 のデータだけの統計です。
+# - ほかのランクの `running_mean` は、1 つ前の順伝播までのランク 0 の統計を、自分の最後のバッチで 1 回
+#   更新したものです。
+# - 次に DDP を通して順伝播すると (評価のときなど)、その前にまたランク 0 の値がコピーされるので、
+#   **どのランクもランク 0 のデータだけの統計で評価します**。
+#
+# `forward_sync_buffers=False` にすると、このコピーはなくなり、各ランクの `running_mean` は自分のデータだけの
+# 統計になります。ランクごとにデータの平均をずらして (並べ替えたデータを分けたときのように)、各ランクの
+# `running_mean` の 1 つ目の値を並べます。
+
+# %% [markdown] lang="en"
+# ## BatchNorm statistics are per replica
+#
+# During training `BatchNorm` normalizes with the mean and variance of **the current
+# batch**. Under DDP each rank sees only its own batch, so each normalizes with its own
+# statistics, unlike one process normalizing the whole batch.
+#
+# What about the `running_mean` (a buffer) used for evaluation? By default
+# (`forward_sync_buffers=True`) DDP copies (broadcasts) rank 0's buffers to all ranks
+# **before every forward**, and then each rank updates them with its own batch. So after
+# training
+# - rank 0's `running_mean` holds statistics of rank 0's data only;
+# - every other rank's holds rank 0's statistics up to the previous forward, updated
+#   once with its own last batch;
+# - the next forward through DDP (evaluation, for instance) first copies rank 0's again,
+#   so **every rank evaluates with statistics of rank 0's data only**.
+#
+# With `forward_sync_buffers=False` there is no such copy, and every rank's
+# `running_mean` holds statistics of its own data. Give each rank data with another mean
+# (as when sorted data is split) and list the first value of each rank's `running_mean`.
+
+# %%
+# %%px
+from labkit import batchnorm
+
+bn = batchnorm.bn_experiment(rank, world_size)
+seen = bn["running_mean0"]
+print(f"rank {rank}: local mean {bn['local_mean']:+.2f}, "
+      f"|output - whole-batch output| {bn['per_replica_vs_whole']:.2f}\n"
+      f"  running_mean[0] with sync: after training {seen['trained']:+.3f}, "
+      f"after an evaluation forward {seen['evaluated']:+.3f}; "
+      f"without sync {seen['no_sync']:+.3f}\n"
+      f"  BatchNorm on rank 0's data alone {bn['rank0_data_mean0']:+.3f}, "
+      f"on this rank's data alone {bn['own_data_mean0']:+.3f}")
+assert bn["per_replica_vs_whole"] > 0.1
+# With sync, on every rank: rank 0's statistics, updated once with this rank's batch,
+assert bn["trained_vs_rank0_then_own"] == 0.0
+# and after one more forward through DDP, rank 0's data only (not the whole batch's).
+assert bn["evaluated_vs_rank0_data"] == 0.0 and bn["evaluated_vs_whole"] > 0.1
+if rank == 0:
+    assert bn["trained_vs_own_data"] == 0.0  # rank 0: its own data only
+else:
+    assert bn["trained_vs_own_data"] > 0.1  # the others: not their own data
+# Without sync, on every rank: its own data only, so the ranks differ.
+assert bn["no_sync_vs_own_data"] == 0.0 and bn["running_spread_no_sync"] > 0.1
+
+# %% [markdown] lang="ja"
+# torch 2.13 は、それまでの引数 `broadcast_buffers` を非推奨にして `forward_sync_buffers` を加えました。
+# ただし名前を変えただけではありません。DDP は作られるときにも、ランク 0 のパラメータとバッファを全ランクに
+# コピーします (`init_sync=True`)。古い `broadcast_buffers=False` は、このときのバッファのコピーも止めます。
+# 新しい `forward_sync_buffers=False` が止めるのは順伝播の前のコピーだけで、作るときのコピーは残ります。
+# torch 自身も `broadcast_buffers` を渡すと `FutureWarning` でそう警告します。ランク r のバッファを r で
+# 埋めてから DDP を作り、作った直後の値を見ます。(`labkit.batchnorm` のほかの関数は、インストールされた
+# torch にある方の名前を使います。そこではどのランクも同じバッファから始めるので、この違いは結果を
+# 変えません。)
+
+# %% [markdown] lang="en"
+# torch 2.13 deprecates the argument `broadcast_buffers` and adds `forward_sync_buffers`,
+# but it is not a plain rename. DDP also copies rank 0's parameters and buffers to all
+# ranks when it is built (`init_sync=True`). The old `broadcast_buffers=False` leaves the
+# buffers out of that copy too; the new `forward_sync_buffers=False` stops only the copy
+# before each forward, and buffers are still copied when DDP is built. torch itself says
+# so in the `FutureWarning` it gives for `broadcast_buffers`. Fill rank r's buffer with
+# r, build DDP, and look at the value right after. (`labkit.batchnorm`'s other functions
+# use whichever name the installed torch has; there every rank starts from the same
+# buffers, so the difference does not change their results.)
+
+# %%
+# %%px
+built = batchnorm.buffers_after_construction(rank)
+for name, b in built.items():
+    print(f"rank {rank}: DDP(..., {name}) -> running_mean[0] = {b['running_mean0']:.0f}")
+if rank == 0:
+    print(*built["broadcast_buffers=False"]["warnings"], sep="\n")
+assert built["broadcast_buffers=False"]["running_mean0"] == rank  # its own: no copy
+if "forward_sync_buffers=False" in built:  # torch 2.13 and later
+    assert built["forward_sync_buffers=False"]["running_mean0"] == 0  # rank 0's
+    assert any("still syncs buffers at init" in w
+               for w in built["broadcast_buffers=False"]["warnings"])
+
+# %% [markdown] lang="ja"
+# 全ランクのバッチで正規化するのが `nn.SyncBatchNorm` です (`convert_sync_batchnorm` で置き換えます)。
+# ところが torch 2.13 の CPU では動きません。DDP は「SyncBatchNorm layers only work with GPU modules」
+# と断り、層自身も GPU (または XPU など) の入力を求めます。
+
+# %% [markdown] lang="en"
+# Normalizing with all ranks' batches is what `nn.SyncBatchNorm` does (swap it in with
+# `convert_sync_batchnorm`). But on the CPU in torch 2.13 it does not run: DDP refuses
+# with "SyncBatchNorm layers only work with GPU modules", and the layer itself wants a
+# GPU (or XPU, and so on) input.
+
+# %%
+# %%px
+error = batchnorm.syncbn_error()
+print(f"rank {rank}: {error}")
+if not torch.cuda.is_available():
+    assert "only work with GPU modules" in error
+
+# %% [markdown] lang="ja"
+# ## 演習: SyncBatchNorm の統計を手で計算する
+#
+# そこで、SyncBatchNorm が学習中に計算するものを、集団通信で直接書きます。`global_mean_var(x)` は、
+# このランクのバッチ `x` (行がサンプル、列が特徴) を受け取り、**全ランク**のサンプルを合わせた、特徴ごとの
+# 平均と分散を返す関数です。分散は、BatchNorm が正規化に使うのと同じく、サンプル数で割ったもの
+# (サンプル数 − 1 ではなく) です。サンプル数はランクごとに違ってかまいません。全ランクが同時にこの関数を
+# 呼ぶので、`dist.all_reduce` が使えます。
+#
+# 確認のセルは、この関数を両方のランクで実行します。ランク 0 には 3 サンプル、ランク 1 には平均の大きく
+# 離れた 9 サンプルを渡し、1 プロセスで全 12 サンプルから計算した値と比べます。関数はランクのエンジンで
+# 実行されるので、中で使う名前はエンジンにあるもの (上の `%%px` セルで import した `torch` と `dist`) です。
+
+# %% [markdown] lang="en"
+# ## Exercise: SyncBatchNorm's statistics by hand
+#
+# So write out with collectives what SyncBatchNorm computes in training.
+# `global_mean_var(x)` gets this rank's batch `x` (one row per sample, one column per
+# feature) and returns each feature's mean and variance over the samples of **all**
+# ranks. The variance is the one BatchNorm normalizes with: divided by the number of
+# samples (not that number minus 1). The ranks may hold different numbers of samples.
+# Every rank calls the function at the same time, so it can use `dist.all_reduce`.
+#
+# The check runs the function on both ranks, with 3 samples on rank 0 and 9 samples with
+# a mean far away on rank 1, and compares with one process computing over all 12. The
+# function runs on the ranks' engines, so the names it uses are the engines' (`torch`
+# and `dist`, imported there by a `%%px` cell above).
+
+# %% tags=["exercise"]
+def global_mean_var(x):
+    """Each feature's mean and variance over the samples of ALL ranks (every rank calls it)."""
+    mean = x.mean(0)  # TODO: these use this rank's samples only
+    var = x.var(0, unbiased=False)
+    return mean, var
+
+# %% tags=["solution"]
+def global_mean_var(x):
+    """Each feature's mean and variance over the samples of ALL ranks (every rank calls it)."""
+    count = torch.tensor(float(len(x)))
+    total = x.sum(0)
+    dist.all_reduce(count)  # the number of samples on all ranks
+    dist.all_reduce(total)  # and their sum, feature by feature
+    mean = total / count
+    squares = ((x - mean) ** 2).sum(0)  # distances from the global mean, not the local
+    dist.all_reduce(squares)
+    return mean, squares / count  # divided by the count: the variance BatchNorm uses
+
+# %%
+exercises.grade_global_statistics(ranks, global_mean_var)
+
+# %% [markdown] lang="ja"
+# labkit の `batchnorm.global_batch_norm` も同じ計算をします。こちらはサンプル数、和、二乗和を 1 つの
+# テンソルにまとめて 1 回の all-reduce で足し合わせ (分散は「二乗の平均 − 平均の二乗」で求めます)、
+# 全体の平均と分散で自分のバッチを正規化します。上の `bn_experiment` は、その結果を 1 プロセスで全体の
+# バッチを正規化したものと比べていました。両者は一致します。GPU では `nn.SyncBatchNorm` がこの正規化を
+# 行います。
+
+# %% [markdown] lang="en"
+# labkit's `batchnorm.global_batch_norm` computes the same with a single all-reduce: it
+# stacks the count, the sum and the sum of squares into one tensor (the variance is then
+# the mean of the squares minus the square of the mean), and normalizes the local batch
+# with the global mean and variance. `bn_experiment` above compared its result with one
+# process normalizing the whole batch: the two agree. On GPUs `nn.SyncBatchNorm` does
+# this normalization.
+
+# %%
+# %%px
+print(f"rank {rank}: |synchronized - whole batch| = {bn['synced_vs_whole']:.1e}")
+assert bn["synced_vs_whole"] < 1e-5
+
+# %% [markdown] lang="ja"
+# ## 記事の `DistributedDataParallel(model, dim=1)`
+#
+# 記事 000 の「より複雑な例」は `dim=1` を渡しています。`dim` は、1 つのプロセスが複数の GPU に入力を
+# 分けていた古い使い方のための引数です。1 プロセス 1 デバイスの DDP (いまの唯一の使い方) では、
+# DDP は入力を分けません。各ランクは自分で用意したバッチをそのまま使うので、`dim` は何も変えません。
+
+# %% [markdown] lang="en"
+# ## The document's `DistributedDataParallel(model, dim=1)`
+#
+# Doc 000's "more complex example" passes `dim=1`. `dim` belongs to the old use where one
+# process split its input over several GPUs. With one device per process (the only way
+# DDP is used now) DDP does not split inputs: each rank uses the batch it prepared, so
+# `dim` changes nothing.
+
+# %%
+# %%px
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from labkit import models
+
+torch.manual_seed(0)
+plain = DDP(models.TwoLinear())
+torch.manual_seed(0)
+with_dim = DDP(models.TwoLinear(), dim=1)
+X_rank = torch.randn(6, 10)
+out_plain, out_dim = plain(X_rank), with_dim(X_rank)
+print(f"rank {rank}: input {tuple(X_rank.shape)} -> output {tuple(out_dim.shape)}")
+assert torch.equal(out_plain, out_dim) and out_dim.shape == (6, 10)
+
+# %%
+ranks.stop()
+
+# %% [markdown] lang="ja"
+# ## まとめ
+#
+# | 記事 000 の方法 | このマシンで確かめたこと |
+# |---|---|
+# | バッチサイズを増やす | 同じサンプル数では更新の回数が減る。収束には学習率の調整 (比例させる) とウォームアップが必要 |
+# | データシャッフルを有効にする | 速さは変わらない。収束のために必要 (並べ替えたままだと悪くなる) |
+# | 学習率、オプティマイザ、スケジューラ | 1 ステップは速くならない。少ないステップで収束させる。課題ごとに調整する |
+# | チェックポイントを活用する (学習状態の保存) | 速くはならない。止まっても再開でき、結果は 1 ビットも同じ。活性化チェックポイントはレッスン 06 |
+# | DDP と一緒に | `DistributedSampler` と `set_epoch`。BatchNorm はレプリカごと。SyncBatchNorm は GPU のみ。`dim=1` は何もしない |
+
+# %% [markdown] lang="en"
+# ## Summary
+#
+# | doc 000's method | what this machine showed |
+# |---|---|
+# | larger batches | fewer updates for the same samples; convergence needs the learning rate scaled, and warm-up |
+# | enable shuffling | no change in speed; needed for convergence (sorted data converges worse) |
+# | learning rate, optimizer, scheduler | a step is no faster; converge in fewer steps; tune per task |
+# | use checkpoints (saving the training state) | no faster; a stopped run resumes with bit-identical results; activation checkpointing is in lesson 06 |
+# | with DDP | `DistributedSampler` and `set_epoch`; BatchNorm is per replica; SyncBatchNorm needs GPUs; `dim=1` does nothing |
