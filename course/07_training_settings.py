@@ -420,28 +420,76 @@ assert sum(len(X) for X, _ in loader) == len(dataset) // world_size
 
 # %%
 # %%px
-from labkit import batchnorm
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-bn = batchnorm.bn_experiment(rank, world_size)
-seen = bn["running_mean0"]
-print(f"rank {rank}: local mean {bn['local_mean']:+.2f}, "
-      f"|output - whole-batch output| {bn['per_replica_vs_whole']:.2f}\n"
-      f"  running_mean[0] with sync: after training {seen['trained']:+.3f}, "
-      f"after an evaluation forward {seen['evaluated']:+.3f}; "
-      f"without sync {seen['no_sync']:+.3f}\n"
-      f"  BatchNorm on rank 0's data alone {bn['rank0_data_mean0']:+.3f}, "
-      f"on this rank's data alone {bn['own_data_mean0']:+.3f}")
-assert bn["per_replica_vs_whole"] > 0.1
-# With sync, on every rank: rank 0's statistics, updated once with this rank's batch,
-assert bn["trained_vs_rank0_then_own"] == 0.0
+from labkit import batchnorm, compare
+
+x = batchnorm.local_batch(rank)  # 8 samples x 4 features, mean about 3 * rank
+every = [torch.empty_like(x) for _ in range(world_size)]
+dist.all_gather(every, x)
+whole = torch.cat(every)  # the whole batch, as one process would see it
+mine = slice(rank * len(x), (rank + 1) * len(x))  # this rank's rows of it
+
+model = DDP(nn.BatchNorm1d(4))  # DDP's default: rank 0's buffers before each forward
+one_process = nn.BatchNorm1d(4)  # the reference: one process, the whole batch
+for _ in range(2):  # two training steps (forwards are enough for BatchNorm)
+    out = model(x)  # normalized with the mean and variance of this rank's batch
+    out_whole = one_process(whole)[mine]
+print(f"rank {rank}: local mean {x.mean():+.2f}, "
+      f"|output - whole-batch output| {compare.max_abs_diff(out, out_whole):.2f}")
+assert compare.max_abs_diff(out, out_whole) > 0.1  # each replica, its own statistics
+
+# %% [markdown] lang="ja"
+# 次に `running_mean` です。学習のあとと、評価モードで DDP を通してもう 1 回順伝播したあとの値を、
+# 1 プロセスの BatchNorm に決まったバッチを順に見せた場合 (`batchnorm.after_forwards`) と比べます。
+
+# %% [markdown] lang="en"
+# Now `running_mean`, after training and after one more forward through DDP in
+# evaluation mode, compared with one-process BatchNorms shown given batches in turn
+# (`batchnorm.after_forwards`).
+
+# %%
+# %%px
+trained = model.module.running_mean.clone()
+model.eval()
+with torch.no_grad():
+    model(x)  # evaluation: DDP first copies rank 0's buffers again
+evaluated = model.module.running_mean.clone()
+
+own = batchnorm.after_forwards(x, x)  # this rank's data alone
+rank0 = batchnorm.after_forwards(every[0], every[0])  # rank 0's data alone
+rank0_then_own = batchnorm.after_forwards(every[0], x)  # rank 0's, then this rank's once
+print(f"rank {rank}: running_mean[0] after training {trained[0]:+.3f}, after an "
+      f"evaluation forward {evaluated[0]:+.3f}\n"
+      f"  BatchNorm on rank 0's data alone {rank0[0]:+.3f}, "
+      f"on this rank's data alone {own[0]:+.3f}")
+# On every rank: rank 0's statistics, updated once with this rank's batch,
+assert torch.equal(trained, rank0_then_own)
 # and after one more forward through DDP, rank 0's data only (not the whole batch's).
-assert bn["evaluated_vs_rank0_data"] == 0.0 and bn["evaluated_vs_whole"] > 0.1
+assert torch.equal(evaluated, rank0)
+assert compare.max_abs_diff(evaluated, one_process.running_mean) > 0.1
 if rank == 0:
-    assert bn["trained_vs_own_data"] == 0.0  # rank 0: its own data only
+    assert torch.equal(trained, own)  # rank 0: its own data only
 else:
-    assert bn["trained_vs_own_data"] > 0.1  # the others: not their own data
-# Without sync, on every rank: its own data only, so the ranks differ.
-assert bn["no_sync_vs_own_data"] == 0.0 and bn["running_spread_no_sync"] > 0.1
+    assert compare.max_abs_diff(trained, own) > 0.1  # the others: not their own data
+
+# %% [markdown] lang="ja"
+# `forward_sync_buffers=False` では、どのランクも自分のデータだけの統計を持ち、ランクどうしで違います。
+
+# %% [markdown] lang="en"
+# With `forward_sync_buffers=False` every rank holds statistics of its own data only, and
+# the ranks differ.
+
+# %%
+# %%px
+unsynced = DDP(nn.BatchNorm1d(4), forward_sync_buffers=False)
+for _ in range(2):
+    unsynced(x)
+kept = unsynced.module.running_mean
+print(f"rank {rank}: running_mean[0] without the copy {kept[0]:+.3f}")
+assert torch.equal(kept, own)  # its own data only
+assert compare.rank_max_diff(kept) > 0.1  # so the ranks differ
 
 # %% [markdown] lang="ja"
 # torch 2.13 は、それまでの引数 `broadcast_buffers` を非推奨にして `forward_sync_buffers` を加えました。
@@ -449,9 +497,8 @@ assert bn["no_sync_vs_own_data"] == 0.0 and bn["running_spread_no_sync"] > 0.1
 # コピーします (`init_sync=True`)。古い `broadcast_buffers=False` は、このときのバッファのコピーも止めます。
 # 新しい `forward_sync_buffers=False` が止めるのは順伝播の前のコピーだけで、作るときのコピーは残ります。
 # torch 自身も `broadcast_buffers` を渡すと `FutureWarning` でそう警告します。ランク r のバッファを r で
-# 埋めてから DDP を作り、作った直後の値を見ます。(`labkit.batchnorm` のほかの関数は、インストールされた
-# torch にある方の名前を使います。そこではどのランクも同じバッファから始めるので、この違いは結果を
-# 変えません。)
+# 埋めてから DDP を作り、作った直後の値を見ます。(上のセルでは、どのランクも同じバッファから始めたので、
+# この違いは結果を変えませんでした。)
 
 # %% [markdown] lang="en"
 # torch 2.13 deprecates the argument `broadcast_buffers` and adds `forward_sync_buffers`,
@@ -460,9 +507,8 @@ assert bn["no_sync_vs_own_data"] == 0.0 and bn["running_spread_no_sync"] > 0.1
 # buffers out of that copy too; the new `forward_sync_buffers=False` stops only the copy
 # before each forward, and buffers are still copied when DDP is built. torch itself says
 # so in the `FutureWarning` it gives for `broadcast_buffers`. Fill rank r's buffer with
-# r, build DDP, and look at the value right after. (`labkit.batchnorm`'s other functions
-# use whichever name the installed torch has; there every rank starts from the same
-# buffers, so the difference does not change their results.)
+# r, build DDP, and look at the value right after. (In the cells above every rank
+# started from the same buffers, so there the difference changed nothing.)
 
 # %%
 # %%px
@@ -548,22 +594,23 @@ exercises.grade_global_statistics(ranks, global_mean_var)
 # %% [markdown] lang="ja"
 # labkit の `batchnorm.global_batch_norm` も同じ計算をします。こちらはサンプル数、和、二乗和を 1 つの
 # テンソルにまとめて 1 回の all-reduce で足し合わせ (分散は「二乗の平均 − 平均の二乗」で求めます)、
-# 全体の平均と分散で自分のバッチを正規化します。上の `bn_experiment` は、その結果を 1 プロセスで全体の
-# バッチを正規化したものと比べていました。両者は一致します。GPU では `nn.SyncBatchNorm` がこの正規化を
-# 行います。
+# 全体の平均と分散で自分のバッチを正規化します。次のセルは、その結果を上の `out_whole` (1 プロセスで全体の
+# バッチを正規化したもののうち、このランクの行) と比べます。両者は一致します。GPU では `nn.SyncBatchNorm` が
+# この正規化を行います。
 
 # %% [markdown] lang="en"
 # labkit's `batchnorm.global_batch_norm` computes the same with a single all-reduce: it
 # stacks the count, the sum and the sum of squares into one tensor (the variance is then
 # the mean of the squares minus the square of the mean), and normalizes the local batch
-# with the global mean and variance. `bn_experiment` above compared its result with one
-# process normalizing the whole batch: the two agree. On GPUs `nn.SyncBatchNorm` does
-# this normalization.
+# with the global mean and variance. The next cell compares its result with `out_whole`
+# above (this rank's rows of one process normalizing the whole batch): the two agree.
+# On GPUs `nn.SyncBatchNorm` does this normalization.
 
 # %%
 # %%px
-print(f"rank {rank}: |synchronized - whole batch| = {bn['synced_vs_whole']:.1e}")
-assert bn["synced_vs_whole"] < 1e-5
+synced = batchnorm.global_batch_norm(x)
+print(f"rank {rank}: |synchronized - whole batch| = {compare.max_abs_diff(synced, out_whole):.1e}")
+assert compare.max_abs_diff(synced, out_whole) < 1e-5
 
 # %% [markdown] lang="ja"
 # ## 記事の `DistributedDataParallel(model, dim=1)`
