@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import compare, i18n, models
+from . import compare, i18n, models, training
 from .data_parallel import data_parallel
 
 __all__ = ["ddp_stepper", "dp_experiment", "dp_stepper"]
@@ -69,15 +69,6 @@ def dp_experiment(devices: int = 2, batch: int = 100, seed: int = 0) -> dict:
     }
 
 
-def _problem(hidden: int, depth: int, global_batch: int):
-    """The same model, optimizer and data for every way of running a step."""
-    torch.manual_seed(0)
-    model = models.WideMLP(hidden=hidden, depth=depth)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    X, y = torch.randn(global_batch, 10), torch.randn(global_batch, 10)
-    return model, optimizer, X, y
-
-
 def dp_stepper(hidden: int, depth: int, global_batch: int, devices: int = 2,
                threads: int = 1) -> Callable[[], float]:
     """A function that runs one training step with data_parallel; returns its seconds.
@@ -88,7 +79,7 @@ def dp_stepper(hidden: int, depth: int, global_batch: int, devices: int = 2,
     """
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    model, optimizer, X, y = _problem(hidden, depth, global_batch)
+    model, optimizer, X, y = training.timed_problem(hidden, depth, global_batch)
     device_ids = list(range(devices))
 
     def step() -> float:
@@ -122,7 +113,7 @@ def ddp_stepper(hidden: int, depth: int, global_batch: int,
     from .ddp import shard
 
     size, rank = dist.get_world_size(group), dist.get_rank(group)
-    model, optimizer, X, y = _problem(hidden, depth, global_batch)
+    model, optimizer, X, y = training.timed_problem(hidden, depth, global_batch)
     model = DDP(model, process_group=group)
     X, y = shard(X, rank, size), shard(y, rank, size)
 

@@ -38,6 +38,7 @@ __all__ = [
     "split",
     "step_times",
     "throughput",
+    "timed_problem",
 ]
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -282,12 +283,22 @@ def fit(cfg: TrainConfig, checkpoint_path: str | Path | None = None,
             "param_sha256": param_sha256(model), "config": asdict(cfg)}
 
 
-def _training_step(hidden: int, depth: int, batch_size: int):
-    """One SGD training step of a WideMLP on random data, as a callable."""
+def timed_problem(hidden: int, depth: int, batch_size: int):
+    """The model, SGD optimizer and random batch that step timings share.
+
+    The same seed every time, so every way of running a step (one process,
+    DataParallel, DDP, another width) starts from the same weights and data.
+    """
     torch.manual_seed(0)
     model = models.WideMLP(hidden=hidden, depth=depth)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     X, y = torch.randn(batch_size, 10), torch.randn(batch_size, 10)
+    return model, optimizer, X, y
+
+
+def _training_step(hidden: int, depth: int, batch_size: int):
+    """One SGD training step of timed_problem's model, as a callable."""
+    model, optimizer, X, y = timed_problem(hidden, depth, batch_size)
     criterion = models.MyLoss()
 
     def step():
