@@ -33,7 +33,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _experiment(args: argparse.Namespace) -> int:
-    from . import nosync, workload
+    from . import experiments, workload
     from .cluster import launch, rendezvous
 
     cfg = workload.Config(
@@ -50,8 +50,8 @@ def _experiment(args: argparse.Namespace) -> int:
     cfg.check()
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be > 0, got {args.timeout}")
-    fn = {"nosync": nosync.nosync_experiment,
-          "misuse": nosync.misuse_experiment}[args.command]
+    fn = {"nosync": experiments.nosync_experiment,
+          "misuse": experiments.misuse_experiment}[args.command]
     fault = (args.fault, args.fault_rank) if args.fault else None
     if fault and launch.under_torchrun():
         raise ValueError("--fault works without torchrun only")

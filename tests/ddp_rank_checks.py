@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labkit import checks, compare, ddp, models, nosync, workload
+from labkit import checks, compare, ddp, experiments, models, nosync, workload
 
 TINY_BUCKET_MB = 0.002  # about 2 KB: doc 004's model (8 KB of gradients) gets several
 
@@ -132,12 +132,12 @@ def count_misuses(K=4):
 def nosync_experiment_small():
     cfg = workload.Config(accum_steps=4, steps=3, repeat=1,
                           bucket_cap_mb=TINY_BUCKET_MB)
-    return nosync.nosync_experiment(dist.get_rank(), dist.get_world_size(), cfg)
+    return experiments.nosync_experiment(dist.get_rank(), dist.get_world_size(), cfg)
 
 
 def misuse_experiment_small():
     cfg = workload.Config(accum_steps=4, steps=5)
-    return nosync.misuse_experiment(dist.get_rank(), dist.get_world_size(), cfg)
+    return experiments.misuse_experiment(dist.get_rank(), dist.get_world_size(), cfg)
 
 
 def raise_on_rank_1(rank, world_size):
