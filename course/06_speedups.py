@@ -262,9 +262,9 @@ else:
 # faster is the first question of lesson 07.
 
 # %% tags=["nbval-ignore-output"]
-from labkit import training
+from labkit import throughput, training
 
-per_s = training.throughput([8, 32, 128, 512, 2048])
+per_s = throughput.samples_per_s([8, 32, 128, 512, 2048])
 for b, v in per_s.items():
     print(f"batch {b:5d}: {v:10.0f} samples/s")
 fig = plots.line_chart({"doc 004 MLP": (list(per_s), list(per_s.values()))},
@@ -406,7 +406,7 @@ for width in (16, 64, 256, 1024):
     work = activations.step_work(models.WideMLP(hidden=width), torch.randn(1024, 10))
     sizes[width] = {"params": run["params"], "flops": work["flops"],
                     "loss": run["heldout_loss"][-1]}
-step_s = training.step_times(list(sizes), batch_size=1024, rounds=5, steps=5)
+step_s = throughput.step_times(list(sizes), batch_size=1024, rounds=5, steps=5)
 for width, s in sizes.items():
     s["step_s"] = statistics.median(step_s[width])
     print(f"width {width:5d}: {s['params']:6d} parameters, {s['flops'] / 1e6:5.1f} MFLOP "

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import compare, i18n, models, training
+from . import compare, i18n, models, throughput
 from .data_parallel import data_parallel
 
 __all__ = ["ddp_stepper", "dp_experiment", "dp_stepper"]
@@ -79,7 +79,7 @@ def dp_stepper(hidden: int, depth: int, global_batch: int, devices: int = 2,
     """
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    model, optimizer, X, y = training.timed_problem(hidden, depth, global_batch)
+    model, optimizer, X, y = throughput.timed_problem(hidden, depth, global_batch)
     device_ids = list(range(devices))
 
     def step() -> float:
@@ -113,7 +113,7 @@ def ddp_stepper(hidden: int, depth: int, global_batch: int,
     from .ddp import shard
 
     size, rank = dist.get_world_size(group), dist.get_rank(group)
-    model, optimizer, X, y = training.timed_problem(hidden, depth, global_batch)
+    model, optimizer, X, y = throughput.timed_problem(hidden, depth, global_batch)
     model = DDP(model, process_group=group)
     X, y = shard(X, rank, size), shard(y, rank, size)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import checkpoint, data, i18n, models, timing
+from . import checkpoint, data, i18n, models
 
 __all__ = [
     "OPTIMIZERS",
@@ -36,9 +36,6 @@ __all__ = [
     "param_sha256",
     "scaled",
     "split",
-    "step_times",
-    "throughput",
-    "timed_problem",
 ]
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -48,12 +45,6 @@ PRECISIONS = ("float32", "bfloat16")
 HELD_OUT = 1024
 
 i18n.register({
-    "batch_size": {"ja": "バッチサイズ", "en": "batch size"},
-    "samples_per_s": {"ja": "1 秒あたりのサンプル数", "en": "samples per second"},
-    "throughput_by_batch": {
-        "ja": "バッチサイズごとの処理速度 (学習ステップ)",
-        "en": "Training throughput by batch size",
-    },
     "samples_seen": {"ja": "学習に使ったサンプル数", "en": "samples seen"},
     "heldout_loss": {"ja": "検証データの損失 (MSE)", "en": "held-out loss (MSE)"},
     "batch_lr_title": {
@@ -74,10 +65,6 @@ i18n.register({
     "lr_title": {
         "ja": "SGD の学習率と 320 ステップ後の検証損失",
         "en": "SGD learning rate and held-out loss after 320 steps",
-    },
-    "model_size_title": {
-        "ja": "モデルの大きさと 1 ステップの時間 (バッチ 256)",
-        "en": "Model size and time per step (batch 256)",
     },
 })
 
@@ -281,55 +268,3 @@ def fit(cfg: TrainConfig, checkpoint_path: str | Path | None = None,
             "final_loss": h["losses"][-1] if h["losses"] else None,
             "resumed_from": start, "params": models.count_params(model),
             "param_sha256": param_sha256(model), "config": asdict(cfg)}
-
-
-def timed_problem(hidden: int, depth: int, batch_size: int):
-    """The model, SGD optimizer and random batch that step timings share.
-
-    The same seed every time, so every way of running a step (one process,
-    DataParallel, DDP, another width) starts from the same weights and data.
-    """
-    torch.manual_seed(0)
-    model = models.WideMLP(hidden=hidden, depth=depth)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    X, y = torch.randn(batch_size, 10), torch.randn(batch_size, 10)
-    return model, optimizer, X, y
-
-
-def _training_step(hidden: int, depth: int, batch_size: int):
-    """One SGD training step of timed_problem's model, as a callable."""
-    model, optimizer, X, y = timed_problem(hidden, depth, batch_size)
-    criterion = models.MyLoss()
-
-    def step():
-        optimizer.zero_grad()
-        criterion(model(X), y).backward()
-        optimizer.step()
-
-    return step
-
-
-def step_times(widths, depth: int = 1, batch_size: int = 256, rounds: int = 7,
-               steps: int = 10) -> dict[int, list[float]]:
-    """Seconds per training step of a WideMLP of each width, in every round.
-
-    The widths take turns, `steps` steps at a time, so that a shared
-    machine's changing load falls on all of them alike.
-    """
-    step_fns = {w: _training_step(w, depth, batch_size) for w in widths}
-
-    def run(step):
-        for _ in range(steps):
-            step()
-
-    times = timing.interleaved({w: (lambda s=s: run(s)) for w, s in step_fns.items()},
-                               rounds=rounds, warmup=1)
-    return {w: [t / steps for t in ts] for w, ts in times.items()}
-
-
-def throughput(batch_sizes, hidden: int = 100, depth: int = 1,
-               repeat: int = 5) -> dict[int, float]:
-    """Training samples per second at each batch size (median of `repeat` steps)."""
-    return {b: b / timing.median_time(_training_step(hidden, depth, b),
-                                      repeat=repeat, warmup=2)
-            for b in batch_sizes}

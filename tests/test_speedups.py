@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from labkit import activations, loading, precision, timing, training
+from labkit import activations, loading, precision, throughput, timing, training
 
 
 def test_workers_change_speed_not_data():
@@ -173,7 +173,7 @@ def test_checkpointing_runs_every_forward_again_and_only_that():
 
 
 def test_step_times_take_turns_and_count_per_step():
-    times = training.step_times([4, 8], batch_size=16, rounds=3, steps=2)
+    times = throughput.step_times([4, 8], batch_size=16, rounds=3, steps=2)
     assert list(times) == [4, 8] and all(len(t) == 3 for t in times.values())
     assert all(t > 0 for ts in times.values() for t in ts)
     order = []
@@ -197,3 +197,16 @@ def test_workers_shorten_epochs_of_a_sleeping_data_set():
 def test_deep_mlp_rejects_segments_that_do_not_divide_depth():
     with pytest.raises(ValueError, match="segments must divide depth"):
         activations.DeepMLP(depth=5, segments=2)
+
+
+def test_every_timed_step_starts_from_the_same_weights_and_data():
+    a, b = throughput.timed_problem(16, 1, 8), throughput.timed_problem(16, 1, 8)
+    assert all(torch.equal(p, q) for p, q in
+               zip(a[0].parameters(), b[0].parameters(), strict=True))
+    assert torch.equal(a[2], b[2]) and torch.equal(a[3], b[3])  # X and y
+    assert a[2].shape == (8, 10)
+
+
+def test_samples_per_s_is_per_batch_size():
+    per_s = throughput.samples_per_s([4, 64], hidden=8, repeat=2)
+    assert list(per_s) == [4, 64] and all(v > 0 for v in per_s.values())
