@@ -458,6 +458,59 @@ print(f"training forward keeps {kept_bytes / 1e6:.1f} MB; under no_grad {kept_no
 assert kept_bytes > 0 and kept_no_grad == 0
 
 # %% [markdown] lang="ja"
+# ## 演習: 何も変えず、何も保存しない評価
+#
+# 関数 `evaluate(model, X, y)` を書いてください。`model` の `(X, y)` での損失 (`models.MyLoss()`、
+# 平均二乗誤差) を Python の float で返します。評価は学習のじゃまをしてはいけません。
+#
+# - 逆伝播のための活性値を保存しない (上の `torch.no_grad()`)。
+# - BatchNorm の統計 (`running_mean` など) を変えず、Dropout も働かせない。この 2 つの層は、学習モードと
+#   評価モードで動きが違います。
+#
+# 演習のセルの 1 行は、どちらも守っていません。確認のセルは、BatchNorm と Dropout を含むモデルで関数を呼び、
+# 保存された活性値、BatchNorm の `running_mean`、損失の値を確かめます。
+#
+# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
+# 違っていれば、何が違うかとヒントが表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
+# ありますが、まず自分で解いてみてください。
+
+# %% [markdown] lang="en"
+# ## Exercise: an evaluation that changes nothing and keeps nothing
+#
+# Write `evaluate(model, X, y)`, which returns the loss of `model` on `(X, y)`
+# (`models.MyLoss()`, the mean squared error) as a Python float. An evaluation must not
+# get in training's way:
+#
+# - it keeps no activations for a backward pass (`torch.no_grad()` above);
+# - it changes no BatchNorm statistics (`running_mean` and so on) and turns Dropout off:
+#   those two layers behave differently in training and in evaluation mode.
+#
+# The exercise cell's one line does neither. The check calls your function on a model
+# with BatchNorm and Dropout and checks the activations saved, BatchNorm's
+# `running_mean`, and the loss.
+#
+# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
+# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
+# solution cell follows each exercise: try on your own first.
+
+# %% tags=["exercise"]
+def evaluate(model, X, y):
+    """The loss of `model` on (X, y), as a float: nothing kept, nothing changed."""
+    return models.MyLoss()(model(X), y).item()  # TODO: keeps activations, trains BatchNorm
+
+# %% tags=["solution"]
+def evaluate(model, X, y):
+    """The loss of `model` on (X, y), as a float: nothing kept, nothing changed."""
+    model.eval()  # BatchNorm uses its running statistics, Dropout does nothing
+    with torch.no_grad():  # no activations kept for a backward pass
+        return models.MyLoss()(model(X), y).item()
+
+# %%
+from labkit import exercises
+
+exercises.grade_evaluation(evaluate)
+
+# %% [markdown] lang="ja"
 # ## 活性化チェックポイント
 #
 # 記事の「チェックポイントを活用する」は 2 通りに読めます。学習状態をファイルに保存して再開することは
@@ -548,6 +601,53 @@ assert work[True]["flops"] - work[False]["flops"] == one_forward
 # a lot from run to run (medians from 1.1 to 1.6 times, single rounds from 0.5 to 1.3
 # times), so the cell asserts the compute, not the time: the time above is "on this
 # run".
+
+# %% [markdown] lang="ja"
+# ## 演習: 保存される活性値を数える
+#
+# 上の `DeepMLP` が逆伝播のために保存する活性値のバイト数を返す関数
+# `saved_bytes(batch, width, depth, segments, checkpointed)` を書いてください。`batch` はバッチサイズ、
+# `width` は幅、`depth` は `Linear` と `ReLU` の組の数、`segments` は区間の数、`checkpointed` は
+# チェックポイントを使うかどうかです。
+#
+# - `Linear` は重みの勾配のために入力を保存し、`ReLU` はどこが正だったかを知るために出力を保存します。
+# - 2 つの層が同じテンソルを保存しても、メモリは 1 つ分です。
+# - 活性値の形は (batch, width) で、float32 (値 1 つが 4 バイト) です。パラメータは数えません。
+#
+# 確認のセルは、いくつかの形の `DeepMLP` を作り、`activations.saved_activation_bytes` で測った値と比べます。
+
+# %% [markdown] lang="en"
+# ## Exercise: count the activations kept
+#
+# Write `saved_bytes(batch, width, depth, segments, checkpointed)`, which returns the
+# bytes of activations `DeepMLP` above keeps for the backward pass. `batch` is the batch
+# size, `width` the width, `depth` the number of `Linear` + `ReLU` pairs, `segments` the
+# number of segments, and `checkpointed` whether checkpointing is on.
+#
+# - A `Linear` keeps its input, for the weight's gradient; a `ReLU` keeps its output, to
+#   know where it was positive.
+# - A tensor that two layers keep takes memory once.
+# - Activations have the shape (batch, width) and are float32 (4 bytes a value).
+#   Parameters do not count.
+#
+# The check builds `DeepMLP`s of several shapes and compares with the bytes
+# `activations.saved_activation_bytes` measures.
+
+# %% tags=["exercise"]
+def saved_bytes(batch, width, depth, segments, checkpointed):
+    """Bytes of activations DeepMLP keeps for backward (float32, no parameters)."""
+    return None  # TODO: how many (batch, width) tensors are kept, times their bytes
+
+# %% tags=["solution"]
+def saved_bytes(batch, width, depth, segments, checkpointed):
+    """Bytes of activations DeepMLP keeps for backward (float32, no parameters)."""
+    one = batch * width * 4  # one (batch, width) activation in float32
+    if checkpointed:
+        return segments * one  # each segment's input, nothing inside a segment
+    return (depth + 1) * one  # X, then each ReLU's output (the next Linear's input)
+
+# %%
+exercises.grade_saved_activations(saved_bytes)
 
 # %% [markdown] lang="ja"
 # ## ハードウェア

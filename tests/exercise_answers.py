@@ -238,6 +238,64 @@ def train_step_on_rank_0(model, optimizer, scheduler, criterion, updates, rank):
         scheduler.step()
 
 
+# 06: the bytes of activations DeepMLP keeps for backward
+
+
+def saved_bytes(batch, width, depth, segments, checkpointed):
+    kept = segments if checkpointed else depth + 1  # segment inputs; or X + every ReLU
+    return kept * batch * width * 4
+
+
+def saved_values(batch, width, depth, segments, checkpointed):
+    """Values, not bytes."""
+    return saved_bytes(batch, width, depth, segments, checkpointed) // 4
+
+
+def saved_bytes_twice(batch, width, depth, segments, checkpointed):
+    """Each Linear's input and each ReLU's output, counted apart."""
+    kept = segments if checkpointed else 2 * depth
+    return kept * batch * width * 4
+
+
+def saved_bytes_without_x(batch, width, depth, segments, checkpointed):
+    kept = segments if checkpointed else depth  # the model's input forgotten
+    return kept * batch * width * 4
+
+
+def saved_bytes_with_outputs(batch, width, depth, segments, checkpointed):
+    kept = segments + 1 if checkpointed else depth + 1  # the last output as well
+    return kept * batch * width * 4
+
+
+def saved_bytes_checkpoint_ignored(batch, width, depth, segments, checkpointed):
+    return (depth + 1) * batch * width * 4
+
+
+# 06: an evaluation that changes nothing and keeps nothing
+
+
+def evaluate(model, X, y):
+    model.eval()
+    with torch.no_grad():
+        return models.MyLoss()(model(X), y).item()
+
+
+def evaluate_with_grad(model, X, y):
+    model.eval()
+    return models.MyLoss()(model(X), y).item()
+
+
+def evaluate_in_training_mode(model, X, y):
+    with torch.no_grad():
+        return models.MyLoss()(model(X), y).item()
+
+
+def evaluate_sum(model, X, y):
+    model.eval()
+    with torch.no_grad():
+        return ((model(X) - y) ** 2).sum().item()  # a sum, not the mean
+
+
 # 07: the learning rate of a large batch (lr 0.2 at batch 32, warm-up 20 steps)
 
 

@@ -155,6 +155,45 @@ def test_replicas_agree(ranks, capsys):
         exercises.grade_replicas_agree(ranks, answers.train_no_scheduler)
 
 
+# 06: the bytes of activations DeepMLP keeps
+
+
+def test_saved_activations(capsys):
+    exercises.grade_saved_activations(answers.saved_bytes)
+    out = capsys.readouterr().out
+    assert "matches the measured bytes for 8 shapes" in out
+    assert "27.3 MB, and 8.4 MB with 4 checkpointed segments" in out  # lesson 06's
+    with wrong("ex_fill_in"):
+        exercises.grade_saved_activations(lambda *shape: None)
+    for answer, key in [(answers.saved_values, "ex_act_values"),
+                        (answers.saved_bytes_twice, "ex_act_twice"),
+                        (answers.saved_bytes_without_x, "ex_act_one_short"),
+                        (answers.saved_bytes_with_outputs, "ex_act_ckpt_output"),
+                        (answers.saved_bytes_checkpoint_ignored, "ex_act_ckpt_same")]:
+        with wrong(key):
+            exercises.grade_saved_activations(answer)
+    with wrong("ex_act_hint"):  # wrong in no way the check knows
+        exercises.grade_saved_activations(lambda *shape: 1)
+
+
+# 06: an evaluation that changes nothing and keeps nothing
+
+
+def test_evaluation(capsys):
+    exercises.grade_evaluation(answers.evaluate)
+    assert "no activation saved" in capsys.readouterr().out
+    with wrong("ex_fill_in"):
+        exercises.grade_evaluation(lambda model, X, y: None)
+    with wrong("ex_eval_graph") as caught:
+        exercises.grade_evaluation(answers.evaluate_with_grad)
+    assert "torch.no_grad()" in str(caught.value)
+    with wrong("ex_eval_mode") as caught:
+        exercises.grade_evaluation(answers.evaluate_in_training_mode)
+    assert "model.eval()" in str(caught.value)
+    with wrong("ex_eval_hint"):
+        exercises.grade_evaluation(answers.evaluate_sum)
+
+
 # 07: the learning rate of a large batch
 
 

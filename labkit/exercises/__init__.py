@@ -17,6 +17,7 @@ from .ecosystem import grade_shard_sizes, grade_torchrun_env
 from .feedback import WrongAnswer
 from .models import grade_keeps_batch, grade_train_step
 from .no_sync import grade_accumulation, grade_replicas_agree
+from .speedups import grade_evaluation, grade_saved_activations
 from .training_settings import grade_global_statistics, grade_warmup_schedule
 
 __all__ = [
@@ -25,10 +26,12 @@ __all__ = [
     "grade_allreduce_prediction",
     "grade_average_gradients",
     "grade_chunk_sizes",
+    "grade_evaluation",
     "grade_global_statistics",
     "grade_keeps_batch",
     "grade_manual_data_parallel",
     "grade_replicas_agree",
+    "grade_saved_activations",
     "grade_set_epoch",
     "grade_shard_sizes",
     "grade_step_prediction",
