@@ -1,6 +1,7 @@
 """Starting ranks, failing ranks and bad arguments, in the notebook and headless."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -325,3 +326,36 @@ def _settles(before, seconds=10):
     while {p.pid for p in child_processes()} - before and time.monotonic() < deadline:
         time.sleep(0.1)
     return {p.pid for p in child_processes()} - before == set()
+
+
+_LATE_RANK = """
+import sys, time
+import torch, torch.distributed as dist
+from labkit.cluster import rendezvous
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+if rank == 1:
+    time.sleep(4)  # still importing, on a busy machine: late, not lost
+rendezvous.init_rank(rank, 2, "gloo", port, "late", timeout_s=2)
+print("joined", flush=True)
+if rank == 0:  # a collective rank 1 never joins: the 2 s timeout, not the join's
+    t0 = time.perf_counter()
+    try:
+        dist.all_reduce(torch.ones(1))
+    except RuntimeError as err:
+        print(f"timed out after {time.perf_counter() - t0:.1f} s: {err}", flush=True)
+else:
+    time.sleep(5)
+"""
+
+
+def test_a_late_rank_joins_and_collectives_keep_their_short_timeout():
+    store = rendezvous.local_store(timeout_s=30)
+    ranks = [subprocess.Popen(
+        [sys.executable, "-c", _LATE_RANK, str(r), str(store.port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    out = [p.communicate(timeout=90)[0] for p in ranks]
+    assert all("joined" in o for o in out), out
+    timed_out = re.search(r"timed out after ([\d.]+) s: .*Timed out waiting 2000ms",
+                          out[0])
+    assert timed_out, out[0]
+    assert float(timed_out.group(1)) < 10  # the collective's 2 s, not the 60 s join

@@ -193,7 +193,8 @@ class Ranks:
         found, pids = {}, []
         for rank, result in enumerate(pending):
             try:
-                pids.append(result.get(timeout=self.timeout_s + 60))
+                pids.append(result.get(
+                    timeout=max(self.timeout_s, rendezvous.JOIN_TIMEOUT_S) + 30))
             except Exception as err:  # report every rank, not only the first
                 found[rank] = "".join(traceback.format_exception_only(err))
         if found:

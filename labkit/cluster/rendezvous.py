@@ -17,17 +17,23 @@ import torch.distributed as dist
 
 __all__ = [
     "BACKENDS",
+    "JOIN_TIMEOUT_S",
     "MAX_LOCAL_WORLD_SIZE",
     "check_args",
     "init_from_env",
     "init_rank",
     "local_store",
     "loopback_interface",
+    "set_collective_timeout",
 ]
 
 BACKENDS = ("gloo", "nccl")
 # More ranks than this on one machine is a typo, not an experiment.
 MAX_LOCAL_WORLD_SIZE = 64
+# How long ranks wait for each other to join a group. Importing torch takes
+# about 3 s here and much longer on a loaded machine; the collectives after the
+# join keep their own, shorter timeout.
+JOIN_TIMEOUT_S = 60.0
 
 
 def check_args(world_size: int, backend: str = "gloo", port: int = 0) -> None:
@@ -111,19 +117,36 @@ def init_rank(rank: int, world_size: int, backend: str, port: int, prefix: str,
     """Join the process group through our store on 127.0.0.1:`port`; returns
     the rank's device name.
 
-    The collective timeout is short so that a rank that never arrives turns
-    into an error within seconds, not gloo's default 30 minutes.
+    The collective timeout is short (`timeout_s`) so that a rank that never
+    arrives at a collective turns into an error within seconds, not gloo's
+    default 30 minutes. Joining may take longer: a rank still importing torch
+    on a busy machine is late, not lost (see JOIN_TIMEOUT_S).
     """
     gpu = rank % torch.cuda.device_count() if backend == "nccl" else 0
     device = _prepare(backend, gpu, threads)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    timeout = datetime.timedelta(seconds=timeout_s)
-    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+    join = datetime.timedelta(seconds=max(timeout_s, JOIN_TIMEOUT_S))
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=join)
     dist.init_process_group(backend, store=dist.PrefixStore(prefix, client),
-                            rank=rank, world_size=world_size, timeout=timeout)
+                            rank=rank, world_size=world_size, timeout=join)
+    if timeout_s < JOIN_TIMEOUT_S:
+        set_collective_timeout(timeout_s)
     return device
+
+
+def set_collective_timeout(timeout_s: float) -> None:
+    """Make the default group's collectives time out after `timeout_s`.
+
+    torch 2.13 has no public way to change a group's timeout after it is made;
+    its private `_set_pg_timeout` does it for gloo and nccl (measured here on
+    gloo: a group joined with 30 s, then set to 2 s, timed out a lone all_reduce
+    after 2.0 s). Without that function the group keeps the join's timeout.
+    """
+    set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if set_timeout is not None:
+        set_timeout(datetime.timedelta(seconds=timeout_s))
 
 
 def init_from_env(backend: str, timeout_s: float) -> tuple[int, int]:
