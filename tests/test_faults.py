@@ -98,3 +98,32 @@ def test_interrupting_the_kernel_stops_the_ranks(group, sigint_raises):
         group.run(time.sleep, 3600)
     assert group.damage == "reset"
     assert group.run(abs, -1) == [1, 1]
+
+
+LAST_FAILURE_CELLS = [
+    "from labkit import cluster\nranks = cluster.start(2, timeout_s=2)",
+    "%%px\nimport torch, torch.distributed as dist\nif rank == 0:\n"
+    "    dist.all_reduce(torch.ones(1))  # rank 1 never joins it",
+    "failed = ranks.last_failure\n"
+    "print('failed:', sorted(failed), 'Timed out' in failed[0])",
+    "%%px\nt = torch.ones(1)\ndist.all_reduce(t)\nprint('sum', t.item())",
+    "print('after:', ranks.last_failure)\nranks.stop()",
+]
+
+
+@pytest.mark.timeout(180)
+def test_a_failed_px_cell_leaves_its_failures_for_the_next_cell():
+    """What a lesson asserts after a cell that fails on purpose, and the repair."""
+    import nbclient
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in LAST_FAILURE_CELLS]
+    nbclient.NotebookClient(nb, timeout=120, allow_errors=True,
+                            kernel_name="python3").execute()
+    out = ["".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
+                   for o in c.outputs) for c in nb.cells]
+    assert nb.cells[1].outputs[-1]["output_type"] == "error"
+    assert "failed: [0] True" in out[2]  # rank 0 waited; rank 1 did not fail
+    assert out[3].count("sum 2.0") == 2  # the next %%px cell: a repaired group
+    assert "after: None" in out[4]  # a %%px cell that ran clears it

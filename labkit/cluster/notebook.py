@@ -4,12 +4,14 @@ IPython runs these hooks around every cell of the kernel that started ranks.
 Before a cell, the ranks are watched (labkit.cluster.stalls) and, for a cell
 that uses the px magics, waited for (after a background start) and repaired
 (after a failed cell); after a cell that failed on the ranks, what the failure
-broke is noted for the next one.
+broke is noted for the next one, and which ranks failed how (`last_failure`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+from . import failures
 
 __all__ = ["install_hooks"]
 
@@ -46,6 +48,7 @@ def _before_cell(info) -> None:
     # watched too (its report then shows where the start stands).
     ranks.watch.push("this cell", ranks.stall_s)
     if _uses_px(info):
+        ranks.last_failure = None
         ranks.wait()
         ranks._repair()
 
@@ -57,5 +60,10 @@ def _after_cell(result) -> None:
     if ranks is None:
         return
     ranks.watch.pop()
+    # %%px shows each rank's error as it streams, then raises this wrapper
+    # around the CompositeError (ipyparallel 9's magics).
+    if isinstance(err, ipp.error.AlreadyDisplayedError):
+        err = err.original_error
     if isinstance(err, ipp.error.CompositeError):
         ranks.note_damage(err)
+        ranks.last_failure = failures.failures(err.elist, ranks._rank_of)

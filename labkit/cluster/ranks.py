@@ -56,6 +56,9 @@ class Ranks:
     # What the last failure left behind: "reset" (the process group may be out
     # of step) or "restart" (an engine is gone). The next call repairs it.
     damage: str | None = None
+    # Each failed rank's traceback from the last `%%px` cell, if it failed: a
+    # lesson's next cell asserts what failed, and where. Every %%px cell resets it.
+    last_failure: dict[int, str] | None = field(default=None, repr=False)
     # The engines' pids, in rank order; watched while a call or cell runs.
     pids: list = field(default_factory=list, repr=False)
     stall_s: float | None = STALL_S
