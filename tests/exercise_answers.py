@@ -447,3 +447,90 @@ def values_held_padded(shape, rank, world_size):
 def values_held_array_split(shape, rank, world_size):
     rows = shape[0]
     return (rows // world_size + (rank < rows % world_size)) * math.prod(shape[1:])
+
+
+# 09: the parameters that get no gradient
+
+
+def unused_parameters(model, X):
+    model.zero_grad(set_to_none=True)
+    model(X).sum().backward()
+    return sorted(name for name, p in model.named_parameters() if p.grad is None)
+
+
+def unused_parameters_stale(model, X):
+    """Gradients left from earlier training hide the unused ones."""
+    model(X).sum().backward()
+    return sorted(name for name, p in model.named_parameters() if p.grad is None)
+
+
+def unused_parameters_used(model, X):
+    """The used ones instead."""
+    model.zero_grad(set_to_none=True)
+    model(X).sum().backward()
+    return sorted(name for name, p in model.named_parameters() if p.grad is not None)
+
+
+# 09: an uneven epoch (these run on the ranks)
+
+
+def train_epoch(model, optimizer, batches):
+    from torch.distributed.algorithms.join import Join
+
+    with Join([model]):
+        for X, y in batches:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(X), y).backward()
+            optimizer.step()
+
+
+def train_epoch_plain(model, optimizer, batches):
+    for X, y in batches:
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(X), y).backward()
+        optimizer.step()
+
+
+def train_epoch_common(model, optimizer, batches):
+    """Every rank stops at 4 batches: no hang, but a batch is dropped."""
+    for X, y in batches[:4]:
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(X), y).backward()
+        optimizer.step()
+
+
+def train_epoch_module(model, optimizer, batches):
+    """model.module: no all-reduce, so no hang, and no synchronization either."""
+    for X, y in batches:
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model.module(X), y).backward()
+        optimizer.step()
+
+
+# 09: an exact validation metric (these run on the ranks)
+
+
+def exact_mean(values, total):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    real = (rank + torch.arange(len(values)) * world_size) < total
+    sums = torch.stack([values[real].sum(), real.sum().to(values.dtype)])
+    dist.all_reduce(sums)
+    return sums[0] / sums[1]
+
+
+def exact_mean_local(values, total):
+    return values.mean()
+
+
+def exact_mean_of_means(values, total):
+    mean = values.mean().reshape(1)
+    dist.all_reduce(mean)
+    return mean / dist.get_world_size()
+
+
+def exact_mean_padded(values, total):
+    count = torch.tensor(float(len(values)), dtype=values.dtype)  # padding too
+    sums = torch.stack([values.sum(), count])
+    dist.all_reduce(sums)
+    return sums[0] / sums[1]
+

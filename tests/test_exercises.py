@@ -308,3 +308,49 @@ def test_mistakes_on_ranks(ranks, check, answer, key, says):
     with wrong(key) as caught:
         getattr(exercises, f"grade_{check}")(ranks, getattr(answers, answer))
     assert says in str(caught.value)
+
+
+# 09: the parameters that get no gradient
+
+
+def test_unused_parameters(capsys):
+    exercises.grade_unused_parameters(answers.unused_parameters)
+    assert "in 4 models, left-over gradients or not" in capsys.readouterr().out
+    with wrong("ex_fill_in"):
+        exercises.grade_unused_parameters(lambda model, X: None)
+    with wrong("ex_unused_stale") as caught:
+        exercises.grade_unused_parameters(answers.unused_parameters_stale)
+    assert "zero_grad(set_to_none=True)" in str(caught.value)
+    with wrong("ex_unused_wrong"):
+        exercises.grade_unused_parameters(answers.unused_parameters_used)
+
+
+# 09: an uneven epoch, on two ranks
+
+
+def test_uneven_epoch(ranks, capsys):
+    exercises.grade_uneven_epoch(ranks, answers.train_epoch)
+    assert "weights are those of a run with `Join`" in capsys.readouterr().out
+    with wrong("ex_join_hang") as caught:  # rank 0's fifth backward waits
+        exercises.grade_uneven_epoch(ranks, answers.train_epoch_plain)
+    assert "rank 0 timed out" in str(caught.value)
+    with wrong("ex_join_dropped"):
+        exercises.grade_uneven_epoch(ranks, answers.train_epoch_common)
+    with wrong("ex_join_apart"):
+        exercises.grade_uneven_epoch(ranks, answers.train_epoch_module)
+
+
+# 09: an exact validation metric, on two ranks
+
+
+def test_exact_mean(ranks, capsys):
+    exercises.grade_exact_mean(ranks, answers.exact_mean)
+    assert "every rank got the exact mean" in capsys.readouterr().out
+    with wrong("ex_fill_in"):
+        exercises.grade_exact_mean(ranks, lambda values, total: None)
+    for answer, key in [(answers.exact_mean_local, "ex_exact_local"),
+                        (answers.exact_mean_of_means, "ex_exact_padding"),
+                        (answers.exact_mean_padded, "ex_exact_padding")]:
+        with wrong(key):
+            exercises.grade_exact_mean(ranks, answer)
+

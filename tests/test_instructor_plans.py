@@ -35,10 +35,16 @@ def _minute(clock: str) -> int:
     return int(hours) * 60 + int(minutes)
 
 
+# A row that ends a day of a plan that spans several: the next row starts a new clock.
+_DAY_END = re.compile(r"^(end of day \d|\d 日目の終わり)$")
+
+
 def plan_problems(rows: list[list[str]]) -> list[str]:
     """Rows whose start is not the previous start plus its minutes; a missing end."""
     problems = []
     for row, following in zip(rows, rows[1:], strict=False):
+        if not row[1] and _DAY_END.match(row[2]):
+            continue
         if not row[1].isdigit():
             problems.append(f"{row[0]} {row[2]}: no minutes")
         elif _minute(row[0]) + int(row[1]) != _minute(following[0]):
@@ -98,6 +104,14 @@ def test_a_plan_that_does_not_add_up_is_reported():
     assert plan_problems([["9:00", "20", "00 Setup"], ["9:20", "40", "01 Models"]]) == [
         "the last row (9:20) is not the end"]
     assert lesson_minutes(rows) == {"00": 20, "01": 40}
+
+
+def test_a_plan_may_end_a_day_and_start_the_next():
+    rows = [["9:00", "20", "00 Setup"], ["9:20", "", "end of day 1"],
+            ["9:00", "40", "01 Models"], ["9:40", "", "end"]]
+    assert plan_problems(rows) == []
+    rows[1][2] = "lunch"  # any other row without minutes is still a mistake
+    assert plan_problems(rows) == ["9:20 lunch: no minutes"]
 
 
 def test_reading_units_count_words_in_english_and_characters_in_japanese():

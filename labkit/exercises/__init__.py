@@ -19,6 +19,11 @@ from .models import grade_keeps_batch, grade_train_step
 from .no_sync import grade_accumulation, grade_replicas_agree
 from .speedups import grade_evaluation, grade_saved_activations
 from .training_settings import grade_global_statistics, grade_warmup_schedule
+from .troubleshooting import (
+    grade_exact_mean,
+    grade_uneven_epoch,
+    grade_unused_parameters,
+)
 
 __all__ = [
     "WrongAnswer",
@@ -27,6 +32,7 @@ __all__ = [
     "grade_average_gradients",
     "grade_chunk_sizes",
     "grade_evaluation",
+    "grade_exact_mean",
     "grade_global_statistics",
     "grade_keeps_batch",
     "grade_manual_data_parallel",
@@ -37,5 +43,7 @@ __all__ = [
     "grade_step_prediction",
     "grade_torchrun_env",
     "grade_train_step",
+    "grade_uneven_epoch",
+    "grade_unused_parameters",
     "grade_warmup_schedule",
 ]

@@ -1,0 +1,822 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] lang="ja"
+# # 09 DDP がうまくいかないとき: ハング、食い違い、使われないパラメータ、不揃いな入力
+#
+# DDP を学ぶ人がいちばん困るのは、モデルの包み方ではなく、学習が止まる (ハングする)、エラーになる、
+# 間違った数字を出す、という場面です。このレッスンでは、それぞれの失敗を 2 つのランクでわざと起こし、
+# 見えるエラーを読み、原因を突き止め、直し、直ったことを確かめます。
+#
+# 1. 一部のランクだけが呼ぶ集団通信 (ハング)
+# 2. ランクごとに食い違う集団通信
+# 3. 順伝播で使われないパラメータ
+# 4. ランクごとに数の違う入力、`DistributedSampler` の水増し
+#
+# ハングを何分も待たなくて済むように、ランクの集団通信は 3 秒で時間切れにします (gloo の既定は 30 分)。
+# 失敗するセルのあとでは、labkit がプロセスグループを作り直すので、次のセルは両方のランクで動きます。
+# 失敗させるセルには `raises-exception` のタグが付いているので、「すべて実行」はそこで止まりません。
+# 次のセルが、どのランクが何で失敗したか (`ranks.last_failure`) を確かめます。
+
+# %% [markdown] lang="en"
+# # 09 When DDP goes wrong: hangs, mismatches, unused parameters, uneven inputs
+#
+# What troubles people learning DDP most is not how to wrap a model but training that
+# stops (hangs), raises, or reports the wrong number. This lesson causes each of these
+# failures on purpose on two ranks, reads the error you get, finds the cause, fixes it,
+# and checks the fix.
+#
+# 1. a collective that only some ranks call (a hang)
+# 2. collectives that differ between ranks
+# 3. parameters the forward pass does not use
+# 4. ranks with different numbers of batches, and `DistributedSampler`'s padding
+#
+# So that no hang takes minutes, the ranks' collectives time out after 3 s here (gloo's
+# default is 30 minutes). After a cell that fails, labkit makes a new process group, so
+# the next cell runs on both ranks. The cells that fail on purpose are tagged
+# `raises-exception`, so "Run All" does not stop at them; the cell after each checks
+# which rank failed and how (`ranks.last_failure`).
+
+# %%
+import labkit
+
+labkit.require("0.1.0")
+labkit.set_lang("ja")
+
+# %%
+from labkit import cluster
+
+ranks = cluster.start(2, timeout_s=3)  # a collective waits 3 s at most
+
+# %% [markdown] lang="ja"
+# ## 一部のランクだけが呼ぶ集団通信
+#
+# `all_reduce` や `barrier` のような集団通信は、**すべてのランクが同じ順に呼ぶ**約束です。よくある間違いは、
+# 「表示はランク 0 だけで」のつもりで、集団通信まで `if rank == 0:` の中に入れることです
+# (BatchNorm のようなバッファを持つ DDP のモデルの順伝播も集団通信です。DDP はまずランク 0 の
+# バッファをコピーします。レッスン 07)。ランク 1 は呼ばずに先へ進み、ランク 0 は来ない
+# 相手を待ち続けます。
+
+# %% [markdown] lang="en"
+# ## A collective that only some ranks call
+#
+# Collectives such as `all_reduce` and `barrier` come with a contract: **every rank calls
+# them, in the same order**. A common mistake is to mean "print on rank 0 only" and put
+# the collective under `if rank == 0:` as well (the forward pass of a DDP model with
+# buffers, such as BatchNorm's, is one too: DDP first copies rank 0's buffers, lesson
+# 07). Rank 1 skips the call and moves on; rank 0 waits for
+# a partner that never comes.
+
+# %% tags=["raises-exception"]
+# %%px
+import torch
+import torch.distributed as dist
+
+from labkit import compare
+
+loss = torch.tensor([1.0 + rank])  # this rank's loss
+if rank == 0:  # "print the mean loss once", but the all_reduce went in too
+    dist.all_reduce(loss)
+    print(f"mean loss {loss.item() / world_size:.2f}")
+
+# %%
+failed = ranks.last_failure
+print("failed on ranks:", sorted(failed))
+assert sorted(failed) == [0]  # rank 1 skipped the call and finished
+assert "Timed out waiting 3000ms" in failed[0]  # rank 0 waited for it, 3 s
+
+# %% [markdown] lang="ja"
+# 直し方は、集団通信を全ランクで呼び、表示だけをランク 0 に残すことです。
+
+# %% [markdown] lang="en"
+# The fix: every rank calls the collective; only the printing stays on rank 0.
+
+# %%
+# %%px
+loss = torch.tensor([1.0 + rank])
+dist.all_reduce(loss)  # every rank
+if rank == 0:
+    print(f"mean loss {loss.item() / world_size:.2f}")
+assert loss.item() == 3.0
+
+# %% [markdown] lang="ja"
+# ### どのランクが来ていないかを知る
+#
+# 本物のコードでは、どの集団通信でどのランクが欠けたのかは、時間切れのメッセージからはわかりません。
+# 疑わしい場所の前に `dist.monitored_barrier` を置くと、ランク 0 が全ランクの到着を確かめ、来なかった
+# ランクを名前で挙げます (gloo だけで使えます。確かめるのはランク 0 です)。
+
+# %% [markdown] lang="en"
+# ### Which rank is missing
+#
+# In real code the timeout message does not say which collective lacked which rank. Put
+# `dist.monitored_barrier` before the suspect: rank 0 checks that every rank arrives
+# and names those that do not (gloo only; rank 0 does the checking).
+
+# %% tags=["raises-exception"]
+# %%px
+from datetime import timedelta
+
+if rank == 0:
+    dist.monitored_barrier(timeout=timedelta(seconds=2))  # debugging: who got here?
+    dist.all_reduce(loss)
+
+# %%
+print(next(line for line in ranks.last_failure[0].splitlines() if "monitoredBarrier" in line))
+assert sorted(ranks.last_failure) == [0]
+assert "Rank 1 failed to pass monitoredBarrier in 2000 ms" in ranks.last_failure[0]
+
+# %% [markdown] lang="ja"
+# ### 各ランクがどこで待っているかを見る
+#
+# 止まったプロセスの中を見るには、そのプロセスの Python のスタックを表示します。ターミナルからなら
+# [`py-spy`](https://github.com/benfred/py-spy) の `py-spy dump --pid PID` がそうします (ほかのプロセスを
+# 調べる権限が要るので、多くのマシンでは `sudo` が必要です)。labkit は同じことを、各ランクに頼んで自分の
+# スタックを書き出させる方法で行います (`stalls.process_stacks`)。ランク 0 が待っているあいだに、
+# 呼ばなかったランク 1 がランク 0 のスタックを表示します。
+
+# %% [markdown] lang="en"
+# ### Where each rank waits
+#
+# To look inside a stuck process, print its Python stack. From a terminal,
+# [`py-spy`](https://github.com/benfred/py-spy)'s `py-spy dump --pid PID` does that (it
+# needs the right to inspect another process: `sudo` on many machines). labkit does the
+# same by asking each rank to write out its own stacks (`stalls.process_stacks`). While
+# rank 0 waits, rank 1, which skipped the call, prints rank 0's stack.
+
+# %% tags=["raises-exception"]
+# %%px
+import os
+import time
+
+from labkit.cluster import stalls
+
+pids = [None] * world_size
+dist.all_gather_object(pids, os.getpid())  # every rank's process id
+if rank == 0:
+    dist.all_reduce(loss)  # waits for rank 1, which never calls it
+else:
+    time.sleep(1)
+    seen = stalls.process_stacks(pids[0])  # rank 0's stacks, while it waits
+    print(seen[seen.index("Current thread"):])
+    assert "in all_reduce" in seen.split("Current thread")[1]
+
+# %%
+print(sorted(ranks.last_failure))
+assert sorted(ranks.last_failure) == [0]  # rank 0 timed out; rank 1 saw it in all_reduce
+
+# %% [markdown] lang="ja"
+# 上のランク 1 の出力では、ランク 0 の `Current thread` の一番上が `all_reduce` (その中の `wait`) で、
+# その下がセルの行です。これが「どの集団通信で待っているか」の答えです。
+
+# %% [markdown] lang="en"
+# In rank 1's output above, rank 0's `Current thread` has `all_reduce` (its `wait`) on
+# top, with the cell's line below it: that is "which collective it waits in".
+
+# %% [markdown] lang="ja"
+# ## ランクごとに食い違う集団通信
+#
+# 全ランクが呼んでいても、ランクごとに**違う**集団通信を呼ぶと、gloo はそれを確かめません。
+# ランク 0 が `all_reduce`、ランク 1 が `broadcast` を呼ぶと、どちらかが時間切れになるまで両方が待ちます。
+
+# %% [markdown] lang="en"
+# ## Collectives that differ between ranks
+#
+# Even when every rank calls a collective, gloo does not check that they call **the
+# same** one. With `all_reduce` on rank 0 and `broadcast` on rank 1, both wait until
+# one times out.
+
+# %% tags=["raises-exception"]
+# %%px
+t = torch.ones(4)
+if rank == 0:
+    dist.all_reduce(t)
+else:
+    dist.broadcast(t, src=0)
+
+# %%
+print(sorted(ranks.last_failure))
+assert sorted(ranks.last_failure) == [0, 1]  # both waited
+# The first to time out closes its connections; the other may then fail at once
+# with "Connection closed by peer".
+assert any("Timed out" in message for message in ranks.last_failure.values())
+
+# %% [markdown] lang="ja"
+# もっと悪いのは、エラーにならない食い違いです。ランク 0 が和 (`SUM`)、ランク 1 が最大値 (`MAX`) で
+# `all_reduce` すると、どちらのランクも正しく終わったように見えますが、結果は和でも最大値でもありません。
+# gloo はテンソルを分けて別々のランクで足し合わせるので、半分は和、半分は最大値になります。
+
+# %% [markdown] lang="en"
+# Worse are the mismatches that raise nothing. With `SUM` on rank 0 and `MAX` on rank 1,
+# both ranks seem to finish fine, but the result is neither the sum nor the maximum:
+# gloo splits the tensor and reduces each part on another rank, so half of it is
+# summed and half maxed.
+
+# %%
+# %%px
+t = torch.tensor([1.0, 2.0, 3.0, 4.0]) * (1 + 9 * rank)  # rank 1: [10, 20, 30, 40]
+dist.all_reduce(t, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+print(f"rank {rank}: {t.tolist()}")
+assert t.tolist() == [11.0, 22.0, 30.0, 40.0]  # first half summed, second half maxed
+assert compare.rank_max_diff(t) == 0  # and both ranks agree on it: nothing looks wrong
+
+# %% [markdown] lang="ja"
+# ### `TORCH_DISTRIBUTED_DEBUG=DETAIL`
+#
+# デバッグ用の設定 `TORCH_DISTRIBUTED_DEBUG=DETAIL` では、torch がプロセスグループを包み、集団通信の
+# たびに全ランクの「指紋」(何番目の呼び出しか、種類、テンソルの形と型) を比べます。食い違えば、
+# その場で両方の呼び出しを名前で挙げます。torch はこの環境変数を **import したとき**に読むので、
+# すでに動いているランクでは `dist.set_debug_level_from_env()` で読み直させ、プロセスグループを
+# 作り直します (包むのはグループを作るときだからです)。
+
+# %% [markdown] lang="en"
+# ### `TORCH_DISTRIBUTED_DEBUG=DETAIL`
+#
+# With the debugging setting `TORCH_DISTRIBUTED_DEBUG=DETAIL`, torch wraps the process
+# group and, before every collective, compares a "fingerprint" of it across ranks (its
+# sequence number, type, tensor shapes and dtypes). On a mismatch it names both calls
+# at once. torch reads the variable **when it is imported**, so ranks already running
+# must re-read it with `dist.set_debug_level_from_env()`, and the process group must be
+# made again (the wrapping happens when a group is made).
+
+# %%
+# %%px
+os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+dist.set_debug_level_from_env()
+print(f"rank {rank}: {dist.get_debug_level()}")
+
+# %%
+ranks.reset_process_group()  # a new group, wrapped by torch's debug checks
+
+# %% tags=["raises-exception"]
+# %%px
+t = torch.ones(4 + rank)  # rank 0: 4 values, rank 1: 5
+dist.all_reduce(t)
+
+# %%
+message = ranks.last_failure[0]
+print(message[message.index("Detected mismatch"):][:400])
+assert "Detected mismatch between collectives on ranks" in message
+assert "TensorShape=[4]" in message and "TensorShape=[5]" in message
+
+# %% [markdown] lang="ja"
+# 形が違うと、gloo そのものはプロセスを止めます (ランク 0 のプロセスが
+# `terminate called after throwing an instance of 'gloo::EnforceNotMet'` で終わり、ノートブックなら
+# エンジンが死にます)。`DETAIL` では、どちらのランクも名前つきのエラーで止まり、プロセスは生き残ります。
+# 種類の食い違いも同じです。
+
+# %% [markdown] lang="en"
+# With different shapes, plain gloo stops the process itself (rank 0 ends with
+# `terminate called after throwing an instance of 'gloo::EnforceNotMet'`; in a notebook
+# the engine dies). With `DETAIL` the ranks stop with an error that names both calls, and
+# the processes live on. A mismatch of types is caught the same way.
+
+# %% tags=["raises-exception"]
+# %%px
+t = torch.ones(4)
+if rank == 0:
+    dist.all_reduce(t)
+else:
+    dist.broadcast(t, src=0)
+
+# %%
+message = ranks.last_failure[0]
+print(message[message.index("Detected mismatch"):][:300])
+assert "OpType=ALLREDUCE" in message and "BROADCAST" in message
+
+# %% [markdown] lang="ja"
+# `DETAIL` でも、和と最大値の食い違いは見つかりません。指紋に演算の種類 (`op`) が入っていないからです。
+# 調べ終わったら `DETAIL` を外します。torch 2.13 の CPU では、`DETAIL` のまま DDP のモデルを作ると
+# プロセスが落ちます (セグメンテーション違反。テストで確かめています)。
+
+# %% [markdown] lang="en"
+# Even `DETAIL` does not catch the sum-against-maximum mismatch: the fingerprint has no
+# reduce op. Turn `DETAIL` off when done: in torch 2.13 on the CPU, building a DDP model
+# under `DETAIL` crashes the process (a segmentation fault; a test checks it).
+
+# %%
+# %%px
+t = torch.tensor([1.0, 2.0, 3.0, 4.0]) * (1 + 9 * rank)
+dist.all_reduce(t, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)  # no error
+print(f"rank {rank}: {t.tolist()}")
+assert t.tolist() == [11.0, 22.0, 30.0, 40.0]  # the same silent mix
+
+# %%
+# %%px
+os.environ.pop("TORCH_DISTRIBUTED_DEBUG")
+dist.set_debug_level_from_env()
+print(f"rank {rank}: {dist.get_debug_level()}")
+
+# %%
+ranks.reset_process_group()  # a plain group again
+
+# %% [markdown] lang="ja"
+# ## 順伝播で使われないパラメータ
+#
+# DDP は、勾配がそろったバケットから all-reduce します (レッスン 05)。順伝播で使われないパラメータには
+# 勾配ができないので、そのパラメータを含むバケットはいつまでもそろわず、all-reduce は終わりません。
+# 次のモデルの `aux` は、作ってあるのに順伝播で使われない頭です (学習の途中で切り替える補助の出力などで
+# よく起きます)。
+
+# %% [markdown] lang="en"
+# ## Parameters the forward pass does not use
+#
+# DDP all-reduces a bucket once all its gradients are ready (lesson 05). A parameter the
+# forward pass does not use gets no gradient, so its bucket is never ready and the
+# reduction never finishes. In the model below, `aux` is a head that is built but not
+# used by the forward pass (common with auxiliary outputs switched on and off during
+# training).
+
+# %%
+# %%px
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class TwoHeads(nn.Module):
+    """A body and a head, and an auxiliary head this forward pass never uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(10, 16)
+        self.head = nn.Linear(16, 10)
+        self.aux = nn.Linear(16, 10)
+        self.use_aux = False  # switched on later in training, say
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        return self.head(h) + (self.aux(h) if self.use_aux else 0)  # aux: unused
+
+
+torch.manual_seed(0)  # the same weights on both ranks
+model = DDP(TwoHeads())
+X, y = torch.randn(8, 10) + rank, torch.randn(8, 10)  # each rank its own batch
+nn.functional.mse_loss(model(X), y).backward()  # the first step: no error...
+spread = compare.rank_max_diff(model.module.head.weight.grad)
+print(f"rank {rank}: head.weight.grad differs between the ranks by {spread:.3f}")
+assert spread > 0.01  # ...but the gradients were never averaged
+
+# %% [markdown] lang="ja"
+# 1 回目はエラーになりません。ところが勾配はランクごとに違ったままです。平均されていないので、このまま
+# `step` すればレプリカがずれます。エラーは次の順伝播で出ます。
+
+# %% [markdown] lang="en"
+# The first step raises nothing, yet the gradients still differ between ranks: they were
+# never averaged, and a `step` now would make the replicas drift apart. The error comes
+# with the next forward pass.
+
+# %% tags=["raises-exception"]
+# %%px
+nn.functional.mse_loss(model(X), y).backward()
+
+# %%
+message = ranks.last_failure[0]
+print(message[message.index("Expected to have finished"):][:160], "...")
+print(next(line for line in message.splitlines() if line.startswith("Parameter indices")))
+assert sorted(ranks.last_failure) == [0, 1]
+assert "Expected to have finished reduction in the prior iteration" in message
+assert "Parameter indices which did not receive grad for rank 0: 4 5" in message
+
+# %% [markdown] lang="ja"
+# 4 と 5 は `model.parameters()` の中の番号です (`body` の重みとバイアスが 0 と 1、`head` が 2 と 3)。
+# `TORCH_DISTRIBUTED_DEBUG=INFO` にしてから DDP を作ると、名前で挙げます (`DETAIL` と違い、`INFO` では
+# DDP を作れます)。
+
+# %% [markdown] lang="en"
+# 4 and 5 are positions in `model.parameters()` (`body`'s weight and bias are 0 and 1,
+# `head`'s 2 and 3). With `TORCH_DISTRIBUTED_DEBUG=INFO` set before DDP is built, the
+# error names them (unlike `DETAIL`, `INFO` lets DDP be built).
+
+# %% tags=["raises-exception"]
+# %%px
+os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"
+dist.set_debug_level_from_env()
+torch.manual_seed(0)
+model = DDP(TwoHeads())
+for _ in range(2):
+    nn.functional.mse_loss(model(X), y).backward()
+
+# %%
+message = ranks.last_failure[0]
+print(next(line for line in message.splitlines() if line.startswith("Parameters which")))
+assert "Parameters which did not receive grad for rank 0: aux.bias, aux.weight" in message
+
+# %% [markdown] lang="ja"
+# ### 演習: 使われないパラメータを見つける
+#
+# DDP に包む前に、使われないパラメータを自分で探せます。1 プロセスでモデルを 1 回順伝播・逆伝播し、
+# 勾配ができなかったパラメータを挙げればよいのです。関数 `unused_parameters(model, X)` を書いてください。
+# `model` を入力 `X` で 1 回動かし (損失は出力の和で十分です)、勾配ができなかったパラメータの名前
+# (`model.named_parameters()` の名前) を並べ替えたリストで返します。
+#
+# 確認のセルは、いくつかのモデルで試します。モデルには、前の学習の勾配が残っていることがあります。
+#
+# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
+# 違っていれば、何が違うかとヒントが表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
+# ありますが、まず自分で解いてみてください。
+
+# %% [markdown] lang="en"
+# ### Exercise: find the unused parameters
+#
+# You can look for unused parameters yourself before wrapping a model in DDP: run it
+# once, forward and backward, in one process, and list the parameters that got no
+# gradient. Write `unused_parameters(model, X)`: run `model` once on `X` (the sum of the
+# output will do as a loss) and return the sorted names (as in
+# `model.named_parameters()`) of the parameters that got no gradient.
+#
+# The check tries several models. A model may still hold gradients from earlier
+# training.
+#
+# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
+# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
+# solution cell follows each exercise: try on your own first.
+
+# %% tags=["exercise"]
+import torch
+
+
+def unused_parameters(model, X):
+    """Sorted names of the parameters that get no gradient from one step on X."""
+    return None  # TODO: one forward and backward, then look at each parameter's .grad
+
+# %% tags=["solution"]
+def unused_parameters(model, X):
+    """Sorted names of the parameters that get no gradient from one step on X."""
+    model.zero_grad(set_to_none=True)  # gradients left from earlier would hide them
+    model(X).sum().backward()
+    return sorted(name for name, p in model.named_parameters() if p.grad is None)
+
+# %%
+from labkit import exercises
+
+exercises.grade_unused_parameters(unused_parameters)
+
+# %% [markdown] lang="ja"
+# ### 直し方: `find_unused_parameters=True` と `static_graph=True`
+#
+# `find_unused_parameters=True` を渡すと、DDP は順伝播のたびに出力から計算グラフをたどり、使われなかった
+# パラメータを「勾配がそろった」ことにします。勾配は、全体のバッチで 1 プロセスが計算したものと一致し、
+# 使われないパラメータの勾配は `None` のままです。ただし、使われないパラメータも 0 として all-reduce
+# されます (送るバイト数に入ります)。
+
+# %% [markdown] lang="en"
+# ### Fixes: `find_unused_parameters=True` and `static_graph=True`
+#
+# With `find_unused_parameters=True`, DDP walks the autograd graph from the output after
+# every forward pass and marks the unused parameters as ready. The gradients equal those
+# of one process on the whole batch, and the unused parameters' gradients stay `None`.
+# The unused parameters are still all-reduced, as zeros: they count in the bytes sent.
+
+# %%
+# %%px
+from labkit import ddp
+
+os.environ.pop("TORCH_DISTRIBUTED_DEBUG")
+dist.set_debug_level_from_env()
+torch.manual_seed(0)
+model = DDP(TwoHeads(), find_unused_parameters=True)
+counter = ddp.CommCounter().attach(model)
+for _ in range(2):  # the second step is where it failed before
+    model.zero_grad()
+    counter.reset()
+    nn.functional.mse_loss(model(X), y).backward()
+
+torch.manual_seed(0)
+alone = TwoHeads()  # the same weights, one process, the whole batch
+every_X, every_y = [torch.empty_like(X) for _ in range(2)], [torch.empty_like(y) for _ in range(2)]
+dist.all_gather(every_X, X)
+dist.all_gather(every_y, y)
+nn.functional.mse_loss(alone(torch.cat(every_X)), torch.cat(every_y)).backward()
+used = ["body.weight", "body.bias", "head.weight", "head.bias"]
+grads = dict(model.module.named_parameters())
+reference = dict(alone.named_parameters())
+diff = compare.max_abs_diff([grads[n].grad for n in used], [reference[n].grad for n in used])
+sent = counter.bytes
+print(f"rank {rank}: |DDP - one process| {diff:.1e}; aux.weight.grad {grads['aux.weight'].grad}; "
+      f"{sent} bytes all-reduced per step")
+assert diff < 1e-6 and grads["aux.weight"].grad is None
+assert sent == 4 * sum(p.numel() for p in model.parameters())  # aux's zeros included
+
+# %% [markdown] lang="ja"
+# グラフをたどるのは毎回の手間です。使われないパラメータが毎回同じなら、`static_graph=True` で DDP に
+# 「グラフは毎回同じ」と約束すると、DDP は最初のステップで調べたことを使い回します。使われるパラメータが
+# 途中で変わるモデルでは使えません (torch がエラーにします。2 つ下のセル)。2 つを交互に 1 ステップずつ測ります
+# (時間は「この実行では」の値です。このマシンでは差がばらつきに埋もれることがあります)。
+
+# %% [markdown] lang="en"
+# Walking the graph costs something at every step. When the unused parameters are the
+# same every time, `static_graph=True` promises DDP that the graph never changes, and DDP
+# reuses what it found at the first step. It does not suit models whose used parameters
+# change during training (torch raises, two cells below). Time the two, one step each in
+# turns (the times are "on this run": on this machine the spread can hide the
+# difference).
+
+# %% tags=["nbval-ignore-output"]
+# %%px
+from labkit import timing
+
+torch.manual_seed(0)
+variants = {"find_unused_parameters=True": DDP(TwoHeads(), find_unused_parameters=True),
+            "static_graph=True": DDP(TwoHeads(), static_graph=True)}
+
+
+def train_step(m):
+    m.zero_grad()
+    nn.functional.mse_loss(m(X), y).backward()
+
+
+seconds = timing.interleaved({k: (lambda m=m: train_step(m)) for k, m in variants.items()},
+                             rounds=50, warmup=3)
+if rank == 0:
+    for k, ts in seconds.items():
+        print(f"{k}: median {sorted(ts)[len(ts) // 2] * 1e3:.2f} ms per step")
+for m in variants.values():
+    assert m.module.aux.weight.grad is None
+assert compare.rank_max_diff(variants["static_graph=True"].module.head.weight.grad) == 0
+
+# %% tags=["raises-exception"]
+# %%px
+model = variants["static_graph=True"]
+model.module.use_aux = True  # the graph changes: aux is used from now on
+train_step(model)
+
+# %%
+message = ranks.last_failure[0]
+print(message[message.index("Your training graph"):][:160], "...")
+assert "Your training graph has changed in this iteration" in message
+
+# %% [markdown] lang="ja"
+# ## ランクごとに数の違う入力
+#
+# ランクごとにバッチの数が違うと (データを手で分けた、ランクごとに長さの違う系列がある、など)、最後の
+# バッチで困ります。ランク 0 が 5 個、ランク 1 が 4 個のバッチで学習すると、ランク 0 の 5 個目の
+# 逆伝播は、もう来ないランク 1 の all-reduce を待ちます。ランク 1 はエポックの終わりの `barrier` で
+# 待ちます。両方とも時間切れになります。
+
+# %% [markdown] lang="en"
+# ## Ranks with different numbers of batches
+#
+# When ranks hold different numbers of batches (data split by hand, sequences of
+# different lengths per rank, ...), the last batch is the trouble. With 5 batches on
+# rank 0 and 4 on rank 1, rank 0's fifth backward pass waits for an all-reduce from
+# rank 1 that never comes, while rank 1 waits in the `barrier` at the end of the epoch.
+# Both time out.
+
+# %% tags=["raises-exception"]
+# %%px
+from torch.distributed.algorithms.join import Join  # the fix, below
+
+g = torch.Generator().manual_seed(rank)
+batches = [(torch.randn(4, 10, generator=g), torch.randn(4, 10, generator=g))
+           for _ in range(5 - rank)]  # rank 0: 5 batches, rank 1: 4
+torch.manual_seed(0)
+model = DDP(nn.Linear(10, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for X, y in batches:
+    optimizer.zero_grad()
+    nn.functional.mse_loss(model(X), y).backward()
+    optimizer.step()
+dist.barrier()  # the end of the epoch
+
+# %%
+failed = ranks.last_failure
+print(sorted(failed))
+assert sorted(failed) == [0, 1]
+assert "backward" in failed[0] and "barrier" in failed[1]  # where each one waited
+
+# %% [markdown] lang="ja"
+# 直し方は、`Join` コンテキストマネージャです (`from torch.distributed.algorithms.join import Join`)。
+# 入力を使い切ったランクは `Join` の中で待ち、まだ学習しているランクの all-reduce に 0 の勾配で加わります。
+# そのため、ランク 0 の 5 個目のステップの勾配は、自分の勾配と 0 の平均 (自分の勾配の半分) になります。
+# 下の `Join` の中では、`no_sync` による勾配累積も使えます (torch 2.13 で確かめています)。
+
+# %% [markdown] lang="en"
+# The fix is the `Join` context manager (`from torch.distributed.algorithms.join import
+# Join`). A rank that has run out of inputs waits inside `Join` and joins the others'
+# all-reduces with zero gradients. So rank 0's fifth step uses the mean of its own
+# gradient and zeros: half its own gradient. Gradient accumulation with `no_sync` also
+# works inside `Join` (checked with torch 2.13 below).
+
+# %% [markdown] lang="ja"
+# ### 演習: 不揃いなエポックを最後まで回す
+#
+# 関数 `train_epoch(model, optimizer, batches)` を書いてください。DDP のモデル `model` を、このランクの
+# バッチ `batches` (入力と目標の組のリスト) で 1 バッチ 1 ステップずつ学習させます (損失は
+# `nn.functional.mse_loss`)。ランクごとにバッチの数が違っても、全ランクで最後まで終わるようにします。
+#
+# 確認のセルは、この関数を両方のランクで実行します。ランク 0 には 5 個、ランク 1 には 4 個のバッチを渡し、
+# 終わったあとの重みを、`Join` を使った正しい学習の重みと比べます。関数はランクのエンジンで実行されるので、
+# 中で使う名前はエンジンにあるもの (上の `%%px` セルで import した `torch`、`nn`、`Join` など) です。
+
+# %% [markdown] lang="en"
+# ### Exercise: an uneven epoch that ends
+#
+# Write `train_epoch(model, optimizer, batches)`: train the DDP model `model` on this
+# rank's `batches` (a list of input and target pairs), one step per batch (the loss is
+# `nn.functional.mse_loss`), so that the epoch ends on every rank even when the ranks
+# hold different numbers of batches.
+#
+# The check runs the function on both ranks, with 5 batches on rank 0 and 4 on rank 1,
+# and compares the weights after it with those of a correct run that uses `Join`. The
+# function runs on the ranks' engines, so the names it uses are the engines' (`torch`,
+# `nn`, `Join`, imported there by the `%%px` cells above).
+
+# %% tags=["exercise"]
+def train_epoch(model, optimizer, batches):
+    """One step per batch of this rank; must end on every rank, whatever the count."""
+    for X, y in batches:  # TODO: the rank with fewer batches leaves the others waiting
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(X), y).backward()
+        optimizer.step()
+
+# %% tags=["solution"]
+def train_epoch(model, optimizer, batches):
+    """One step per batch of this rank; must end on every rank, whatever the count."""
+    with Join([model]):  # a rank out of batches shadows the others' all-reduces
+        for X, y in batches:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(X), y).backward()
+            optimizer.step()
+
+# %%
+exercises.grade_uneven_epoch(ranks, train_epoch)
+
+# %% [markdown] lang="ja"
+# ### `Join` が計算するもの
+#
+# `Join` の中でランク 0 の 5 個目のステップが何を使ったかを、1 プロセスで手で計算したものと比べます。
+# 各ステップの勾配は、そのステップのバッチを持つランクの勾配の和を world size で割ったもの (ランク 1 が
+# 抜けた 5 個目では、ランク 0 の勾配の半分) です。続けて、`Join` の中で `no_sync` による勾配累積
+# (2 バッチで 1 回の更新) をしても、最後まで終わり、レプリカがそろったままであることを確かめます。
+
+# %% [markdown] lang="en"
+# ### What `Join` computes
+#
+# Compare what rank 0's fifth step used inside `Join` with one process computing it by
+# hand: each step's gradient is the sum of the gradients of the ranks that have a batch
+# for it, divided by the world size (at the fifth, without rank 1: half of rank 0's).
+# Then check that gradient accumulation with `no_sync` (one update per 2 batches) inside
+# `Join` also ends, with the replicas still equal.
+
+# %%
+# %%px
+from contextlib import nullcontext
+
+torch.manual_seed(0)
+model = DDP(nn.Linear(10, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+with Join([model]):
+    for X, y in batches:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(X), y).backward()
+        optimizer.step()
+
+every = [None] * world_size
+dist.all_gather_object(every, batches)  # both ranks' batches, to redo it by hand
+torch.manual_seed(0)
+alone = nn.Linear(10, 10)
+by_hand = torch.optim.SGD(alone.parameters(), lr=0.1)
+for step in range(max(len(b) for b in every)):
+    by_hand.zero_grad()
+    for rank_batches in every:
+        if step < len(rank_batches):  # a rank without a batch adds zeros
+            X, y = rank_batches[step]
+            (nn.functional.mse_loss(alone(X), y) / world_size).backward()
+    by_hand.step()
+diff = compare.max_abs_diff(list(model.module.parameters()), list(alone.parameters()))
+print(f"rank {rank}: |Join - by hand| {diff:.1e}")
+assert diff < 1e-6
+
+torch.manual_seed(0)
+model = DDP(nn.Linear(10, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+with Join([model]):
+    for i in range(0, len(batches), 2):  # rank 0: 3 updates, rank 1: 2
+        optimizer.zero_grad()
+        pair = batches[i:i + 2]
+        for j, (X, y) in enumerate(pair):
+            with model.no_sync() if j < len(pair) - 1 else nullcontext():
+                (nn.functional.mse_loss(model(X), y) / len(pair)).backward()
+        optimizer.step()
+assert compare.replica_max_diff(model) == 0
+
+# %% [markdown] lang="ja"
+# ### `DistributedSampler` の水増し
+#
+# `DistributedSampler` は、データセットの大きさがランクの数で割り切れないとき、**先頭のサンプルを
+# 繰り返して**全ランクのサンプル数をそろえます。9 サンプルを 2 ランクに分けると、ランク 1 は
+# サンプル 0 をもう一度受け取ります。検証の指標を各ランクで平均してから平均すると、その分だけ
+# 正しい値からずれます。
+
+# %% [markdown] lang="en"
+# ### `DistributedSampler`'s padding
+#
+# When the data set's size does not divide by the number of ranks, `DistributedSampler`
+# **repeats samples from the start** so that every rank gets as many. With 9 samples on
+# 2 ranks, rank 1 gets sample 0 a second time. A validation metric averaged on each rank
+# and then over the ranks is off by that much.
+
+# %%
+# %%px
+from torch.utils.data import DistributedSampler
+
+scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0])  # per sample: correct?
+sampler = DistributedSampler(range(len(scores)), shuffle=False)
+mine = scores[list(sampler)]  # this rank's samples, padding included
+means = [torch.empty(1) for _ in range(world_size)]
+dist.all_gather(means, mine.mean().reshape(1))
+averaged = torch.cat(means).mean().item()
+print(f"rank {rank}: samples {list(sampler)}")
+if rank == 0:
+    print(f"mean of the ranks' means {averaged:.4f}, exact {scores.mean().item():.4f}")
+assert list(sampler) == ([0, 2, 4, 6, 8] if rank == 0 else [1, 3, 5, 7, 0])  # 0 twice
+assert abs(averaged - scores.mean().item()) > 0.05
+
+dropped = DistributedSampler(range(len(scores)), shuffle=False, drop_last=True)
+assert list(dropped) == ([0, 2, 4, 6] if rank == 0 else [1, 3, 5, 7])  # 8: never
+shuffled = DistributedSampler(range(len(scores)), shuffle=True, seed=1)
+positions = [None] * world_size
+dist.all_gather_object(positions, list(shuffled))
+real = [i for r, mine in enumerate(positions) for k, i in enumerate(mine)
+        if r + k * world_size < len(scores)]  # the padding rule below
+assert sorted(real) == list(range(len(scores)))  # shuffled too: each sample once
+
+# %% [markdown] lang="ja"
+# 直し方は 2 つあります。`DistributedSampler(..., drop_last=True)` で余りを捨てる (捨てたサンプルは
+# 評価されません) か、水増しのサンプルを除いて、和と個数を all-reduce することです。ランク r の k 番目
+# (0 から数える) のサンプルは、`r + k × world_size` がデータセットの大きさ以上なら水増しです
+# (シャッフルしても同じです)。
+
+# %% [markdown] lang="en"
+# There are two fixes: `DistributedSampler(..., drop_last=True)` drops the remainder (the
+# dropped samples are never evaluated), or all-reduce sums and counts without the padding.
+# The k-th sample (from 0) of rank r is padding when `r + k × world_size` is at least the
+# data set's size (shuffled or not).
+
+# %% [markdown] lang="ja"
+# ### 演習: 正確な検証の指標
+#
+# 関数 `exact_mean(values, total)` を書いてください。`values` はこのランクの `DistributedSampler`
+# の順のサンプルごとの値 (水増しを含む)、`total` はデータセットの大きさです。データセットの各サンプルを
+# ちょうど 1 回ずつ数えた平均を、全ランクで同じ値として返します。全ランクが同時に呼ぶので、
+# `dist.all_reduce` が使えます。確認のセルは、いくつかの大きさのデータセットで、1 プロセスで計算した平均と
+# 比べます。
+
+# %% [markdown] lang="en"
+# ### Exercise: an exact validation metric
+#
+# Write `exact_mean(values, total)`. `values` holds this rank's per-sample values in
+# `DistributedSampler`'s order (padding included); `total` is the data set's size.
+# Return the mean over the data set, each sample counted exactly once, the same on every
+# rank. Every rank calls it at the same time, so it can use `dist.all_reduce`. The check
+# compares with the mean one process computes, for data sets of several sizes.
+
+# %% tags=["exercise"]
+def exact_mean(values, total):
+    """The mean over the whole data set, each sample once (every rank calls it)."""
+    return values.mean()  # TODO: this rank's samples only, padding included
+
+# %% tags=["solution"]
+def exact_mean(values, total):
+    """The mean over the whole data set, each sample once (every rank calls it)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    k = torch.arange(len(values))
+    real = (rank + k * world_size) < total  # False for the padding
+    sums = torch.stack([values[real].sum(), real.sum().to(values.dtype)])
+    dist.all_reduce(sums)  # the sum and the count over all ranks
+    return sums[0] / sums[1]
+
+# %%
+exercises.grade_exact_mean(ranks, exact_mean)
+
+# %%
+ranks.stop()
+
+# %% [markdown] lang="ja"
+# ## まとめ
+#
+# | 症状 | 原因 | 調べ方 | 直し方 |
+# |---|---|---|---|
+# | 止まる (時間切れ) | 一部のランクだけが集団通信を呼ぶ | `dist.monitored_barrier` が来ないランクを挙げる。スタックで待っている場所を見る | 集団通信は全ランクで呼び、表示だけをランク 0 に |
+# | 止まる、プロセスが落ちる | ランクごとに違う集団通信 | `TORCH_DISTRIBUTED_DEBUG=DETAIL` が両方の呼び出しを挙げる (演算の種類は見ない) | 全ランクで同じ順に同じ集団通信を |
+# | 2 回目の順伝播でエラー (1 回目は勾配が平均されない) | 順伝播で使われないパラメータ | エラーの番号、`INFO` なら名前。1 プロセスで勾配が `None` のものを探す | `find_unused_parameters=True`、いつも同じなら `static_graph=True` |
+# | エポックの終わりで止まる | ランクごとにバッチの数が違う | 待っている場所 (逆伝播と `barrier`) | `Join` |
+# | 検証の指標がずれる | `DistributedSampler` の水増し | ランクごとのサンプルの番号 | 水増しを除いて和と個数を all-reduce、または `drop_last=True` |
+
+# %% [markdown] lang="en"
+# ## Summary
+#
+# | symptom | cause | how to find it | fix |
+# |---|---|---|---|
+# | a hang (then a timeout) | a collective that only some ranks call | `dist.monitored_barrier` names the missing rank; the stacks show where each rank waits | call collectives on every rank, print on rank 0 only |
+# | a hang, or a process that dies | collectives that differ between ranks | `TORCH_DISTRIBUTED_DEBUG=DETAIL` names both calls (not the reduce op) | the same collectives, in the same order, on every rank |
+# | an error at the second forward (the first step's gradients were not averaged) | parameters the forward pass does not use | the indices in the error, the names with `INFO`; one process: which gradients stay `None` | `find_unused_parameters=True`; `static_graph=True` when always the same |
+# | a hang at the end of an epoch | ranks with different numbers of batches | where each rank waits (backward and `barrier`) | `Join` |
+# | a validation metric that is off | `DistributedSampler`'s padding | the sample indices of each rank | all-reduce sums and counts without the padding, or `drop_last=True` |

@@ -1,0 +1,113 @@
+"""Lesson 09 run whole, and its claims that a cell could not show safely.
+
+Those claims run in separate processes: plain gloo ends a rank's process when the
+ranks' tensors differ in shape, and torch 2.13 crashes building a DDP model on
+the CPU under TORCH_DISTRIBUTED_DEBUG=DETAIL (the lesson turns DETAIL off
+before its DDP sections for that reason). Each has a control that runs the same
+script without the fault and exits 0.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit.cluster import rendezvous
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = ROOT / "notebooks" / "en" / "09_troubleshooting.ipynb"
+
+_MISMATCH = """
+import os, sys
+import torch, torch.distributed as dist
+from labkit.cluster import rendezvous
+rank, port, numel = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+rendezvous.init_rank(rank, 2, "gloo", port, "mismatch", timeout_s=10)
+dist.all_reduce(torch.ones(numel + rank * int(sys.argv[4])))  # 4 values against 5
+print("done", flush=True)
+dist.destroy_process_group()
+os._exit(0)  # as labkit's launcher does: gloo's threads can abort a plain exit
+"""
+
+
+def _two_ranks(extra: int) -> list[subprocess.CompletedProcess]:
+    store = rendezvous.local_store(timeout_s=30)
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", _MISMATCH, str(r), str(store.port), "4", str(extra)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=90)[0] for p in procs]
+    return [subprocess.CompletedProcess(p.args, p.returncode, out)
+            for p, out in zip(procs, outs, strict=True)]
+
+
+def test_plain_gloo_ends_a_rank_when_the_shapes_differ():
+    ranks = _two_ranks(extra=1)
+    killed = [r for r in ranks if r.returncode == -signal.SIGABRT]
+    assert killed, [(r.returncode, r.stdout[-500:]) for r in ranks]
+    assert "gloo::EnforceNotMet" in killed[0].stdout
+    assert "done" not in killed[0].stdout  # it ended inside the all_reduce
+    assert "Is there a distributed collective mismatch" in killed[0].stdout
+
+
+def test_the_same_all_reduce_with_equal_shapes_ends_well():
+    ranks = _two_ranks(extra=0)
+    assert [r.returncode for r in ranks] == [0, 0]
+    assert all("done" in r.stdout for r in ranks)
+
+
+_DDP = """
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+DDP(torch.nn.Linear(2, 2))
+print("built", flush=True)
+"""
+
+
+def _build_ddp(debug: str | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DISTRIBUTED_DEBUG"}
+    if debug:
+        env["TORCH_DISTRIBUTED_DEBUG"] = debug
+    return subprocess.run([sys.executable, "-c", _DDP], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_ddp_on_the_cpu_crashes_under_detail_in_torch_2_13():
+    crashed = _build_ddp("DETAIL")
+    assert crashed.returncode == -signal.SIGSEGV, (crashed.returncode,
+                                                  crashed.stderr[-500:])
+    assert "built" not in crashed.stdout
+
+
+def test_ddp_on_the_cpu_builds_under_info_and_without_debug():
+    for debug in ("INFO", None):
+        built = _build_ddp(debug)
+        assert built.returncode == 0 and "built" in built.stdout, built.stderr[-500:]
+
+
+@pytest.mark.timeout(300)
+def test_the_lesson_fails_only_where_it_means_to_and_leaves_no_process():
+    """Lesson 09 run as a learner's "Run All": only its `raises-exception` cells
+    fail, and no engine, controller or kernel outlives it."""
+    import time
+
+    import nbclient
+    import nbformat
+    from conftest import child_processes
+
+    before = {p.pid for p in child_processes()}
+    nb = nbformat.read(LESSON, as_version=4)
+    nbclient.NotebookClient(nb, timeout=240, allow_errors=True,
+                            kernel_name="python3").execute()
+    failed = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+              and any(o.get("output_type") == "error" for o in c.outputs)]
+    meant = [i for i, c in enumerate(nb.cells)
+             if "raises-exception" in c.get("metadata", {}).get("tags", [])]
+    assert failed == meant and len(meant) >= 8, (failed, meant)
+    deadline = time.monotonic() + 15
+    while {p.pid for p in child_processes()} - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert {p.pid for p in child_processes()} - before == set()
