@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown] lang="ja"
-# # 09 DDP がうまくいかないとき: ハング、食い違い、使われないパラメータ、不揃いな入力
+# # 09 DDP がうまくいかないとき: ハング、食い違い、使われないパラメータ、不揃いな入力、チェックポイント
 #
 # DDP を学ぶ人がいちばん困るのは、モデルの包み方ではなく、学習が止まる (ハングする)、エラーになる、
 # 間違った数字を出す、という場面です。このレッスンでは、それぞれの失敗を 2 つのランクでわざと起こし、
@@ -19,6 +19,8 @@
 # 2. ランクごとに食い違う集団通信
 # 3. 順伝播で使われないパラメータ
 # 4. ランクごとに数の違う入力、`DistributedSampler` の水増し
+# 5. DDP でのチェックポイント
+# 6. 学習の途中で死ぬランクと、torchrun による再開
 #
 # ハングを何分も待たなくて済むように、ランクの集団通信は 3 秒で時間切れにします (gloo の既定は 30 分)。
 # 失敗するセルのあとでは、labkit がプロセスグループを作り直すので、次のセルは両方のランクで動きます。
@@ -26,7 +28,7 @@
 # 次のセルが、どのランクが何で失敗したか (`ranks.last_failure`) を確かめます。
 
 # %% [markdown] lang="en"
-# # 09 When DDP goes wrong: hangs, mismatches, unused parameters, uneven inputs
+# # 09 When DDP goes wrong: hangs, mismatches, unused parameters, uneven inputs, checkpoints
 #
 # What troubles people learning DDP most is not how to wrap a model but training that
 # stops (hangs), raises, or reports the wrong number. This lesson causes each of these
@@ -37,6 +39,8 @@
 # 2. collectives that differ between ranks
 # 3. parameters the forward pass does not use
 # 4. ranks with different numbers of batches, and `DistributedSampler`'s padding
+# 5. checkpoints under DDP
+# 6. a rank that dies mid-step, and torchrun resuming the run
 #
 # So that no hang takes minutes, the ranks' collectives time out after 3 s here (gloo's
 # default is 30 minutes). After a cell that fails, labkit makes a new process group, so
@@ -796,8 +800,175 @@ def exact_mean(values, total):
 # %%
 exercises.grade_exact_mean(ranks, exact_mean)
 
+# %% [markdown] lang="ja"
+# ## DDP でのチェックポイント
+#
+# DDP では全ランクが同じ重みを持つので、書くのは 1 つのランク (ランク 0) だけで十分です。書くのは
+# `model.module.state_dict()` です。DDP そのものの `model.state_dict()` では名前の頭に `module.` が付き、
+# DDP に包んでいないモデルには読み込めません。ほかのランクは `dist.barrier()` で書き終わりを待ってから、
+# `map_location` を付けて読みます (テンソルを置くデバイスを決めます。ここでは CPU)。ランクどうしで
+# 1 つのフォルダを使うので、ランク 0 が作ったフォルダの名前を全ランクに配ります。
+
+# %% [markdown] lang="en"
+# ## Checkpoints under DDP
+#
+# Under DDP every rank holds the same weights, so one rank (rank 0) writing is enough.
+# Write `model.module.state_dict()`: the DDP wrapper's own `model.state_dict()` puts
+# `module.` in front of every name and does not load into a model outside DDP. The other
+# ranks wait at `dist.barrier()` until rank 0 is done, then read with `map_location`
+# (the device the tensors go to: the CPU here). The ranks share one
+# folder: rank 0 makes it and hands its name to every rank.
+
+# %%
+# %%px
+import tempfile
+from pathlib import Path
+
+from labkit import checks
+
+folder = [tempfile.mkdtemp(prefix="labkit-09-") if rank == 0 else None]
+dist.broadcast_object_list(folder, src=0)  # one folder, the same on every rank
+path = Path(folder[0]) / "checkpoint.pt"
+
+torch.manual_seed(0)
+model = DDP(TwoHeads(), find_unused_parameters=True)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def train(steps):
+    for _ in range(steps):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(X), y).backward()
+        optimizer.step()
+
+
+def save(step):
+    if rank == 0:  # one writer: every rank holds the same weights
+        torch.save({"model": model.module.state_dict(),
+                    "optimizer": optimizer.state_dict(), "step": step}, path)
+
+
+train(10)
+save(10)
+dist.barrier()  # nobody reads before rank 0 has written
+state = torch.load(path, map_location="cpu")
+print(f"rank {rank}: step {state['step']}, keys {list(state['model'])[:2]} ...")
+assert state["step"] == 10 and torch.equal(state["model"]["body.weight"],
+                                           model.module.body.weight)
+assert list(model.state_dict())[0] == "module.body.weight"  # the wrapper's names
+with checks.expect_error(RuntimeError, match="Missing key"):
+    TwoHeads().load_state_dict(model.state_dict())
+
+# %% [markdown] lang="ja"
+# `barrier` がないと、ランク 1 がランク 0 より先に読むことがあります。前のチェックポイントがあれば、
+# ランク 1 は**エラーなしに古いほうを**読み、ほかのランクと違う重みから続けます。偶然に起きるその順序を、
+# ここでは `barrier` で作ります。
+
+# %% [markdown] lang="en"
+# Without the `barrier`, rank 1 may read before rank 0 has written. With an earlier
+# checkpoint in place, rank 1 reads **the old one, without an error**, and goes on from
+# other weights than the rest. Here a `barrier` forces the order that chance gives a real
+# run.
+
+# %%
+# %%px
+train(5)  # now at step 15
+if rank == 1:
+    early = torch.load(path, map_location="cpu")["step"]  # before rank 0 writes
+dist.barrier()  # only to force that order here
+save(15)
+dist.barrier()  # the fix: every rank waits for the writer
+late = torch.load(path, map_location="cpu")["step"]
+if rank == 1:
+    print(f"rank 1 read step {early} too early (no error), step {late} after the barrier")
+    assert (early, late) == (10, 15)
+
+# %% [markdown] lang="ja"
+# ## 学習の途中で死ぬランク
+#
+# ランクのプロセスが途中で終わると (メモリ不足、ノードの故障)、ほかのランクは集団通信でエラーになります。
+# labkit はどのランクのプロセスが死んだかを挙げ、次のセルの前にランクを起動し直します。新しいプロセス
+# には、前に作ったものは何も残っていません。続きから学習するには、チェックポイントが要ります。
+
+# %% [markdown] lang="en"
+# ## A rank that dies mid-step
+#
+# When a rank's process ends mid-training (out of memory, a failed node), the other
+# ranks fail in their next collective. labkit names the rank whose process died and
+# starts the ranks again before the next cell. Nothing made before is left in the new
+# processes: going on from where training was needs a checkpoint.
+
+# %% tags=["raises-exception"]
+# %%px
+import signal
+
+if rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)  # a crash
+dist.all_reduce(torch.ones(1))
+
+# %%
+failed = ranks.last_failure
+print({r: message.strip().splitlines()[-1][:120] for r, message in failed.items()})
+assert "process died" in failed[1]
+
+# %%
+# %%px
+print(f"rank {rank}: a new process, 'model' defined here: {'model' in globals()}")
+assert "model" not in globals()
+
 # %%
 ranks.stop()
+
+# %% [markdown] lang="ja"
+# 画面のない学習 (クラスタのジョブ) では、torchrun が起動し直します。`--max-restarts N` を付けると、
+# ランクのどれかが失敗したとき、全ランクを止めて N 回まで起動し直します。起動し直したランクは最初から
+# 始まるので、チェックポイントから続けるのはスクリプトの仕事です。`python -m labkit resume` は、
+# 上と同じやり方 (ランク 0 が一時ファイルに書いて名前を変え、全ランクが `barrier` で待つ) で 5 ステップ
+# ごとに保存し、起動したときにチェックポイントがあれば読みます。`--die-at 12` では、最初の起動
+# (`TORCHELASTIC_RESTART_COUNT` が 0) でランク 1 がステップ 12 の前に自分を強制終了します。
+# 止まらなかった学習と、止まって起動し直した学習で、最後の重みのハッシュを比べます。
+#
+# `labkit.torchrun` は、起動し直すときには `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` を設定します。
+# torch 2.13 の torchrun は、起動し直したランクが前のランクの接続先を読んでしまうことがあるからです
+# (理由は `labkit/torchrun.py` のコメントにあります)。
+
+# %% [markdown] lang="en"
+# A run without a notebook (a job on a cluster) is restarted by torchrun. With
+# `--max-restarts N`, when any rank fails, torchrun stops them all and starts them again,
+# up to N times. Restarted ranks begin from the start, so going on from a checkpoint is
+# the script's job. `python -m labkit resume` saves every 5 steps the way shown above
+# (rank 0 writes a temporary file and renames it, every rank waits at a `barrier`), and
+# loads the checkpoint if there is one when it starts. With `--die-at 12`, rank 1 kills
+# itself before step 12 on the first attempt (`TORCHELASTIC_RESTART_COUNT` 0). Compare
+# the final weights' hash of a run that never stopped with one that died and restarted.
+#
+# `labkit.torchrun` sets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` when it restarts: torch
+# 2.13's torchrun can let restarted ranks read the dead ones' addresses (why: the
+# comment in `labkit/torchrun.py`).
+
+# %%
+import json
+import tempfile
+from pathlib import Path
+
+from labkit import torchrun
+
+resume = ["-m", "labkit", "resume", "--steps", "20", "--accum", "1",
+          "--checkpoint-every", "5"]
+with tempfile.TemporaryDirectory() as tmp:
+    straight = torchrun.run_nodes(resume + ["--checkpoint", f"{tmp}/a.pt", "--json",
+                                            f"{tmp}/a.json"], nnodes=1, nproc_per_node=2)
+    restarted = torchrun.run_nodes(resume + ["--checkpoint", f"{tmp}/b.pt", "--die-at", "12",
+                                             "--json", f"{tmp}/b.json"],
+                                   nnodes=1, nproc_per_node=2, max_restarts=1)
+    a, b = (json.loads(Path(tmp, f"{n}.json").read_text()) for n in "ab")
+print(next(line for line in restarted[0].output.splitlines() if "exitcode: -9" in line))
+print(f"uninterrupted: {a['param_sha256'][:16]}")
+print(f"restarted:     {b['param_sha256'][:16]} (attempt {b['attempt']}, "
+      f"from step {b['resumed_from']})")
+assert [n.returncode for n in straight + restarted] == [0, 0]
+assert (b["attempt"], b["resumed_from"]) == (1, 10)  # the checkpoint of step 10
+assert b["param_sha256"] == a["param_sha256"]  # bit for bit the same weights
 
 # %% [markdown] lang="ja"
 # ## まとめ
@@ -809,6 +980,8 @@ ranks.stop()
 # | 2 回目の順伝播でエラー (1 回目は勾配が平均されない) | 順伝播で使われないパラメータ | エラーの番号、`INFO` なら名前。1 プロセスで勾配が `None` のものを探す | `find_unused_parameters=True`、いつも同じなら `static_graph=True` |
 # | エポックの終わりで止まる | ランクごとにバッチの数が違う | 待っている場所 (逆伝播と `barrier`) | `Join` |
 # | 検証の指標がずれる | `DistributedSampler` の水増し | ランクごとのサンプルの番号 | 水増しを除いて和と個数を all-reduce、または `drop_last=True` |
+# | あるランクだけが古いチェックポイントから再開する (エラーなし) | ランク 0 が書き終える前に読む | 読んだチェックポイントのステップ | ランク 0 だけが `model.module.state_dict()` を書き、`barrier` のあとで全ランクが読む |
+# | ランクのプロセスが死ぬ | メモリ不足、ノードの故障 | labkit がランクを挙げる。torchrun は終了コード (-9 など) | チェックポイントから再開 (torchrun の `--max-restarts`) |
 
 # %% [markdown] lang="en"
 # ## Summary
@@ -820,3 +993,5 @@ ranks.stop()
 # | an error at the second forward (the first step's gradients were not averaged) | parameters the forward pass does not use | the indices in the error, the names with `INFO`; one process: which gradients stay `None` | `find_unused_parameters=True`; `static_graph=True` when always the same |
 # | a hang at the end of an epoch | ranks with different numbers of batches | where each rank waits (backward and `barrier`) | `Join` |
 # | a validation metric that is off | `DistributedSampler`'s padding | the sample indices of each rank | all-reduce sums and counts without the padding, or `drop_last=True` |
+# | one rank resumes from an older checkpoint (no error) | reading before rank 0 has written | the step of the checkpoint each rank read | rank 0 alone writes `model.module.state_dict()`; every rank reads after a `barrier` |
+# | a rank's process dies | out of memory, a failed node | labkit names the rank; torchrun shows the exit code (-9, ...) | resume from a checkpoint (torchrun's `--max-restarts`) |

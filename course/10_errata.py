@@ -233,6 +233,8 @@ labkit.set_lang("ja")
 # | L09-7 | ランクごとにバッチの数が違うと、エポックの終わりで止まる | [09: ランクごとに数の違う入力](09_troubleshooting.ipynb#cell-id=09-ranks-with-different-numbers-of-batches) |
 # | L09-8 | `Join` の中では、抜けたランクが 0 の勾配で加わり、勾配は world size で割られる。`no_sync` も使える | [09: Join が計算するもの](09_troubleshooting.ipynb#cell-id=09-what-join-computes) |
 # | L09-9 | `DistributedSampler` は先頭のサンプルを繰り返して水増しし、ランクの平均の平均は正しい値からずれる | [09: DistributedSampler の水増し](09_troubleshooting.ipynb#cell-id=09-distributedsampler-s-padding) |
+# | L09-10 | DDP の `model.state_dict()` の名前には `module.` が付き、包んでいないモデルに読み込めない。ランク 0 が書き終える前に読むと、前のチェックポイントをエラーなしに読む | [09: DDP でのチェックポイント](09_troubleshooting.ipynb#cell-id=09-checkpoints-under-ddp) |
+# | L09-11 | torchrun の `--max-restarts` で起動し直し、チェックポイントから続けた学習は、止まらなかった学習と 1 ビットも違わない | [09: 学習の途中で死ぬランク](09_troubleshooting.ipynb#cell-id=09-a-rank-that-dies-mid-step) |
 
 # %% [markdown] lang="en"
 # ## The lessons' own claims
@@ -269,6 +271,8 @@ labkit.set_lang("ja")
 # | L09-7 | ranks with different numbers of batches hang at the end of the epoch | [09: Ranks with different numbers of batches](09_troubleshooting.ipynb#cell-id=09-ranks-with-different-numbers-of-batches) |
 # | L09-8 | inside `Join` a rank out of batches adds zero gradients and the sum is divided by the world size; `no_sync` works there too | [09: What Join computes](09_troubleshooting.ipynb#cell-id=09-what-join-computes) |
 # | L09-9 | `DistributedSampler` pads by repeating the first samples, and the mean of the ranks' means is off | [09: DistributedSampler's padding](09_troubleshooting.ipynb#cell-id=09-distributedsampler-s-padding) |
+# | L09-10 | the DDP wrapper's `model.state_dict()` names start with `module.` and do not load into a plain model; reading before rank 0 has written gives the previous checkpoint without an error | [09: Checkpoints under DDP](09_troubleshooting.ipynb#cell-id=09-checkpoints-under-ddp) |
+# | L09-11 | a run restarted by torchrun's `--max-restarts` that goes on from its checkpoint ends with bit-identical weights | [09: A rank that dies mid-step](09_troubleshooting.ipynb#cell-id=09-a-rank-that-dies-mid-step) |
 
 # %% [markdown] lang="ja"
 # ## 記事 004 の最初のコード例

@@ -51,11 +51,21 @@ def _experiment(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be > 0, got {args.timeout}")
     fn = {"nosync": experiments.nosync_experiment,
-          "misuse": experiments.misuse_experiment}[args.command]
+          "misuse": experiments.misuse_experiment,
+          "resume": experiments.resumable_training}[args.command]
+    kwargs = {"cfg": cfg}
+    if args.command == "resume":
+        if not args.checkpoint:
+            raise ValueError("resume needs --checkpoint PATH")
+        if args.die_at is not None and not 0 <= args.die_at < args.steps:
+            raise ValueError("--die-at must be a step of the run, 0 to "
+                             f"{args.steps - 1}, got {args.die_at}")
+        kwargs.update(checkpoint=args.checkpoint, every=args.checkpoint_every,
+                      die_at=args.die_at)
     fault = (args.fault, args.fault_rank) if args.fault else None
     if fault and launch.under_torchrun():
         raise ValueError("--fault works without torchrun only")
-    results = launch.run(fn, {"cfg": cfg}, world_size, args.backend, args.timeout,
+    results = launch.run(fn, kwargs, world_size, args.backend, args.timeout,
                          port=args.port, fault=fault)
     if results is None or (launch.under_torchrun() and _rank() != 0):
         return 0
@@ -125,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                   "counts, step times",
         "misuse": "the documents' misuses of no_sync: bare call, forward outside, "
                   "stepping inside",
+        "resume": "DDP training that checkpoints on rank 0 and resumes (under "
+                  "torchrun --max-restarts: after a rank dies)",
     }
     for name, text in helps.items():
         p = sub.add_parser(name, help=text)
@@ -153,6 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--fault-rank", type=int, default=1, metavar="R",
                        help="the rank that fails (default 1)")
         p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+        if name == "resume":
+            p.add_argument("--checkpoint", metavar="PATH",
+                           help="the checkpoint to write, and to resume from")
+            p.add_argument("--checkpoint-every", type=int, default=5, metavar="N",
+                           help="save every N steps (and at the end)")
+            p.add_argument("--die-at", type=int, default=None, metavar="STEP",
+                           help="rank 1 kills itself before STEP on torchrun's "
+                                "first attempt")
         p.set_defaults(func=_experiment)
     p = sub.add_parser("dp", help="data_parallel against one device: outputs and "
                        "gradients (simulated devices without GPUs)")

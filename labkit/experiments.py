@@ -1,6 +1,6 @@
-"""The command line's experiments: `python -m labkit nosync` and `misuse`.
+"""The command line's experiments: `python -m labkit nosync`, `misuse` and `resume`.
 
-Lesson 04 writes these steps out in its cells; here each is one function that
+Lessons 04 and 09 write these steps out in their cells; here each is one function that
 returns what it found as a JSON-able dict, for a run without a notebook (under
 torchrun, on GPUs, on a cluster). Every function runs on each rank of an
 initialized process group.
@@ -8,13 +8,18 @@ initialized process group.
 
 from __future__ import annotations
 
+import os
+import signal
 from contextlib import nullcontext
 from dataclasses import asdict
 
-from . import compare, models, workload
+import torch
+import torch.distributed as dist
+
+from . import compare, models, training, workload
 from .nosync import accumulate_no_sync, counted_update, step_times
 
-__all__ = ["misuse_experiment", "nosync_experiment"]
+__all__ = ["misuse_experiment", "nosync_experiment", "resumable_training"]
 
 
 def nosync_experiment(rank: int, world_size: int, cfg: workload.Config) -> dict:
@@ -120,3 +125,52 @@ def misuse_experiment(rank: int, world_size: int, cfg: workload.Config) -> dict:
         "diverged_max_param_diff": max(diffs),
         "param_diff_after_sync_steps": compare.replica_max_diff(model),
     }
+
+
+def resumable_training(rank: int, world_size: int, cfg: workload.Config,
+                       checkpoint: str, every: int = 5,
+                       die_at: int | None = None) -> dict:
+    """DDP training that checkpoints on rank 0 and resumes from `checkpoint`.
+
+    Lesson 09's pattern: rank 0 saves `model.module`'s and the optimizer's state
+    to a temporary file and renames it over `checkpoint` every `every` steps,
+    and every rank waits at a barrier, so no rank reads a file half written or
+    one step old. A run that finds `checkpoint` loads it (map_location="cpu")
+    and goes on from its step. The workload's batches are a function of the step
+    (workload.micro_batches), so the step is all the data order needs.
+
+    `die_at`: on torchrun's first attempt (TORCHELASTIC_RESTART_COUNT 0), rank 1
+    kills itself with SIGKILL before that step, as a crashed node would.
+    """
+    cfg.check()
+    if every < 1:
+        raise ValueError(f"every must be >= 1, got {every}")
+    dataset = workload.make_dataset(cfg)
+    criterion = models.MyLoss()
+    model, _ = workload.wrap(cfg)
+    optimizer = workload.make_optimizer(model, cfg)
+    start = 0
+    if os.path.exists(checkpoint):
+        state = torch.load(checkpoint, map_location="cpu")
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["step"]
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    for step in range(start, cfg.steps):
+        if step == die_at and attempt == 0 and rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        optimizer.zero_grad()
+        accumulate_no_sync(model, criterion,
+                           workload.micro_batches(dataset, cfg, step, rank, world_size))
+        optimizer.step()
+        if (step + 1) % every == 0 or step + 1 == cfg.steps:
+            if rank == 0:
+                torch.save({"model": model.module.state_dict(),
+                            "optimizer": optimizer.state_dict(), "step": step + 1},
+                           checkpoint + ".tmp")
+                os.replace(checkpoint + ".tmp", checkpoint)
+            dist.barrier()  # nobody reads it before rank 0 is done
+    return {"rank": rank, "world_size": world_size, "config": asdict(cfg),
+            "attempt": attempt, "resumed_from": start,
+            "param_sha256": training.param_sha256(model.module)}
+

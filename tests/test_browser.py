@@ -158,6 +158,39 @@ def test_lesson_runs_in_a_browser_with_widgets_and_plots(lab):
     assert "想定どおりの例外: MissingGlyphError" in text  # the cells really ran
 
 
+def test_run_all_goes_past_the_cells_that_fail_on_purpose(lab):
+    """Lesson 09 tags its failing cells `raises-exception`: "Run All Cells" in
+    JupyterLab runs on past them to the end, and only they show an error."""
+    import json
+
+    lesson = ROOT / "notebooks" / "en" / "09_troubleshooting.ipynb"
+    nb = json.loads(lesson.read_text(encoding="utf-8"))
+    meant = [i for i, c in enumerate(nb["cells"])
+             if "raises-exception" in c.get("metadata", {}).get("tags", [])]
+    base, token = lab
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with playwright.sync_playwright() as p:
+        browser = _chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(f"{base}/lab/tree/en/09_troubleshooting.ipynb?token={token}")
+            try:
+                page.wait_for_function(KERNEL_IDLE, timeout=180_000)
+                page.evaluate(
+                    "window.jupyterapp.commands.execute('notebook:run-all-cells')")
+                page.wait_for_function(ALL_RAN, timeout=300_000)
+                page.wait_for_function(KERNEL_IDLE, timeout=300_000)
+            except Exception:
+                page.screenshot(path=str(ARTIFACTS / "09_troubleshooting-failed.png"))
+                raise
+            text = page.inner_text(".jp-Notebook")
+            failed = page.evaluate(FAILED_CELLS)
+        finally:
+            browser.close()
+    assert len(meant) >= 8 and failed == meant, (failed, meant)
+    assert "restarted:" in text  # the last code cell ran
+
+
 # Where the heading (one of `anchors`, its ids) is in the notebook open at
 # `path`: on screen when it lies wholly inside both the notebook's scrolled
 # area and the window.

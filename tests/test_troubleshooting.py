@@ -7,6 +7,7 @@ before its DDP sections for that reason). Each has a control that runs the same
 script without the fault and exits 0.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -111,3 +112,45 @@ def test_the_lesson_fails_only_where_it_means_to_and_leaves_no_process():
     while {p.pid for p in child_processes()} - before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert {p.pid for p in child_processes()} - before == set()
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_restarts_a_killed_rank_and_the_run_ends_bit_for_bit(tmp_path):
+    from labkit import torchrun
+
+    resume = ["-m", "labkit", "resume", "--steps", "12", "--accum", "1",
+              "--checkpoint-every", "4"]
+    straight = torchrun.run_nodes(resume + ["--checkpoint", str(tmp_path / "a.pt"),
+                                            "--json", str(tmp_path / "a.json")],
+                                  nnodes=1, nproc_per_node=2, timeout_s=120)
+    died = torchrun.run_nodes(resume + ["--checkpoint", str(tmp_path / "b.pt"),
+                                        "--die-at", "6"],
+                              nnodes=1, nproc_per_node=2, timeout_s=120)
+    restarted = torchrun.run_nodes(resume + ["--checkpoint", str(tmp_path / "c.pt"),
+                                             "--die-at", "6",
+                                             "--json", str(tmp_path / "c.json")],
+                                   nnodes=1, nproc_per_node=2, timeout_s=120,
+                                   max_restarts=1)
+    a, c = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ac")
+    assert straight[0].returncode == 0 and restarted[0].returncode == 0
+    assert died[0].returncode != 0 and "exitcode: -9" in died[0].output  # no restart
+    assert (a["attempt"], a["resumed_from"]) == (0, 0)
+    assert (c["attempt"], c["resumed_from"]) == (1, 4)  # the checkpoint before step 6
+    assert c["param_sha256"] == a["param_sha256"]
+
+
+def test_resume_needs_a_checkpoint_and_restarts_are_counted_from_zero(capsys):
+    from labkit import torchrun
+    from labkit.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["resume", "--steps", "2"])
+    assert exited.value.code == 2
+    assert "resume needs --checkpoint PATH" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["resume", "--steps", "10", "--checkpoint", "x.pt", "--die-at", "12"])
+    assert "--die-at must be a step of the run, 0 to 9, got 12" in (
+        capsys.readouterr().err)
+    with pytest.raises(ValueError, match="max_restarts must be >= 0"):
+        torchrun.command([], nnodes=1, nproc_per_node=1, endpoint="127.0.0.1:1",
+                         run_id="x", max_restarts=-1)
