@@ -124,35 +124,47 @@ def _chromium(p):
               "--disable-sync"])
 
 
-def test_lesson_runs_in_a_browser_with_widgets_and_plots(lab):
+def _run_all(lab, path: str, wait_for=(), timeout_ms: int = 180_000):
+    """Open `path` in JupyterLab, "Run All Cells", wait until every cell ran.
+
+    `wait_for`: selectors that must appear on the way. Returns the notebook's
+    text and the indices of the cells that hold an error. A screenshot goes to
+    the artifacts: NAME.png, or NAME-failed.png when the run did not end.
+    """
     base, token = lab
+    name = Path(path).stem
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with playwright.sync_playwright() as p:
         browser = _chromium(p)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.goto(f"{base}/lab/tree/ja/00_setup.ipynb?token={token}")
+            page.goto(f"{base}/lab/tree/{path}?token={token}")
             try:
                 # The notebook's kernel is up and idle: only then run every cell.
-                page.wait_for_function(KERNEL_IDLE, timeout=180_000)
+                page.wait_for_function(KERNEL_IDLE, timeout=timeout_ms)
                 # What the Run menu's "Run All Cells" does.
                 page.evaluate(
                     "window.jupyterapp.commands.execute('notebook:run-all-cells')")
-                for selector in (".jp-OutputArea-output img",
-                                 ".jp-OutputArea-output .widget-slider"):
-                    page.wait_for_selector(selector, timeout=180_000, state="attached")
+                for selector in wait_for:
+                    page.wait_for_selector(selector, state="attached",
+                                           timeout=timeout_ms)
                 # Every code cell has run once its prompt shows a number.
-                page.wait_for_function(ALL_RAN, timeout=180_000)
-                page.wait_for_function(KERNEL_IDLE, timeout=180_000)
+                page.wait_for_function(ALL_RAN, timeout=timeout_ms)
+                page.wait_for_function(KERNEL_IDLE, timeout=timeout_ms)
             except Exception:
-                page.screenshot(path=str(ARTIFACTS / "00_setup-failed.png"))
+                page.screenshot(path=str(ARTIFACTS / f"{name}-failed.png"))
                 raise
-            page.locator(".jp-OutputArea-output img").first.scroll_into_view_if_needed()
-            page.screenshot(path=str(ARTIFACTS / "00_setup.png"))
-            text = page.inner_text(".jp-Notebook")
-            failed = page.evaluate(FAILED_CELLS)
+            if wait_for:
+                page.locator(wait_for[0]).first.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+            return page.inner_text(".jp-Notebook"), page.evaluate(FAILED_CELLS)
         finally:
             browser.close()
+
+
+def test_lesson_runs_in_a_browser_with_widgets_and_plots(lab):
+    text, failed = _run_all(lab, "ja/00_setup.ipynb", wait_for=(
+        ".jp-OutputArea-output img", ".jp-OutputArea-output .widget-slider"))
     assert "Error displaying widget" not in text
     assert failed == [], f"cells {failed} failed in the browser"
     assert "想定どおりの例外: MissingGlyphError" in text  # the cells really ran
@@ -167,26 +179,7 @@ def test_run_all_goes_past_the_cells_that_fail_on_purpose(lab):
     nb = json.loads(lesson.read_text(encoding="utf-8"))
     meant = [i for i, c in enumerate(nb["cells"])
              if "raises-exception" in c.get("metadata", {}).get("tags", [])]
-    base, token = lab
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with playwright.sync_playwright() as p:
-        browser = _chromium(p)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.goto(f"{base}/lab/tree/en/09_troubleshooting.ipynb?token={token}")
-            try:
-                page.wait_for_function(KERNEL_IDLE, timeout=180_000)
-                page.evaluate(
-                    "window.jupyterapp.commands.execute('notebook:run-all-cells')")
-                page.wait_for_function(ALL_RAN, timeout=300_000)
-                page.wait_for_function(KERNEL_IDLE, timeout=300_000)
-            except Exception:
-                page.screenshot(path=str(ARTIFACTS / "09_troubleshooting-failed.png"))
-                raise
-            text = page.inner_text(".jp-Notebook")
-            failed = page.evaluate(FAILED_CELLS)
-        finally:
-            browser.close()
+    text, failed = _run_all(lab, "en/09_troubleshooting.ipynb", timeout_ms=300_000)
     assert len(meant) >= 8 and failed == meant, (failed, meant)
     assert "restarted:" in text  # the last code cell ran
 
