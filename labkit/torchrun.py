@@ -80,8 +80,9 @@ def run_nodes(args: list[str], nnodes: int = 2, nproc_per_node: int = 1,
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if max_restarts:
         # torch 2.13's agent keeps one store across restarts, and the new workers
-        # can read the dead ones' addresses (dynamic_rendezvous.py): measured here,
-        # 5 of 17 restarts succeeded with the default and 16 of 16 with this.
+        # can read the dead ones' addresses (dynamic_rendezvous.py): with the
+        # default, most restarts tried here failed to connect or hung; with this,
+        # none did (lesson 09's and the tests' restarts run with it).
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         logs = [open(Path(tmp) / f"node{i}.log", "w+") for i in range(nnodes)]

@@ -113,6 +113,27 @@ def alive(process) -> bool:
         return False
 
 
+def two_rank_scripts(code: str, *args: str, timeout_s: float = 90):
+    """Run `code` as ranks 0 and 1 in two Python processes, on a store of ours.
+
+    Each gets argv [rank, port, *args] (joining with labkit.cluster.rendezvous
+    .init_rank is the script's job); returns each one's CompletedProcess, its
+    stdout and stderr together.
+    """
+    import subprocess
+    import sys
+
+    from labkit.cluster import rendezvous
+
+    store = rendezvous.local_store(timeout_s=30)
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", code, str(r), str(store.port), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=timeout_s)[0] for p in procs]
+    return [subprocess.CompletedProcess(p.args, p.returncode, out)
+            for p, out in zip(procs, outs, strict=True)]
+
+
 def child_processes():
     """Live processes started (directly or not) by this test process."""
     import psutil

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
 from labkit import batchnorm, cluster
 
@@ -56,15 +57,9 @@ def test_without_ddps_buffer_copy_the_lessons_assertion_fails(ranks):
 
 def test_the_reference_batchnorm_sees_the_batches_in_order():
     a, b = batchnorm.local_batch(0), batchnorm.local_batch(1)
-    assert torch_equal(batchnorm.local_batch(1), b)  # the same data on every call
+    assert torch.equal(batchnorm.local_batch(1), b)  # the same data on every call
     assert abs(b.mean().item() - a.mean().item() - 3.0) < 1.0  # shifted by 3 per rank
     after = batchnorm.after_forwards
-    assert not torch_equal(after(a, b), after(b, a))
+    assert not torch.allclose(after(a, b), after(b, a))
     # One forward moves the running mean 10 % of the way to the batch's mean.
-    assert torch_equal(after(a), 0.1 * a.mean(0))
-
-
-def torch_equal(x, y) -> bool:
-    import torch
-
-    return torch.allclose(x, y, rtol=0, atol=1e-7)
+    assert torch.allclose(after(a), 0.1 * a.mean(0), rtol=0, atol=1e-7)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch.distributed as dist
-from conftest import alive, child_processes
+from conftest import alive, child_processes, two_rank_scripts
 from ddp_rank_checks import my_rank, raise_on_rank_1
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -349,11 +349,7 @@ else:
 
 
 def test_a_late_rank_joins_and_collectives_keep_their_short_timeout():
-    store = rendezvous.local_store(timeout_s=30)
-    ranks = [subprocess.Popen(
-        [sys.executable, "-c", _LATE_RANK, str(r), str(store.port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
-    out = [p.communicate(timeout=90)[0] for p in ranks]
+    out = [r.stdout for r in two_rank_scripts(_LATE_RANK)]
     assert all("joined" in o for o in out), out
     timed_out = re.search(r"timed out after ([\d.]+) s: .*Timed out waiting 2000ms",
                           out[0])

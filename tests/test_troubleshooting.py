@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from labkit.cluster import rendezvous
+from conftest import two_rank_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "notebooks" / "en" / "09_troubleshooting.ipynb"
@@ -35,13 +34,7 @@ os._exit(0)  # as labkit's launcher does: gloo's threads can abort a plain exit
 
 
 def _two_ranks(extra: int) -> list[subprocess.CompletedProcess]:
-    store = rendezvous.local_store(timeout_s=30)
-    procs = [subprocess.Popen(
-        [sys.executable, "-c", _MISMATCH, str(r), str(store.port), "4", str(extra)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
-    outs = [p.communicate(timeout=90)[0] for p in procs]
-    return [subprocess.CompletedProcess(p.args, p.returncode, out)
-            for p, out in zip(procs, outs, strict=True)]
+    return two_rank_scripts(_MISMATCH, "4", str(extra))
 
 
 def test_plain_gloo_ends_a_rank_when_the_shapes_differ():

@@ -185,19 +185,20 @@ def _uneven_trial(fn: Callable | None, only_common: bool = False) -> list[float]
     model = DDP(nn.Linear(10, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     batches = _uneven_batches(rank)
-    if fn is None and not only_common:
-        with Join([model]):
-            for X, y in batches:
-                optimizer.zero_grad()
-                nn.functional.mse_loss(model(X), y).backward()
-                optimizer.step()
-    elif fn is None:
-        for X, y in batches[:4]:
+
+    def train(some):
+        for X, y in some:
             optimizer.zero_grad()
             nn.functional.mse_loss(model(X), y).backward()
             optimizer.step()
-    else:
+
+    if fn is not None:
         fn(model, optimizer, batches)
+    elif only_common:
+        train(batches[:4])
+    else:
+        with Join([model]):
+            train(batches)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
 
 
