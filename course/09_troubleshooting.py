@@ -140,24 +140,31 @@ assert "Rank 1 failed to pass monitoredBarrier in 2000 ms" in ranks.last_failure
 # %% [markdown] lang="ja"
 # ### 各ランクがどこで待っているかを見る
 #
-# 止まったプロセスの中を見るには、そのプロセスの Python のスタックを表示します。ターミナルからなら
-# [`py-spy`](https://github.com/benfred/py-spy) の `py-spy dump --pid PID` がそうします (ほかのプロセスを
-# 調べる権限が要るので、多くのマシンでは `sudo` が必要です)。labkit は同じことを、各ランクに頼んで自分の
-# スタックを書き出させる方法で行います (`stalls.process_stacks`)。ランク 0 が待っているあいだに、
-# 呼ばなかったランク 1 がランク 0 のスタックを表示します。
+# 止まったプロセスの中を見るには、そのプロセスの Python のスタックを表示します。
+# [`py-spy`](https://github.com/benfred/py-spy) の `py-spy dump --pid PID` がそうします。ターミナルから
+# 打つコマンドですが、ここではランク 0 が待っているあいだに、呼ばなかったランク 1 が同じコマンドを
+# ランク 0 に向けて実行します。py-spy はほかのプロセスのメモリを読むので、その権限が要ります。macOS と、
+# Yama の ptrace 制限を有効にした Linux (多くのディストリビューションの既定) では `sudo` が必要です
+# ([Python の説明](https://docs.python.org/ja/3/howto/remote_debugging.html#permission-requirements))。
+# 断られたときは、labkit が各ランクに頼んで書き出させたスタック (`stalls.process_stacks`) を代わりに表示します。
 
 # %% [markdown] lang="en"
 # ### Where each rank waits
 #
-# To look inside a stuck process, print its Python stack. From a terminal,
-# [`py-spy`](https://github.com/benfred/py-spy)'s `py-spy dump --pid PID` does that (it
-# needs the right to inspect another process: `sudo` on many machines). labkit does the
-# same by asking each rank to write out its own stacks (`stalls.process_stacks`). While
-# rank 0 waits, rank 1, which skipped the call, prints rank 0's stack.
+# To look inside a stuck process, print its Python stack.
+# [`py-spy`](https://github.com/benfred/py-spy)'s `py-spy dump --pid PID` does that. It
+# is a command for a terminal; here, while rank 0 waits, rank 1 (which skipped the call)
+# runs it on rank 0. py-spy reads another process's memory, which takes the right to:
+# on macOS, and on Linux with Yama's ptrace restrictions (the default of many
+# distributions), it needs `sudo`
+# ([Python's guide](https://docs.python.org/3/howto/remote_debugging.html#permission-requirements)).
+# Where it is refused, the cell shows instead the stacks labkit asks each rank to write
+# out (`stalls.process_stacks`).
 
 # %% tags=["raises-exception"]
 # %%px
 import os
+import subprocess
 import time
 
 from labkit.cluster import stalls
@@ -167,25 +174,77 @@ dist.all_gather_object(pids, os.getpid())  # every rank's process id
 if rank == 0:
     dist.all_reduce(loss)  # waits for rank 1, which never calls it
 else:
-    for _ in range(20):  # ask for rank 0's stacks until it is inside the all_reduce
+    for _ in range(20):  # look until rank 0 is inside the all_reduce
         time.sleep(0.1)
-        seen = stalls.process_stacks(pids[0], wait_s=0.5) or ""
-        if "in all_reduce" in seen:
+        spy = subprocess.run(["py-spy", "dump", "--pid", str(pids[0])],
+                             capture_output=True, text=True)
+        if spy.returncode != 0 or "all_reduce" in spy.stdout:
             break
-    print(seen[seen.index("Current thread"):])
-    assert "in all_reduce" in seen.split("Current thread")[1]
+    if spy.returncode == 0:
+        stack = spy.stdout  # the main thread comes first
+    else:  # refused: no right to read rank 0's memory
+        print(spy.stderr.strip(), "\n-> labkit's own stack dump instead:\n")
+        stack = stalls.process_stacks(pids[0], wait_s=1.0) or ""
+        stack = stack[stack.index("Current thread"):]  # the main thread
+    print(stack[:stack.index("\n", stack.index("<module>"))])  # down to the cell's line
+    assert "all_reduce" in stack.split("<module>")[0]
 
 # %%
 print(sorted(ranks.last_failure))
 assert sorted(ranks.last_failure) == [0]  # rank 0 timed out; rank 1 saw it in all_reduce
 
 # %% [markdown] lang="ja"
-# 上のランク 1 の出力では、ランク 0 の `Current thread` の一番上が `all_reduce` (その中の `wait`) で、
-# その下がセルの行です。これが「どの集団通信で待っているか」の答えです。
+# 上のランク 1 の出力では、ランク 0 のメインスレッドの一番上が `all_reduce` で、その下がセルの行です。
+# これが「どの集団通信で待っているか」の答えです。
 
 # %% [markdown] lang="en"
-# In rank 1's output above, rank 0's `Current thread` has `all_reduce` (its `wait`) on
-# top, with the cell's line below it: that is "which collective it waits in".
+# In rank 1's output above, rank 0's main thread has `all_reduce` on top, with the
+# cell's line below it: that is "which collective it waits in".
+
+# %% [markdown] lang="ja"
+# ### Flight Recorder: 各ランクが入った集団通信の記録
+#
+# torch は、各ランクが呼んだ集団通信を新しいものから順に記録しています (Flight Recorder。torch 2.13 の
+# gloo でも、何も設定しなくても最近の 2,000 件を覚えています)。各ランクの記録の最後を並べると、どのランクが
+# どの集団通信まで来たかがわかります。torch 2.13 で gloo の記録を取り出す関数は非公開
+# (`torch._C._distributed_c10d._dump_fr_trace_json`) なので、名前や形は今後変わるかもしれません。
+# 下のセルは、上でハングしたあとの記録を各ランクで読みます。
+
+# %% [markdown] lang="en"
+# ### Flight Recorder: the collectives each rank entered
+#
+# torch records the collectives each rank calls (the Flight Recorder; in torch 2.13 it
+# also works with gloo and keeps the last 2,000 without any setting). Put the end of
+# each rank's record side by side and you see how far each rank got. In torch 2.13 the
+# function that reads gloo's record is private
+# (`torch._C._distributed_c10d._dump_fr_trace_json`), so its name and shape may change.
+# The cell below reads each rank's record after the hang above.
+
+# %%
+# %%px
+import json
+
+record = json.loads(torch._C._distributed_c10d._dump_fr_trace_json())  # private API
+last = record["entries"][-1]  # the last collective this rank entered
+print(f"rank {rank}: #{last['collective_seq_id']} {last['profiling_name']} "
+      f"{last['input_sizes']}")
+seqs = [None] * world_size
+dist.all_gather_object(seqs, last["collective_seq_id"])
+assert "TORCH_FR_BUFFER_SIZE" not in os.environ  # on by default
+assert seqs[0] == seqs[1] + 1  # rank 0 entered one collective more: the all_reduce
+if rank == 0:
+    assert last["profiling_name"] == "gloo:all_reduce"
+
+# %% [markdown] lang="ja"
+# ランク 0 の最後はランク 1 より 1 つ先の `gloo:all_reduce` です。ランク 1 はその集団通信に来なかった、
+# ということです。`torch.distributed.flight_recorder` の解析ツール (`torchfrtrace`) はこの判定を自動で
+# 行いますが、torch 2.13 の gloo の記録は読めません (グループ名が空のため)。
+
+# %% [markdown] lang="en"
+# Rank 0's last entry is a `gloo:all_reduce` one ahead of rank 1's: rank 1 never came
+# to that collective. torch's analyzer (`torchfrtrace`, in
+# `torch.distributed.flight_recorder`) makes this judgement by itself, but cannot read
+# torch 2.13's gloo records (their group name is empty).
 
 # %% [markdown] lang="ja"
 # ## ランクごとに食い違う集団通信

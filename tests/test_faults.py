@@ -112,18 +112,27 @@ LAST_FAILURE_CELLS = [
 
 
 @pytest.mark.timeout(180)
-def test_a_failed_px_cell_leaves_its_failures_for_the_next_cell():
-    """What a lesson asserts after a cell that fails on purpose, and the repair."""
+@pytest.mark.parametrize("repair", [True, False])
+def test_a_failed_px_cell_leaves_its_failures_for_the_next_cell(repair):
+    """What a lesson asserts after a cell that fails on purpose, and the repair:
+    without it, the next cell fails on the group the timeout broke."""
     import nbclient
     import nbformat
 
+    cells = list(LAST_FAILURE_CELLS)
+    if not repair:
+        cells[0] += "\nranks._repair = lambda: None"
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in LAST_FAILURE_CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
     nbclient.NotebookClient(nb, timeout=120, allow_errors=True,
                             kernel_name="python3").execute()
     out = ["".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
                    for o in c.outputs) for c in nb.cells]
     assert nb.cells[1].outputs[-1]["output_type"] == "error"
     assert "failed: [0] True" in out[2]  # rank 0 waited; rank 1 did not fail
-    assert out[3].count("sum 2.0") == 2  # the next %%px cell: a repaired group
-    assert "after: None" in out[4]  # a %%px cell that ran clears it
+    if repair:
+        assert out[3].count("sum 2.0") == 2  # the next %%px cell: a repaired group
+        assert "after: None" in out[4]  # a %%px cell that ran clears it
+    else:
+        assert out[3].count("sum 2.0") < 2, out[3]
+        assert nb.cells[3].outputs[-1]["output_type"] == "error"

@@ -4,7 +4,8 @@ Those claims run in separate processes: plain gloo ends a rank's process when th
 ranks' tensors differ in shape, and torch 2.13 crashes building a DDP model on
 the CPU under TORCH_DISTRIBUTED_DEBUG=DETAIL (the lesson turns DETAIL off
 before its DDP sections for that reason). Each has a control that runs the same
-script without the fault and exits 0.
+script without the fault and exits 0. The Flight Recorder's limits on gloo
+(kept entries, the analyzer) are shown in one process.
 """
 
 import json
@@ -82,16 +83,77 @@ def test_ddp_on_the_cpu_builds_under_info_and_without_debug():
         assert built.returncode == 0 and "built" in built.stdout, built.stderr[-500:]
 
 
+_FLIGHT_RECORDER = """
+import json, os, pickle, subprocess, sys, tempfile
+import torch, torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+for _ in range(2100):
+    dist.all_reduce(torch.ones(1))
+entries = json.loads(c10d._dump_fr_trace_json())["entries"]
+seqs = [e["collective_seq_id"] for e in entries]
+print("kept", len(entries), seqs[0], seqs[-1])
+dump = pickle.loads(c10d._dump_fr_trace(includeStackTraces=False))
+print("groups", sorted(dump["pg_config"]))
+
+def analyze(dump):
+    folder = tempfile.mkdtemp()
+    with open(os.path.join(folder, "rank_0"), "wb") as f:
+        pickle.dump(dump, f)
+    analyzer = "torch.distributed.flight_recorder.fr_trace"
+    return subprocess.run([sys.executable, "-m", analyzer, folder],
+                          capture_output=True, text=True)
+
+as_recorded = analyze(dump)
+last = as_recorded.stderr.strip().splitlines()[-1:]
+print("as recorded", as_recorded.returncode, last)
+dump["pg_config"] = {"0": dump["pg_config"][""]}  # the name the entries use
+print("group named", analyze(dump).returncode)
+"""
+
+
+def test_the_flight_recorder_keeps_2000_gloo_collectives_its_analyzer_cannot_read():
+    """Lesson 09's Flight Recorder claims, in torch 2.13 with gloo: on without any
+    setting, the last 2,000 collectives kept; the analyzer fails on the record
+    because its group name is empty, and reads it once the group is named."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TORCH_FR_", "TORCH_NCCL_TRACE"))}
+    run = subprocess.run([sys.executable, "-c", _FLIGHT_RECORDER], env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-1000:]
+    lines = run.stdout.splitlines()
+    assert "kept 2000 101 2100" in lines
+    assert "groups ['']" in lines
+    assert "as recorded 1 [\"KeyError: ('0', 0)\"]" in lines
+    assert "group named 0" in lines
+
+
+# What py-spy 0.4.3 prints where it may not read another process (measured here
+# as the user `nobody` against a root process).
+_REFUSING_PY_SPY = """#!/bin/sh
+echo "Permission Denied: Try running again with elevated permissions by going \\
+'sudo env \\"PATH=\\$PATH\\" !!'" >&2
+exit 1
+"""
+
+
 @pytest.mark.timeout(300)
-def test_the_lesson_fails_only_where_it_means_to_and_leaves_no_process():
+def test_the_lesson_fails_only_where_it_means_to_and_leaves_no_process(
+        tmp_path, monkeypatch):
     """Lesson 09 run as a learner's "Run All": only its `raises-exception` cells
-    fail, and no engine, controller or kernel outlives it."""
+    fail, and no engine, controller or kernel outlives it. py-spy is refused
+    here, as on a laptop without sudo, so the stack cell shows labkit's dump
+    (nbval runs the lesson with the real py-spy)."""
     import time
 
     import nbclient
     import nbformat
     from conftest import child_processes
 
+    fake = tmp_path / "py-spy"
+    fake.write_text(_REFUSING_PY_SPY)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     before = {p.pid for p in child_processes()}
     nb = nbformat.read(LESSON, as_version=4)
     nbclient.NotebookClient(nb, timeout=240, allow_errors=True,
@@ -101,6 +163,12 @@ def test_the_lesson_fails_only_where_it_means_to_and_leaves_no_process():
     meant = [i for i, c in enumerate(nb.cells)
              if "raises-exception" in c.get("metadata", {}).get("tags", [])]
     assert failed == meant and len(meant) >= 8, (failed, meant)
+    stack_cell = next(c for c in nb.cells if "py-spy" in c.source
+                      and c.cell_type == "code")
+    shown = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
+                    for o in stack_cell.outputs)  # %%px prints ranks' output as data
+    assert "Permission Denied" in shown and "labkit's own stack dump" in shown, shown
+    assert "in all_reduce" in shown  # what labkit's dump found instead
     deadline = time.monotonic() + 15
     while {p.pid for p in child_processes()} - before and time.monotonic() < deadline:
         time.sleep(0.2)
