@@ -243,7 +243,7 @@ assert saved["torch_version"] == torch.__version__
 # | GPU のない PC (この講座の基準) | `make lab`。DDP は gloo、DataParallel は CPU 上の再現で学びます。 |
 # | GPU のあるマシン | `make lab TORCH="torch==2.13.0 …"` で CUDA 版の PyTorch を指定します。ノートブックのランクは、ここでも gloo で CPU の上で動きます。本物の GPU を使うのは、GPU が 2 台以上あるときのレッスン 02 の DataParallel と、コマンドラインです (`torchrun --nproc-per-node N -m labkit nosync --backend nccl`、1 ランクに GPU 1 台)。 |
 # | リモートの GPU サーバー | サーバーで `make lab` (127.0.0.1 で待ち受け) し、手元から `ssh -L 8888:127.0.0.1:8888 サーバー` で転送してブラウザで開きます。 |
-# | クラスタ | ノートブックではなく `torchrun` でスクリプトを起動します (レッスン 08)。 |
+# | クラスタ | ノートブックではなく `torchrun` でスクリプトを起動します (レッスン 09)。 |
 #
 # 上の doctor の「ここでは動かないもの」に出た項目のうち、GPU を使うものは GPU のあるマシンで動きます。
 # ただし、この講座の GPU の経路 (nccl と CUDA) は、まだ一度も GPU の上で動かしたことがありません。
@@ -258,7 +258,7 @@ assert saved["torch_version"] == torch.__version__
 # | a PC without a GPU (what the course is built for) | `make lab`. DDP runs on gloo; DataParallel is simulated on the CPU. |
 # | a machine with GPUs | `make lab TORCH="torch==2.13.0 …"` to pick a CUDA build of PyTorch. The notebooks' ranks still use gloo on the CPU there; real GPUs are used by lesson 02's DataParallel (with two or more GPUs) and by the command line (`torchrun --nproc-per-node N -m labkit nosync --backend nccl`, one GPU per rank). |
 # | a remote GPU server | run `make lab` there (it listens on 127.0.0.1) and forward it with `ssh -L 8888:127.0.0.1:8888 server`, then open it in your browser. |
-# | a cluster | start scripts with `torchrun`, not notebooks (lesson 08). |
+# | a cluster | start scripts with `torchrun`, not notebooks (lesson 09). |
 #
 # What the doctor listed under "does not run here" and needs GPUs runs on a machine with
 # GPUs. But the course's GPU paths (nccl and CUDA) have never run on a GPU: no machine

@@ -539,12 +539,12 @@ assert "Can't get attribute 'train'" in lost.text
 # %% [markdown] lang="ja"
 # エンジンは一度起動したら残り続ける普通の Python プロセスで、`%%px` のコードはそこで実行されます。
 # 関数をピクル化して送る必要がなく、各ランクの出力とトレースバックはセルに表示されます。
-# スクリプトとして実行するときは `torchrun` を使います (レッスン 04 と 08)。
+# スクリプトとして実行するときは `torchrun` を使います (レッスン 04 と 09)。
 
 # %% [markdown] lang="en"
 # Engines are ordinary Python processes that stay up once started, and `%%px` code runs
 # in them: nothing has to be pickled, and each rank's output and traceback appear in the
-# cell. As a script, use `torchrun` (lessons 04 and 08).
+# cell. As a script, use `torchrun` (lessons 04 and 09).
 
 # %% [markdown] lang="ja"
 # ## world size 1 と 2 の 1 ステップの時間

@@ -719,7 +719,7 @@ fig = plots.convergence(
 #
 # 「訓練が不安定になる」「収束が遅くなる」は誤りです。正しく使えば大きなバッチと同じ学習で、
 # 変わるのは 1 回の更新にかかる時間だけです。大きなバッチそのものが収束に与える影響
-# (学習率の調整など) は、`no_sync` とは別の話です (レッスン 07)。
+# (学習率の調整など) は、`no_sync` とは別の話です (レッスン 08)。
 
 # %% [markdown] lang="en"
 # ## When to use it (the document's lists, rewritten)
@@ -755,7 +755,7 @@ fig = plots.convergence(
 # "Unstable training" and "slower convergence" are wrong: used correctly it trains
 # exactly as the large batch does; only the time per update changes. What a large batch
 # itself does to convergence (learning-rate scaling and the like) is a separate matter
-# (lesson 07).
+# (lesson 08).
 
 # %% [markdown] lang="ja"
 # 基準が勾配累積であることは、上の時間のセルで数えたバイト数で確かめられます。K = 1 では `no_sync`

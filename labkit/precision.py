@@ -2,7 +2,7 @@
 GradScaler on GPUs, and what became of Apex's amp and torch.cuda.amp.
 
 A whole training run in bfloat16 is labkit.training's `precision="bfloat16"`;
-lesson 06 writes the float16 step with its GradScaler out in a cell.
+lesson 07 writes the float16 step with its GradScaler out in a cell.
 """
 
 from __future__ import annotations

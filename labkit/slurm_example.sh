@@ -1,5 +1,5 @@
 #!/bin/bash
-# Lesson 08: the course's experiment on a real cluster, two nodes x 4 GPUs.
+# Lesson 09: the course's experiment on a real cluster, two nodes x 4 GPUs.
 #
 # One `srun` task per node starts one torchrun agent; the agents meet at a
 # c10d rendezvous on the first node of the allocation, and each starts

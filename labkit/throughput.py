@@ -1,5 +1,5 @@
 """How fast a training step runs: seconds per step by width, samples per second
-by batch size (lesson 06), on doc 004's WideMLP with SGD.
+by batch size (lesson 07), on doc 004's WideMLP with SGD.
 
 Every way of timing a step starts from timed_problem, so that one process,
 DataParallel and DDP (labkit.dp_compare), or two widths, are timed on the same
@@ -14,7 +14,7 @@ from . import i18n, models, timing
 
 __all__ = ["samples_per_s", "step_times", "timed_problem"]
 
-# Lesson 06's plots.
+# Lesson 07's plots.
 i18n.register({
     "batch_size": {"ja": "バッチサイズ", "en": "batch size"},
     "samples_per_s": {"ja": "1 秒あたりのサンプル数", "en": "samples per second"},
@@ -22,7 +22,7 @@ i18n.register({
         "ja": "バッチサイズごとの処理速度 (学習ステップ)",
         "en": "Training throughput by batch size",
     },
-    "model_size_title": {  # lesson 06 times its widths at batch 1024
+    "model_size_title": {  # lesson 07 times its widths at batch 1024
         "ja": "モデルの大きさと 1 ステップの時間 (バッチ 1024)",
         "en": "Model size and time per step (batch 1024)",
     },

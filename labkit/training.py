@@ -1,4 +1,4 @@
-"""Training on the teacher task in one process: the loop of lesson 07's runs.
+"""Training on the teacher task in one process: the loop of lesson 08's runs.
 
 One loop serves every single-process experiment: batch size and learning rate,
 warm-up, data order, optimizer, scheduler, model size, mixed precision, and

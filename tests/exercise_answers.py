@@ -238,7 +238,7 @@ def train_step_on_rank_0(model, optimizer, scheduler, criterion, updates, rank):
         scheduler.step()
 
 
-# 06: the bytes of activations DeepMLP keeps for backward
+# 07: the bytes of activations DeepMLP keeps for backward
 
 
 def saved_bytes(batch, width, depth, segments, checkpointed):
@@ -271,7 +271,7 @@ def saved_bytes_checkpoint_ignored(batch, width, depth, segments, checkpointed):
     return (depth + 1) * batch * width * 4
 
 
-# 06: an evaluation that changes nothing and keeps nothing
+# 07: an evaluation that changes nothing and keeps nothing
 
 
 def evaluate(model, X, y):
@@ -296,7 +296,7 @@ def evaluate_sum(model, X, y):
         return ((model(X) - y) ** 2).sum().item()  # a sum, not the mean
 
 
-# 07: the learning rate of a large batch (lr 0.2 at batch 32, warm-up 20 steps)
+# 08: the learning rate of a large batch (lr 0.2 at batch 32, warm-up 20 steps)
 
 
 def _warmup(peak, step, start=1 / 20):
@@ -334,7 +334,7 @@ def lr_at_from_base(step, batch_size):
     return 0.2 + (peak - 0.2) * min(step, 20) / 20
 
 
-# 07: SyncBatchNorm's statistics by hand (these run on the ranks)
+# 08: SyncBatchNorm's statistics by hand (these run on the ranks)
 
 
 def _sums(*tensors):
@@ -389,7 +389,7 @@ def global_mean_var_squares(x):
     return total / count, squares / count
 
 
-# 07: what torchrun hands each process
+# 09: what torchrun hands each process
 
 
 def torchrun_env(nnodes, nproc_per_node, node_rank):
@@ -423,7 +423,7 @@ def torchrun_env_interleaved(nnodes, nproc_per_node, node_rank):
             for env in torchrun_env(nnodes, nproc_per_node, node_rank)]
 
 
-# 07: values of a parameter one rank holds under fully_shard
+# 09: values of a parameter one rank holds under fully_shard
 
 
 def values_held(shape, rank, world_size):
@@ -449,7 +449,7 @@ def values_held_array_split(shape, rank, world_size):
     return (rows // world_size + (rank < rows % world_size)) * math.prod(shape[1:])
 
 
-# 09: the parameters that get no gradient
+# 10: the parameters that get no gradient
 
 
 def unused_parameters(model, X):
@@ -471,7 +471,7 @@ def unused_parameters_used(model, X):
     return sorted(name for name, p in model.named_parameters() if p.grad is not None)
 
 
-# 09: an uneven epoch (these run on the ranks)
+# 10: an uneven epoch (these run on the ranks)
 
 
 def train_epoch(model, optimizer, batches):
@@ -507,7 +507,7 @@ def train_epoch_module(model, optimizer, batches):
         optimizer.step()
 
 
-# 09: an exact validation metric (these run on the ranks)
+# 10: an exact validation metric (these run on the ranks)
 
 
 def exact_mean(values, total):

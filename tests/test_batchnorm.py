@@ -1,4 +1,4 @@
-"""Lesson 07's BatchNorm cells, run on two ranks as written, and with a line changed.
+"""Lesson 08's BatchNorm cells, run on two ranks as written, and with a line changed.
 
 The lesson writes its BatchNorm experiment in `%%px` cells and asserts what DDP
 does to `running_mean`. These tests run those very cells (read from the built
@@ -16,7 +16,7 @@ import torch
 from labkit import batchnorm, cluster
 
 ROOT = Path(__file__).resolve().parent.parent
-LESSON = ROOT / "notebooks" / "en" / "07_training_settings.ipynb"
+LESSON = ROOT / "notebooks" / "en" / "08_training_settings.ipynb"
 TRAINING_DDP = "model = DDP(nn.BatchNorm1d(4))"
 
 

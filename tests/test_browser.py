@@ -171,15 +171,15 @@ def test_lesson_runs_in_a_browser_with_widgets_and_plots(lab):
 
 
 def test_run_all_goes_past_the_cells_that_fail_on_purpose(lab):
-    """Lesson 09 tags its failing cells `raises-exception`: "Run All Cells" in
+    """Lesson 10 tags its failing cells `raises-exception`: "Run All Cells" in
     JupyterLab runs on past them to the end, and only they show an error."""
     import json
 
-    lesson = ROOT / "notebooks" / "en" / "09_troubleshooting.ipynb"
+    lesson = ROOT / "notebooks" / "en" / "10_troubleshooting.ipynb"
     nb = json.loads(lesson.read_text(encoding="utf-8"))
     meant = [i for i, c in enumerate(nb["cells"])
              if "raises-exception" in c.get("metadata", {}).get("tags", [])]
-    text, failed = _run_all(lab, "en/09_troubleshooting.ipynb", timeout_ms=300_000)
+    text, failed = _run_all(lab, "en/10_troubleshooting.ipynb", timeout_ms=300_000)
     assert len(meant) >= 8 and failed == meant, (failed, meant)
     assert "restarted:" in text  # the last code cell ran
 
@@ -230,13 +230,13 @@ def _click(link):
 def _links_to_try(lang):
     """A few errata links, each to a heading below its notebook's first screen.
 
-    The deepest linked heading of lessons 04 and 07, then one in the middle of
+    The deepest linked heading of lessons 04 and 08, then one in the middle of
     lesson 04, which is already open by then: JupyterLab reveals its tab.
     """
     import links
 
     folder = ROOT / "notebooks" / lang
-    errata = links._markdown_cells(folder / "10_errata.ipynb")
+    errata = links._markdown_cells(folder / "11_errata.ipynb")
     found = [m.groups() for _, source in errata for m in links.LINK.finditer(source)]
 
     def depth(link):
@@ -249,7 +249,7 @@ def _links_to_try(lang):
     by_lesson = {n: sorted({lk for lk in found if lk[1].startswith(n)},
                            key=lambda lk: (depth(lk), lk))
                  for n in ("04_", "07_")}
-    assert all(by_lesson.values()), "the errata link lessons 04 and 07"
+    assert all(by_lesson.values()), "the errata link lessons 04 and 08"
     lesson4 = by_lesson["04_"]
     return [by_lesson["07_"][-1], lesson4[-1], lesson4[len(lesson4) // 2]]
 
@@ -276,7 +276,7 @@ def test_errata_links_land_on_their_heading(lab_as_shipped):
                 # and twice, both times under load, the first link clicked while
                 # they loaded opened its lesson at the top (JupyterLab did not
                 # scroll to the fragment). See "Noticed" in the issue 13 notes.
-                page.goto(f"{base}/lab/tree/{lang}/10_errata.ipynb?reset&token={token}")
+                page.goto(f"{base}/lab/tree/{lang}/11_errata.ipynb?reset&token={token}")
                 for text, target, fragment in _links_to_try(lang):
                     path, anchors = f"{lang}/{target}", _anchors(lang, target, fragment)
                     page.wait_for_function(MARK_LINK, arg=[path, fragment],

@@ -1,6 +1,6 @@
 """The claims ledger: each errata row and lesson claim links to a cell that asserts.
 
-The ledger is the tables of 10_errata (ids 000-N, 004-N, L03-N, ...). A row whose
+The ledger is the tables of 11_errata (ids 000-N, 004-N, L03-N, ...). A row whose
 section has no assertion yet must be listed in KNOWN_GAPS, with what is missing;
 the list may only shrink: a gap that gets its assertion fails until it is removed.
 """
@@ -16,7 +16,7 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 # Rows whose linked section asserts nothing today, and the assertion it needs.
 KNOWN_GAPS = {
-    # A fact about a TensorFlow library the course does not install: lesson 08
+    # A fact about a TensorFlow library the course does not install: lesson 09
     # cites its documentation; no cell here can run it.
     "004-29": "07 TensorFlow Lattice: cited, not demonstrated",
 }
@@ -28,8 +28,8 @@ def test_every_row_links_to_a_cell_that_asserts(lang):
 
 
 def test_both_languages_have_the_same_rows_and_targets():
-    ja = ledger.ledger(NOTEBOOKS / "ja" / "10_errata.ipynb")
-    en = ledger.ledger(NOTEBOOKS / "en" / "10_errata.ipynb")
+    ja = ledger.ledger(NOTEBOOKS / "ja" / "11_errata.ipynb")
+    en = ledger.ledger(NOTEBOOKS / "en" / "11_errata.ipynb")
     assert len(en) >= 70
     assert [(i, target) for i, target, _ in ja] == [(i, target) for i, target, _ in en]
 
@@ -80,7 +80,7 @@ def _notebook(path, *cells):
 
 def _pair(folder, lesson_cells, rows):
     _notebook(folder / "03_lesson.ipynb", *lesson_cells)
-    _notebook(folder / "10_errata.ipynb", ("markdown", "| id | claim | cell |\n"
+    _notebook(folder / "11_errata.ipynb", ("markdown", "| id | claim | cell |\n"
                                            "|---|---|---|\n" + "\n".join(rows)))
 
 
@@ -151,7 +151,7 @@ VERDICTS = {"ja": ("正しい", "誤り", "誤解を招く", "古い"),
 def test_the_errata_tables_are_well_formed(lang):
     """Every row about the documents has one of the four verdicts; each
     document's ids run from 1 without a gap or a repeat; every row links."""
-    errata = NOTEBOOKS / lang / "10_errata.ipynb"
+    errata = NOTEBOOKS / lang / "11_errata.ipynb"
     nb = json.loads(errata.read_text(encoding="utf-8"))
     doc_rows = [line.split("|") for cell in nb["cells"]
                 if cell["cell_type"] == "markdown"
@@ -162,7 +162,7 @@ def test_the_errata_tables_are_well_formed(lang):
     assert set(verdicts) <= set(VERDICTS[lang]), set(verdicts) - set(VERDICTS[lang])
     rows = ledger.ledger(errata)
     ids = [id_ for id_, _, _ in rows]
-    for doc in ("000", "004", "L03", "L04", "L05", "L09"):
+    for doc in ("000", "004", "L03", "L04", "L05", "L10"):
         numbers = [int(i.split("-")[1]) for i in ids if i.startswith(doc + "-")]
         assert numbers == list(range(1, len(numbers) + 1)), (doc, numbers)
     assert len(ids) == len(set(ids))  # no id twice

@@ -155,14 +155,14 @@ def test_replicas_agree(ranks, capsys):
         exercises.grade_replicas_agree(ranks, answers.train_no_scheduler)
 
 
-# 06: the bytes of activations DeepMLP keeps
+# 07: the bytes of activations DeepMLP keeps
 
 
 def test_saved_activations(capsys):
     exercises.grade_saved_activations(answers.saved_bytes)
     out = capsys.readouterr().out
     assert "matches the measured bytes for 8 shapes" in out
-    assert "27.3 MB, and 8.4 MB with 4 checkpointed segments" in out  # lesson 06's
+    assert "27.3 MB, and 8.4 MB with 4 checkpointed segments" in out  # lesson 07's
     with wrong("ex_fill_in"):
         exercises.grade_saved_activations(lambda *shape: None)
     for answer, key in [(answers.saved_values, "ex_act_values"),
@@ -176,7 +176,7 @@ def test_saved_activations(capsys):
         exercises.grade_saved_activations(lambda *shape: 1)
 
 
-# 06: an evaluation that changes nothing and keeps nothing
+# 07: an evaluation that changes nothing and keeps nothing
 
 
 def test_evaluation(capsys):
@@ -194,7 +194,7 @@ def test_evaluation(capsys):
         exercises.grade_evaluation(answers.evaluate_sum)
 
 
-# 07: the learning rate of a large batch
+# 08: the learning rate of a large batch
 
 
 def test_warmup_schedule(capsys):
@@ -212,7 +212,7 @@ def test_warmup_schedule_wrong_factor():
     assert "16 times the batch, 16 times the rate" in str(caught.value)
 
 
-# 07: SyncBatchNorm's statistics by hand, on two ranks
+# 08: SyncBatchNorm's statistics by hand, on two ranks
 
 
 def test_global_statistics(ranks, capsys):
@@ -221,7 +221,7 @@ def test_global_statistics(ranks, capsys):
            "variance of all of them" in capsys.readouterr().out
 
 
-# 07: what torchrun hands each process, and what FSDP's ranks hold
+# 09: what torchrun hands each process, and what FSDP's ranks hold
 
 
 def test_torchrun_env(capsys):
@@ -310,7 +310,7 @@ def test_mistakes_on_ranks(ranks, check, answer, key, says):
     assert says in str(caught.value)
 
 
-# 09: the parameters that get no gradient
+# 10: the parameters that get no gradient
 
 
 def test_unused_parameters(capsys):
@@ -325,7 +325,7 @@ def test_unused_parameters(capsys):
         exercises.grade_unused_parameters(answers.unused_parameters_used)
 
 
-# 09: an uneven epoch, on two ranks
+# 10: an uneven epoch, on two ranks
 
 
 def test_uneven_epoch(ranks, capsys):
@@ -340,7 +340,7 @@ def test_uneven_epoch(ranks, capsys):
         exercises.grade_uneven_epoch(ranks, answers.train_epoch_module)
 
 
-# 09: an exact validation metric, on two ranks
+# 10: an exact validation metric, on two ranks
 
 
 def test_exact_mean(ranks, capsys):

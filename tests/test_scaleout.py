@@ -1,4 +1,4 @@
-"""Lesson 08's helpers, and lesson 07's rank-side ones: torchrun on two simulated
+"""Lesson 09's helpers, and lesson 08's rank-side ones: torchrun on two simulated
 nodes, FSDP shards, ZeRO arithmetic, BatchNorm under DDP, optional frameworks."""
 
 import json

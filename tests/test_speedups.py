@@ -1,4 +1,4 @@
-"""The helpers of lessons 06 and 07: loading, precision, activations, training."""
+"""The helpers of lessons 07 and 08: loading, precision, activations, training."""
 
 import math
 import warnings

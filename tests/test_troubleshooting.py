@@ -1,4 +1,4 @@
-"""Lesson 09 run whole, and its claims that a cell could not show safely.
+"""Lesson 10 run whole, and its claims that a cell could not show safely.
 
 Those claims run in separate processes: plain gloo ends a rank's process when the
 ranks' tensors differ in shape, and torch 2.13 crashes building a DDP model on
@@ -19,7 +19,7 @@ import pytest
 from conftest import two_rank_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
-LESSON = ROOT / "notebooks" / "en" / "09_troubleshooting.ipynb"
+LESSON = ROOT / "notebooks" / "en" / "10_troubleshooting.ipynb"
 
 _MISMATCH = """
 import os, sys
@@ -113,7 +113,7 @@ print("group named", analyze(dump).returncode)
 
 
 def test_the_flight_recorder_keeps_2000_gloo_collectives_its_analyzer_cannot_read():
-    """Lesson 09's Flight Recorder claims, in torch 2.13 with gloo: on without any
+    """Lesson 10's Flight Recorder claims, in torch 2.13 with gloo: on without any
     setting, the last 2,000 collectives kept; the analyzer fails on the record
     because its group name is empty, and reads it once the group is named."""
     env = {k: v for k, v in os.environ.items()
@@ -140,7 +140,7 @@ exit 1
 @pytest.mark.timeout(300)
 def test_the_lesson_fails_only_where_it_means_to_and_leaves_no_process(
         tmp_path, monkeypatch):
-    """Lesson 09 run as a learner's "Run All": only its `raises-exception` cells
+    """Lesson 10 run as a learner's "Run All": only its `raises-exception` cells
     fail, and no engine, controller or kernel outlives it. py-spy is refused
     here, as on a laptop without sudo, so the stack cell shows labkit's dump
     (nbval runs the lesson with the real py-spy)."""

@@ -1,4 +1,4 @@
-"""Lesson 08 (ecosystem): what torchrun hands each process, and FSDP's shards.
+"""Lesson 09 (ecosystem): what torchrun hands each process, and FSDP's shards.
 
 Messages below; how a grader answers: labkit.exercises.feedback. `_..._trial`
 functions run on the ranks.

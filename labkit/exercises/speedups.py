@@ -1,4 +1,4 @@
-"""Lesson 06 (speed-ups): the activations a model keeps, an evaluation that keeps none.
+"""Lesson 07 (speed-ups): the activations a model keeps, an evaluation that keeps none.
 
 Messages below; how a grader answers: labkit.exercises.feedback. The truth is
 measured, not written down: the bytes with activations.saved_activation_bytes

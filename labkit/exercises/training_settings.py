@@ -1,4 +1,4 @@
-"""Lesson 07 (training settings): a large batch's warm-up, SyncBatchNorm's statistics.
+"""Lesson 08 (training settings): a large batch's warm-up, SyncBatchNorm's statistics.
 
 Messages below; how a grader answers: labkit.exercises.feedback. `_..._trial`
 functions run on the ranks.
@@ -139,7 +139,7 @@ register({  # key: (ja, en)
 })
 
 
-# Lesson 07's warm-up run: lr 0.2 suits batch 32; LinearLR over 20 steps.
+# Lesson 08's warm-up run: lr 0.2 suits batch 32; LinearLR over 20 steps.
 BASE_LR, BASE_BATCH, WARMUP_STEPS = 0.2, 32, 20
 
 

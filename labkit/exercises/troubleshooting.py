@@ -1,4 +1,4 @@
-"""Lesson 09 (troubleshooting): unused parameters, an uneven epoch, an exact metric.
+"""Lesson 10 (troubleshooting): unused parameters, an uneven epoch, an exact metric.
 
 Messages below; how a grader answers: labkit.exercises.feedback. `_..._trial`
 functions run on the ranks. The truth is computed, not written down: which

@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown] lang="ja"
-# # 09 DDP がうまくいかないとき: ハング、食い違い、使われないパラメータ、不揃いな入力、チェックポイント
+# # 10 DDP がうまくいかないとき: ハング、食い違い、使われないパラメータ、不揃いな入力、チェックポイント
 #
 # DDP を学ぶ人がいちばん困るのは、モデルの包み方ではなく、学習が止まる (ハングする)、エラーになる、
 # 間違った数字を出す、という場面です。このレッスンでは、それぞれの失敗を 2 つのランクでわざと起こし、
@@ -28,7 +28,7 @@
 # 次のセルが、どのランクが何で失敗したか (`ranks.last_failure`) を確かめます。
 
 # %% [markdown] lang="en"
-# # 09 When DDP goes wrong: hangs, mismatches, unused parameters, uneven inputs, checkpoints
+# # 10 When DDP goes wrong: hangs, mismatches, unused parameters, uneven inputs, checkpoints
 #
 # What troubles people learning DDP most is not how to wrap a model but training that
 # stops (hangs), raises, or reports the wrong number. This lesson causes each of these
@@ -65,7 +65,7 @@ ranks = cluster.start(2, timeout_s=3)  # a collective waits 3 s at most
 # `all_reduce` や `barrier` のような集団通信は、**すべてのランクが同じ順に呼ぶ**約束です。よくある間違いは、
 # 「表示はランク 0 だけで」のつもりで、集団通信まで `if rank == 0:` の中に入れることです
 # (BatchNorm のようなバッファを持つ DDP のモデルの順伝播も集団通信です。DDP はまずランク 0 の
-# バッファをコピーします。レッスン 07)。ランク 1 は呼ばずに先へ進み、ランク 0 は来ない
+# バッファをコピーします。レッスン 08)。ランク 1 は呼ばずに先へ進み、ランク 0 は来ない
 # 相手を待ち続けます。
 
 # %% [markdown] lang="en"

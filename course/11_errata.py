@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown] lang="ja"
-# # 10 正誤表
+# # 11 正誤表
 #
 # 出発点の 2 つの記事 (記事 000: `no_sync` と高速化の方法、記事 004: `data_parallel`、Horovod、
 # フレームワーク) の記述とコードを 1 つずつ取り上げ、判定、正しい内容、それを確かめるセルへのリンクを
@@ -29,7 +29,7 @@
 # 環境でずれたときは、左の目次から見出しを選んでください。
 
 # %% [markdown] lang="en"
-# # 10 Errata
+# # 11 Errata
 #
 # Every statement and code snippet of the two source articles (doc 000: `no_sync` and
 # speed-up tips; doc 004: `data_parallel`, Horovod, frameworks), with a verdict, the
@@ -76,21 +76,21 @@ labkit.set_lang("ja")
 # | 000-12 | コード `ddp_model.no_sync()` (1 行だけ) | 誤り | 何も起きない。`with model.no_sync():` の中で順伝播と逆伝播 | [04: 誤用 1: ddp_model.no_sync() と 1 行書く](04_no_sync.ipynb#cell-id=04-misuse-1-writing-ddp-model-no-sync-on-its-own-line) |
 # | 000-13 | コード「# 訓練コード」で同期あり/なしを比較 | 誤り | 比較のコードがない。同じ条件で比べると曲線は重なり、no_sync は時間が短い | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
 # | 000-14 | コード「モデルを 2 つ (4 つ) の GPU に分散」`MyModel().cuda()` | 誤解を招く | `.cuda()` は 1 台の GPU に置くだけ。DDP は 1 GPU に 1 プロセスを起動する | [03: ランクを起動する](03_ddp.ipynb#cell-id=03-start-the-ranks) |
-# | 000-15 | コード `for epoch in range(10):` の次がコメント「# 訓練コード」だけ | 誤り | 本体のない `for` は構文エラー (IndentationError)。2 つ目と 3 つ目のコード例は実行すら始まらない | [10: 記事 000 の本体のない for 文](10_errata.ipynb#cell-id=10-doc-000-s-for-loops-without-a-body) |
-# | 000-16 | コード `DistributedDataParallel(model, dim=1)` | 誤解を招く | 1 プロセス 1 デバイスでは DDP は入力を分けないので `dim` は何もしない | [07: 記事の DistributedDataParallel(model, dim=1)](07_training_settings.ipynb#cell-id=07-the-document-s-distributeddataparallel-model-dim-1) |
-# | 000-17 | 「データローダーのワーカー数を増やす」 | 正しい | 読み込みが重いときに効く (ワーカー 2 つでエポックの時間の中央値が 0.9 倍未満になることをセルが確かめる)。データは変わらない | [06: DataLoader のワーカー数](06_speedups.ipynb#cell-id=06-dataloader-workers) |
-# | 000-18 | 「バッチサイズを増やす」 | 誤解を招く | 処理速度は上がるが、収束には学習率の調整とウォームアップが要る | [07: 大きなバッチと学習率](07_training_settings.ipynb#cell-id=07-large-batches-and-the-learning-rate) |
-# | 000-19 | 「データシャッフルを有効にする」(速度向上として) | 誤り | 速さは変わらない。収束のために必要 | [07: シャッフルは速さではなく収束のため](07_training_settings.ipynb#cell-id=07-shuffling-is-for-convergence-not-speed) |
-# | 000-20 | 「ピンメモリーを使用する」 | 正しい | GPU で学習するときに限る。固定メモリからの CPU→GPU 転送は速く、`.to(device, non_blocking=True)` と組み合わせると転送と計算が重なる。GPU がなければバッチは固定されず、何も変わらない | [06: pin_memory](06_speedups.ipynb#cell-id=06-pin-memory) |
-# | 000-21 | 「軽量なモデル」「精度と速度のバランス」「不要な計算を削減」 | 正しい | パラメータが少ないほど 1 ステップの計算 (FLOPs) が減り、小さすぎると精度が落ちる (どちらもセルが確かめる)。時間は「この実行では」として示す。評価は `torch.no_grad()` で | [06: 軽いモデル](06_speedups.ipynb#cell-id=06-a-lighter-model) |
-# | 000-22 | 「学習率を調整」「オプティマイザーを変更」「スケジューラーを使用」 | 誤解を招く | 1 ステップは速くならない。少ないステップで収束させるためのもの | [07: 学習率、オプティマイザ、スケジューラ](07_training_settings.ipynb#cell-id=07-learning-rate-optimizer-and-scheduler) |
-# | 000-23 | 「チェックポイントを活用する」(保存の意味で) | 誤解を招く | 速くはならない。止まっても再開でき、結果は 1 ビットも同じ | [07: チェックポイント: 学習状態を保存して再開する](07_training_settings.ipynb#cell-id=07-checkpoints-save-and-resume-the-training-state) |
-# | 000-24 | 「チェックポイントを活用する」(活性化チェックポイントの意味で) | 誤解を招く | 速くする方法ではない。メモリを減らす代わりに、1 ステップで順伝播をもう 1 回計算する (セルが数える)。時間は「この実行では」として示す | [06: 活性化チェックポイント](06_speedups.ipynb#cell-id=06-activation-checkpointing) |
-# | 000-25 | 「より高速な GPU」「TPU などの専用ハードウェア」 | 誤解を招く | 速い GPU は予算の話で、コードは同じ (`nccl`)。TPU は違う: `nccl` は使えず (CUDA 専用)、PyTorch だけではテンソルを置けない。torch_xla が要り、XLA デバイス、専用のデータローダー、ステップごとの同期の呼び出し、`xla` バックエンドとコードを書き換える | [10: TPU には torch_xla が要る](10_errata.ipynb#cell-id=10-a-tpu-needs-torch-xla) |
-# | 000-26 | 「Apex」 | 古い | `torch.autocast` と `torch.amp.GradScaler`。`torch.cuda.amp` も非推奨 | [06: 混合精度 (torch.autocast)](06_speedups.ipynb#cell-id=06-mixed-precision-torch-autocast) |
-# | 000-27 | 「Horovod」 | 古い | 最新リリースは 2023 年の 0.28.1。PyTorch では torchrun と DDP | [08: Horovod のいま](08_ecosystem.ipynb#cell-id=08-horovod-today) |
+# | 000-15 | コード `for epoch in range(10):` の次がコメント「# 訓練コード」だけ | 誤り | 本体のない `for` は構文エラー (IndentationError)。2 つ目と 3 つ目のコード例は実行すら始まらない | [11: 記事 000 の本体のない for 文](11_errata.ipynb#cell-id=11-doc-000-s-for-loops-without-a-body) |
+# | 000-16 | コード `DistributedDataParallel(model, dim=1)` | 誤解を招く | 1 プロセス 1 デバイスでは DDP は入力を分けないので `dim` は何もしない | [08: 記事の DistributedDataParallel(model, dim=1)](08_training_settings.ipynb#cell-id=08-the-document-s-distributeddataparallel-model-dim-1) |
+# | 000-17 | 「データローダーのワーカー数を増やす」 | 正しい | 読み込みが重いときに効く (ワーカー 2 つでエポックの時間の中央値が 0.9 倍未満になることをセルが確かめる)。データは変わらない | [07: DataLoader のワーカー数](07_speedups.ipynb#cell-id=07-dataloader-workers) |
+# | 000-18 | 「バッチサイズを増やす」 | 誤解を招く | 処理速度は上がるが、収束には学習率の調整とウォームアップが要る | [08: 大きなバッチと学習率](08_training_settings.ipynb#cell-id=08-large-batches-and-the-learning-rate) |
+# | 000-19 | 「データシャッフルを有効にする」(速度向上として) | 誤り | 速さは変わらない。収束のために必要 | [08: シャッフルは速さではなく収束のため](08_training_settings.ipynb#cell-id=08-shuffling-is-for-convergence-not-speed) |
+# | 000-20 | 「ピンメモリーを使用する」 | 正しい | GPU で学習するときに限る。固定メモリからの CPU→GPU 転送は速く、`.to(device, non_blocking=True)` と組み合わせると転送と計算が重なる。GPU がなければバッチは固定されず、何も変わらない | [07: pin_memory](07_speedups.ipynb#cell-id=07-pin-memory) |
+# | 000-21 | 「軽量なモデル」「精度と速度のバランス」「不要な計算を削減」 | 正しい | パラメータが少ないほど 1 ステップの計算 (FLOPs) が減り、小さすぎると精度が落ちる (どちらもセルが確かめる)。時間は「この実行では」として示す。評価は `torch.no_grad()` で | [07: 軽いモデル](07_speedups.ipynb#cell-id=07-a-lighter-model) |
+# | 000-22 | 「学習率を調整」「オプティマイザーを変更」「スケジューラーを使用」 | 誤解を招く | 1 ステップは速くならない。少ないステップで収束させるためのもの | [08: 学習率、オプティマイザ、スケジューラ](08_training_settings.ipynb#cell-id=08-learning-rate-optimizer-and-scheduler) |
+# | 000-23 | 「チェックポイントを活用する」(保存の意味で) | 誤解を招く | 速くはならない。止まっても再開でき、結果は 1 ビットも同じ | [08: チェックポイント: 学習状態を保存して再開する](08_training_settings.ipynb#cell-id=08-checkpoints-save-and-resume-the-training-state) |
+# | 000-24 | 「チェックポイントを活用する」(活性化チェックポイントの意味で) | 誤解を招く | 速くする方法ではない。メモリを減らす代わりに、1 ステップで順伝播をもう 1 回計算する (セルが数える)。時間は「この実行では」として示す | [07: 活性化チェックポイント](07_speedups.ipynb#cell-id=07-activation-checkpointing) |
+# | 000-25 | 「より高速な GPU」「TPU などの専用ハードウェア」 | 誤解を招く | 速い GPU は予算の話で、コードは同じ (`nccl`)。TPU は違う: `nccl` は使えず (CUDA 専用)、PyTorch だけではテンソルを置けない。torch_xla が要り、XLA デバイス、専用のデータローダー、ステップごとの同期の呼び出し、`xla` バックエンドとコードを書き換える | [11: TPU には torch_xla が要る](11_errata.ipynb#cell-id=11-a-tpu-needs-torch-xla) |
+# | 000-26 | 「Apex」 | 古い | `torch.autocast` と `torch.amp.GradScaler`。`torch.cuda.amp` も非推奨 | [07: 混合精度 (torch.autocast)](07_speedups.ipynb#cell-id=07-mixed-precision-torch-autocast) |
+# | 000-27 | 「Horovod」 | 古い | 最新リリースは 2023 年の 0.28.1。PyTorch では torchrun と DDP | [09: Horovod のいま](09_ecosystem.ipynb#cell-id=09-horovod-today) |
 # | 000-28 | 「これらの方法は no_sync() と組み合わせることでさらに速くなる」 | 誤解を招く | `no_sync` は勾配累積のときだけの話。ほかの方法とは独立 | [04: いつ使うか (記事のリストの書き直し)](04_no_sync.ipynb#cell-id=04-when-to-use-it-the-document-s-lists-rewritten) |
-# | 000-29 | 「効果は訓練データ、モデル、目標によって異なる。さまざまな方法を試す必要がある」 | 正しい | 測って決める。このレッスンの数字もこのマシンでの値 | [06: DataLoader のワーカー数](06_speedups.ipynb#cell-id=06-dataloader-workers) |
+# | 000-29 | 「効果は訓練データ、モデル、目標によって異なる。さまざまな方法を試す必要がある」 | 正しい | 測って決める。このレッスンの数字もこのマシンでの値 | [07: DataLoader のワーカー数](07_speedups.ipynb#cell-id=07-dataloader-workers) |
 
 # %% [markdown] lang="en"
 # ## Doc 000: no_sync and speed-up tips
@@ -111,21 +111,21 @@ labkit.set_lang("ja")
 # | 000-12 | code `ddp_model.no_sync()` (on its own line) | wrong | does nothing; forward and backward inside `with model.no_sync():` | [04: Misuse 1: writing ddp_model.no_sync() on its own line](04_no_sync.ipynb#cell-id=04-misuse-1-writing-ddp-model-no-sync-on-its-own-line) |
 # | 000-13 | code "# training code" comparing sync and no_sync | wrong | no code; compared properly the curves coincide and no_sync takes less time | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
 # | 000-14 | code "spread the model over 2 (4) GPUs" `MyModel().cuda()` | misleading | `.cuda()` puts it on one GPU; DDP runs one process per GPU | [03: Start the ranks](03_ddp.ipynb#cell-id=03-start-the-ranks) |
-# | 000-15 | code `for epoch in range(10):` followed only by the comment "# training code" | wrong | a `for` without a body is a syntax error (IndentationError): the second and third examples do not even start | [10: Doc 000's for loops without a body](10_errata.ipynb#cell-id=10-doc-000-s-for-loops-without-a-body) |
-# | 000-16 | code `DistributedDataParallel(model, dim=1)` | misleading | with one device per process DDP splits no input, so `dim` does nothing | [07: The document's DistributedDataParallel(model, dim=1)](07_training_settings.ipynb#cell-id=07-the-document-s-distributeddataparallel-model-dim-1) |
-# | 000-17 | "more data-loader workers" | correct | helps when loading is slow (the cell asserts that two workers bring the median epoch under 0.9 times); the data does not change | [06: DataLoader workers](06_speedups.ipynb#cell-id=06-dataloader-workers) |
-# | 000-18 | "increase the batch size" | misleading | more samples per second, but convergence needs the learning rate scaled and warm-up | [07: Large batches and the learning rate](07_training_settings.ipynb#cell-id=07-large-batches-and-the-learning-rate) |
-# | 000-19 | "enable data shuffling" (as a speed-up) | wrong | no faster; it is needed for convergence | [07: Shuffling is for convergence, not speed](07_training_settings.ipynb#cell-id=07-shuffling-is-for-convergence-not-speed) |
-# | 000-20 | "use pinned memory" | correct | when training on a GPU: CPU→GPU copies from pinned memory are faster, and with `.to(device, non_blocking=True)` they overlap with computation; without a GPU no batch is pinned and nothing changes | [06: pin_memory](06_speedups.ipynb#cell-id=06-pin-memory) |
-# | 000-21 | "lighter model", "balance accuracy and speed", "remove unneeded computation" | correct | fewer parameters compute less per step (FLOPs) and, when too few, fit worse (both asserted); the time is shown as this run's; evaluate under `torch.no_grad()` | [06: A lighter model](06_speedups.ipynb#cell-id=06-a-lighter-model) |
-# | 000-22 | "tune the learning rate", "change the optimizer", "use a scheduler" | misleading | a step is no faster; they converge in fewer steps | [07: Learning rate, optimizer and scheduler](07_training_settings.ipynb#cell-id=07-learning-rate-optimizer-and-scheduler) |
-# | 000-23 | "use checkpoints" (saving state) | misleading | no faster; it lets you resume, bit-identically | [07: Checkpoints: save and resume the training state](07_training_settings.ipynb#cell-id=07-checkpoints-save-and-resume-the-training-state) |
-# | 000-24 | "use checkpoints" (activation checkpointing) | misleading | not a speed-up: it saves memory and computes the forward once more every step (the cell counts it); the time is shown as this run's | [06: Activation checkpointing](06_speedups.ipynb#cell-id=06-activation-checkpointing) |
-# | 000-25 | "a faster GPU", "special hardware such as TPUs" | misleading | a faster GPU is a matter of budget, with the same code (`nccl`); a TPU is not: `nccl` does not work there (CUDA only) and PyTorch alone cannot put a tensor on it; it takes torch_xla and a code change: XLA devices, its data loaders, a sync call every step, the `xla` backend | [10: A TPU needs torch_xla](10_errata.ipynb#cell-id=10-a-tpu-needs-torch-xla) |
-# | 000-26 | "Apex" | outdated | `torch.autocast` and `torch.amp.GradScaler`; `torch.cuda.amp` is deprecated too | [06: Mixed precision (torch.autocast)](06_speedups.ipynb#cell-id=06-mixed-precision-torch-autocast) |
-# | 000-27 | "Horovod" | outdated | latest release 0.28.1 (2023); with PyTorch use torchrun and DDP | [08: Horovod today](08_ecosystem.ipynb#cell-id=08-horovod-today) |
+# | 000-15 | code `for epoch in range(10):` followed only by the comment "# training code" | wrong | a `for` without a body is a syntax error (IndentationError): the second and third examples do not even start | [11: Doc 000's for loops without a body](11_errata.ipynb#cell-id=11-doc-000-s-for-loops-without-a-body) |
+# | 000-16 | code `DistributedDataParallel(model, dim=1)` | misleading | with one device per process DDP splits no input, so `dim` does nothing | [08: The document's DistributedDataParallel(model, dim=1)](08_training_settings.ipynb#cell-id=08-the-document-s-distributeddataparallel-model-dim-1) |
+# | 000-17 | "more data-loader workers" | correct | helps when loading is slow (the cell asserts that two workers bring the median epoch under 0.9 times); the data does not change | [07: DataLoader workers](07_speedups.ipynb#cell-id=07-dataloader-workers) |
+# | 000-18 | "increase the batch size" | misleading | more samples per second, but convergence needs the learning rate scaled and warm-up | [08: Large batches and the learning rate](08_training_settings.ipynb#cell-id=08-large-batches-and-the-learning-rate) |
+# | 000-19 | "enable data shuffling" (as a speed-up) | wrong | no faster; it is needed for convergence | [08: Shuffling is for convergence, not speed](08_training_settings.ipynb#cell-id=08-shuffling-is-for-convergence-not-speed) |
+# | 000-20 | "use pinned memory" | correct | when training on a GPU: CPU→GPU copies from pinned memory are faster, and with `.to(device, non_blocking=True)` they overlap with computation; without a GPU no batch is pinned and nothing changes | [07: pin_memory](07_speedups.ipynb#cell-id=07-pin-memory) |
+# | 000-21 | "lighter model", "balance accuracy and speed", "remove unneeded computation" | correct | fewer parameters compute less per step (FLOPs) and, when too few, fit worse (both asserted); the time is shown as this run's; evaluate under `torch.no_grad()` | [07: A lighter model](07_speedups.ipynb#cell-id=07-a-lighter-model) |
+# | 000-22 | "tune the learning rate", "change the optimizer", "use a scheduler" | misleading | a step is no faster; they converge in fewer steps | [08: Learning rate, optimizer and scheduler](08_training_settings.ipynb#cell-id=08-learning-rate-optimizer-and-scheduler) |
+# | 000-23 | "use checkpoints" (saving state) | misleading | no faster; it lets you resume, bit-identically | [08: Checkpoints: save and resume the training state](08_training_settings.ipynb#cell-id=08-checkpoints-save-and-resume-the-training-state) |
+# | 000-24 | "use checkpoints" (activation checkpointing) | misleading | not a speed-up: it saves memory and computes the forward once more every step (the cell counts it); the time is shown as this run's | [07: Activation checkpointing](07_speedups.ipynb#cell-id=07-activation-checkpointing) |
+# | 000-25 | "a faster GPU", "special hardware such as TPUs" | misleading | a faster GPU is a matter of budget, with the same code (`nccl`); a TPU is not: `nccl` does not work there (CUDA only) and PyTorch alone cannot put a tensor on it; it takes torch_xla and a code change: XLA devices, its data loaders, a sync call every step, the `xla` backend | [11: A TPU needs torch_xla](11_errata.ipynb#cell-id=11-a-tpu-needs-torch-xla) |
+# | 000-26 | "Apex" | outdated | `torch.autocast` and `torch.amp.GradScaler`; `torch.cuda.amp` is deprecated too | [07: Mixed precision (torch.autocast)](07_speedups.ipynb#cell-id=07-mixed-precision-torch-autocast) |
+# | 000-27 | "Horovod" | outdated | latest release 0.28.1 (2023); with PyTorch use torchrun and DDP | [09: Horovod today](09_ecosystem.ipynb#cell-id=09-horovod-today) |
 # | 000-28 | "combined with no_sync() these methods speed training up further" | misleading | `no_sync` matters only with gradient accumulation, independently of the rest | [04: When to use it (the document's lists, rewritten)](04_no_sync.ipynb#cell-id=04-when-to-use-it-the-document-s-lists-rewritten) |
-# | 000-29 | "the effect depends on data, model and goal; try several methods" | correct | measure and decide; this lesson's numbers are this machine's | [06: DataLoader workers](06_speedups.ipynb#cell-id=06-dataloader-workers) |
+# | 000-29 | "the effect depends on data, model and goal; try several methods" | correct | measure and decide; this lesson's numbers are this machine's | [07: DataLoader workers](07_speedups.ipynb#cell-id=07-dataloader-workers) |
 
 # %% [markdown] lang="ja"
 # ## 記事 004: data_parallel、Horovod、フレームワーク
@@ -138,14 +138,14 @@ labkit.set_lang("ja")
 # | 004-4 | 「特に、大規模なデータセットや複雑なモデルを扱う場合に有効」 | 誤解を招く | 決めるのは 1 ステップの計算と通信の比。データセットの大きさはステップ数を変えるだけ。大きなモデルは計算も増えるが、呼び出しごとの複製と勾配の集約も増える | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
 # | 004-5 | 「コードの変更を最小限に抑えながら」 | 正しい | 包むだけで使える。ただし推奨は DDP | [02: PyTorch が DDP を勧める理由](02_data_parallel.ipynb#cell-id=02-why-pytorch-recommends-ddp) |
 # | 004-6 | 「使い方」: DataParallel で包み、入力を分け、data_parallel に渡す | 誤り | クラスか関数のどちらか一方に、バッチ全体を渡す | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
-# | 004-7 | 最初のコード例: `forward` のない `MyModel` と `torch.randn(100, 1024)` | 誤り | `forward` がないので呼ぶと NotImplementedError | [10: 記事 004 の最初のコード例](10_errata.ipynb#cell-id=10-doc-004-s-first-code-example) |
-# | 004-8 | コード `nn.DataParallel(MyModel())` (3 つの例。モデルは CPU のまま、入力だけ `.cuda()`) | 誤り | GPU が 2 台以上あると、呼んだ時点で RuntimeError「module must have its parameters and buffers on device cuda:0」。1 台なら DataParallel が自分でモデルを移す。`nn.DataParallel(MyModel().cuda())` と書く | [10: GPU のあるマシンでの記事 004 の DataParallel](10_errata.ipynb#cell-id=10-doc-004-s-dataparallel-on-a-machine-with-gpus) |
-# | 004-9 | コメント「入力データを GPU に分散」「データを GPU に分散」と `.cuda()` | 誤解を招く | `.cuda()` はバッチ全体を 1 台の GPU (いまのデバイス、ふつうは cuda:0) に置くだけ。GPU ごとに分けるのは DataParallel の `forward` の中の `scatter` | [10: GPU のあるマシンでの記事 004 の DataParallel](10_errata.ipynb#cell-id=10-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-7 | 最初のコード例: `forward` のない `MyModel` と `torch.randn(100, 1024)` | 誤り | `forward` がないので呼ぶと NotImplementedError | [11: 記事 004 の最初のコード例](11_errata.ipynb#cell-id=11-doc-004-s-first-code-example) |
+# | 004-8 | コード `nn.DataParallel(MyModel())` (3 つの例。モデルは CPU のまま、入力だけ `.cuda()`) | 誤り | GPU が 2 台以上あると、呼んだ時点で RuntimeError「module must have its parameters and buffers on device cuda:0」。1 台なら DataParallel が自分でモデルを移す。`nn.DataParallel(MyModel().cuda())` と書く | [11: GPU のあるマシンでの記事 004 の DataParallel](11_errata.ipynb#cell-id=11-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-9 | コメント「入力データを GPU に分散」「データを GPU に分散」と `.cuda()` | 誤解を招く | `.cuda()` はバッチ全体を 1 台の GPU (いまのデバイス、ふつうは cuda:0) に置くだけ。GPU ごとに分けるのは DataParallel の `forward` の中の `scatter` | [11: GPU のあるマシンでの記事 004 の DataParallel](11_errata.ipynb#cell-id=11-doc-004-s-dataparallel-on-a-machine-with-gpus) |
 # | 004-10 | 「モデルのすべての層が GPU で実行できる必要」 | 正しい | レプリカは各 GPU で丸ごと動く | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
 # | 004-11 | 「モデルのパラメータはすべての GPU に同期されている必要」 | 誤り | 呼び出しのたびに複製し直すので、利用者がそろえる必要はない。必要なのはモデルを `device_ids[0]` に置くこと (004-8) | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
 # | 004-12 | 「データバッチサイズは GPU のメモリ容量に収まる必要」 | 誤解を招く | 各 GPU には分けた一部が載る。出力はデバイス 0 に集まる | [02: 4. gather: 出力を集める](02_data_parallel.ipynb#cell-id=02-4-gather-collect-the-outputs) |
 # | 004-13 | 「replicate や scatter_gather は異なる並列処理パターンに対応」 | 誤り | `data_parallel` 自身の部品。`scatter_gather` はモジュール | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
-# | 004-14 | 「PyTorch Lightning などで、さらに簡単に」 | 正しい | 中で DDP と `no_sync` を使う。確かめるセルは Lightning を入れたときだけ動き、標準の環境では飛ばす | [08: PyTorch Lightning と Hugging Face Accelerate](08_ecosystem.ipynb#cell-id=08-pytorch-lightning-and-hugging-face-accelerate) |
+# | 004-14 | 「PyTorch Lightning などで、さらに簡単に」 | 正しい | 中で DDP と `no_sync` を使う。確かめるセルは Lightning を入れたときだけ動き、標準の環境では飛ばす | [09: PyTorch Lightning と Hugging Face Accelerate](09_ecosystem.ipynb#cell-id=09-pytorch-lightning-and-hugging-face-accelerate) |
 # | 004-15 | 「data_parallel() は強力なツール」(まとめ) | 古い | 1 台のマシンでも DDP を使う (PyTorch の推奨) | [02: PyTorch が DDP を勧める理由](02_data_parallel.ipynb#cell-id=02-why-pytorch-recommends-ddp) |
 # | 004-16 | コード `x.view(-1)` (MLP) | 誤り | バッチ 100 でエラー、バッチ 1 では形が黙って壊れる | [01: バッチが 1 のときは黙って間違える](01_models.ipynb#cell-id=01-with-a-batch-of-one-it-is-silently-wrong) |
 # | 004-17 | コード `nn.DataParallel(MyModel())` (GPU なし) | 誤解を招く | CPU では `device_ids` が空で、モデルを 1 回呼ぶだけ | [02: CPU では nn.DataParallel は何もしない](02_data_parallel.ipynb#cell-id=02-on-a-cpu-nn-dataparallel-does-nothing) |
@@ -156,12 +156,12 @@ labkit.set_lang("ja")
 # | 004-22 | コード (学習ループ) `zero_grad` なし | 誤り | 勾配がステップごとに積み重なる | [01: zero_grad() を忘れると勾配がたまる](01_models.ipynb#cell-id=01-without-zero-grad-gradients-pile-up) |
 # | 004-23 | コード (学習ループ) `optimizer.step()` なし | 誤り | オプティマイザを作っても呼ばないので、パラメータは 1 つも変わらない。10 エポック回しても学習しない | [01: 記事 004 の学習ループを書かれたとおりに](01_models.ipynb#cell-id=01-doc-004-s-training-loop-as-written) |
 # | 004-24 | コード `MyDataset` (独立な乱数) | 誤解を招く | 学ぶものがない。収束を見るなら学習できる課題で | [01: 記事のデータには学ぶものがない](01_models.ipynb#cell-id=01-the-document-s-data-has-nothing-to-learn) |
-# | 004-25 | 「手動で並列処理: 1. モデルを複数の GPU に分割」 | 誤り | データ並列はデータを分けてモデルを複製する。モデルを分けるのはモデル並列 | [08: 手動の並列化](08_ecosystem.ipynb#cell-id=08-parallelism-by-hand) |
-# | 004-26 | 「Horovod は MPI を使用して通信」 | 誤解を招く | プロセス間の調整 (コントローラ) は Gloo か MPI のどちらか。GPU のテンソルの all-reduce はふつう NCCL で行う | [08: Horovod のいま](08_ecosystem.ipynb#cell-id=08-horovod-today) |
-# | 004-27 | 「Horovod は使いやすく、スケーラブルな分散訓練ソリューション」 | 古い | 2023 年から新しいリリースがなく、新しい PyTorch に対してビルドできないと報告されている | [08: Horovod のいま](08_ecosystem.ipynb#cell-id=08-horovod-today) |
-# | 004-28 | 「モデルを Horovod でラップします」 | 誤り | 包むのはオプティマイザ (`hvd.DistributedOptimizer`) | [08: Horovod のいま](08_ecosystem.ipynb#cell-id=08-horovod-today) |
-# | 004-29 | 「PyTorch Lightning や TensorFlow Lattice などの分散訓練用フレームワーク」 | 誤り | TensorFlow Lattice は形状制約つきの格子モデルのライブラリ | [08: TensorFlow Lattice は分散学習のフレームワークではない](08_ecosystem.ipynb#cell-id=08-tensorflow-lattice-is-not-a-distributed-training-framework) |
-# | 004-30 | 「コードを変更することなく、複数の GPU 上で訓練」 | 誤解を招く | 少ない変更で (LightningModule、`accelerator.prepare`) | [08: PyTorch Lightning と Hugging Face Accelerate](08_ecosystem.ipynb#cell-id=08-pytorch-lightning-and-hugging-face-accelerate) |
+# | 004-25 | 「手動で並列処理: 1. モデルを複数の GPU に分割」 | 誤り | データ並列はデータを分けてモデルを複製する。モデルを分けるのはモデル並列 | [09: 手動の並列化](09_ecosystem.ipynb#cell-id=09-parallelism-by-hand) |
+# | 004-26 | 「Horovod は MPI を使用して通信」 | 誤解を招く | プロセス間の調整 (コントローラ) は Gloo か MPI のどちらか。GPU のテンソルの all-reduce はふつう NCCL で行う | [09: Horovod のいま](09_ecosystem.ipynb#cell-id=09-horovod-today) |
+# | 004-27 | 「Horovod は使いやすく、スケーラブルな分散訓練ソリューション」 | 古い | 2023 年から新しいリリースがなく、新しい PyTorch に対してビルドできないと報告されている | [09: Horovod のいま](09_ecosystem.ipynb#cell-id=09-horovod-today) |
+# | 004-28 | 「モデルを Horovod でラップします」 | 誤り | 包むのはオプティマイザ (`hvd.DistributedOptimizer`) | [09: Horovod のいま](09_ecosystem.ipynb#cell-id=09-horovod-today) |
+# | 004-29 | 「PyTorch Lightning や TensorFlow Lattice などの分散訓練用フレームワーク」 | 誤り | TensorFlow Lattice は形状制約つきの格子モデルのライブラリ | [09: TensorFlow Lattice は分散学習のフレームワークではない](09_ecosystem.ipynb#cell-id=09-tensorflow-lattice-is-not-a-distributed-training-framework) |
+# | 004-30 | 「コードを変更することなく、複数の GPU 上で訓練」 | 誤解を招く | 少ない変更で (LightningModule、`accelerator.prepare`) | [09: PyTorch Lightning と Hugging Face Accelerate](09_ecosystem.ipynb#cell-id=09-pytorch-lightning-and-hugging-face-accelerate) |
 
 # %% [markdown] lang="en"
 # ## Doc 004: data_parallel, Horovod, frameworks
@@ -174,14 +174,14 @@ labkit.set_lang("ja")
 # | 004-4 | "especially effective for large data sets and complex models" | misleading | a step's computation against its communication decides; a larger data set only means more steps; a larger model computes more, but also copies and reduces more at every call | [03: Time per step with world size 1 and 2](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
 # | 004-5 | "with minimal code changes" | correct | just wrap the model; but PyTorch recommends DDP | [02: Why PyTorch recommends DDP](02_data_parallel.ipynb#cell-id=02-why-pytorch-recommends-ddp) |
 # | 004-6 | "how to use": wrap in DataParallel, split the input, pass to data_parallel | wrong | use the class or the function, with the whole batch | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
-# | 004-7 | first code example: `MyModel` without `forward`, `torch.randn(100, 1024)` | wrong | no `forward`, so calling it raises NotImplementedError | [10: Doc 004's first code example](10_errata.ipynb#cell-id=10-doc-004-s-first-code-example) |
-# | 004-8 | code `nn.DataParallel(MyModel())` (three examples: the model stays on the CPU, only the input is `.cuda()`) | wrong | with two or more GPUs the call raises RuntimeError "module must have its parameters and buffers on device cuda:0"; with one GPU DataParallel moves the model itself; write `nn.DataParallel(MyModel().cuda())` | [10: Doc 004's DataParallel on a machine with GPUs](10_errata.ipynb#cell-id=10-doc-004-s-dataparallel-on-a-machine-with-gpus) |
-# | 004-9 | comments "spread the input over the GPUs", "spread the data over the GPUs" on `.cuda()` | misleading | `.cuda()` puts the whole batch on one GPU (the current device, usually cuda:0); `scatter`, inside DataParallel's `forward`, splits it among the GPUs | [10: Doc 004's DataParallel on a machine with GPUs](10_errata.ipynb#cell-id=10-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-7 | first code example: `MyModel` without `forward`, `torch.randn(100, 1024)` | wrong | no `forward`, so calling it raises NotImplementedError | [11: Doc 004's first code example](11_errata.ipynb#cell-id=11-doc-004-s-first-code-example) |
+# | 004-8 | code `nn.DataParallel(MyModel())` (three examples: the model stays on the CPU, only the input is `.cuda()`) | wrong | with two or more GPUs the call raises RuntimeError "module must have its parameters and buffers on device cuda:0"; with one GPU DataParallel moves the model itself; write `nn.DataParallel(MyModel().cuda())` | [11: Doc 004's DataParallel on a machine with GPUs](11_errata.ipynb#cell-id=11-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-9 | comments "spread the input over the GPUs", "spread the data over the GPUs" on `.cuda()` | misleading | `.cuda()` puts the whole batch on one GPU (the current device, usually cuda:0); `scatter`, inside DataParallel's `forward`, splits it among the GPUs | [11: Doc 004's DataParallel on a machine with GPUs](11_errata.ipynb#cell-id=11-doc-004-s-dataparallel-on-a-machine-with-gpus) |
 # | 004-10 | "every layer must run on the GPU" | correct | each replica runs whole on its GPU | [02: 2. replicate: copy the model](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
 # | 004-11 | "parameters must be synchronized on all GPUs" | wrong | replicas are rebuilt at every call: nothing for the user to do; what is needed is the model on `device_ids[0]` (004-8) | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
 # | 004-12 | "the batch must fit in GPU memory" | misleading | each GPU holds its chunk; outputs are gathered on device 0 | [02: 4. gather: collect the outputs](02_data_parallel.ipynb#cell-id=02-4-gather-collect-the-outputs) |
 # | 004-13 | "replicate and scatter_gather serve different patterns" | wrong | they are the parts of `data_parallel`; `scatter_gather` is a module | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
-# | 004-14 | "PyTorch Lightning makes it even easier" | correct | it uses DDP and `no_sync` underneath; the cell that checks it runs only where Lightning is installed and is skipped in the default environment | [08: PyTorch Lightning and Hugging Face Accelerate](08_ecosystem.ipynb#cell-id=08-pytorch-lightning-and-hugging-face-accelerate) |
+# | 004-14 | "PyTorch Lightning makes it even easier" | correct | it uses DDP and `no_sync` underneath; the cell that checks it runs only where Lightning is installed and is skipped in the default environment | [09: PyTorch Lightning and Hugging Face Accelerate](09_ecosystem.ipynb#cell-id=09-pytorch-lightning-and-hugging-face-accelerate) |
 # | 004-15 | "data_parallel() is a powerful tool" (summary) | outdated | use DDP, even on one machine (PyTorch's advice) | [02: Why PyTorch recommends DDP](02_data_parallel.ipynb#cell-id=02-why-pytorch-recommends-ddp) |
 # | 004-16 | code `x.view(-1)` (MLP) | wrong | fails with a batch of 100, silently wrong with a batch of 1 | [01: With a batch of one it is silently wrong](01_models.ipynb#cell-id=01-with-a-batch-of-one-it-is-silently-wrong) |
 # | 004-17 | code `nn.DataParallel(MyModel())` (no GPU) | misleading | on a CPU `device_ids` is empty: one plain call | [02: On a CPU, nn.DataParallel does nothing](02_data_parallel.ipynb#cell-id=02-on-a-cpu-nn-dataparallel-does-nothing) |
@@ -192,12 +192,12 @@ labkit.set_lang("ja")
 # | 004-22 | code (training loop) without `zero_grad` | wrong | gradients pile up step after step | [01: Without zero_grad() gradients pile up](01_models.ipynb#cell-id=01-without-zero-grad-gradients-pile-up) |
 # | 004-23 | code (training loop) without `optimizer.step()` | wrong | the optimizer is created but never called: not one parameter changes, and ten epochs learn nothing | [01: Doc 004's training loop, as written](01_models.ipynb#cell-id=01-doc-004-s-training-loop-as-written) |
 # | 004-24 | code `MyDataset` (independent random numbers) | misleading | nothing to learn; watch convergence on a learnable task | [01: The document's data has nothing to learn](01_models.ipynb#cell-id=01-the-document-s-data-has-nothing-to-learn) |
-# | 004-25 | "by hand: 1. split the model across GPUs" | wrong | data parallelism splits data and copies the model; splitting the model is model parallelism | [08: Parallelism by hand](08_ecosystem.ipynb#cell-id=08-parallelism-by-hand) |
-# | 004-26 | "Horovod communicates with MPI" | misleading | Gloo or MPI coordinates the processes (the controller); tensors on GPUs are usually all-reduced with NCCL | [08: Horovod today](08_ecosystem.ipynb#cell-id=08-horovod-today) |
-# | 004-27 | "Horovod is an easy-to-use, scalable distributed-training solution" | outdated | no release since 2023, reported not to build against recent PyTorch | [08: Horovod today](08_ecosystem.ipynb#cell-id=08-horovod-today) |
-# | 004-28 | "wrap the model with Horovod" | wrong | you wrap the optimizer (`hvd.DistributedOptimizer`) | [08: Horovod today](08_ecosystem.ipynb#cell-id=08-horovod-today) |
-# | 004-29 | "distributed-training frameworks such as PyTorch Lightning and TensorFlow Lattice" | wrong | TensorFlow Lattice is a library of shape-constrained lattice models | [08: TensorFlow Lattice is not a distributed-training framework](08_ecosystem.ipynb#cell-id=08-tensorflow-lattice-is-not-a-distributed-training-framework) |
-# | 004-30 | "train on several GPUs without changing the code" | misleading | with few changes (a LightningModule, `accelerator.prepare`) | [08: PyTorch Lightning and Hugging Face Accelerate](08_ecosystem.ipynb#cell-id=08-pytorch-lightning-and-hugging-face-accelerate) |
+# | 004-25 | "by hand: 1. split the model across GPUs" | wrong | data parallelism splits data and copies the model; splitting the model is model parallelism | [09: Parallelism by hand](09_ecosystem.ipynb#cell-id=09-parallelism-by-hand) |
+# | 004-26 | "Horovod communicates with MPI" | misleading | Gloo or MPI coordinates the processes (the controller); tensors on GPUs are usually all-reduced with NCCL | [09: Horovod today](09_ecosystem.ipynb#cell-id=09-horovod-today) |
+# | 004-27 | "Horovod is an easy-to-use, scalable distributed-training solution" | outdated | no release since 2023, reported not to build against recent PyTorch | [09: Horovod today](09_ecosystem.ipynb#cell-id=09-horovod-today) |
+# | 004-28 | "wrap the model with Horovod" | wrong | you wrap the optimizer (`hvd.DistributedOptimizer`) | [09: Horovod today](09_ecosystem.ipynb#cell-id=09-horovod-today) |
+# | 004-29 | "distributed-training frameworks such as PyTorch Lightning and TensorFlow Lattice" | wrong | TensorFlow Lattice is a library of shape-constrained lattice models | [09: TensorFlow Lattice is not a distributed-training framework](09_ecosystem.ipynb#cell-id=09-tensorflow-lattice-is-not-a-distributed-training-framework) |
+# | 004-30 | "train on several GPUs without changing the code" | misleading | with few changes (a LightningModule, `accelerator.prepare`) | [09: PyTorch Lightning and Hugging Face Accelerate](09_ecosystem.ipynb#cell-id=09-pytorch-lightning-and-hugging-face-accelerate) |
 
 # %% [markdown] lang="ja"
 # ## 各レッスンの主張
@@ -224,17 +224,17 @@ labkit.set_lang("ja")
 # | L05-2 | DDP は勾配をバケットにまとめ、バケットごとに 1 回 all-reduce する。`DDP(model)` は最初のステップのあとでバケットを作り直す | [05: バケット: DDP(model) が実際に送るもの](05_communication.ipynb#cell-id=05-buckets-what-ddp-model-really-sends) |
 # | L05-3 | 通信の一部は勾配の計算と重なる (隠れる) | [05: 勾配の計算と通信の重なり](05_communication.ipynb#cell-id=05-communication-overlaps-the-gradient-computation) |
 # | L05-4 | 1 更新の時間は計算と通信のモデルで予測でき、測っていない K でも当たる | [05: 1 回の更新の時間を予測する](05_communication.ipynb#cell-id=05-predicting-the-time-of-an-update) |
-# | L09-1 | 一部のランクだけが集団通信を呼ぶと、呼んだランクは来ない相手を待ち、時間切れになる | [09: 一部のランクだけが呼ぶ集団通信](09_troubleshooting.ipynb#cell-id=09-a-collective-that-only-some-ranks-call) |
-# | L09-2 | `dist.monitored_barrier` は来なかったランクを名前で挙げる | [09: どのランクが来ていないかを知る](09_troubleshooting.ipynb#cell-id=09-which-rank-is-missing) |
-# | L09-3 | gloo はランクごとの集団通信の食い違いを確かめない: 種類が違えば時間切れ、演算 (和と最大値) が違えばエラーなしに間違った値 | [09: ランクごとに食い違う集団通信](09_troubleshooting.ipynb#cell-id=09-collectives-that-differ-between-ranks) |
-# | L09-4 | `TORCH_DISTRIBUTED_DEBUG=DETAIL` は形や種類の食い違いを、両方の呼び出しを挙げて止める。演算の食い違いは見ない | [09: TORCH_DISTRIBUTED_DEBUG=DETAIL](09_troubleshooting.ipynb#cell-id=09-torch-distributed-debug-detail) |
-# | L09-5 | 順伝播で使われないパラメータがあると、1 回目の勾配は平均されず、2 回目の順伝播でエラーになる | [09: 順伝播で使われないパラメータ](09_troubleshooting.ipynb#cell-id=09-parameters-the-forward-pass-does-not-use) |
-# | L09-6 | `find_unused_parameters=True` では勾配が全体のバッチの勾配と一致し、使われないパラメータも 0 として送られる。`static_graph=True` はグラフが変わるとエラー | [09: 直し方: find_unused_parameters=True と static_graph=True](09_troubleshooting.ipynb#cell-id=09-fixes-find-unused-parameters-true-and-static-graph-true) |
-# | L09-7 | ランクごとにバッチの数が違うと、エポックの終わりで止まる | [09: ランクごとに数の違う入力](09_troubleshooting.ipynb#cell-id=09-ranks-with-different-numbers-of-batches) |
-# | L09-8 | `Join` の中では、抜けたランクが 0 の勾配で加わり、勾配は world size で割られる。`no_sync` も使える | [09: Join が計算するもの](09_troubleshooting.ipynb#cell-id=09-what-join-computes) |
-# | L09-9 | `DistributedSampler` は先頭のサンプルを繰り返して水増しし、ランクの平均の平均は正しい値からずれる | [09: DistributedSampler の水増し](09_troubleshooting.ipynb#cell-id=09-distributedsampler-s-padding) |
-# | L09-10 | DDP の `model.state_dict()` の名前には `module.` が付き、包んでいないモデルに読み込めない。ランク 0 が書き終える前に読むと、前のチェックポイントをエラーなしに読む | [09: DDP でのチェックポイント](09_troubleshooting.ipynb#cell-id=09-checkpoints-under-ddp) |
-# | L09-11 | torchrun の `--max-restarts` で起動し直し、チェックポイントから続けた学習は、止まらなかった学習と 1 ビットも違わない | [09: 学習の途中で死ぬランク](09_troubleshooting.ipynb#cell-id=09-a-rank-that-dies-mid-step) |
+# | L10-1 | 一部のランクだけが集団通信を呼ぶと、呼んだランクは来ない相手を待ち、時間切れになる | [10: 一部のランクだけが呼ぶ集団通信](10_troubleshooting.ipynb#cell-id=10-a-collective-that-only-some-ranks-call) |
+# | L10-2 | `dist.monitored_barrier` は来なかったランクを名前で挙げる | [10: どのランクが来ていないかを知る](10_troubleshooting.ipynb#cell-id=10-which-rank-is-missing) |
+# | L10-3 | gloo はランクごとの集団通信の食い違いを確かめない: 種類が違えば時間切れ、演算 (和と最大値) が違えばエラーなしに間違った値 | [10: ランクごとに食い違う集団通信](10_troubleshooting.ipynb#cell-id=10-collectives-that-differ-between-ranks) |
+# | L10-4 | `TORCH_DISTRIBUTED_DEBUG=DETAIL` は形や種類の食い違いを、両方の呼び出しを挙げて止める。演算の食い違いは見ない | [10: TORCH_DISTRIBUTED_DEBUG=DETAIL](10_troubleshooting.ipynb#cell-id=10-torch-distributed-debug-detail) |
+# | L10-5 | 順伝播で使われないパラメータがあると、1 回目の勾配は平均されず、2 回目の順伝播でエラーになる | [10: 順伝播で使われないパラメータ](10_troubleshooting.ipynb#cell-id=10-parameters-the-forward-pass-does-not-use) |
+# | L10-6 | `find_unused_parameters=True` では勾配が全体のバッチの勾配と一致し、使われないパラメータも 0 として送られる。`static_graph=True` はグラフが変わるとエラー | [10: 直し方: find_unused_parameters=True と static_graph=True](10_troubleshooting.ipynb#cell-id=10-fixes-find-unused-parameters-true-and-static-graph-true) |
+# | L10-7 | ランクごとにバッチの数が違うと、エポックの終わりで止まる | [10: ランクごとに数の違う入力](10_troubleshooting.ipynb#cell-id=10-ranks-with-different-numbers-of-batches) |
+# | L10-8 | `Join` の中では、抜けたランクが 0 の勾配で加わり、勾配は world size で割られる。`no_sync` も使える | [10: Join が計算するもの](10_troubleshooting.ipynb#cell-id=10-what-join-computes) |
+# | L10-9 | `DistributedSampler` は先頭のサンプルを繰り返して水増しし、ランクの平均の平均は正しい値からずれる | [10: DistributedSampler の水増し](10_troubleshooting.ipynb#cell-id=10-distributedsampler-s-padding) |
+# | L10-10 | DDP の `model.state_dict()` の名前には `module.` が付き、包んでいないモデルに読み込めない。ランク 0 が書き終える前に読むと、前のチェックポイントをエラーなしに読む | [10: DDP でのチェックポイント](10_troubleshooting.ipynb#cell-id=10-checkpoints-under-ddp) |
+# | L10-11 | torchrun の `--max-restarts` で起動し直し、チェックポイントから続けた学習は、止まらなかった学習と 1 ビットも違わない | [10: 学習の途中で死ぬランク](10_troubleshooting.ipynb#cell-id=10-a-rank-that-dies-mid-step) |
 
 # %% [markdown] lang="en"
 # ## The lessons' own claims
@@ -262,17 +262,17 @@ labkit.set_lang("ja")
 # | L05-2 | DDP packs gradients into buckets and all-reduces once per bucket; `DDP(model)` rebuilds its buckets after the first step | [05: Buckets: what DDP(model) really sends](05_communication.ipynb#cell-id=05-buckets-what-ddp-model-really-sends) |
 # | L05-3 | part of the communication overlaps the gradient computation (is hidden) | [05: Communication overlaps the gradient computation](05_communication.ipynb#cell-id=05-communication-overlaps-the-gradient-computation) |
 # | L05-4 | a model of computation and communication predicts the time of an update, also for a K it was not fitted on | [05: Predicting the time of an update](05_communication.ipynb#cell-id=05-predicting-the-time-of-an-update) |
-# | L09-1 | when only some ranks call a collective, those that do wait for the others and time out | [09: A collective that only some ranks call](09_troubleshooting.ipynb#cell-id=09-a-collective-that-only-some-ranks-call) |
-# | L09-2 | `dist.monitored_barrier` names the ranks that did not arrive | [09: Which rank is missing](09_troubleshooting.ipynb#cell-id=09-which-rank-is-missing) |
-# | L09-3 | gloo does not check that ranks call the same collective: different types time out, different reduce ops (sum and max) give a wrong result without an error | [09: Collectives that differ between ranks](09_troubleshooting.ipynb#cell-id=09-collectives-that-differ-between-ranks) |
-# | L09-4 | `TORCH_DISTRIBUTED_DEBUG=DETAIL` stops a mismatch of shape or type naming both calls; it does not see the reduce op | [09: TORCH_DISTRIBUTED_DEBUG=DETAIL](09_troubleshooting.ipynb#cell-id=09-torch-distributed-debug-detail) |
-# | L09-5 | with a parameter the forward pass does not use, the first step's gradients are not averaged and the second forward raises | [09: Parameters the forward pass does not use](09_troubleshooting.ipynb#cell-id=09-parameters-the-forward-pass-does-not-use) |
-# | L09-6 | with `find_unused_parameters=True` the gradients equal the whole batch's, and unused parameters are still sent, as zeros; `static_graph=True` raises when the graph changes | [09: Fixes: find_unused_parameters=True and static_graph=True](09_troubleshooting.ipynb#cell-id=09-fixes-find-unused-parameters-true-and-static-graph-true) |
-# | L09-7 | ranks with different numbers of batches hang at the end of the epoch | [09: Ranks with different numbers of batches](09_troubleshooting.ipynb#cell-id=09-ranks-with-different-numbers-of-batches) |
-# | L09-8 | inside `Join` a rank out of batches adds zero gradients and the sum is divided by the world size; `no_sync` works there too | [09: What Join computes](09_troubleshooting.ipynb#cell-id=09-what-join-computes) |
-# | L09-9 | `DistributedSampler` pads by repeating the first samples, and the mean of the ranks' means is off | [09: DistributedSampler's padding](09_troubleshooting.ipynb#cell-id=09-distributedsampler-s-padding) |
-# | L09-10 | the DDP wrapper's `model.state_dict()` names start with `module.` and do not load into a plain model; reading before rank 0 has written gives the previous checkpoint without an error | [09: Checkpoints under DDP](09_troubleshooting.ipynb#cell-id=09-checkpoints-under-ddp) |
-# | L09-11 | a run restarted by torchrun's `--max-restarts` that goes on from its checkpoint ends with bit-identical weights | [09: A rank that dies mid-step](09_troubleshooting.ipynb#cell-id=09-a-rank-that-dies-mid-step) |
+# | L10-1 | when only some ranks call a collective, those that do wait for the others and time out | [10: A collective that only some ranks call](10_troubleshooting.ipynb#cell-id=10-a-collective-that-only-some-ranks-call) |
+# | L10-2 | `dist.monitored_barrier` names the ranks that did not arrive | [10: Which rank is missing](10_troubleshooting.ipynb#cell-id=10-which-rank-is-missing) |
+# | L10-3 | gloo does not check that ranks call the same collective: different types time out, different reduce ops (sum and max) give a wrong result without an error | [10: Collectives that differ between ranks](10_troubleshooting.ipynb#cell-id=10-collectives-that-differ-between-ranks) |
+# | L10-4 | `TORCH_DISTRIBUTED_DEBUG=DETAIL` stops a mismatch of shape or type naming both calls; it does not see the reduce op | [10: TORCH_DISTRIBUTED_DEBUG=DETAIL](10_troubleshooting.ipynb#cell-id=10-torch-distributed-debug-detail) |
+# | L10-5 | with a parameter the forward pass does not use, the first step's gradients are not averaged and the second forward raises | [10: Parameters the forward pass does not use](10_troubleshooting.ipynb#cell-id=10-parameters-the-forward-pass-does-not-use) |
+# | L10-6 | with `find_unused_parameters=True` the gradients equal the whole batch's, and unused parameters are still sent, as zeros; `static_graph=True` raises when the graph changes | [10: Fixes: find_unused_parameters=True and static_graph=True](10_troubleshooting.ipynb#cell-id=10-fixes-find-unused-parameters-true-and-static-graph-true) |
+# | L10-7 | ranks with different numbers of batches hang at the end of the epoch | [10: Ranks with different numbers of batches](10_troubleshooting.ipynb#cell-id=10-ranks-with-different-numbers-of-batches) |
+# | L10-8 | inside `Join` a rank out of batches adds zero gradients and the sum is divided by the world size; `no_sync` works there too | [10: What Join computes](10_troubleshooting.ipynb#cell-id=10-what-join-computes) |
+# | L10-9 | `DistributedSampler` pads by repeating the first samples, and the mean of the ranks' means is off | [10: DistributedSampler's padding](10_troubleshooting.ipynb#cell-id=10-distributedsampler-s-padding) |
+# | L10-10 | the DDP wrapper's `model.state_dict()` names start with `module.` and do not load into a plain model; reading before rank 0 has written gives the previous checkpoint without an error | [10: Checkpoints under DDP](10_troubleshooting.ipynb#cell-id=10-checkpoints-under-ddp) |
+# | L10-11 | a run restarted by torchrun's `--max-restarts` that goes on from its checkpoint ends with bit-identical weights | [10: A rank that dies mid-step](10_troubleshooting.ipynb#cell-id=10-a-rank-that-dies-mid-step) |
 
 # %% [markdown] lang="ja"
 # ## 記事 004 の最初のコード例

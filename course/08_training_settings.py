@@ -9,10 +9,10 @@
 # ---
 
 # %% [markdown] lang="ja"
-# # 07 学習の設定: 大きなバッチ、スケジューラ、DDP
+# # 08 学習の設定: 大きなバッチ、スケジューラ、DDP
 #
 # 記事 000 の「訓練速度を向上させる他の方法」のうち、1 ステップの時間ではなく**学習の進み方**を変えるものを
-# 扱います (1 ステップの時間とメモリを変えるものはレッスン 06)。
+# 扱います (1 ステップの時間とメモリを変えるものはレッスン 07)。
 #
 # - データローダー: バッチサイズを増やす、データシャッフルを有効にする
 # - 訓練設定: 学習率の調整、オプティマイザーの変更、スケジューラー、チェックポイントの活用
@@ -22,11 +22,11 @@
 # (`labkit.training` の学習ループ)。後半は 2 つのランクで、これらの設定を DDP と組み合わせるときの注意 (`set_epoch`、BatchNorm の統計、記事の `dim=1`) を確かめます。
 
 # %% [markdown] lang="en"
-# # 07 Training settings: large batches, schedules, and DDP
+# # 08 Training settings: large batches, schedules, and DDP
 #
 # Of doc 000's "other ways to speed up training", this lesson takes those that change
 # **how training progresses** rather than how long a step takes (what changes the time
-# and memory of a step is lesson 06):
+# and memory of a step is lesson 07):
 #
 # - data loader: larger batches, shuffling enabled
 # - training settings: tune the learning rate, change the optimizer, use a scheduler, use
@@ -54,7 +54,7 @@ torch.manual_seed(0)
 # %% [markdown] lang="ja"
 # ## 大きなバッチと学習率
 #
-# レッスン 06 では、バッチを大きくすると 1 秒あたりに処理できるサンプル数が増えました。しかし速く処理できても、
+# レッスン 07 では、バッチを大きくすると 1 秒あたりに処理できるサンプル数が増えました。しかし速く処理できても、
 # 学習が早く進むとは限りません。同じサンプル数 (10 エポック) を学習させると、
 # バッチ 512 の更新回数はバッチ 32 の 16 分の 1 です。学習率が同じなら、損失の下がり方は遅くなります。
 # よく使われる対策は**学習率をバッチサイズに比例させる** (linear scaling rule: バッチが 16 倍なら学習率も 16 倍)
@@ -63,7 +63,7 @@ torch.manual_seed(0)
 # %% [markdown] lang="en"
 # ## Large batches and the learning rate
 #
-# Lesson 06 showed that a larger batch processes more samples per second. But
+# Lesson 07 showed that a larger batch processes more samples per second. But
 # processing faster is not learning faster. For the same number of samples (10 epochs),
 # batch 512 makes 16 times fewer updates than batch 32; with the same learning rate the
 # loss falls more slowly. The usual remedy is to **scale the learning rate with the batch
@@ -302,7 +302,7 @@ assert abs(sched_runs["warmup"]["lr"][0] - 0.01 / 60) < 1e-9  # warm-up starts s
 # %% [markdown] lang="ja"
 # ## チェックポイント: 学習状態を保存して再開する
 #
-# 記事の「チェックポイントを活用する」は 2 通りに読めます (もう 1 つの活性化チェックポイントはレッスン 06)。
+# 記事の「チェックポイントを活用する」は 2 通りに読めます (もう 1 つの活性化チェックポイントはレッスン 07)。
 # ここで扱うのは、学習状態 (重み、オプティマイザ、乱数の状態、ステップ数) をファイルに保存することです。
 # これは学習を速くしません。止まっても最初からやり直さずに済む、という意味で時間を節約します。
 #
@@ -313,7 +313,7 @@ assert abs(sched_runs["warmup"]["lr"][0] - 0.01 / 60) < 1e-9  # warm-up starts s
 # ## Checkpoints: save and resume the training state
 #
 # The document's "use checkpoints" can mean two things (the other, activation
-# checkpointing, is in lesson 06). This one is saving the training state (weights,
+# checkpointing, is in lesson 07). This one is saving the training state (weights,
 # optimizer, random-number state, step) to a file. That does not make training faster;
 # it saves time by not starting over after a stop.
 #
@@ -653,7 +653,7 @@ ranks.stop()
 # | バッチサイズを増やす | 同じサンプル数では更新の回数が減る。収束には学習率の調整 (比例させる) とウォームアップが必要 |
 # | データシャッフルを有効にする | 速さは変わらない。収束のために必要 (並べ替えたままだと悪くなる) |
 # | 学習率、オプティマイザ、スケジューラ | 1 ステップは速くならない。少ないステップで収束させる。課題ごとに調整する |
-# | チェックポイントを活用する (学習状態の保存) | 速くはならない。止まっても再開でき、結果は 1 ビットも同じ。活性化チェックポイントはレッスン 06 |
+# | チェックポイントを活用する (学習状態の保存) | 速くはならない。止まっても再開でき、結果は 1 ビットも同じ。活性化チェックポイントはレッスン 07 |
 # | DDP と一緒に | `DistributedSampler` と `set_epoch`。BatchNorm はレプリカごと。SyncBatchNorm は GPU のみ。`dim=1` は何もしない |
 
 # %% [markdown] lang="en"
@@ -664,5 +664,5 @@ ranks.stop()
 # | larger batches | fewer updates for the same samples; convergence needs the learning rate scaled, and warm-up |
 # | enable shuffling | no change in speed; needed for convergence (sorted data converges worse) |
 # | learning rate, optimizer, scheduler | a step is no faster; converge in fewer steps; tune per task |
-# | use checkpoints (saving the training state) | no faster; a stopped run resumes with bit-identical results; activation checkpointing is in lesson 06 |
+# | use checkpoints (saving the training state) | no faster; a stopped run resumes with bit-identical results; activation checkpointing is in lesson 07 |
 # | with DDP | `DistributedSampler` and `set_epoch`; BatchNorm is per replica; SyncBatchNorm needs GPUs; `dim=1` does nothing |

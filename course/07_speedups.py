@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown] lang="ja"
-# # 06 その他の高速化: 読み込み、精度、メモリ
+# # 07 その他の高速化: 読み込み、精度、メモリ
 #
 # 記事 000 は最後に「訓練速度を向上させる他の方法」を並べています。
 #
@@ -17,21 +17,21 @@
 # - モデル: 軽量なモデル、精度と速度のバランス、不要な計算の削減
 # - 訓練設定: 学習率の調整、オプティマイザーの変更、スケジューラー、チェックポイントの活用
 # - ハードウェア: より速い GPU、TPU
-# - ライブラリ: Apex、Horovod (Horovod はレッスン 08)
+# - ライブラリ: Apex、Horovod (Horovod はレッスン 09)
 #
 # このレッスンでは、1 ステップや 1 エポックの時間とメモリを変えるもの (データの読み込み、バッチサイズと処理速度、
 # 混合精度 (Apex の後継)、軽いモデル、活性化チェックポイント、ハードウェア) を、このマシンで測るか、動かして
 # 確かめます。速くなるもの、メモリを減らす代わりに計算を増やすもの (活性化チェックポイント)、GPU がないと
 # 何もしないもの (`pin_memory`)、コードの書き換えが要るもの (TPU) があります。学習の進み方を変えるもの
 # (大きなバッチの学習率、シャッフル、オプティマイザとスケジューラ、学習状態のチェックポイント) と DDP との
-# 組み合わせは、次のレッスン 07 で扱います。
+# 組み合わせは、次のレッスン 08 で扱います。
 #
 # このマシンは共有されているので、時間は実行のたびに変わります。そこで時間を比べるセルは、候補を交互に
 # 何回か測って中央値を比べ、ばらつきより大きな差だけを確かめます。差がばらつきに埋もれるものは計算の量
 # (呼び出しの回数や FLOP) を確かめ、時間は「この実行では」の値として示します。
 
 # %% [markdown] lang="en"
-# # 06 Other speed-ups: loading, precision, memory
+# # 07 Other speed-ups: loading, precision, memory
 #
 # Doc 000 ends with a list of "other ways to speed up training":
 #
@@ -41,7 +41,7 @@
 # - training settings: tune the learning rate, change the optimizer, use a scheduler, use
 #   checkpoints
 # - hardware: a faster GPU, a TPU
-# - libraries: Apex, Horovod (Horovod is in lesson 08)
+# - libraries: Apex, Horovod (Horovod is in lesson 09)
 #
 # This lesson measures or demonstrates, on this machine, those that change the time or
 # the memory of a step or an epoch: data loading, batch size and throughput, mixed
@@ -251,7 +251,7 @@ else:
 #
 # バッチを大きくすると、1 ステップの固定のコスト (Python、カーネルの起動、オプティマイザ) を多くのサンプルで
 # 分け合えるので、1 秒あたりに処理できるサンプル数は増えます。ただし頭打ちになり、メモリにも上限があります。
-# 記事 004 のモデルで測ります。大きなバッチで学習も速く進むかどうかは、レッスン 07 の最初の問いです。
+# 記事 004 のモデルで測ります。大きなバッチで学習も速く進むかどうかは、レッスン 08 の最初の問いです。
 
 # %% [markdown] lang="en"
 # ## Batch size and throughput
@@ -259,7 +259,7 @@ else:
 # A larger batch shares the fixed cost of a step (Python, kernel launches, the optimizer)
 # among more samples, so more samples are processed per second, up to a plateau and the
 # memory limit. Measure it with doc 004's model. Whether a larger batch also learns
-# faster is the first question of lesson 07.
+# faster is the first question of lesson 08.
 
 # %% tags=["nbval-ignore-output"]
 from labkit import throughput, training
@@ -514,7 +514,7 @@ exercises.grade_evaluation(evaluate)
 # ## 活性化チェックポイント
 #
 # 記事の「チェックポイントを活用する」は 2 通りに読めます。学習状態をファイルに保存して再開することは
-# レッスン 07 で扱います。ここで扱うのは、`torch.utils.checkpoint` の**活性化チェックポイント**です。
+# レッスン 08 で扱います。ここで扱うのは、`torch.utils.checkpoint` の**活性化チェックポイント**です。
 # 順伝播で逆伝播用の活性値を保存する代わりに、区間 (セグメント) の入力だけを残し、逆伝播のときにその区間の
 # 順伝播をもう一度計算します。
 # **メモリを減らす代わりに計算が増えます**。大きなモデルやバッチをメモリに収めるための技術で、
@@ -533,7 +533,7 @@ exercises.grade_evaluation(evaluate)
 # ## Activation checkpointing
 #
 # The document's "use checkpoints" can mean two things. Saving the training state to a
-# file and resuming from it is in lesson 07. This section is about **activation
+# file and resuming from it is in lesson 08. This section is about **activation
 # checkpointing** with `torch.utils.checkpoint`. Instead of keeping activations for the
 # backward pass, it keeps only each segment's input and runs that segment's forward
 # again during backward: **less memory for more compute**. It fits larger models and
@@ -737,14 +737,14 @@ assert machine.cpu_cores >= 1
 # | ワーカー数を増やす | 読み込みが重いときに効く。読み込みどうし、読み込みと学習が重なり、1 エポックが短くなる。データは変わらない |
 # | (`persistent_workers`) | ワーカーをエポックをまたいで使い回す。起動が重い環境で効く |
 # | ピンメモリーを使う | CPU→GPU の転送を速く、非同期にする。GPU がなければ何もしない |
-# | バッチサイズを増やす | 1 秒あたりのサンプル数は増える (収束に要ることはレッスン 07) |
+# | バッチサイズを増やす | 1 秒あたりのサンプル数は増える (収束に要ることはレッスン 08) |
 # | 軽量なモデル、精度と速度のバランス | パラメータが少ないほど 1 ステップの計算 (FLOP) が少ない (時間はこの実行で短くなった)。小さすぎると精度が落ちる |
 # | 不要な計算を削減する | 評価は `torch.no_grad()` で。活性値を保存しない |
-# | チェックポイントを活用する (活性化チェックポイント) | メモリを減らし、1 ステップの計算が順伝播 1 回分増える。学習状態の保存はレッスン 07 |
+# | チェックポイントを活用する (活性化チェックポイント) | メモリを減らし、1 ステップの計算が順伝播 1 回分増える。学習状態の保存はレッスン 08 |
 # | より高速な GPU、TPU | GPU は予算とデバイスの指定 (`nccl`、`.to(device)`)。TPU は `torch_xla` を使うコードの書き換え |
 # | Apex | 古い。`torch.autocast` と `torch.amp.GradScaler` を使う |
 #
-# 次のレッスン 07 では、学習の進み方を変える設定 (大きなバッチの学習率とウォームアップ、シャッフル、
+# 次のレッスン 08 では、学習の進み方を変える設定 (大きなバッチの学習率とウォームアップ、シャッフル、
 # オプティマイザとスケジューラ、学習状態のチェックポイント) と、それらを DDP と組み合わせるときの注意を扱います。
 
 # %% [markdown] lang="en"
@@ -755,10 +755,10 @@ assert machine.cpu_cores >= 1
 # | more workers | helps when loading is slow: batches load side by side and beside training, and an epoch gets shorter; the data does not change |
 # | (`persistent_workers`) | keeps workers across epochs; helps where starting them is slow |
 # | pinned memory | makes CPU→GPU copies faster and asynchronous; without a GPU it does nothing |
-# | larger batches | more samples per second (what convergence then needs: lesson 07) |
+# | larger batches | more samples per second (what convergence then needs: lesson 08) |
 # | lighter model, accuracy vs speed | fewer parameters, less compute per step (FLOPs; and less time on this run); too small and accuracy suffers |
 # | remove unneeded computation | evaluate under `torch.no_grad()`: no activations kept |
-# | use checkpoints (activation checkpointing) | saves memory and computes one more forward per step; saving the training state is in lesson 07 |
+# | use checkpoints (activation checkpointing) | saves memory and computes one more forward per step; saving the training state is in lesson 08 |
 # | a faster GPU, a TPU | a GPU is budget and naming the device (`nccl`, `.to(device)`); a TPU is a change of code, to `torch_xla` |
 # | Apex | outdated: use `torch.autocast` and `torch.amp.GradScaler` |
 #

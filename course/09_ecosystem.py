@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown] lang="ja"
-# # 08 エコシステムとスケールアウト
+# # 09 エコシステムとスケールアウト
 #
 # 記事 004 は最後に、`data_parallel()` 以外の方法として「手動で並列処理を実装する」「Horovod などの
 # ライブラリ」「PyTorch Lightning や TensorFlow Lattice などの分散訓練用フレームワーク」を挙げています。
@@ -25,7 +25,7 @@
 # 6. パラメータを分割して持つのは FSDP と ZeRO
 
 # %% [markdown] lang="en"
-# # 08 Ecosystem and scale-out
+# # 09 Ecosystem and scale-out
 #
 # Doc 004 ends with alternatives to `data_parallel()`: "implement parallelism by hand",
 # "libraries such as Horovod", and "distributed-training frameworks such as PyTorch
