@@ -224,6 +224,8 @@ labkit.set_lang("ja")
 # | L05-2 | DDP は勾配をバケットにまとめ、バケットごとに 1 回 all-reduce する。`DDP(model)` は最初のステップのあとでバケットを作り直す | [05: バケット: DDP(model) が実際に送るもの](05_communication.ipynb#cell-id=05-buckets-what-ddp-model-really-sends) |
 # | L05-3 | 通信の一部は勾配の計算と重なる (隠れる) | [05: 勾配の計算と通信の重なり](05_communication.ipynb#cell-id=05-communication-overlaps-the-gradient-computation) |
 # | L05-4 | 1 更新の時間は計算と通信のモデルで予測でき、測っていない K でも当たる | [05: 1 回の更新の時間を予測する](05_communication.ipynb#cell-id=05-predicting-the-time-of-an-update) |
+# | L06-1 | 自分で書いた DDP (フック、逆順のバケット、非同期の all-reduce、待ち合わせ、平均) の勾配は torch の DDP と等しく、torch の DDP の最初のステップのあとは all-reduce の回数とバイト数も同じ | [06: torch の DDP と比べる](06_beyond_no_sync.ipynb#cell-id=06-compared-with-torch-s-ddp) |
+# | L06-2 | フックから始めた all-reduce は、逆伝播が次の勾配を計算するあいだに進む | [06: 通信は計算と重なっているか](06_beyond_no_sync.ipynb#cell-id=06-does-communication-overlap-the-computation) |
 # | L10-1 | 一部のランクだけが集団通信を呼ぶと、呼んだランクは来ない相手を待ち、時間切れになる | [10: 一部のランクだけが呼ぶ集団通信](10_troubleshooting.ipynb#cell-id=10-a-collective-that-only-some-ranks-call) |
 # | L10-2 | `dist.monitored_barrier` は来なかったランクを名前で挙げる | [10: どのランクが来ていないかを知る](10_troubleshooting.ipynb#cell-id=10-which-rank-is-missing) |
 # | L10-3 | gloo はランクごとの集団通信の食い違いを確かめない: 種類が違えば時間切れ、演算 (和と最大値) が違えばエラーなしに間違った値 | [10: ランクごとに食い違う集団通信](10_troubleshooting.ipynb#cell-id=10-collectives-that-differ-between-ranks) |
@@ -262,6 +264,8 @@ labkit.set_lang("ja")
 # | L05-2 | DDP packs gradients into buckets and all-reduces once per bucket; `DDP(model)` rebuilds its buckets after the first step | [05: Buckets: what DDP(model) really sends](05_communication.ipynb#cell-id=05-buckets-what-ddp-model-really-sends) |
 # | L05-3 | part of the communication overlaps the gradient computation (is hidden) | [05: Communication overlaps the gradient computation](05_communication.ipynb#cell-id=05-communication-overlaps-the-gradient-computation) |
 # | L05-4 | a model of computation and communication predicts the time of an update, also for a K it was not fitted on | [05: Predicting the time of an update](05_communication.ipynb#cell-id=05-predicting-the-time-of-an-update) |
+# | L06-1 | a DDP written by hand (hooks, buckets in reverse order, asynchronous all-reduces, a wait, the mean) gives torch DDP's gradients, and after torch DDP's first step as many all-reduces and bytes per step | [06: Compared with torch's DDP](06_beyond_no_sync.ipynb#cell-id=06-compared-with-torch-s-ddp) |
+# | L06-2 | all-reduces started from the hook run while the backward pass computes further gradients | [06: Does communication overlap the computation?](06_beyond_no_sync.ipynb#cell-id=06-does-communication-overlap-the-computation) |
 # | L10-1 | when only some ranks call a collective, those that do wait for the others and time out | [10: A collective that only some ranks call](10_troubleshooting.ipynb#cell-id=10-a-collective-that-only-some-ranks-call) |
 # | L10-2 | `dist.monitored_barrier` names the ranks that did not arrive | [10: Which rank is missing](10_troubleshooting.ipynb#cell-id=10-which-rank-is-missing) |
 # | L10-3 | gloo does not check that ranks call the same collective: different types time out, different reduce ops (sum and max) give a wrong result without an error | [10: Collectives that differ between ranks](10_troubleshooting.ipynb#cell-id=10-collectives-that-differ-between-ranks) |

@@ -205,12 +205,14 @@ def _decorate(ax, xlabel, ylabel, title, logx, logy):
         ax.legend()
 
 
-def timeline(steps: Sequence[Mapping], *, show: int = -1, title: str):
+def timeline(steps: Sequence[Mapping], *, show: int = -1, title: str,
+             end_label: str = "backward_returns"):
     """Communication against the gradient computation, from buckets.Timeline records.
 
     Top: step `show`, one bar per all-reduce, green where it ran before the
-    last gradient (hidden), red after it (exposed). Bottom: hidden and exposed
-    milliseconds of every step. `title` is a message key.
+    last gradient (hidden), red after it (exposed), and a dotted line where the
+    step's gradients are synchronized (`end_label`, a message key). Bottom:
+    hidden and exposed milliseconds of every step. `title` is a message key.
     """
     hidden_c, exposed_c = "tab:green", "tab:red"
 
@@ -232,7 +234,7 @@ def timeline(steps: Sequence[Mapping], *, show: int = -1, title: str):
                         label=t("comm_exposed") if i == len(spans) else None)
         ax.axvline(grad_end, color="tab:blue", linestyle="--", linewidth=1)
         ax.axvline(returned, color="black", linestyle=":", linewidth=1,
-                   label=t("backward_returns"))
+                   label=t(end_label))
         buckets = [t("bucket_n", i=i) for i in range(len(spans))]
         ax.set_yticks(range(len(spans) + 1), [t("grad_compute"), *buckets])
         ax.set_xlabel("ms")

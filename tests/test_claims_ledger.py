@@ -162,7 +162,7 @@ def test_the_errata_tables_are_well_formed(lang):
     assert set(verdicts) <= set(VERDICTS[lang]), set(verdicts) - set(VERDICTS[lang])
     rows = ledger.ledger(errata)
     ids = [id_ for id_, _, _ in rows]
-    for doc in ("000", "004", "L03", "L04", "L05", "L10"):
+    for doc in ("000", "004", "L03", "L04", "L05", "L06", "L10"):
         numbers = [int(i.split("-")[1]) for i in ids if i.startswith(doc + "-")]
         assert numbers == list(range(1, len(numbers) + 1)), (doc, numbers)
     assert len(ids) == len(set(ids))  # no id twice

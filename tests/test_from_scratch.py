@@ -1,0 +1,123 @@
+"""Lesson 06's DDP written by hand: its cells as written, and with one line changed.
+
+The lesson defines `ScratchDDP` in a `%%px` cell (the solution of its exercise)
+and asserts, in the cell after, that it matches torch's DDP. These tests run
+those very cells (read from the built notebook) on the test engines: as
+written, the grader and the lesson's assertions pass; with one of a learner's
+typical mistakes put in, the grader names it, and the lesson's assertions fail.
+"""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit import cluster, exercises
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = ROOT / "notebooks" / "en" / "06_beyond_no_sync.ipynb"
+
+SEND = "            work = dist.all_reduce(flat, async_op=True)\n"
+WAIT = "            work.wait()\n"
+AVERAGE = ("            flat /= self.world_size  # the sum of the ranks' gradients "
+           "-> their mean\n")
+SKIP_IN_NO_SYNC = ("        if not self.require_sync:\n            return  # "
+                   "accumulate locally; the next synced backward sends the sum\n")
+RESET = "        self.pending = [len(b) for b in self.buckets]"  # the last line
+KEEP = "            self.in_flight.append((self.buckets[i], flat, work))\n"
+
+# A mistake: (what the solution's text becomes, the grader's message key).
+MISTAKES = {
+    "not averaged": ([(AVERAGE, "")], "ex_scratch_sum"),
+    "waits in the hook": ([(SEND, SEND + WAIT)], "ex_scratch_early"),
+    "a blocking all-reduce": (
+        [(SEND, "            work = dist.all_reduce(flat)\n"), (WAIT, "")],
+        "ex_scratch_early"),
+    "counts never reset": ([(RESET, "", -1)], "ex_scratch_unsent"),
+    "sends inside no_sync": ([(SKIP_IN_NO_SYNC, "")], "ex_scratch_no_sync"),
+    "sends after the backward pass": (
+        [(SEND + KEEP, "            self.in_flight.append((self.buckets[i], flat, "
+                       "None))\n"),
+         (WAIT, "            dist.all_reduce(flat)\n")],
+        "ex_scratch_late"),
+}
+
+
+def _cells() -> dict[str, str]:
+    """The solution's and the comparison's %%px cells, without the magic line."""
+    cells = nbformat.read(LESSON, as_version=4).cells
+    solution = next(c.source for c in cells if "solution" in c.metadata.get("tags", []))
+    compare = next(c.source for c in cells
+                   if "from_scratch.compare_with_ddp(ScratchDDP)" in c.source)
+    overlap = next(c.source for c in cells if 'assert all(s["overlapped"]' in c.source)
+    imports = next(c.source for c in cells if c.cell_type == "code"
+                   and "from labkit import from_scratch" in c.source)
+    return {name: source.removeprefix("%%px\n") for name, source in
+            [("imports", imports), ("solution", solution), ("compare", compare),
+             ("overlap", overlap)]}
+
+
+def _with(source: str, edits) -> str:
+    for old, new, *which in edits:
+        assert source.count(old) >= 1, old
+        if which:  # only the last one
+            at = source.rindex(old)
+            source = source[:at] + new + source[at + len(old):]
+        else:
+            source = source.replace(old, new)
+    return source
+
+
+def _define(ranks, source: str) -> None:
+    ranks.execute("rank, world_size = dist.get_rank(), dist.get_world_size()")
+    ranks.execute(source)
+
+
+@pytest.fixture
+def lesson(ranks):
+    cells = _cells()
+    ranks.execute("import torch.distributed as dist")
+    ranks.execute(cells["imports"])
+    return cells
+
+
+def test_the_lessons_scratch_ddp_passes_the_check_and_the_lessons_assertions(
+        ranks, lesson, capsys):
+    _define(ranks, lesson["solution"])
+    exercises.grade_scratch_ddp(ranks)
+    assert "✓" in capsys.readouterr().out
+    ranks.execute(lesson["compare"])
+    ranks.execute(lesson["overlap"])
+    counts = ranks.pull("result")[0]["steps"]
+    assert [s["calls"] for s in counts] == [8, 8, 8]  # 7 weights of 1 MB, 1 MB buckets
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_each_typical_mistake_is_named_and_fails_the_lesson(ranks, lesson, mistake):
+    edits, key = MISTAKES[mistake]
+    _define(ranks, _with(lesson["solution"], edits))
+    with pytest.raises(exercises.WrongAnswer) as wrong:
+        exercises.grade_scratch_ddp(ranks)
+    assert wrong.value.key == key
+    with pytest.raises(cluster.RankError):
+        ranks.execute(lesson["compare"])
+        ranks.execute(lesson["overlap"])
+
+
+def test_waiting_in_the_hook_leaves_nothing_overlapped(ranks, lesson):
+    """The lesson's claim: with `work.wait()` in the hook the count drops to 0."""
+    _define(ranks, _with(lesson["solution"], MISTAKES["waits in the hook"][0]))
+    ranks.execute("from labkit import from_scratch\n"
+                  "result = from_scratch.compare_with_ddp(ScratchDDP)")
+    for result in ranks.pull("result"):
+        assert [s["overlapped"] for s in result["steps"]] == [0, 0, 0]
+    _define(ranks, lesson["solution"])
+    ranks.execute("result = from_scratch.compare_with_ddp(ScratchDDP)")
+    for result in ranks.pull("result"):
+        assert all(s["overlapped"] >= 1 for s in result["steps"])
+
+
+def test_the_check_names_a_class_the_ranks_do_not_have(ranks):
+    with pytest.raises(cluster.RankError) as err:
+        exercises.grade_scratch_ddp(ranks, "NoSuchDDP")
+    assert "NoSuchDDP" in str(err.value)
