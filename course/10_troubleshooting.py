@@ -204,8 +204,8 @@ assert sorted(ranks.last_failure) == [0]  # rank 0 timed out; rank 1 saw it in a
 # %% [markdown] lang="ja"
 # ### Flight Recorder: 各ランクが入った集団通信の記録
 #
-# torch は、各ランクが呼んだ集団通信を新しいものから順に記録しています (Flight Recorder。torch 2.13 の
-# gloo でも、何も設定しなくても最近の 2,000 件を覚えています)。各ランクの記録の最後を並べると、どのランクが
+# torch は、各ランクが呼んだ集団通信を記録しています (Flight Recorder。torch 2.13 の
+# gloo でも、何も設定しなくても直近の 2,000 件を覚えています)。各ランクの記録の最後を並べると、どのランクが
 # どの集団通信まで来たかがわかります。torch 2.13 で gloo の記録を取り出す関数は非公開
 # (`torch._C._distributed_c10d._dump_fr_trace_json`) なので、名前や形は今後変わるかもしれません。
 # 下のセルは、上でハングしたあとの記録を各ランクで読みます。
