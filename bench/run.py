@@ -234,6 +234,33 @@ def cost_model(repeat: int) -> dict:
     return out
 
 
+def levers_table(ranks, steps: int) -> dict:
+    """Lesson 06's methods on the large MLP, interleaved: bytes, time, the model.
+
+    Per method: bytes per step after PowerSGD's warm-up, the median step time
+    over DDP's (both from the same interleaved run; the Adam pair over DDP +
+    Adam), and the same ratio predicted by the step model with a compression
+    factor (alpha and beta fitted on an all-reduce sweep of this run).
+    """
+    from labkit import comm, levers
+
+    runs = ranks.run(levers.compare_methods, levers.METHODS, None, steps)[0]
+    sizes = [4**k * 1024 for k in range(2, 8)]
+    ab = comm.fit_alpha_beta(sizes, ranks.run(comm.allreduce_sweep, sizes, 5)[0], 2)
+    table, errors = {}, {}
+    for name in levers.METHODS:
+        r, base = runs[name], runs["DDP + Adam" if "Adam" in name else "DDP"]
+        predicted = levers.predicted_step_s(
+            base["step_s"], (base["bytes"][-1], base["calls"][-1]),
+            (r["bytes"][-1], r["calls"][-1]), ab, 2)
+        table[name] = {"bytes_per_step": r["bytes"][-1],
+                       "step_ratio": r["step_s"] / base["step_s"],
+                       "predicted_ratio": predicted / base["step_s"],
+                       "final_loss": r["final_loss"]}
+        errors[name] = abs(predicted - r["step_s"]) / r["step_s"]
+    return {"levers": table, "levers_model_max_rel_error": max(errors.values())}
+
+
 def course_exec_s(lang: str) -> dict[str, float]:
     """Seconds to execute each notebook of one language, as `make course` does."""
     notebooks = sorted((ROOT / "notebooks" / lang).glob("*.ipynb"))
@@ -259,6 +286,7 @@ def run(quick: bool) -> dict:
     results["loop_overhead_ratio"] = ranks.run(loop_ratio, 60 * repeat)[0]
     results.update(ranks.run(scaling, 6 * repeat)[0])
     models = ranks.run(cost_model, 15 if quick else 27)[0]
+    results.update(levers_table(ranks, 40 if quick else 100))
     ranks.stop()
     results["nosync_model"] = models
     results["nosync_model_max_rel_error"] = max(m["max_rel_error"]
@@ -294,7 +322,8 @@ def record(results: dict, readme: Path) -> None:
                 "launch_speedup_warm_vs_cold",
                 "loop_overhead_ratio", "scaling_efficiency_2proc",
                 "scaling_ceiling_2proc",
-                "nosync_model_max_rel_error", "course_exec_s"):
+                "nosync_model_max_rel_error", "levers_model_max_rel_error",
+                "course_exec_s"):
         goal = results["goals"].get(key)
         rows.append(f"| `{key}` | {results[key]:.4g} | {goal['target'] if goal else ''}"
                     f" | {('yes' if goal['met'] else 'no') if goal else ''} |")
@@ -313,6 +342,15 @@ def record(results: dict, readme: Path) -> None:
             rows.append(f"| {name} | {k} | {sync_s:.4f} / {nosync_s:.4f} | "
                         f"{model.predict(int(k), False):.4f} / "
                         f"{model.predict(int(k), True):.4f} |")
+    rows += ["", "Ways to send less (lesson 06; large MLP, 2 ranks, interleaved; the "
+             "Adam pair against DDP + Adam):", "",
+             "| method | bytes per step | step time over DDP | predicted | final loss"
+             " |",
+             "|---|---|---|---|---|"]
+    for name, entry in results["levers"].items():
+        rows.append(f"| {name} | {entry['bytes_per_step']:,} | "
+                    f"{entry['step_ratio']:.3f} | {entry['predicted_ratio']:.3f} | "
+                    f"{entry['final_loss']:.4f} |")
     text = readme.read_text(encoding="utf-8")
     start, end = text.index(TABLE_START), text.index(TABLE_END)
     readme.write_text(text[:start + len(TABLE_START)] + "\n" + "\n".join(rows) + "\n"

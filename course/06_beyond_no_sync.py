@@ -9,26 +9,38 @@
 # ---
 
 # %% [markdown] lang="ja"
-# # 06 no_sync の先へ: DDP を自分で書く
+# # 06 no_sync の先へ: DDP を自分で書き、送る量を減らす
 #
-# `no_sync` は、送る回数を減らす方法の 1 つでした (レッスン 04)。その前に、DDP そのものが 1 ステップで
-# 何をしているのかを、自分で書いて確かめます。
+# `no_sync` は、送る回数を減らす方法の 1 つでした (レッスン 04)。このレッスンでは、まず DDP そのものが
+# 1 ステップで何をしているのかを自分で書いて確かめ、次に PyTorch にある、送る量やメモリを減らすほかの
+# 方法を、同じ仕事で並べて測ります。
 #
 # 1. DDP を 50 行ほどで書く: 勾配のフック、逆順に詰めるバケット、非同期の all-reduce、
 #    `optimizer.step()` の前の待ち合わせ、平均、`no_sync`
 # 2. torch の DDP と比べる: 勾配が等しいこと、1 ステップの all-reduce の回数が同じこと、
 #    通信が勾配の計算と重なること
+# 3. 圧縮フック: `fp16_compress_hook` と PowerSGD (送るバイト数を予測する演習つき)
+# 4. `ZeroRedundancyOptimizer`: オプティマイザの状態を分けて持つ
+# 5. DDP のスイッチ: `gradient_as_bucket_view`、`static_graph`、`bucket_cap_mb`
+# 6. すべてを並べて比べ、レッスン 05 の 1 ステップのモデルに圧縮率を入れて予測する
 
 # %% [markdown] lang="en"
-# # 06 Beyond no_sync: DDP written by hand
+# # 06 Beyond no_sync: DDP written by hand, and sending less
 #
-# `no_sync` was one way to send less often (lesson 04). First, find out what DDP itself
-# does in a step, by writing it yourself.
+# `no_sync` was one way to send less often (lesson 04). This lesson first writes what
+# DDP itself does in a step and checks it, then measures PyTorch's other ways to send
+# less, or hold less memory, side by side on one workload.
 #
 # 1. write DDP in about 50 lines: gradient hooks, buckets filled in reverse order, an
 #    asynchronous all-reduce, a wait before `optimizer.step()`, averaging, `no_sync`
 # 2. compare it with torch's DDP: equal gradients, as many all-reduces per step, and
 #    communication that overlaps the gradient computation
+# 3. compression hooks: `fp16_compress_hook` and PowerSGD (with an exercise predicting
+#    the bytes sent)
+# 4. `ZeroRedundancyOptimizer`: the optimizer state shared out
+# 5. DDP's switches: `gradient_as_bucket_view`, `static_graph`, `bucket_cap_mb`
+# 6. all of them side by side, predicted by lesson 05's step model with a compression
+#    factor
 
 # %%
 import labkit
@@ -320,6 +332,403 @@ assert all(s["waited_before_grads"] == 0 for s in result["steps"])
 # %%
 fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_title",
                      end_label="sync_finished")
+
+# %% [markdown] lang="ja"
+# ## 送る量を減らす、ほかの 4 つの方法
+#
+# `no_sync` は送る**回数**を減らしました。PyTorch には、送る**量**やメモリを減らす仕組みがほかにもあります。
+# どれも DDP に 1 か所だけ手を加えるものです。
+#
+# - **圧縮フック** (`register_comm_hook`): バケットの all-reduce を、圧縮して送るものに置き換えます。
+#   `fp16_compress_hook` (float16 にして送る) と PowerSGD (低ランクの近似を送る)。
+# - **`ZeroRedundancyOptimizer`** (ZeRO の第 1 段階): オプティマイザの状態をランクで分けて持ちます。
+# - **DDP のスイッチ**: `gradient_as_bucket_view=True` (勾配をバケットの一部として持つ)、
+#   `static_graph=True` (毎ステップ同じ計算グラフだと約束する)。
+# - **`bucket_cap_mb`**: バケットの大きさ (次の節で数えます)。
+#
+# 同じ仕事 (レッスン 05 の大きな MLP: 幅 1024、3 層、210 万パラメータ、勾配 8,482,856 バイト) で、
+# 各方法を 1 ステップずつ順番に 40 ステップ動かします (レッスン 04 と同じく、交互に測ります)。
+# バイト数は、`dist.all_reduce` と `dist.broadcast` に渡されたテンソルを `levers.CollectiveBytes` が
+# 数えます。そのため、ふつうの DDP も、既定の動作を Python で書いた torch のフック
+# (`default_hooks.allreduce_hook`。計算は既定と同じ) を通します。15 秒ほどかかります。
+
+# %% [markdown] lang="en"
+# ## Four more ways to send less
+#
+# `no_sync` sent less **often**. PyTorch has other means to send **less**, or to hold
+# less memory, each a single change to DDP:
+#
+# - **compression hooks** (`register_comm_hook`): replace a bucket's all-reduce with one
+#   that sends it compressed: `fp16_compress_hook` (sends float16) and PowerSGD (sends a
+#   low-rank approximation);
+# - **`ZeroRedundancyOptimizer`** (ZeRO's first stage): the ranks share out the optimizer
+#   state;
+# - **DDP's switches**: `gradient_as_bucket_view=True` (gradients live inside the
+#   buckets), `static_graph=True` (a promise that the graph is the same at every step);
+# - **`bucket_cap_mb`**: the bucket size (counted in the next section).
+#
+# On one workload (lesson 05's large MLP: width 1024, 3 layers, 2.1 million parameters,
+# 8,482,856 bytes of gradients), each method runs one step in turn, for 40 steps
+# (timed alternately, as in lesson 04). `levers.CollectiveBytes` counts the bytes of the
+# tensors handed to `dist.all_reduce` and `dist.broadcast`; so plain DDP too goes
+# through torch's hook that writes its default in Python (`default_hooks.allreduce_hook`,
+# the same computation). It takes about 15 s.
+
+# %% tags=["nbval-ignore-output"]
+# %%px
+from labkit import levers
+
+runs = levers.compare_methods(steps=40)
+if rank == 0:
+    print(f"{'method':24} {'bytes/step':>10} {'calls':>5} {'ms/step':>7} {'loss':>7}"
+          f" {'grad+state MiB':>14}")
+    for name, r in runs.items():
+        print(f"{name:24} {r['bytes'][-1]:>10,} {r['calls'][-1]:>5} "
+              f"{r['step_s'] * 1e3:>7.1f} {r['final_loss']:>7.4f} "
+              f"{(r['grad_bytes'] + r['state_bytes']) / 2**20:>14.1f}")
+
+# %%
+from labkit import levers
+
+runs = ranks.pull("runs")
+by_method = {m: runs[0][m] for m in levers.METHODS}  # rank 0's, in the table's order
+fig = plots.methods_chart({
+    "sent_per_step": {m: r["bytes"][-1] for m, r in by_method.items()},
+    "step_ms_median": {m: r["step_s"] * 1e3 for m, r in by_method.items()},
+    "final_loss": {m: r["final_loss"] for m, r in by_method.items()},
+    "memory_mib": {m: (r["grad_bytes"] + r["state_bytes"]) / 2**20
+                   for m, r in by_method.items()},
+}, title="levers_title", logx=["sent_per_step"])
+
+# %% [markdown] lang="ja"
+# ### 圧縮フック: fp16 と PowerSGD
+#
+# `fp16_compress_hook` は、バケットを float16 にしてから all-reduce し、float32 に戻します。送るバイト数は
+# ちょうど半分で、丸めの誤差が入ります。`bf16_compress_hook` (bfloat16) は、torch 2.13 では
+# NCCL (GPU) か XCCL でしか登録できません (下のセル)。
+#
+# **PowerSGD** は、n × m の勾配行列 M を、ランク r の積 P Qᵀ (P は n × r、Q は m × r) で近似し、M の
+# n·m 個の値の代わりに P と Q を all-reduce します。
+#
+# - **ウォームアップ**: 最初の `start_powerSGD_iter` ステップ (ここでは 10) は、ふつうの all-reduce を
+#   します。学習の始めは、勾配の誤差に敏感だからです。
+# - **誤差のフィードバック** (`use_error_feedback`、既定で有効): 近似で落ちた分 M − P Qᵀ を覚えておき、
+#   次のステップの勾配に足します。落ちた分は、遅れて届きます。
+# - すべてのテンソルを圧縮するわけではありません。どれを圧縮し、1 ステップに何バイト送るかは、
+#   あとの演習で予測します。
+#
+# PowerSGD には、ここではバケットを 1 つだけ使わせます (`bucket_cap_mb=100`)。gloo でバケットが 2 つ
+# あると、2 つのランクが P と Q の all-reduce を違う順で呼ぶことがあり、実行が止まりました。
+
+# %% [markdown] lang="en"
+# ### Compression hooks: fp16 and PowerSGD
+#
+# `fp16_compress_hook` casts the bucket to float16, all-reduces it, and casts back to
+# float32: exactly half the bytes, with rounding. `bf16_compress_hook` (bfloat16) can
+# only be registered with NCCL (GPUs) or XCCL in torch 2.13 (the cell below).
+#
+# **PowerSGD** approximates an n × m gradient matrix M by a rank-r product P Qᵀ (P is
+# n × r, Q is m × r) and all-reduces P and Q instead of M's n·m values.
+#
+# - **Warm-up**: for the first `start_powerSGD_iter` steps (10 here) it runs plain
+#   all-reduces: the start of training is sensitive to inexact gradients.
+# - **Error feedback** (`use_error_feedback`, on by default): it keeps what the
+#   approximation left out, M − P Qᵀ, and adds it to the next step's gradient: what is
+#   dropped arrives later.
+# - Not every tensor is compressed. Which are, and how many bytes a step sends, is the
+#   exercise below.
+#
+# PowerSGD gets one bucket here (`bucket_cap_mb=100`): with two buckets on gloo, the two
+# ranks could call their all-reduces of P and Q in different orders, and the run stopped.
+
+# %%
+# %%px
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+try:
+    DDP(nn.Linear(4, 4)).register_comm_hook(None, default_hooks.bf16_compress_hook)
+    refused = None
+except TypeError as err:
+    refused = str(err)
+print(f"rank {rank}: {refused}")
+assert "NCCL" in refused  # gloo is not accepted for the bf16 hook
+
+# %%
+plain, fp16 = by_method["DDP"], by_method["fp16"]
+print(f"fp16 sends {fp16['bytes'][-1]:,} bytes a step, DDP {plain['bytes'][-1]:,}")
+assert 2 * fp16["bytes"][-1] == plain["bytes"][-1]  # half
+assert abs(fp16["final_loss"] - plain["final_loss"]) < 1e-3  # rounding, little else
+for r in (1, 2, 4):
+    psgd = by_method[f"PowerSGD r={r}"]
+    print(f"PowerSGD r={r}: {psgd['bytes'][0]:,} bytes in a warm-up step, "
+          f"{psgd['bytes'][-1]:,} after it ({plain['bytes'][-1] / psgd['bytes'][-1]:.0f}x "
+          f"fewer); final loss {psgd['final_loss']:.4f} (DDP {plain['final_loss']:.4f})")
+    assert psgd["bytes"][0] == plain["bytes"][-1]  # the warm-up sends everything
+assert (by_method["PowerSGD r=1"]["bytes"][-1] < by_method["PowerSGD r=2"]["bytes"][-1]
+        < by_method["PowerSGD r=4"]["bytes"][-1] < plain["bytes"][-1] / 50)
+
+# %%
+fig = plots.loss_curves({m: by_method[m]["loss"] for m in
+                         ("DDP", "fp16", "PowerSGD r=1", "PowerSGD r=2", "PowerSGD r=4")},
+                        title="levers_loss_title")
+
+# %% [markdown] lang="ja"
+# 40 ステップでは、PowerSGD の損失は DDP より下がり方が遅く、ランク r が大きいほど DDP に近づきます
+# (この実行の図)。送るバイト数は数十分の 1 以下になりましたが、1 ステップの時間は短くなっていません。
+# それは最後の節で、通信のモデルと比べて調べます。
+
+# %% [markdown] lang="en"
+# Over 40 steps PowerSGD's loss falls more slowly than DDP's, and comes closer to it as
+# the rank r grows (this run's plot). The bytes per step dropped by a factor of tens or
+# more, yet the steps did not get shorter: the last section looks into that with the
+# communication model.
+
+# %% [markdown] lang="ja"
+# ### 演習: PowerSGD が 1 ステップに送るバイト数
+#
+# 関数 `powersgd_bytes(shapes, r)` を書いてください。`shapes` はモデルのパラメータの形のリスト
+# (例: `[(1024, 10), (1024,)]`)、`r` は PowerSGD のランク (`matrix_approximation_rank`) です。
+# ウォームアップのあとの 1 ステップで、PowerSGD が all-reduce する float32 のバイト数を返します。
+# torch の `powerSGD_hook.py` が決めていることは 3 つです。
+#
+# - 1 次元のテンソル (バイアス) は圧縮せず、そのまま送る
+# - それ以外は、行列 (`shape[0]`, 残りの次元の積) として扱い、P と Q を送る
+# - ただし、圧縮しても値の数が半分にならない行列 (`(n + m) * r * 2 < n * m` でないもの) は、
+#   圧縮せずにそのまま送る (`min_compression_rate=2`)
+#
+# 確認のセルは、いくつかの層の組とランクで、2 つのランクで実際に PowerSGD を動かして数えたバイト数と
+# 比べます。
+
+# %% [markdown] lang="en"
+# ### Exercise: the bytes PowerSGD sends in a step
+#
+# Write `powersgd_bytes(shapes, r)`. `shapes` lists the shapes of a model's parameters
+# (for instance `[(1024, 10), (1024,)]`) and `r` is PowerSGD's rank
+# (`matrix_approximation_rank`). Return the bytes of float32 that PowerSGD all-reduces in
+# one step after its warm-up. torch's `powerSGD_hook.py` decides three things:
+#
+# - a 1-D tensor (a bias) is not compressed: it is sent as it is
+# - any other tensor is treated as the matrix (`shape[0]`, product of the other
+#   dimensions), and P and Q are sent
+# - but a matrix that compression would not halve (where `(n + m) * r * 2 < n * m` does
+#   not hold) is sent as it is (`min_compression_rate=2`)
+#
+# The check compares with the bytes counted while PowerSGD really runs on the two ranks,
+# for several sets of layers and ranks.
+
+# %% tags=["exercise"]
+import math
+
+
+def powersgd_bytes(shapes, r):
+    """Bytes PowerSGD all-reduces per step at rank r for parameters of `shapes`."""
+    return None  # TODO
+
+# %% tags=["solution"]
+import math
+
+
+def powersgd_bytes(shapes, r):
+    """Bytes PowerSGD all-reduces per step at rank r for parameters of `shapes`."""
+    values = 0
+    for shape in shapes:
+        if len(shape) == 1:  # a vector: sent as it is
+            values += shape[0]
+            continue
+        n, m = shape[0], math.prod(shape[1:])
+        compressed = (n + m) * r
+        values += compressed if compressed * 2 < n * m else n * m
+    return 4 * values  # float32
+
+# %%
+exercises.grade_powersgd_bytes(ranks, powersgd_bytes)
+
+# %%
+mlp = [(1024, 10), (1024,), (1024, 1024), (1024,), (1024, 1024), (1024,), (10, 1024),
+       (10,)]  # the large MLP's parameters
+for r in (1, 2, 4):
+    print(f"r={r}: predicted {powersgd_bytes(mlp, r):,}, "
+          f"measured {by_method[f'PowerSGD r={r}']['bytes'][-1]:,}")
+    assert powersgd_bytes(mlp, r) == by_method[f"PowerSGD r={r}"]["bytes"][-1]
+
+# %% [markdown] lang="ja"
+# ### ZeroRedundancyOptimizer: オプティマイザの状態を分けて持つ
+#
+# Adam は、パラメータ 1 つにつき 2 つの値 (勾配の移動平均と 2 乗の移動平均) を持つので、状態は
+# パラメータの 2 倍の大きさです。DDP では、その全部を全ランクが持ちます。
+# `ZeroRedundancyOptimizer` (ZeRO の第 1 段階) では、各ランクがパラメータの一部だけを更新し、その部分の
+# 状態だけを持ちます。更新したパラメータは、ステップの終わりに `broadcast` で全ランクに配ります。
+# そのため送るバイト数は、勾配の all-reduce にパラメータの broadcast が加わって 2 倍になります。
+# 勾配とパラメータは全ランクが全部持ったままです。それも分けるのが FSDP (ZeRO の第 3 段階。レッスン 09)
+# です。
+
+# %% [markdown] lang="en"
+# ### ZeroRedundancyOptimizer: sharing out the optimizer state
+#
+# Adam keeps two values per parameter (moving averages of the gradient and of its
+# square): its state is twice the parameters. Under DDP every rank holds all of it.
+# With `ZeroRedundancyOptimizer` (ZeRO's first stage) each rank updates only a share of
+# the parameters and holds only that share's state; at the end of the step it hands the
+# parameters it updated to every rank with `broadcast`. So the bytes sent double: the
+# gradients' all-reduce plus the parameters' broadcast. Every rank still holds all the
+# gradients and parameters; sharing those out too is FSDP (ZeRO's third stage, lesson 09).
+
+# %%
+adam, zero = by_method["DDP + Adam"], by_method["ZeRO + Adam"]
+per_rank = [r["ZeRO + Adam"]["state_bytes"] for r in runs]
+print(f"Adam's state on each rank: {adam['state_bytes']:,} bytes; with ZeRO: "
+      f"{per_rank} (together {sum(per_rank):,})")
+print(f"bytes per step: DDP + Adam {adam['bytes'][-1]:,}, ZeRO + Adam {zero['bytes'][-1]:,}")
+assert sum(per_rank) == adam["state_bytes"]  # the same state, shared out
+assert max(per_rank) < 0.51 * adam["state_bytes"]
+assert zero["bytes"][-1] == 2 * adam["bytes"][-1]  # + the parameters' broadcast
+assert zero["loss"] == adam["loss"]  # the same training, bit for bit
+
+# %% [markdown] lang="ja"
+# 状態が分かれているので、チェックポイントを書く前に、1 つのランクに集める必要があります。
+# `consolidate_state_dict(to=0)` を全ランクで呼ぶと、ランク 0 だけが `state_dict()` を返せます。
+# 呼ばずに `state_dict()` を呼ぶとエラーになります。
+
+# %% [markdown] lang="en"
+# Since the state is shared out, it must be gathered on one rank before writing a
+# checkpoint: after every rank calls `consolidate_state_dict(to=0)`, rank 0 alone can
+# return `state_dict()`. Calling `state_dict()` without it raises.
+
+# %%
+# %%px
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+model = DDP(nn.Linear(4, 4))
+optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam)
+model(torch.randn(8, 4)).sum().backward()
+optimizer.step()
+try:
+    optimizer.state_dict()
+    message = None
+except RuntimeError as err:
+    message = str(err)
+print(f"rank {rank}: {message}")
+optimizer.consolidate_state_dict(to=0)
+if rank == 0:
+    assert len(optimizer.state_dict()["state"]) == 2  # weight and bias, gathered
+assert message is not None and "consolidate_state_dict" in message
+
+# %% [markdown] lang="ja"
+# ### DDP のスイッチ
+#
+# `gradient_as_bucket_view=True` では、各パラメータの `.grad` がバケットの一部 (view) になります。
+# ふつうの DDP は、勾配をバケットにコピーしてから送るので、勾配を 2 つ持っています。下のセルは、勾配と
+# バケットが使うメモリ (重ならない記憶領域の合計) を比べます。`static_graph=True` は、毎ステップ同じ
+# パラメータが使われると DDP に約束します (レッスン 10)。このモデルでは送るものも学習も変わりません。
+
+# %% [markdown] lang="en"
+# ### DDP's switches
+#
+# With `gradient_as_bucket_view=True`, each parameter's `.grad` is a view into a bucket.
+# Plain DDP copies the gradients into its buckets before sending them, so it holds the
+# gradients twice. The cell below compares the memory that gradients and buckets use
+# (the total of their distinct storages). `static_graph=True` promises DDP that every
+# step uses the same parameters (lesson 10); on this model it changes neither what is
+# sent nor the training.
+
+# %%
+view, static = by_method["gradient_as_bucket_view"], by_method["static_graph"]
+saved = plain["grad_bytes"] - view["grad_bytes"]
+print(f"gradients and buckets: DDP {plain['grad_bytes']:,} bytes, "
+      f"gradient_as_bucket_view {view['grad_bytes']:,}: {saved:,} saved")
+assert saved == plain["bytes"][-1]  # one copy of the gradients (8,482,856 bytes)
+assert view["loss"] == plain["loss"] and static["loss"] == plain["loss"]
+assert static["bytes"] == plain["bytes"]
+
+# %% [markdown] lang="ja"
+# ### バケットの大きさ: `bucket_cap_mb`
+#
+# バケットの数は、1 ステップの all-reduce の回数です。`bucket_cap_mb` を変えて、3 ステップ目 (作り直した
+# あと) の回数を数えます。`None` は DDP の既定 (上限 25 MB、ただし最初のバケットだけ 1 MB) です。
+# 数値を渡すと、最初のバケットも同じ上限になります (torch 2.13 の `distributed.py`)。
+# このモデルの 1024 × 1024 の重みは 1 つで 4 MiB あるので、上限を 4 MB より小さくしても 3 つより
+# 多くはなりません。
+
+# %% [markdown] lang="en"
+# ### Bucket size: `bucket_cap_mb`
+#
+# The number of buckets is the number of all-reduces in a step. Count them at step 3
+# (after the rebuild) for several `bucket_cap_mb`. `None` is DDP's default (a 25 MB cap,
+# but 1 MB for the first bucket); pass a number and the first bucket gets that cap too
+# (torch 2.13's `distributed.py`). Each 1024 × 1024 weight of this model is 4 MiB on its
+# own, so caps below 4 MB give no more than 3 buckets.
+
+# %%
+# %%px
+counts = levers.bucket_counts([None, 0.25, 1, 4, 25, 100])
+if rank == 0:
+    for cap, calls in counts.items():
+        print(f"bucket_cap_mb={cap}: all-reduces per step {calls}")
+assert all(calls[0] == 1 for calls in counts.values())  # step 1: one bucket
+assert counts[None][-1] == 2  # the 1 MB first bucket, then the rest
+assert counts[25][-1] == counts[100][-1] == 1  # 8.1 MiB fits in one
+assert counts[0.25][-1] == counts[1][-1] == counts[4][-1] == 3
+
+# %% [markdown] lang="ja"
+# ## 並べて比べ、モデルで予測する
+#
+# レッスン 05 の 1 ステップのモデルに、送るバイト数の割合 (圧縮率) を入れます。DDP の 1 ステップの
+# 実測から、DDP の通信の時間 (α–β モデル) を引き、その方法が送るバイト数と回数での通信の時間を
+# 足したものを、その方法の予測とします (`levers.predicted_step_s`。Adam を使う 2 つは DDP + Adam を
+# 基にします)。α と β は、ここで all-reduce を測って当てはめます。
+
+# %% [markdown] lang="en"
+# ## Side by side, and predicted by the model
+#
+# Put the share of bytes sent (the compression) into lesson 05's step model: a method's
+# predicted step is DDP's measured step, minus DDP's communication time (the alpha-beta
+# model), plus the communication time of the bytes and calls the method sends
+# (`levers.predicted_step_s`; the two with Adam start from DDP + Adam). Alpha and beta
+# are fitted here on timed all-reduces.
+
+# %% tags=["nbval-ignore-output"]
+# %%px
+from labkit import comm
+
+sizes = [4**k * 1024 for k in range(2, 8)]  # 16 KiB .. 16 MiB
+seconds = comm.allreduce_sweep(sizes, repeat=5)
+
+# %% tags=["nbval-ignore-output"]
+from labkit import comm
+
+ab = comm.fit_alpha_beta(ranks.pull("sizes")[0], ranks.pull("seconds")[0], world_size=2)
+print(f"alpha = {ab.alpha * 1e6:.0f} µs, beta = {ab.beta / 1e9:.2f} GB/s")
+errors = {}
+print(f"{'method':24} {'sent':>10} {'measured':>9} {'predicted':>9} {'error':>7}")
+for name, r in by_method.items():
+    base = by_method["DDP + Adam" if "Adam" in name else "DDP"]  # the same optimizer
+    predicted = levers.predicted_step_s(base["step_s"], (base["bytes"][-1],
+                                                         base["calls"][-1]),
+                                        (r["bytes"][-1], r["calls"][-1]), ab, 2)
+    errors[name] = (predicted - r["step_s"]) / r["step_s"]
+    print(f"{name:24} {r['bytes'][-1]:>10,} {r['step_s'] * 1e3:>7.1f}ms "
+          f"{predicted * 1e3:>7.1f}ms {errors[name]:>+7.0%}")
+
+# %%
+assert all(errors[f"PowerSGD r={r}"] < 0 for r in (1, 2, 4))  # slower than predicted
+
+# %% [markdown] lang="ja"
+# モデルは、送るバイト数が減った分だけ速くなると予測します。PowerSGD の実測は予測より遅く
+# (誤差がマイナス)、この実行では DDP より速くもなっていません。モデルにないのは、圧縮にかかる計算
+# (P と Q を求める行列の積と直交化) です。ループバックの帯域は広いので、送るのを減らして得る時間より、
+# 圧縮の計算のほうが長くかかります。圧縮が効くのは、通信が 1 ステップの大きな部分を占めるとき
+# (遅いネットワーク、多くのランク) です。そのときの通信の時間は、レッスン 05 の探索ウィジェットで
+# 見積もれます。
+
+# %% [markdown] lang="en"
+# The model predicts that a method gets faster by the bytes it no longer sends.
+# PowerSGD measured slower than predicted (a negative error), and in this run no faster
+# than DDP. What the model leaves out is the compression's compute (the products and the
+# orthogonalization that make P and Q). Loopback has bandwidth to spare, so compressing
+# costs more time than sending less saves. Compression pays when communication takes a
+# large part of a step (a slow network, many ranks); lesson 05's explorer estimates that
+# communication time.
 
 # %%
 ranks.stop()

@@ -18,6 +18,7 @@ __all__ = [
     "line_chart",
     "loss_curves",
     "measured_vs_model",
+    "methods_chart",
     "timeline",
 ]
 
@@ -165,6 +166,39 @@ def bar_chart(groups: Mapping[str, Mapping[str, float]], *, ylabel: str, title: 
             ax.margins(y=0.15)
             ax.grid(alpha=0.3, axis="y")
         axes[0][0].set_ylabel(t(ylabel))
+        fig.suptitle(t(title))
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def methods_chart(panels: Mapping[str, Mapping[str, float]], *, title: str,
+                  logx: Sequence[str] = (), fmt: str = "{:.3g}"):
+    """Methods side by side: one panel of horizontal bars per measure.
+
+    `panels` maps a measure's message key to {method: value}; the methods are
+    the rows, in the same order in every panel. Panels named in `logx` get a
+    logarithmic axis. `title` is a message key.
+    """
+
+    def build():
+        methods = list(dict.fromkeys(m for values in panels.values() for m in values))
+        fig, axes = plt.subplots(1, len(panels), sharey=True, squeeze=False,
+                                 figsize=(2.9 * len(panels) + 2.2,
+                                          0.38 * len(methods) + 1.6))
+        for ax, (key, values) in zip(axes[0], panels.items(), strict=True):
+            rows = [methods.index(m) for m in values]
+            bars = ax.barh(rows, list(values.values()), color="tab:blue")
+            ax.bar_label(bars, labels=[fmt.format(v) for v in values.values()],
+                         fontsize="small", padding=2)
+            ax.set_title(t(key), fontsize="medium")
+            if key in logx:
+                ax.set_xscale("log")
+            ax.margins(x=0.35)
+            ax.grid(alpha=0.3, axis="x")
+        axes[0][0].set_yticks(range(len(methods)), methods)
+        axes[0][0].invert_yaxis()
         fig.suptitle(t(title))
         fig.tight_layout()
         return fig

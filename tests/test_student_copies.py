@@ -9,7 +9,8 @@ import student_copies
 ROOT = Path(__file__).resolve().parent.parent
 
 NOTEBOOKS = ROOT / "notebooks"
-LESSONS_WITH_EXERCISES = ("01", "02", "03", "04", "05", "07", "08", "09", "10")
+LESSONS_WITH_EXERCISES = ("01", "02", "03", "04", "05", "06", "07", "08", "09",
+                          "10")
 
 
 def tags(cell):

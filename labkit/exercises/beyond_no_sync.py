@@ -1,4 +1,4 @@
-"""Lesson 06 (beyond no_sync): a DDP written from scratch.
+"""Lesson 06 (beyond no_sync): a DDP written from scratch, PowerSGD's bytes.
 
 Messages below; how a grader answers: labkit.exercises.feedback. The truth is
 torch's own DDP on the same model and data (labkit.from_scratch runs both on
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 import torch.distributed as dist
+from torch import nn
 
 from .. import from_scratch
 from ..i18n import t
@@ -19,7 +21,7 @@ from .feedback import WrongAnswer, register, right
 if TYPE_CHECKING:
     from ..cluster import Ranks
 
-__all__ = ["grade_scratch_ddp"]
+__all__ = ["grade_powersgd_bytes", "grade_scratch_ddp"]
 
 register({  # key: (ja, en)
     "ex_scratch_unsent": (
@@ -140,3 +142,94 @@ def grade_scratch_ddp(ranks: Ranks, name: str = "ScratchDDP") -> None:
     last = results[0]["steps"][-1]
     right("ex_scratch_ok", calls=last["calls"],
           diff=max(s["max_diff"] for r in results for s in [*r["steps"], r["update"]]))
+
+
+register({  # key: (ja, en)
+    "ex_psgd_none": (
+        "{case} で None を返しました。バイト数 (整数) を返してください。",
+        "For {case} you returned None: return the bytes (an integer)."),
+    "ex_psgd_wrong": (
+        "{case}、ランク {r} で {got:,} バイトと答えましたが、PowerSGD が送ったのは "
+        "{want:,} バイトです。ヒント: {hint}",
+        "For {case} at rank {r} you answered {got:,} bytes; PowerSGD sent {want:,}. "
+        "Hint: {hint}"),
+    "ex_psgd_hint_bytes": (
+        "値の数ではなくバイト数です。float32 は 1 つ 4 バイトです。",
+        "bytes, not values: a float32 takes 4 bytes."),
+    "ex_psgd_hint_matrix": (
+        "n × m の行列は、P (n × r) と Q (m × r) の 2 つを送ります。",
+        "an n × m matrix is sent as P (n × r) and Q (m × r)."),
+    "ex_psgd_hint_vector": (
+        "1 次元のテンソル (バイアス) は圧縮されず、そのまま送られます。",
+        "a 1-D tensor (a bias) is not compressed: it is sent as it is."),
+    "ex_psgd_hint_rate": (
+        "圧縮しても値が半分にならない行列 ((n + m) × r × 2 が n × m 以上) は、"
+        "圧縮せずにそのまま送られます (min_compression_rate = 2)。",
+        "a matrix that compression would not halve ((n + m) × r × 2 not below "
+        "n × m) is sent uncompressed (min_compression_rate = 2)."),
+    "ex_psgd_hint_view": (
+        "2 次元より多いテンソルは、(shape[0], 残りの積) の行列として扱われます。",
+        "a tensor of more than 2 dimensions is treated as the matrix "
+        "(shape[0], product of the rest)."),
+    "ex_psgd_ok": (
+        "{n} 通りの層とランクで、PowerSGD が 1 ステップに送るバイト数を当てました。",
+        "You predicted the bytes PowerSGD sends per step for {n} sets of layers "
+        "and ranks."),
+})
+
+_MLP = [(1024, 10), (1024,), (1024, 1024), (1024,), (1024, 1024), (1024,), (10, 1024),
+        (10,)]  # lesson 06's large MLP (levers.large_config)
+# Each case adds one rule to the ones before it, so the first that fails names it.
+_CASES = [
+    ("ex_psgd_hint_matrix", "1024 × 1024", [(1024, 1024)], 1),
+    ("ex_psgd_hint_matrix", "1024 × 1024", [(1024, 1024)], 4),
+    ("ex_psgd_hint_vector", "Linear(1024, 1024)", [(1024, 1024), (1024,)], 2),
+    ("ex_psgd_hint_rate", "Linear(1024, 10)", [(10, 1024), (10,)], 8),
+    ("ex_psgd_hint_view", "Conv2d(64, 32, 3)", [(32, 64, 3, 3), (32,)], 4),
+    ("ex_psgd_hint_rate", "MLP 10-1024-1024-1024-10", _MLP, 1),
+    ("ex_psgd_hint_rate", "MLP 10-1024-1024-1024-10", _MLP, 8),
+]
+
+
+class _Layers(nn.Module):
+    """Parameters of the given shapes, each with a gradient from the forward pass."""
+
+    def __init__(self, shapes):
+        super().__init__()
+        self.weights = nn.ParameterList(nn.Parameter(torch.zeros(s)) for s in shapes)
+
+    def forward(self, x):
+        return sum((w * torch.randn_like(w)).sum() for w in self.weights) * x
+
+
+def _powersgd_trial(shapes, r: int) -> int:
+    """Runs on every rank: the bytes PowerSGD all-reduces in a step past its warm-up."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ..levers import ONE_BUCKET_MB, CollectiveBytes
+
+    torch.manual_seed(dist.get_rank())
+    model = DDP(_Layers(shapes), bucket_cap_mb=ONE_BUCKET_MB)
+    state = powersgd.PowerSGDState(None, matrix_approximation_rank=r,
+                                   start_powerSGD_iter=2)
+    model.register_comm_hook(state, powersgd.powerSGD_hook)
+    with CollectiveBytes() as sent:
+        for _ in range(4):
+            sent.reset()
+            model(torch.ones(())).backward()
+    return sent.bytes["all_reduce"]
+
+
+def grade_powersgd_bytes(ranks: Ranks, fn) -> None:
+    """`fn(shapes, r)`: the bytes PowerSGD sends per step, measured on the ranks."""
+    for hint, case, shapes, r in _CASES:
+        got = fn(shapes, r)
+        if got is None:
+            raise WrongAnswer("ex_psgd_none", case=case)
+        want = ranks.run(_powersgd_trial, shapes, r)[0]
+        if got != want:
+            if got * 4 == want:
+                hint = "ex_psgd_hint_bytes"
+            raise WrongAnswer("ex_psgd_wrong", hint, case=case, r=r, got=got, want=want)
+    right("ex_psgd_ok", n=len(_CASES))

@@ -1,0 +1,253 @@
+"""Ways to send less than DDP's plain all-reduce, on one workload, side by side.
+
+Each method is DDP on the same model and data with one change: a comm hook
+that compresses (fp16, PowerSGD at rank r), ZeroRedundancyOptimizer, or one of
+DDP's switches. Every method's gradients go through a Python comm hook (plain
+DDP through torch's default hook in its Python form, `allreduce_hook`), so
+`CollectiveBytes` sees every byte handed to `dist.all_reduce` and
+`dist.broadcast`. `compare_methods` trains the methods in turn, one step of
+each at a time, and returns what each sent, how long its steps took, its loss
+and the memory its gradients and optimizer state hold.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from . import comm, ddp, i18n, models, workload
+
+__all__ = ["METHODS", "CollectiveBytes", "bucket_counts", "build", "compare_methods",
+           "large_config", "optimizer_state_bytes", "predicted_step_s",
+           "storage_bytes"]
+
+# Lesson 06's table and plots of the methods side by side.
+i18n.register({
+    "levers_title": {"ja": "通信を減らす方法の比較 (大きな MLP、2 ランク)",
+                     "en": "Ways to send less, side by side (large MLP, 2 ranks)"},
+    "sent_per_step": {"ja": "1 ステップに送るバイト数", "en": "bytes sent per step"},
+    "step_ms_median": {"ja": "1 ステップ [ミリ秒]", "en": "time per step [ms]"},
+    "final_loss": {"ja": "最後の損失 (全データ)", "en": "final loss (all data)"},
+    "memory_mib": {"ja": "勾配・バケット・オプティマイザの状態 [MiB]",
+                   "en": "gradients, buckets, optimizer state [MiB]"},
+    "levers_loss_title": {"ja": "方法ごとの学習曲線", "en": "Training loss by method"},
+})
+
+# PowerSGD sends plain all-reduces for its first steps (start_powerSGD_iter,
+# at least 2 with error feedback): the warm-up.
+POWERSGD_WARMUP = 10
+# One bucket for PowerSGD: with two, its all-reduces of P and Q ran in different
+# orders on the two ranks of a gloo group, and the run aborted or hung.
+ONE_BUCKET_MB = 100
+
+METHODS = ("DDP", "fp16", "PowerSGD r=1", "PowerSGD r=2", "PowerSGD r=4",
+           "gradient_as_bucket_view", "static_graph", "DDP + Adam", "ZeRO + Adam")
+
+
+def large_config(**changes) -> workload.Config:
+    """Lesson 05's large MLP (hidden 1024, depth 3), one micro-batch per step."""
+    return workload.Config(**{"hidden": 1024, "depth": 3, "accum_steps": 1, **changes})
+
+
+class CollectiveBytes:
+    """Bytes and calls handed to `dist.all_reduce` and `dist.broadcast` while active."""
+
+    NAMES = ("all_reduce", "broadcast")
+
+    def __init__(self):
+        self.calls = dict.fromkeys(self.NAMES, 0)
+        self.bytes = dict.fromkeys(self.NAMES, 0)
+        self._originals: dict = {}
+
+    def __enter__(self) -> CollectiveBytes:
+        for name in self.NAMES:
+            self._originals[name] = original = getattr(dist, name)
+            setattr(dist, name, self._counted(name, original))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+
+    def _counted(self, name: str, original):
+        def counted(*args, **kwargs):
+            tensor = kwargs["tensor"] if "tensor" in kwargs else args[0]
+            self.calls[name] += 1
+            self.bytes[name] += tensor.numel() * tensor.element_size()
+            return original(*args, **kwargs)
+        return counted
+
+    def reset(self) -> None:
+        for name in self.NAMES:
+            self.calls[name] = self.bytes[name] = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes.values())
+
+
+class _Buffers:
+    """A comm hook around another that keeps the bucket buffers it was handed."""
+
+    def __init__(self, hook, state):
+        self.hook, self.state, self.storages = hook, state, {}
+
+    @staticmethod
+    def run(buffers, bucket):  # unannotated: DDP rejects string annotations
+        storage = bucket.buffer().untyped_storage()
+        buffers.storages[storage.data_ptr()] = storage.nbytes()
+        return buffers.hook(buffers.state, bucket)
+
+
+def storage_bytes(model: nn.Module, buffers: dict[int, int] | None = None) -> int:
+    """Bytes of the distinct storages behind the gradients and the bucket buffers.
+
+    With `gradient_as_bucket_view=True` each `.grad` is a view into DDP's
+    bucket, so the two share storage and count once.
+    """
+    found = dict(buffers or {})
+    for p in model.parameters():
+        if p.grad is not None:
+            storage = p.grad.untyped_storage()
+            found[storage.data_ptr()] = storage.nbytes()
+    return sum(found.values())
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of this rank's optimizer state (ZeRO: of the shard this rank updates)."""
+    zero = isinstance(optimizer, ZeroRedundancyOptimizer)
+    local = optimizer.optim if zero else optimizer
+    return sum(v.numel() * v.element_size() for state in local.state.values()
+               for v in state.values() if torch.is_tensor(v))
+
+
+def build(name: str, cfg: workload.Config
+          ) -> tuple[DDP, torch.optim.Optimizer, _Buffers]:
+    """Method `name` of METHODS on a new model: DDP model, optimizer, comm hook."""
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+    kwargs = {"bucket_cap_mb": cfg.bucket_cap_mb}
+    hook, state = default_hooks.allreduce_hook, None
+    if name == "fp16":
+        hook = default_hooks.fp16_compress_hook
+    elif name.startswith("PowerSGD"):
+        kwargs["bucket_cap_mb"] = ONE_BUCKET_MB
+        hook = powersgd.powerSGD_hook
+        state = powersgd.PowerSGDState(
+            None, matrix_approximation_rank=int(name.split("=")[1]),
+            start_powerSGD_iter=POWERSGD_WARMUP)
+    elif name in ("gradient_as_bucket_view", "static_graph"):
+        kwargs[name] = True
+    model = DDP(workload.make_model(cfg), **kwargs)
+    buffers = _Buffers(hook, state)
+    model.register_comm_hook(buffers, _Buffers.run)
+    if name == "ZeRO + Adam":
+        optimizer = ZeroRedundancyOptimizer(model.parameters(),
+                                            optimizer_class=torch.optim.Adam, lr=1e-3)
+    elif name == "DDP + Adam":
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    else:
+        optimizer = workload.make_optimizer(model, cfg)
+    return model, optimizer, buffers
+
+
+def compare_methods(names: Sequence[str] = METHODS, cfg: workload.Config | None = None,
+                    steps: int = 40) -> dict[str, dict]:
+    """Run on every rank: each method for `steps` steps, one step of each in turn.
+
+    Every method starts from the same weights and sees this rank's same
+    micro-batch at each step; the ranks start each timed step together.
+    Returns per method: "bytes" and "calls" per step (lists: PowerSGD's
+    warm-up shows), "step_s" (median after the warm-up), "loss" (the ranks'
+    mean, per step), "final_loss" (on the whole data set), "grad_bytes" and
+    "state_bytes" (the memory of gradients and buckets, and of the optimizer
+    state, on this rank).
+    """
+    cfg = cfg or large_config()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    dataset = workload.make_dataset(cfg)
+    criterion = models.MyLoss()
+    runs = {}
+    for name in names:
+        model, optimizer, buffers = build(name, cfg)
+        runs[name] = {"model": model, "optimizer": optimizer, "buffers": buffers,
+                      "bytes": [], "calls": [], "times": [], "loss": []}
+    with CollectiveBytes() as sent:
+        for step in range(steps):
+            X, y = workload.micro_batches(dataset, cfg, step, rank, world_size)[0]
+            for run in runs.values():
+                dist.barrier()
+                sent.reset()
+                run["buffers"].storages.clear()  # DDP rebuilds its buckets after step 1
+                start = time.perf_counter()
+                run["optimizer"].zero_grad()
+                loss = criterion(run["model"](X), y)
+                loss.backward()
+                run["optimizer"].step()
+                run["times"].append(time.perf_counter() - start)
+                run["bytes"].append(sent.total_bytes)
+                run["calls"].append(sum(sent.calls.values()))
+                run["loss"].append(loss.item())
+    out = {}
+    for name, run in runs.items():
+        losses = torch.tensor(run["loss"])
+        dist.all_reduce(losses)
+        with torch.no_grad():
+            final = criterion(run["model"].module(dataset.data), dataset.target).item()
+        out[name] = {
+            "bytes": run["bytes"], "calls": run["calls"],
+            "step_s": statistics.median(run["times"][POWERSGD_WARMUP + 1:]),
+            "loss": (losses / world_size).tolist(), "final_loss": final,
+            "grad_bytes": storage_bytes(run["model"], run["buffers"].storages),
+            "state_bytes": optimizer_state_bytes(run["optimizer"]),
+        }
+    return out
+
+
+def bucket_counts(caps: Sequence[float | None], cfg: workload.Config | None = None,
+                  steps: int = 3) -> dict[float | None, list[int]]:
+    """Run on every rank: DDP's all-reduces per step for each `bucket_cap_mb`.
+
+    None is DDP's own default (25 MB, with a first bucket of 1 MB). DDP sends
+    its first step as one bucket, then rebuilds its buckets.
+    """
+    cfg = cfg or large_config()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    X, y = workload.micro_batches(workload.make_dataset(cfg), cfg, 0, rank,
+                                  world_size)[0]
+    out = {}
+    for cap in caps:
+        model = DDP(workload.make_model(cfg), bucket_cap_mb=cap)
+        counter = ddp.CommCounter().attach(model)
+        out[cap] = []
+        for _ in range(steps):
+            counter.reset()
+            models.MyLoss()(model(X), y).backward()
+            out[cap].append(counter.calls)
+    return out
+
+
+def predicted_step_s(ddp_step_s: float, ddp_sent: tuple[int, int],
+                     sent: tuple[int, int], ab: comm.AlphaBeta,
+                     world_size: int) -> float:
+    """Lesson 05's step model with a compression factor: a method's step time.
+
+    DDP's measured step with its communication, `ddp_sent` = (bytes, calls)
+    per step, swapped for the method's `sent`: each call an all-reduce of an
+    equal share of the bytes, timed by the alpha-beta model. The model knows
+    only what is sent: the compute a method adds (casting, PowerSGD's
+    products and orthogonalization) is not in it.
+    """
+    def communication(nbytes: int, calls: int) -> float:
+        return calls * ab.time(nbytes / calls, world_size) if calls else 0.0
+
+    return ddp_step_s - communication(*ddp_sent) + communication(*sent)

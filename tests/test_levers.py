@@ -1,0 +1,138 @@
+"""labkit.levers: what each way to send less sends, holds and costs, and its check.
+
+The lesson asserts the measured relations (fp16 half, ZeRO's state shared out,
+one gradient copy saved); these tests show the counting they rest on can tell
+the difference, and that the PowerSGD exercise's check fails each typical
+wrong answer with its hint.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from labkit import comm, exercises, levers
+
+
+@pytest.fixture
+def one_rank():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_collective_bytes_counts_tensors_passed_by_position_or_by_name(one_rank):
+    with levers.CollectiveBytes() as sent:
+        dist.all_reduce(torch.ones(10))
+        dist.broadcast(tensor=torch.ones(3, dtype=torch.float16), src=0)  # as ZeRO does
+    assert sent.calls == {"all_reduce": 1, "broadcast": 1}
+    assert sent.bytes == {"all_reduce": 40, "broadcast": 6}
+    assert dist.all_reduce is not sent._counted  # restored on leaving
+    with levers.CollectiveBytes() as again:
+        pass
+    assert again.total_bytes == 0
+
+
+def test_storage_bytes_counts_a_shared_storage_once():
+    model = torch.nn.Linear(4, 2)  # 8 + 2 values
+    flat = torch.zeros(10)
+    model.weight.grad = flat[:8].view(2, 4)  # views into one bucket-like buffer
+    model.bias.grad = flat[8:]
+    assert levers.storage_bytes(model) == 40
+    assert levers.storage_bytes(model, {flat.untyped_storage().data_ptr(): 40}) == 40
+    model.bias.grad = torch.zeros(2)  # a storage of its own: counted too
+    assert levers.storage_bytes(model) == 48
+
+
+def test_optimizer_state_bytes_of_adam_are_twice_the_parameters():
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    # exp_avg and exp_avg_sq per parameter, and a step count per parameter
+    state = levers.optimizer_state_bytes(optimizer)
+    assert state >= 2 * 40 and state - 2 * 40 <= 2 * 8
+
+
+def test_the_step_model_with_a_compression_factor():
+    ab = comm.AlphaBeta(alpha=1e-4, beta=1e9)
+    plain = (8_000_000, 2)
+    same = levers.predicted_step_s(0.02, plain, plain, ab, 2)
+    assert same == pytest.approx(0.02)
+    half = levers.predicted_step_s(0.02, plain, (4_000_000, 2), ab, 2)
+    saved = 2 * (ab.time(4e6, 2) - ab.time(2e6, 2))
+    assert half == pytest.approx(0.02 - saved)
+    assert levers.predicted_step_s(0.02, plain, (0, 0), ab, 2) < half
+
+
+def test_build_names_the_methods_it_knows():
+    with pytest.raises(ValueError, match="unknown method 'bf16'.*PowerSGD r=1"):
+        levers.build("bf16", levers.large_config())
+
+
+def test_small_run_of_every_method(ranks):
+    """Every method on a small MLP: the relations lesson 06 asserts on the large one."""
+    cfg = levers.large_config(hidden=64, depth=2)
+    runs = ranks.run(levers.compare_methods, levers.METHODS, cfg, 12)
+    by = runs[0]
+    plain = by["DDP"]["bytes"][-1]
+    assert plain == 4 * sum(p.numel() for p in levers.workload.make_model(cfg)
+                            .parameters())
+    assert 2 * by["fp16"]["bytes"][-1] == plain
+    assert all(by[f"PowerSGD r={r}"]["bytes"][0] == plain for r in (1, 2, 4))
+    assert by["PowerSGD r=1"]["bytes"][-1] < plain / 3
+    assert by["ZeRO + Adam"]["bytes"][-1] == 2 * plain
+    assert (sum(r["ZeRO + Adam"]["state_bytes"] for r in runs)
+            == by["DDP + Adam"]["state_bytes"])
+    assert by["ZeRO + Adam"]["loss"] == by["DDP + Adam"]["loss"]
+    saved = by["DDP"]["grad_bytes"] - by["gradient_as_bucket_view"]["grad_bytes"]
+    assert saved == plain
+    assert by["static_graph"]["loss"] == by["DDP"]["loss"]
+
+
+# The PowerSGD exercise: the reference and the typical wrong answers.
+
+def powersgd_bytes(shapes, r):
+    values = 0
+    for shape in shapes:
+        if len(shape) == 1:
+            values += shape[0]
+            continue
+        n, m = shape[0], math.prod(shape[1:])
+        values += (n + m) * r if (n + m) * r * 2 < n * m else n * m
+    return 4 * values
+
+
+def every_matrix_compressed(shapes, r):
+    return 4 * sum(s[0] if len(s) == 1 else (s[0] + math.prod(s[1:])) * r
+                   for s in shapes)
+
+
+def biases_left_out(shapes, r):
+    return powersgd_bytes([s for s in shapes if len(s) > 1], r)
+
+
+def values_not_bytes(shapes, r):
+    return powersgd_bytes(shapes, r) // 4
+
+
+def convolution_split_wrongly(shapes, r):
+    return powersgd_bytes([s if len(s) <= 2 else (s[0] * s[1], math.prod(s[2:]))
+                           for s in shapes], r)
+
+
+@pytest.mark.timeout(300)
+def test_powersgd_bytes_check(ranks, capsys):
+    exercises.grade_powersgd_bytes(ranks, powersgd_bytes)
+    assert "✓" in capsys.readouterr().out
+    with pytest.raises(exercises.WrongAnswer) as none:
+        exercises.grade_powersgd_bytes(ranks, lambda shapes, r: None)
+    assert none.value.key == "ex_psgd_none"
+    for answer, key in [(every_matrix_compressed, "ex_psgd_hint_rate"),
+                        (biases_left_out, "ex_psgd_hint_vector"),
+                        (values_not_bytes, "ex_psgd_hint_bytes"),
+                        (convolution_split_wrongly, "ex_psgd_hint_view")]:
+        with pytest.raises(exercises.WrongAnswer) as wrong:
+            exercises.grade_powersgd_bytes(ranks, answer)
+        assert wrong.value.key == key, answer.__name__
