@@ -485,6 +485,29 @@ fig = plots.loss_curves({m: by_method[m]["loss"] for m in
 # communication model.
 
 # %% [markdown] lang="ja"
+# 誤差のフィードバックが何をするかは、毎ステップ同じ勾配 C (16 × 16 の行列) になる層で見えます。
+# ランク 1 の近似では、C の大部分が毎回落ちます。下のセルは、ウォームアップのあと k ステップで
+# 実際に使われた勾配の和が、本当の和 k C からどれだけ離れているか (相対誤差) を比べます。
+# フィードバックがなければ落ちた分は失われたままで、あれば次のステップに足されるので、和が追いつきます。
+
+# %% [markdown] lang="en"
+# What error feedback does shows on a layer whose gradient is the same matrix C
+# (16 × 16) at every step. A rank-1 approximation drops most of C each time. The cell
+# below compares how far the sum of the gradients applied in k steps after the warm-up
+# is from the true sum k C (relative error). Without feedback, what is dropped stays
+# lost; with it, it is added to the next step, and the sum catches up.
+
+# %%
+# %%px
+without = levers.error_feedback_trial(use_error_feedback=False)
+with_feedback = levers.error_feedback_trial(use_error_feedback=True)
+for k in (1, 10, len(without)):
+    print(f"rank {rank}, after {k:>2} steps: sum off by {without[k - 1]:.0%} without "
+          f"error feedback, {with_feedback[k - 1]:.0%} with it")
+assert with_feedback[-1] < 0.3 < 0.8 < without[-1]
+assert with_feedback[-1] < with_feedback[9] / 2  # falls as 1/k: the sum catches up
+
+# %% [markdown] lang="ja"
 # ### 演習: PowerSGD が 1 ステップに送るバイト数
 #
 # 関数 `powersgd_bytes(shapes, r)` を書いてください。`shapes` はモデルのパラメータの形のリスト

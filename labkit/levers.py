@@ -27,8 +27,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from . import comm, ddp, i18n, models, workload
 
 __all__ = ["METHODS", "CollectiveBytes", "bucket_counts", "build", "compare_methods",
-           "large_config", "optimizer_state_bytes", "predicted_step_s",
-           "storage_bytes"]
+           "error_feedback_trial", "large_config", "optimizer_state_bytes",
+           "predicted_step_s", "storage_bytes"]
 
 # Lesson 06's table and plots of the methods side by side.
 i18n.register({
@@ -251,3 +251,33 @@ def predicted_step_s(ddp_step_s: float, ddp_sent: tuple[int, int],
         return calls * ab.time(nbytes / calls, world_size) if calls else 0.0
 
     return ddp_step_s - communication(*ddp_sent) + communication(*sent)
+
+
+def error_feedback_trial(use_error_feedback: bool, steps: int = 40, n: int = 16,
+                         r: int = 1) -> list[float]:
+    """Run on every rank: what PowerSGD's error feedback gives back, step by step.
+
+    A layer whose gradient is the same n x n matrix C at every step, sent by
+    PowerSGD at rank `r` after a warm-up of 2 steps. Returns, for each step
+    after the warm-up, how far the sum of the gradients applied so far is from
+    the true sum k C, relative to it. Without error feedback what the rank-r
+    approximation drops is lost at every step; with it, it is added to the
+    next step's gradient, so the sum catches up.
+    """
+    torch.manual_seed(0)
+    target = torch.randn(n, n)  # the same on every rank: the mean is C too
+    model = DDP(nn.Linear(n, n, bias=False))
+    state = powersgd.PowerSGDState(None, matrix_approximation_rank=r,
+                                   start_powerSGD_iter=2,
+                                   use_error_feedback=use_error_feedback)
+    model.register_comm_hook(state, powersgd.powerSGD_hook)
+    applied, errors = torch.zeros(n, n), []
+    for step in range(steps):
+        model.zero_grad()
+        # model(I) is W transposed, so the loss is sum(W * C): its gradient is C
+        (model(torch.eye(n)) * target.T).sum().backward()
+        if step >= 2:
+            applied += model.module.weight.grad
+            k = step - 1
+            errors.append(((applied - k * target).norm() / (k * target).norm()).item())
+    return errors
