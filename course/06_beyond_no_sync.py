@@ -21,7 +21,8 @@
 #    通信が勾配の計算と重なること
 # 3. 圧縮フック: `fp16_compress_hook` と PowerSGD (送るバイト数を予測する演習つき)
 # 4. `ZeroRedundancyOptimizer`: オプティマイザの状態を分けて持つ
-# 5. DDP のスイッチ: `gradient_as_bucket_view`、`static_graph`、`bucket_cap_mb`
+# 5. DDP のスイッチ: `gradient_as_bucket_view`、`static_graph`、`bucket_cap_mb` (バケットの数を予測する
+#    演習つき)
 # 6. すべてを並べて比べ、レッスン 05 の 1 ステップのモデルに圧縮率を入れて予測する
 
 # %% [markdown] lang="en"
@@ -38,7 +39,8 @@
 # 3. compression hooks: `fp16_compress_hook` and PowerSGD (with an exercise predicting
 #    the bytes sent)
 # 4. `ZeroRedundancyOptimizer`: the optimizer state shared out
-# 5. DDP's switches: `gradient_as_bucket_view`, `static_graph`, `bucket_cap_mb`
+# 5. DDP's switches: `gradient_as_bucket_view`, `static_graph`, `bucket_cap_mb` (with an
+#    exercise predicting the number of buckets)
 # 6. all of them side by side, predicted by lesson 05's step model with a compression
 #    factor
 
@@ -692,6 +694,59 @@ assert all(calls[0] == 1 for calls in counts.values())  # step 1: one bucket
 assert counts[None][-1] == 2  # the 1 MB first bucket, then the rest
 assert counts[25][-1] == counts[100][-1] == 1  # 8.1 MiB fits in one
 assert counts[0.25][-1] == counts[1][-1] == counts[4][-1] == 3
+cap_calls = list(counts.items())  # ipyparallel sorts dict keys: None and numbers fail
+
+# %% [markdown] lang="ja"
+# ### 演習: DDP のバケットの数を予測する
+#
+# 関数 `ddp_buckets(param_bytes, bucket_cap_mb)` を書いてください。`param_bytes` は、モデルの
+# パラメータのバイト数を `model.parameters()` の順に並べたリスト、`bucket_cap_mb` は DDP に渡す値
+# (`None` か数) です。DDP がバケットを作り直したあと (2 ステップ目から) の、1 ステップの all-reduce の
+# 回数を返します。規則は上の節と `ScratchDDP` のとおりです。勾配ができる順 (パラメータの逆順) に
+# バケットへ入れ、入れたパラメータで上限以上になったらバケットを閉じます。上限は、`None` なら最初の
+# バケットが 1 MiB、それ以外が 25 MiB、数なら全部がその MiB (1 MiB = 1024 × 1024 バイト) です。
+# 確認のセルは、いくつかのモデルと上限で、2 つのランクで DDP が実際にした all-reduce の回数と比べます。
+
+# %% [markdown] lang="en"
+# ### Exercise: predict DDP's buckets
+#
+# Write `ddp_buckets(param_bytes, bucket_cap_mb)`. `param_bytes` lists the bytes of a
+# model's parameters in `model.parameters()` order; `bucket_cap_mb` is what DDP is given
+# (`None` or a number). Return the number of all-reduces per step once DDP has rebuilt
+# its buckets (from step 2 on). The rules are those of the section above and of
+# `ScratchDDP`: fill buckets in the order the gradients come (the parameters' reverse
+# order), and close a bucket once the parameter just added makes it reach the cap. The
+# caps: with `None`, 1 MiB for the first bucket and 25 MiB for the others; with a number,
+# that many MiB for all (1 MiB = 1024 × 1024 bytes). The check compares with the
+# all-reduces DDP really made on the two ranks, for several models and caps.
+
+# %% tags=["exercise"]
+def ddp_buckets(param_bytes, bucket_cap_mb):
+    """All-reduces per step of DDP after its rebuild, for parameters of these bytes."""
+    return None  # TODO
+
+# %% tags=["solution"]
+def ddp_buckets(param_bytes, bucket_cap_mb):
+    """All-reduces per step of DDP after its rebuild, for parameters of these bytes."""
+    mib = 1024 * 1024
+    cap = (25 if bucket_cap_mb is None else bucket_cap_mb) * mib
+    first = mib if bucket_cap_mb is None else cap
+    buckets, size = 0, 0
+    for nbytes in reversed(param_bytes):  # the order the gradients come
+        size += nbytes
+        if size >= (first if buckets == 0 else cap):  # reached the cap: close it
+            buckets, size = buckets + 1, 0
+    return buckets + (size > 0)  # the last bucket, if it is still open
+
+# %%
+exercises.grade_bucket_count(ranks, ddp_buckets)
+
+# %%
+mlp_bytes = [4 * math.prod(shape) for shape in mlp]  # the large MLP, as above
+for cap, calls in ranks.pull("cap_calls")[0]:
+    print(f"bucket_cap_mb={cap}: predicted {ddp_buckets(mlp_bytes, cap)}, "
+          f"measured {calls[-1]}")
+    assert ddp_buckets(mlp_bytes, cap) == calls[-1]
 
 # %% [markdown] lang="ja"
 # ## 並べて比べ、モデルで予測する

@@ -136,3 +136,35 @@ def test_powersgd_bytes_check(ranks, capsys):
         with pytest.raises(exercises.WrongAnswer) as wrong:
             exercises.grade_powersgd_bytes(ranks, answer)
         assert wrong.value.key == key, answer.__name__
+
+
+# The bucket-count exercise: the lesson's answer and the typical wrong ones.
+
+def ddp_buckets(param_bytes, cap_mb, *, order=reversed, mib=2**20, first_mib=True,
+                reach=True):
+    cap = (25 if cap_mb is None else cap_mb) * mib
+    first = 2**20 if cap_mb is None and first_mib else cap
+    buckets, size = 0, 0
+    for nbytes in order(param_bytes):
+        size += nbytes
+        limit = first if buckets == 0 else cap
+        if (size >= limit) if reach else (size > limit):
+            buckets, size = buckets + 1, 0
+    return buckets + (size > 0)
+
+
+@pytest.mark.timeout(300)
+def test_bucket_count_check(ranks, capsys):
+    exercises.grade_bucket_count(ranks, ddp_buckets)
+    assert "✓" in capsys.readouterr().out
+    for wrong, key in [({"order": list}, "ex_buckets_hint_order"),
+                       ({"first_mib": False}, "ex_buckets_hint_first"),
+                       ({"mib": 10**6}, "ex_buckets_hint_mib"),
+                       ({"reach": False}, "ex_buckets_hint_close")]:
+        with pytest.raises(exercises.WrongAnswer) as err:
+            exercises.grade_bucket_count(
+                ranks, lambda b, c, wrong=wrong: ddp_buckets(b, c, **wrong))
+        assert err.value.key == key, wrong
+    with pytest.raises(exercises.WrongAnswer) as err:
+        exercises.grade_bucket_count(ranks, lambda b, c: len(b))  # one per parameter
+    assert err.value.key == "ex_buckets_hint_rule"

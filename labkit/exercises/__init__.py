@@ -10,7 +10,11 @@ lesson (lesson 04, `course/04_no_sync.py`: `labkit/exercises/no_sync.py`).
 
 from __future__ import annotations
 
-from .beyond_no_sync import grade_powersgd_bytes, grade_scratch_ddp
+from .beyond_no_sync import (
+    grade_bucket_count,
+    grade_powersgd_bytes,
+    grade_scratch_ddp,
+)
 from .communication import grade_allreduce_prediction, grade_step_prediction
 from .data_parallel import grade_chunk_sizes, grade_manual_data_parallel
 from .ddp import grade_average_gradients, grade_set_epoch
@@ -31,6 +35,7 @@ __all__ = [
     "grade_accumulation",
     "grade_allreduce_prediction",
     "grade_average_gradients",
+    "grade_bucket_count",
     "grade_chunk_sizes",
     "grade_evaluation",
     "grade_exact_mean",

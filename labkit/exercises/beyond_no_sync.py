@@ -1,4 +1,4 @@
-"""Lesson 06 (beyond no_sync): a DDP written from scratch, PowerSGD's bytes.
+"""Lesson 06 (beyond no_sync): DDP from scratch, PowerSGD's bytes, DDP's buckets.
 
 Messages below; how a grader answers: labkit.exercises.feedback. The truth is
 torch's own DDP on the same model and data (labkit.from_scratch runs both on
@@ -21,7 +21,7 @@ from .feedback import WrongAnswer, register, right
 if TYPE_CHECKING:
     from ..cluster import Ranks
 
-__all__ = ["grade_powersgd_bytes", "grade_scratch_ddp"]
+__all__ = ["grade_bucket_count", "grade_powersgd_bytes", "grade_scratch_ddp"]
 
 register({  # key: (ja, en)
     "ex_scratch_unsent": (
@@ -233,3 +233,120 @@ def grade_powersgd_bytes(ranks: Ranks, fn) -> None:
                 hint = "ex_psgd_hint_bytes"
             raise WrongAnswer("ex_psgd_wrong", hint, case=case, r=r, got=got, want=want)
     right("ex_psgd_ok", n=len(_CASES))
+
+
+register({  # key: (ja, en)
+    "ex_buckets_none": (
+        "{case} で None を返しました。all-reduce の回数 (整数) を返してください。",
+        "For {case} you returned None: return the number of all-reduces."),
+    "ex_buckets_wrong": (
+        "{case} で {got} と答えましたが、DDP は 1 ステップに {want} 回 all-reduce "
+        "しました。ヒント: {hint}",
+        "For {case} you answered {got}, but DDP made {want} all-reduces per step. "
+        "Hint: {hint}"),
+    "ex_buckets_hint_order": (
+        "バケットは勾配ができる順、つまりパラメータの逆順に詰めます。",
+        "buckets fill in the order the gradients come: the parameters' reverse "
+        "order."),
+    "ex_buckets_hint_first": (
+        "bucket_cap_mb=None (既定) では、最初のバケットだけ上限が 1 MiB です。",
+        "with bucket_cap_mb=None (the default), the first bucket's cap is 1 MiB."),
+    "ex_buckets_hint_mib": (
+        "MB は 1024 × 1024 バイトです (torch の _MB_TO_BYTES)。",
+        "a MB here is 1024 × 1024 bytes (torch's _MB_TO_BYTES)."),
+    "ex_buckets_hint_close": (
+        "バケットは、入れたパラメータで上限に**達した** (以上になった) ところで"
+        "閉じます。",
+        "a bucket closes as soon as the parameter just added makes it reach the cap "
+        "(at least the cap)."),
+    "ex_buckets_hint_rule": (
+        "逆順にパラメータを入れていき、上限以上になったらバケットを閉じて次を始めます。"
+        "最後の閉じていないバケットも 1 回と数えます。",
+        "add the parameters in reverse order and close the bucket once it holds at "
+        "least the cap; the last, unclosed bucket counts too."),
+    "ex_buckets_case": ("パラメータ {sizes} バイト、bucket_cap_mb={cap}",
+                        "parameters of {sizes} bytes, bucket_cap_mb={cap}"),
+    "ex_buckets_ok": (
+        "{n} 通りのモデルと上限で、DDP の 1 ステップの all-reduce の回数を当てました。",
+        "You predicted DDP's all-reduces per step for {n} models and caps."),
+})
+
+_MIB = 2**20
+# (parameter bytes in model order, bucket_cap_mb): each wrong rule below gets at
+# least one of them wrong.
+_BUCKET_CASES = [
+    ([40, 4 * _MIB, 40, 3 * _MIB, 400, 400], None),
+    ([3 * _MIB, 1000, 2 * _MIB, 1000, 2 * _MIB], 4),
+    ([_MIB, _MIB, _MIB, _MIB], 1),
+    ([600_000, 600_000, 600_000, 600_000], 1),
+    ([5 * _MIB, 100, 100, 100, 30 * _MIB, 100], None),
+    ([2_000_000] * 6, 4),
+]
+
+
+def _buckets_by_rule(param_bytes, cap_mb, *, reverse=True, first=True, mib=_MIB,
+                     reach=True) -> int:
+    """DDP's bucket count by its rule, or by one of the typical wrong rules."""
+    cap = (25 if cap_mb is None else cap_mb) * mib
+    limits = [_MIB if cap_mb is None and first else cap]
+    count, size, holding = 0, 0, False
+    for nbytes in (param_bytes[::-1] if reverse else param_bytes):
+        size, holding = size + nbytes, True
+        limit = limits[0] if count == 0 else cap
+        if size >= limit if reach else size > limit:
+            count, size, holding = count + 1, 0, False
+    return count + holding
+
+
+_WRONG_RULES = [("ex_buckets_hint_order", {"reverse": False}),
+                ("ex_buckets_hint_first", {"first": False}),
+                ("ex_buckets_hint_mib", {"mib": 10**6}),
+                ("ex_buckets_hint_close", {"reach": False})]
+
+
+class _Chain(nn.Module):
+    """1-D parameters of the given bytes, used one after the other."""
+
+    def __init__(self, param_bytes):
+        super().__init__()
+        self.params = nn.ParameterList(nn.Parameter(torch.zeros(b // 4))
+                                       for b in param_bytes)
+
+    def forward(self, x):
+        for p in self.params:
+            x = x + p.sum()
+        return x
+
+
+def _bucket_trial(param_bytes, cap_mb) -> int:
+    """Runs on every rank: DDP's all-reduces in step 3, after its rebuild."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ..ddp import CommCounter
+
+    model = DDP(_Chain(param_bytes), bucket_cap_mb=cap_mb)
+    counter = CommCounter().attach(model)
+    for _ in range(3):
+        counter.reset()
+        model(torch.ones(1)).sum().backward()
+    return counter.calls
+
+
+def grade_bucket_count(ranks: Ranks, fn) -> None:
+    """`fn(param_bytes, bucket_cap_mb)`: DDP's all-reduces per step, on the ranks."""
+    answers = []
+    for param_bytes, cap_mb in _BUCKET_CASES:
+        got = fn(list(param_bytes), cap_mb)
+        if got is None:
+            raise WrongAnswer("ex_buckets_none", case=t("ex_buckets_case",
+                                                        sizes=param_bytes, cap=cap_mb))
+        answers.append(got)
+    for got, (param_bytes, cap_mb) in zip(answers, _BUCKET_CASES, strict=True):
+        want = ranks.run(_bucket_trial, param_bytes, cap_mb)[0]
+        if got != want:
+            hint = next((key for key, wrong in _WRONG_RULES
+                         if [_buckets_by_rule(b, c, **wrong) for b, c in _BUCKET_CASES]
+                         == answers), "ex_buckets_hint_rule")
+            raise WrongAnswer("ex_buckets_wrong", hint, got=got, want=want,
+                              case=t("ex_buckets_case", sizes=param_bytes, cap=cap_mb))
+    right("ex_buckets_ok", n=len(_BUCKET_CASES))
