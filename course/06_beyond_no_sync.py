@@ -71,7 +71,7 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # 5. `no_sync()` の中では 3 と 4 をせず、勾配は `.grad` にたまります。次に同期する逆伝播が、
 #    たまった和を送ります。
 #
-# 下のクラス `ScratchDDP` は、この 5 つを書いたものです。torch の DDP との違いは 2 つです。
+# 下の `BucketedDDP` と `ScratchDDP` は、この 5 つを書いたものです。torch の DDP との違いは 2 つです。
 # 待ち合わせは、`backward()` の中ではなく、学習ループが `optimizer.step()` の前に呼ぶ
 # `finish_sync()` で行います。バケットは最初のステップから固定です (torch の DDP は最初のステップを
 # 1 つのバケットで送り、勾配ができた順にバケットを作り直します。レッスン 05)。
@@ -95,11 +95,11 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # 5. Inside `no_sync()` it skips 3 and 4, and the gradients add up in `.grad`; the next
 #    synchronized backward pass sends their sum.
 #
-# The class `ScratchDDP` below writes these five steps. It differs from torch's DDP in
-# two ways. It waits not inside `backward()` but in `finish_sync()`, which the training
-# loop calls before `optimizer.step()`. Its buckets are fixed from the first step (torch's
-# DDP sends its first step as one bucket, then rebuilds the buckets in the order the
-# gradients came: lesson 05).
+# `BucketedDDP` and `ScratchDDP` below write these five steps. They differ from torch's
+# DDP in two ways. They wait not inside `backward()` but in `finish_sync()`, which the
+# training loop calls before `optimizer.step()`. Their buckets are fixed from the first
+# step (torch's DDP sends its first step as one bucket, then rebuilds the buckets in the
+# order the gradients came: lesson 05).
 
 # %%
 # %%px
@@ -114,8 +114,8 @@ from labkit import from_scratch
 # %% [markdown] lang="ja"
 # ### 演習: フックと待ち合わせを書く
 #
-# `ScratchDDP` の `__init__` (配る、バケットに分ける、フックを付ける)、`forward`、`no_sync` は
-# 書いてあります。残りの 2 つのメソッドを書いてください。
+# 下のセルの `BucketedDDP` に、`__init__` (配る、バケットに分ける、フックを付ける)、`forward`、
+# `no_sync` が書いてあります。それを受け継ぐ `ScratchDDP` の 2 つのメソッドを書いてください。
 #
 # - `_grad_ready(p)`: パラメータ `p` の勾配ができるたびに autograd が呼びます。`no_sync()` の中なら
 #   何もしません。そうでなければ、`p` のバケットの残り (`self.pending`) を 1 つ減らし、0 になったら
@@ -131,8 +131,9 @@ from labkit import from_scratch
 # %% [markdown] lang="en"
 # ### Exercise: write the hook and the wait
 #
-# `ScratchDDP`'s `__init__` (hand out, split into buckets, put on the hooks), `forward`
-# and `no_sync` are written. Write the other two methods.
+# `BucketedDDP`, in the cell below, writes `__init__` (hand out, split into buckets, put
+# on the hooks), `forward` and `no_sync`. Write the two methods of `ScratchDDP`, which
+# builds on it.
 #
 # - `_grad_ready(p)`: autograd calls it each time parameter `p`'s gradient is ready.
 #   Inside `no_sync()` it does nothing. Otherwise it counts `p` off its bucket
@@ -148,10 +149,10 @@ from labkit import from_scratch
 # that nothing is sent inside `no_sync`, and says what differs. The class is defined on
 # the ranks, so the cell is a `%%px` cell.
 
-# %% tags=["exercise"]
+# %%
 # %%px
-class ScratchDDP(nn.Module):
-    """Data parallelism by hand: bucketed, asynchronous, averaged all-reduces."""
+class BucketedDDP(nn.Module):
+    """What ScratchDDP builds on: the replicas' start, the buckets, the hooks."""
 
     def __init__(self, module, bucket_cap_mb=25):
         super().__init__()
@@ -188,6 +189,11 @@ class ScratchDDP(nn.Module):
             yield
         finally:
             self.require_sync = True
+
+# %% tags=["exercise"]
+# %%px
+class ScratchDDP(BucketedDDP):
+    """Data parallelism by hand: bucketed, asynchronous, averaged all-reduces."""
 
     def _grad_ready(self, p):  # autograd calls it once p.grad is complete
         pass  # TODO: count p off its bucket; send a complete bucket, don't wait
@@ -197,44 +203,8 @@ class ScratchDDP(nn.Module):
 
 # %% tags=["solution"]
 # %%px
-class ScratchDDP(nn.Module):
+class ScratchDDP(BucketedDDP):
     """Data parallelism by hand: bucketed, asynchronous, averaged all-reduces."""
-
-    def __init__(self, module, bucket_cap_mb=25):
-        super().__init__()
-        self.module = module
-        self.world_size = dist.get_world_size()
-        for p in module.parameters():  # every replica starts from rank 0's weights
-            dist.broadcast(p.data, src=0)
-        # Buckets in reverse order of the parameters: the backward pass computes
-        # the last layer's gradients first. A bucket closes once it holds the cap.
-        cap = bucket_cap_mb * 2**20
-        self.buckets, bucket, size = [], [], 0
-        for p in reversed([p for p in module.parameters() if p.requires_grad]):
-            bucket.append(p)
-            size += p.numel() * p.element_size()
-            if size >= cap:
-                self.buckets.append(bucket)
-                bucket, size = [], 0
-        if bucket:
-            self.buckets.append(bucket)
-        self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
-        self.require_sync = True
-        self.pending = [len(b) for b in self.buckets]  # gradients still to come
-        self.in_flight = []  # (bucket, flat gradients, work) of the all-reduces sent
-        for p in self.bucket_of:
-            p.register_post_accumulate_grad_hook(self._grad_ready)
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    @contextmanager
-    def no_sync(self):
-        self.require_sync = False
-        try:
-            yield
-        finally:
-            self.require_sync = True
 
     def _grad_ready(self, p):  # autograd calls it once p.grad is complete
         if not self.require_sync:

@@ -44,17 +44,18 @@ MISTAKES = {
 
 
 def _cells() -> dict[str, str]:
-    """The solution's and the comparison's %%px cells, without the magic line."""
+    """The lesson's %%px cells these tests run, without the magic line."""
     cells = nbformat.read(LESSON, as_version=4).cells
     solution = next(c.source for c in cells if "solution" in c.metadata.get("tags", []))
     compare = next(c.source for c in cells
                    if "from_scratch.compare_with_ddp(ScratchDDP)" in c.source)
     overlap = next(c.source for c in cells if 'assert all(s["overlapped"]' in c.source)
+    base = next(c.source for c in cells if "class BucketedDDP" in c.source)
     imports = next(c.source for c in cells if c.cell_type == "code"
                    and "from labkit import from_scratch" in c.source)
     return {name: source.removeprefix("%%px\n") for name, source in
-            [("imports", imports), ("solution", solution), ("compare", compare),
-             ("overlap", overlap)]}
+            [("imports", imports), ("base", base), ("solution", solution),
+             ("compare", compare), ("overlap", overlap)]}
 
 
 def _with(source: str, edits) -> str:
@@ -78,6 +79,7 @@ def lesson(ranks):
     cells = _cells()
     ranks.execute("import torch.distributed as dist")
     ranks.execute(cells["imports"])
+    ranks.execute(cells["base"])
     return cells
 
 
