@@ -230,7 +230,7 @@ labkit.set_lang("ja")
 # | L06-4 | `ZeroRedundancyOptimizer` は Adam の状態をランクで分けて持ち (合計は同じ)、パラメータの broadcast で送るバイト数は 2 倍になり、学習は 1 ビットも変わらない | [06: ZeroRedundancyOptimizer: オプティマイザの状態を分けて持つ](06_beyond_no_sync.ipynb#cell-id=06-zeroredundancyoptimizer-sharing-out-the-optimizer-state) |
 # | L06-5 | `gradient_as_bucket_view=True` は勾配のコピー 1 つ分のメモリを減らす。`static_graph=True` はこのモデルでは送るものも学習も変えない | [06: DDP のスイッチ](06_beyond_no_sync.ipynb#cell-id=06-ddp-s-switches) |
 # | L06-6 | `bucket_cap_mb` を渡すと最初のバケットも同じ上限になり、既定 (None) では最初のバケットだけ 1 MB | [06: バケットの大きさ: bucket_cap_mb](06_beyond_no_sync.ipynb#cell-id=06-bucket-size-bucket-cap-mb) |
-# | L06-7 | ループバックでは、PowerSGD は送るバイト数を大きく減らしても速くならず、圧縮の計算を含まないモデルの予測より遅い | [06: 並べて比べ、モデルで予測する](06_beyond_no_sync.ipynb#cell-id=06-side-by-side-and-predicted-by-the-model) |
+# | L06-7 | ループバックでは、PowerSGD は送るバイト数を大きく減らしても 2 倍速くもならず、圧縮の計算を含まないモデルの予測より遅い | [06: 並べて比べ、モデルで予測する](06_beyond_no_sync.ipynb#cell-id=06-side-by-side-and-predicted-by-the-model) |
 # | L10-1 | 一部のランクだけが集団通信を呼ぶと、呼んだランクは来ない相手を待ち、時間切れになる | [10: 一部のランクだけが呼ぶ集団通信](10_troubleshooting.ipynb#cell-id=10-a-collective-that-only-some-ranks-call) |
 # | L10-2 | `dist.monitored_barrier` は来なかったランクを名前で挙げる | [10: どのランクが来ていないかを知る](10_troubleshooting.ipynb#cell-id=10-which-rank-is-missing) |
 # | L10-3 | gloo はランクごとの集団通信の食い違いを確かめない: 種類が違えば時間切れ、演算 (和と最大値) が違えばエラーなしに間違った値 | [10: ランクごとに食い違う集団通信](10_troubleshooting.ipynb#cell-id=10-collectives-that-differ-between-ranks) |
@@ -275,7 +275,7 @@ labkit.set_lang("ja")
 # | L06-4 | `ZeroRedundancyOptimizer` shares Adam's state out over the ranks (the same in total), doubles the bytes sent (the parameters' broadcast), and trains bit for bit the same | [06: ZeroRedundancyOptimizer: sharing out the optimizer state](06_beyond_no_sync.ipynb#cell-id=06-zeroredundancyoptimizer-sharing-out-the-optimizer-state) |
 # | L06-5 | `gradient_as_bucket_view=True` saves one copy of the gradients; `static_graph=True` changes neither what is sent nor the training on this model | [06: DDP's switches](06_beyond_no_sync.ipynb#cell-id=06-ddp-s-switches) |
 # | L06-6 | passing `bucket_cap_mb` gives the first bucket that cap too, while the default (None) gives it 1 MB | [06: Bucket size: bucket_cap_mb](06_beyond_no_sync.ipynb#cell-id=06-bucket-size-bucket-cap-mb) |
-# | L06-7 | on loopback, PowerSGD sends far fewer bytes but is no faster, and slower than the model predicts without the compression's compute | [06: Side by side, and predicted by the model](06_beyond_no_sync.ipynb#cell-id=06-side-by-side-and-predicted-by-the-model) |
+# | L06-7 | on loopback, PowerSGD sends far fewer bytes but is not even twice as fast, and slower than the model predicts without the compression's compute | [06: Side by side, and predicted by the model](06_beyond_no_sync.ipynb#cell-id=06-side-by-side-and-predicted-by-the-model) |
 # | L10-1 | when only some ranks call a collective, those that do wait for the others and time out | [10: A collective that only some ranks call](10_troubleshooting.ipynb#cell-id=10-a-collective-that-only-some-ranks-call) |
 # | L10-2 | `dist.monitored_barrier` names the ranks that did not arrive | [10: Which rank is missing](10_troubleshooting.ipynb#cell-id=10-which-rank-is-missing) |
 # | L10-3 | gloo does not check that ranks call the same collective: different types time out, different reduce ops (sum and max) give a wrong result without an error | [10: Collectives that differ between ranks](10_troubleshooting.ipynb#cell-id=10-collectives-that-differ-between-ranks) |

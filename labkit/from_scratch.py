@@ -53,11 +53,13 @@ class AllReduceLog:
 
     `with AllReduceLog(model) as log:`, then `log.step()` before each step's
     backward and `log.end_step()` once its gradients are synchronized; calls
-    outside a step are not recorded. Each
-    step records its calls ({"bytes", "async", "start", "end", "waited"},
-    seconds from the step's start; "end" is when the all-reduce completed),
-    "grad_end" (the last parameter's gradient written), "end" and, as
-    buckets.Timeline does, "events", "hidden_s" and "exposed_s".
+    outside a step are not recorded. Each step records its calls ({"bytes",
+    "async", "start", "end", "waited", "overlapped"}: seconds from the step's
+    start, "end" when the all-reduce completed, "overlapped" the gradients
+    written meanwhile), "grad_times" (when each gradient was written),
+    "grad_end" (the last), "end" and, as buckets.Timeline does, "events",
+    "hidden_s" and "exposed_s". The log's gradient hooks go on after the
+    model's own, so it must be made after the DDP it watches.
     """
 
     def __init__(self, model: nn.Module):

@@ -150,6 +150,7 @@ def build(name: str, cfg: workload.Config
     model = DDP(workload.make_model(cfg), **kwargs)
     buffers = _Buffers(hook, state)
     model.register_comm_hook(buffers, _Buffers.run)
+    # The Adam pair compares with each other only: Adam at its usual 1e-3.
     if name == "ZeRO + Adam":
         optimizer = ZeroRedundancyOptimizer(model.parameters(),
                                             optimizer_class=torch.optim.Adam, lr=1e-3)
@@ -172,6 +173,9 @@ def compare_methods(names: Sequence[str] = METHODS, cfg: workload.Config | None 
     "state_bytes" (the memory of gradients and buckets, and of the optimizer
     state, on this rank).
     """
+    if steps < POWERSGD_WARMUP + 2:
+        raise ValueError(f"steps must be at least {POWERSGD_WARMUP + 2} (PowerSGD's "
+                         f"warm-up, then its first compressed step), got {steps}")
     cfg = cfg or large_config()
     rank, world_size = dist.get_rank(), dist.get_world_size()
     dataset = workload.make_dataset(cfg)

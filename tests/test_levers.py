@@ -71,6 +71,11 @@ def test_build_names_the_methods_it_knows():
         levers.build("bf16", levers.large_config())
 
 
+def test_a_run_too_short_for_powersgds_warm_up_is_refused():
+    with pytest.raises(ValueError, match="steps must be at least 12"):
+        levers.compare_methods(steps=11)  # before any process group is needed
+
+
 def test_small_run_of_every_method(ranks):
     """Every method on a small MLP: the relations lesson 06 asserts on the large one."""
     cfg = levers.large_config(hidden=64, depth=2)
@@ -168,3 +173,49 @@ def test_bucket_count_check(ranks, capsys):
     with pytest.raises(exercises.WrongAnswer) as err:
         exercises.grade_bucket_count(ranks, lambda b, c: len(b))  # one per parameter
     assert err.value.key == "ex_buckets_hint_rule"
+
+
+def _powersgd_callers() -> list[tuple[int, str]]:
+    """Runs on every rank: each all-reduce of a compressed PowerSGD step, with its
+    bytes and the function of powerSGD_hook.py that called it."""
+    import sys
+
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(torch.nn.Linear(64, 64), bucket_cap_mb=levers.ONE_BUCKET_MB)
+    model.register_comm_hook(ps.PowerSGDState(None, start_powerSGD_iter=2),
+                             ps.powerSGD_hook)
+    calls, original = [], dist.all_reduce
+
+    def logged(tensor, *args, **kwargs):
+        calls.append((tensor.numel() * tensor.element_size(),
+                      sys._getframe(1).f_code.co_name))
+        return original(tensor, *args, **kwargs)
+
+    dist.all_reduce = logged
+    try:
+        for _ in range(4):
+            calls.clear()
+            model(torch.ones(2, 64)).sum().backward()
+    finally:
+        dist.all_reduce = original
+    return calls
+
+
+def test_powersgd_sends_p_and_q_from_callbacks(ranks):
+    """Lesson 06's reason for one bucket: the hook itself sends only the
+    uncompressed tensors; P and Q go from the callbacks it chains on each
+    all-reduce's future (`.then`), which run when the one before completes."""
+    import inspect
+
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+
+    source = inspect.getsource(ps.powerSGD_hook)
+    for callback in ("unpack_uncompressed_tensors_and_allreduce_ps", "compute_qs"):
+        assert f".then({callback})" in source.replace("\n", "").replace(" ", "")
+    for calls in ranks.run(_powersgd_callers):
+        # the bias as it is (256 bytes), then P and Q (64 x 1 floats each)
+        assert calls == [(256, "powerSGD_hook"),
+                         (256, "unpack_uncompressed_tensors_and_allreduce_ps"),
+                         (256, "compute_qs")], calls
