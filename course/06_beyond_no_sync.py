@@ -383,7 +383,7 @@ fig = plots.methods_chart({
 # n·m 個の値の代わりに P と Q を all-reduce します。
 #
 # - **ウォームアップ**: 最初の `start_powerSGD_iter` ステップ (ここでは 10) は、ふつうの all-reduce を
-#   します。学習の始めは、勾配の誤差に敏感だからです。
+#   します。学習の始めは、勾配の誤差に敏感だからです (PowerSGD の説明にある理由)。
 # - **誤差のフィードバック** (`use_error_feedback`、既定で有効): 近似で落ちた分 M − P Qᵀ を覚えておき、
 #   次のステップの勾配に足します。落ちた分は、遅れて届きます。
 # - すべてのテンソルを圧縮するわけではありません。どれを圧縮し、1 ステップに何バイト送るかは、
@@ -406,7 +406,8 @@ fig = plots.methods_chart({
 # n × r, Q is m × r) and all-reduces P and Q instead of M's n·m values.
 #
 # - **Warm-up**: for the first `start_powerSGD_iter` steps (10 here) it runs plain
-#   all-reduces: the start of training is sensitive to inexact gradients.
+#   all-reduces: the start of training is sensitive to inexact gradients (the reason
+#   PowerSGD's documentation gives).
 # - **Error feedback** (`use_error_feedback`, on by default): it keeps what the
 #   approximation left out, M − P Qᵀ, and adds it to the next step's gradient: what is
 #   dropped arrives later.
@@ -446,6 +447,9 @@ for r in (1, 2, 4):
     assert psgd["step_s"] > plain["step_s"] / 2  # ~100x fewer bytes, not 2x faster
 assert (by_method["PowerSGD r=1"]["bytes"][-1] < by_method["PowerSGD r=2"]["bytes"][-1]
         < by_method["PowerSGD r=4"]["bytes"][-1] < plain["bytes"][-1] / 50)
+final = {m: by_method[m]["final_loss"] for m in by_method}
+assert (final["DDP"] < final["PowerSGD r=4"] < final["PowerSGD r=2"]
+        < final["PowerSGD r=1"])  # slower to fall; closer to DDP as r grows
 
 # %%
 fig = plots.loss_curves({m: by_method[m]["loss"] for m in
@@ -558,7 +562,7 @@ for r in (1, 2, 4):
 # ### ZeroRedundancyOptimizer: オプティマイザの状態を分けて持つ
 #
 # Adam は、パラメータ 1 つにつき 2 つの値 (勾配の移動平均と 2 乗の移動平均) を持つので、状態は
-# パラメータの 2 倍の大きさです。DDP では、その全部を全ランクが持ちます。
+# パラメータの 2 倍の大きさです (ほかにテンソルごとのステップ数)。DDP では、その全部を全ランクが持ちます。
 # `ZeroRedundancyOptimizer` (ZeRO の第 1 段階) では、各ランクがパラメータの一部だけを更新し、その部分の
 # 状態だけを持ちます。更新したパラメータは、ステップの終わりに `broadcast` で全ランクに配ります。
 # そのため送るバイト数は、勾配の all-reduce にパラメータの broadcast が加わって 2 倍になります。
@@ -569,7 +573,7 @@ for r in (1, 2, 4):
 # ### ZeroRedundancyOptimizer: sharing out the optimizer state
 #
 # Adam keeps two values per parameter (moving averages of the gradient and of its
-# square): its state is twice the parameters. Under DDP every rank holds all of it.
+# square): its state is twice the parameters (and a step count per tensor). Under DDP every rank holds all of it.
 # With `ZeroRedundancyOptimizer` (ZeRO's first stage) each rank updates only a share of
 # the parameters and holds only that share's state; at the end of the step it hands the
 # parameters it updated to every rank with `broadcast`. So the bytes sent double: the
@@ -582,6 +586,7 @@ per_rank = [r["ZeRO + Adam"]["state_bytes"] for r in runs]
 print(f"Adam's state on each rank: {adam['state_bytes']:,} bytes; with ZeRO: "
       f"{per_rank} (together {sum(per_rank):,})")
 print(f"bytes per step: DDP + Adam {adam['bytes'][-1]:,}, ZeRO + Adam {zero['bytes'][-1]:,}")
+assert 2 * plain["bytes"][-1] <= adam["state_bytes"] < 2 * plain["bytes"][-1] + 1024
 assert sum(per_rank) == adam["state_bytes"]  # the same state, shared out
 assert max(per_rank) < 0.51 * adam["state_bytes"]
 assert zero["bytes"][-1] == 2 * adam["bytes"][-1]  # + the parameters' broadcast
