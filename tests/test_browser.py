@@ -45,6 +45,13 @@ ALL_RAN = r"""() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'
 # The cells (by index) of the notebook on screen whose outputs hold an error, read
 # from the notebook's model: JupyterLab renders an error with the stderr mime
 # type, so the page's output elements cannot tell an error from a warning.
+# The code cells (index, first line, prompt) whose prompt shows no number yet.
+NOT_RAN = r"""() => window.jupyterapp.shell.currentWidget.content.widgets
+    .map((cell, i) => [i, cell])
+    .filter(([, cell]) => cell.model.type === 'code' && !/\[\d+\]/.test(
+        cell.node.querySelector('.jp-InputPrompt').textContent))
+    .map(([i, cell]) => [i, cell.model.sharedModel.getSource().split('\n')[0],
+        cell.node.querySelector('.jp-InputPrompt').textContent])"""
 FAILED_CELLS = """() => window.jupyterapp.shell.currentWidget.content.widgets
     .map((cell, i) => [i, cell.model.type === 'code'
         && cell.model.outputs.toJSON().some(o => o.output_type === 'error')])
@@ -151,9 +158,11 @@ def _run_all(lab, path: str, wait_for=(), timeout_ms: int = 180_000):
                 # Every code cell has run once its prompt shows a number.
                 page.wait_for_function(ALL_RAN, timeout=timeout_ms)
                 page.wait_for_function(KERNEL_IDLE, timeout=timeout_ms)
-            except Exception:
+            except Exception as err:
                 page.screenshot(path=str(ARTIFACTS / f"{name}-failed.png"))
-                raise
+                not_ran, failed = page.evaluate(NOT_RAN), page.evaluate(FAILED_CELLS)
+                raise AssertionError(f"{path}: cells not run {not_ran}, with errors "
+                                     f"{failed}") from err
             if wait_for:
                 page.locator(wait_for[0]).first.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / f"{name}.png"))

@@ -194,7 +194,10 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_ends_bit_for_bit(tmp_path):
                                    max_restarts=1)
     a, c = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ac")
     assert straight[0].returncode == 0 and restarted[0].returncode == 0
-    assert died[0].returncode != 0 and "exitcode: -9" in died[0].output  # no restart
+    # No restart: the run fails. torchrun's agent reports the first failure it saw:
+    # rank 1's -9, or under load rank 0's -6 (gloo aborts on the broken connection)
+    # or -15 (the agent stopped it): 3 of 10 runs here with two busy cores.
+    assert died[0].returncode != 0 and "failed (exitcode" in died[0].output
     assert (a["attempt"], a["resumed_from"]) == (0, 0)
     assert (c["attempt"], c["resumed_from"]) == (1, 4)  # the checkpoint before step 6
     assert c["param_sha256"] == a["param_sha256"]

@@ -1,9 +1,12 @@
 """Lesson 06 (beyond no_sync): DDP from scratch, PowerSGD's bytes, DDP's buckets.
 
-Messages below; how a grader answers: labkit.exercises.feedback. The truth is
-torch's own DDP on the same model and data (labkit.from_scratch runs both on
-every rank); the mistakes are told apart by what the hand-made DDP did: which
-gradients stayed local, which all-reduces it made, when it waited for them.
+Messages beside each grader; how a grader answers: labkit.exercises.feedback.
+The truth is measured on the ranks, never written down: for the DDP written by
+hand, torch's own DDP on the same model and data (labkit.from_scratch runs both),
+and the mistakes are told apart by what the hand-made DDP did (which gradients
+stayed local, which all-reduces it made, when it waited for them); for
+PowerSGD's bytes and DDP's buckets, what they send while they run. The wrong
+rules the last two check against serve only to name the mistake in a hint.
 """
 
 from __future__ import annotations
