@@ -164,7 +164,6 @@ assert "Rank 1 failed to pass monitoredBarrier in 2000 ms" in ranks.last_failure
 # %% tags=["raises-exception"]
 # %%px
 import os
-import subprocess
 import time
 
 from labkit.cluster import stalls
@@ -176,13 +175,12 @@ if rank == 0:
 else:
     for _ in range(20):  # look until rank 0 is inside the all_reduce
         time.sleep(0.1)
-        spy = subprocess.run(["py-spy", "dump", "--pid", str(pids[0])],
-                             capture_output=True, text=True)
+        spy = stalls.py_spy_dump(pids[0])  # runs py-spy dump --pid PID
         if spy.returncode != 0 or "all_reduce" in spy.stdout:
             break
     if spy.returncode == 0:
         stack = spy.stdout  # the main thread comes first
-    else:  # refused: no right to read rank 0's memory
+    else:  # refused (no right to read rank 0's memory), or py-spy not installed
         print(spy.stderr.strip(), "\n-> labkit's own stack dump instead:\n")
         stack = stalls.process_stacks(pids[0], wait_s=1.0) or ""
         stack = stack[stack.index("Current thread"):]  # the main thread

@@ -218,3 +218,17 @@ def test_resume_needs_a_checkpoint_and_restarts_are_counted_from_zero(capsys):
     with pytest.raises(ValueError, match="max_restarts must be >= 0"):
         torchrun.command([], nnodes=1, nproc_per_node=1, endpoint="127.0.0.1:1",
                          run_id="x", max_restarts=-1)
+
+
+def test_py_spy_is_found_beside_python_and_its_absence_is_said(monkeypatch):
+    """Lesson 10's `stalls.py_spy_dump`: a kernel started by `make lab` may not
+    have the environment's bin/ on PATH; py-spy beside its Python still runs."""
+    from labkit.cluster import stalls
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    found = stalls.py_spy_dump(os.getpid())
+    assert found.returncode == 0 and "Thread" in found.stdout or (
+        "Permission Denied" in found.stderr), (found.returncode, found.stderr)
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    missing = stalls.py_spy_dump(os.getpid())
+    assert missing.returncode == 127 and "py-spy is not installed" in missing.stderr

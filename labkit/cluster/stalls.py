@@ -22,7 +22,9 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -32,7 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["Watchdog", "dump_file", "enable_dumps", "labelled_children",
-           "process_stacks", "stacks_report", "state", "this_process_stacks"]
+           "process_stacks", "py_spy_dump", "stacks_report", "state",
+           "this_process_stacks"]
 
 # Where the dumps go: one file per process that enabled them. Children inherit
 # the variable, so a test run can keep its own.
@@ -146,6 +149,23 @@ def process_stacks(pid: int, wait_s: float = 2.0) -> str | None:
         f.seek(start)
         text = f.read()
     return text or None
+
+
+def py_spy_dump(pid: int) -> subprocess.CompletedProcess:
+    """`py-spy dump --pid PID`: another process's Python stacks, read from outside.
+
+    py-spy is looked for on PATH, then beside this Python (a virtual
+    environment's bin/, which a kernel started by `make lab` need not have on
+    its PATH). Without py-spy, the result says so with return code 127, as a
+    shell would.
+    """
+    py_spy = (shutil.which("py-spy")
+              or shutil.which("py-spy", path=os.path.dirname(sys.executable)))
+    if py_spy is None:
+        return subprocess.CompletedProcess(
+            ["py-spy"], 127, "", "py-spy is not installed (pip install py-spy)")
+    return subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True,
+                          text=True, timeout=30)
 
 
 def this_process_stacks() -> str:
