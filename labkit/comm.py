@@ -225,7 +225,7 @@ def fit_step_model(times: dict[int, tuple[float, float]],
 
 
 def max_rel_error(model: StepModel, times: dict[int, tuple[float, float]]) -> float:
-    """Worst |predicted - measured| / measured over every K and both modes."""
+    """Worst abs(predicted - measured) / measured over every K and both modes."""
     errors = []
     for k, (sync_s, nosync_s) in times.items():
         errors.append(abs(model.predict(k, False) - sync_s) / sync_s)

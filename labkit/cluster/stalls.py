@@ -218,6 +218,7 @@ class Watchdog:
       stacks)` gets the stacks of every rank from just before. A stopped rank
       never fails by itself: the others would wait for it until their
       collective's timeout, and then report only that timeout.
+
     Use it as a context manager, or `start()` and `stop()` where the two ends
     are in different hooks.
     """
