@@ -16,7 +16,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.labkit-installed
 
-.PHONY: lab course test lint unit notebooks check-notebooks nbval student clean-venv
+.PHONY: lab course test lint unit notebooks check-notebooks nbval student site site-check clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,7 +42,7 @@ check-notebooks: $(STAMP)
 	$(BIN)/python tools/build_notebooks.py --check
 
 lint: $(STAMP)
-	$(BIN)/ruff check labkit tests tools bench course
+	$(BIN)/ruff check labkit tests tools bench course website
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests
@@ -54,8 +54,26 @@ nbval: $(STAMP)
 student: $(STAMP)
 	$(BIN)/python tools/student_copies.py
 
+## The course as a website in build/site (open build/site/index.html): both
+## languages, every lesson executed (an unchanged lesson is taken from the cache in
+## build/site-cache), the labkit reference; any Sphinx warning fails the build.
+## Each language builds in build/sphinx/<lang> (myst-nb keeps the executed lessons
+## beside its html/), then both are put together in build/site.
+site: $(STAMP) student
+	for lang in ja en; do \
+	    $(BIN)/sphinx-build -W --keep-going -q -b html -d build/sphinx/$$lang/doctrees website/$$lang build/sphinx/$$lang/html \
+	    && rm -rf build/site/$$lang && mkdir -p build/site \
+	    && cp -r build/sphinx/$$lang/html build/site/$$lang || exit 1; \
+	done
+	cp website/index.html build/site/index.html
+
+## The built site checked: links, anchors, figures, twins, and in a browser.
+site-check: site
+	$(BIN)/python website/check_site.py build/site build/sphinx
+	LABKIT_SITE=build/site $(BIN)/python -m pytest tests/test_site.py
+
 ## Everything CI checks.
-test: lint unit check-notebooks nbval
+test: lint unit check-notebooks nbval site-check
 
 clean-venv:
 	rm -rf $(VENV)

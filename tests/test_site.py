@@ -1,0 +1,195 @@
+"""The built website, checked as files and in a real browser.
+
+`make site-check` builds the site and then runs this file with LABKIT_SITE set to
+it (build/site); elsewhere these tests are skipped, saying so. The browser is
+Debian's chromium driven by Playwright, as in tests/test_browser.py. Screenshots of
+one lesson page per language are kept in build/e2e/.
+"""
+
+import functools
+import http.server
+import os
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if not os.environ.get("LABKIT_SITE"):
+    pytest.skip("the built site is checked by make site-check, after make site",
+                allow_module_level=True)
+SITE = Path(os.environ["LABKIT_SITE"]).resolve()
+EXECUTED = SITE.parent / "sphinx"  # where make site builds each language
+ARTIFACTS = ROOT / "build" / "e2e"
+LANGS = ("ja", "en")
+sys.path.insert(0, str(ROOT / "website"))
+
+import check_site  # noqa: E402
+import labkit_site  # noqa: E402
+
+
+def _lessons(lang):
+    return sorted(p.name for p in (SITE / lang / "lessons").glob("*.html"))
+
+
+def test_the_site_has_every_lesson_in_both_languages_and_no_broken_link():
+    notebooks = {lang: sorted(p.with_suffix(".html").name
+                              for p in (ROOT / "notebooks" / lang).glob("*.ipynb"))
+                 for lang in LANGS}
+    assert _lessons("ja") == _lessons("en") == notebooks["ja"] == notebooks["en"]
+    assert check_site.problems(SITE, EXECUTED) == []
+
+
+def test_pages_load_nothing_from_the_network():
+    """Scripts, styles, images and fonts all come with the site (offline reading)."""
+    outside = []
+    for path in SITE.rglob("*.html"):
+        page = check_site.read(path)
+        outside += [f"{path.relative_to(SITE)}: {src}" for src in page.resources
+                    if urlsplit(src).scheme in ("http", "https")
+                    or src.startswith("//")]
+    assert outside == []
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_sliders_are_a_note_and_progress_bars_are_left_out(lang):
+    """Lesson 00's sliders and lesson 05's explorer need a kernel: their place says
+    so, in the page's language. The progress bars of starting ranks and of %%px
+    cells (lessons 03 to 06) are left out. Nothing tries to draw a widget."""
+    note = labkit_site.TEXT[lang]["widget"]
+    for name in _lessons(lang):
+        html = (SITE / lang / "lessons" / name).read_text(encoding="utf-8")
+        assert labkit_site.WIDGET_MIME not in html, name
+        assert "engine/s" not in html and "tasks/s" not in html, name
+        assert (note in html) == (name in ("00_setup.html", "05_communication.html"))
+
+
+# --- in the browser ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def served():
+    """The site over HTTP on 127.0.0.1, as a reader gets it."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler,
+                                directory=str(SITE))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Quiet(handler))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _Quiet(handler):
+    class Handler(handler.func):
+        def log_message(self, *args):
+            pass
+    return functools.partial(Handler, *handler.args, **handler.keywords)
+
+
+@pytest.fixture(scope="module")
+def page(served):
+    browser_test = pytest.importorskip("test_browser")
+    playwright = browser_test.playwright
+    with playwright.sync_playwright() as p:
+        browser = browser_test._chromium(p)
+        try:
+            yield browser.new_page(viewport={"width": 1280, "height": 900})
+        finally:
+            browser.close()
+
+
+IMAGES = """() => [...document.querySelectorAll('article img')]
+    .map(img => [img.getAttribute('src'), img.complete && img.naturalWidth > 0])"""
+ON_SCREEN = """id => {
+    const el = document.getElementById(id);
+    if (!el) return 'missing';
+    const box = el.getBoundingClientRect();
+    return box.top >= 0 && box.top < window.innerHeight ? 'on screen' : `at ${box.top}`;
+}"""
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_every_lesson_page_shows_its_figures(served, page, lang):
+    broken, shown = [], 0
+    for name in _lessons(lang):
+        page.goto(f"{served}/{lang}/lessons/{name}")
+        images = page.evaluate(IMAGES)
+        shown += len(images)
+        broken += [f"{name}: {src}" for src, loaded in images if not loaded]
+        if name.startswith("05_"):
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / f"site-{lang}-{name}.png"))
+    assert broken == []
+    assert shown > 20  # the lessons' plots, all of them loaded
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_errata_links_land_on_their_cell(served, page, lang):
+    """Links deep into lessons 04 and 08: after the click the linked heading is on
+    screen (and at the page's top it was not)."""
+    errata = f"{served}/{lang}/lessons/11_errata.html"
+    page.goto(errata)
+    links = page.evaluate("""() => [...document.querySelectorAll('article a')]
+        .map(a => a.getAttribute('href'))
+        .filter(h => /^0[48]_.*\\.html#/.test(h))""")
+    deepest = {}
+    for href in links:  # the last link to each lesson is one of its deepest
+        deepest[href.split("#")[0]] = href
+    chosen = sorted(set(list(deepest.values()) + links[:1]))
+    assert len(chosen) >= 3, links
+    missed = []
+    for href in chosen:
+        page.goto(errata)
+        page.locator(f'article a[href="{href}"]').first.click()
+        page.wait_for_load_state()
+        target = href.split("#")[1]
+        page.wait_for_timeout(300)
+        place = page.evaluate(ON_SCREEN, target)
+        if place != "on screen":
+            missed.append(f"{href}: {place}")
+        page.evaluate("window.scrollTo(0, 0)")
+        if page.evaluate(ON_SCREEN, target) == "on screen":
+            missed.append(f"{href}: on screen at the top too: the check proves nothing")
+    assert missed == []
+
+
+def test_switching_language_keeps_the_page(served, page):
+    page.goto(f"{served}/ja/lessons/04_no_sync.html")
+    assert page.evaluate("document.documentElement.lang") == "ja"
+    page.locator("a.labkit-twin").first.click()
+    page.wait_for_load_state()
+    assert page.url.endswith("/en/lessons/04_no_sync.html")
+    assert page.evaluate("document.documentElement.lang") == "en"
+    page.locator("a.labkit-twin").first.click()
+    page.wait_for_load_state()
+    assert page.url.endswith("/ja/lessons/04_no_sync.html")
+
+
+@pytest.mark.parametrize(("lang", "word"), [("ja", "勾配"), ("en", "gradient")])
+def test_search_finds_lessons_by_a_word(served, page, lang, word):
+    page.goto(f"{served}/{lang}/search.html?q={word}")
+    page.wait_for_function(
+        "() => document.querySelectorAll('#search-results li').length > 0",
+        timeout=30_000)
+    hits = page.evaluate("""() => [...document.querySelectorAll('#search-results li a')]
+        .map(a => a.getAttribute('href'))""")
+    assert any("lessons/04_no_sync" in h for h in hits), hits
+
+
+def test_the_site_builds_without_a_network(tmp_path):
+    """Sphinx, the theme and the extensions fetch nothing: the English site built
+    again in a network namespace that has only loopback (the lessons come from
+    make site's cache; their ranks use only 127.0.0.1 anyway)."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+        pytest.skip("needs root, unshare and ip to cut the network off")
+    build = (f"ip link set lo up && {sys.executable} -m sphinx -W --keep-going -q -E "
+             f"-b html -d {tmp_path}/doctrees website/en {tmp_path}/html")
+    done = subprocess.run(["unshare", "-n", "sh", "-c", build], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (tmp_path / "html" / "lessons" / "04_no_sync.html").exists()
