@@ -1,15 +1,16 @@
 #!/bin/bash
 # Lesson 09: the course's experiment on a real cluster, two nodes x 4 GPUs.
 #
-# One `srun` task per node starts one torchrun agent; the agents meet at a
-# c10d rendezvous on the first node of the allocation, and each starts
-# --nproc-per-node worker processes (ranks), one per GPU. The script that
-# runs is the same `python -m labkit nosync` as on a laptop: labkit reads its
-# rank and the world size from torchrun.
+# One `srun` task per node runs labkit/torchrun_node.sh, which starts one
+# torchrun agent; the agents meet at a c10d rendezvous on the first node of the
+# allocation, and each starts one worker process (rank) per GPU. The script
+# that runs is the same `python -m labkit nosync` as on a laptop: labkit reads
+# its rank and the world size from torchrun.
 #
-#   sbatch docs/slurm_example.sh
+#   sbatch labkit/slurm_example.sh    (from the course's folder, after make lab)
 #
-# Adjust the #SBATCH lines (partition, account, GPU syntax) to your site.
+# Adjust the #SBATCH lines (partition, account, GPU syntax) and PROCS_PER_NODE
+# to your site.
 
 #SBATCH --job-name=labkit-nosync
 #SBATCH --nodes=2                 # number of machines
@@ -21,21 +22,14 @@
 
 set -euo pipefail
 
+procs_per_node=${PROCS_PER_NODE:-4}  # one rank per GPU
+backend=${BACKEND:-nccl}
+rdzv_port=${RDZV_PORT:-29500}
+
 # The first node of the allocation hosts the rendezvous.
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-rdzv_port=29500
 
-# The course's environment (see README: make lab TORCH="torch==... --index-url ...").
-source .venv/bin/activate
-
-# srun starts the same command on every node; --rdzv-id must be the same
-# everywhere and unique to this job, so the job id is used.
-srun torchrun \
-    --nnodes "$SLURM_NNODES" \
-    --nproc-per-node 4 \
-    --rdzv-backend c10d \
-    --rdzv-endpoint "$head_node:$rdzv_port" \
-    --rdzv-id "$SLURM_JOB_ID" \
-    --max-restarts 0 \
-    -m labkit nosync --backend nccl --accum 4 --hidden 1024 --depth 3 \
-    --json "nosync-$SLURM_JOB_ID.json"
+# srun starts labkit/torchrun_node.sh once on every node (one task per node);
+# the job id names the rendezvous: the same everywhere, unique to this job.
+srun "$PWD/labkit/torchrun_node.sh" "$SLURM_NNODES" "$head_node:$rdzv_port" \
+    "$SLURM_JOB_ID" "$procs_per_node" "$backend" ${LOCAL_ADDR:+"$LOCAL_ADDR"}

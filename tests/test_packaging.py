@@ -73,7 +73,8 @@ def test_an_installed_wheel_imports_every_module_and_runs_doctor(wheel, tmp_path
         "for name in names:\n"
         "    importlib.import_module(name)\n"
         "from labkit import torchrun\n"
-        "assert torchrun.SLURM_EXAMPLE.is_file(), torchrun.SLURM_EXAMPLE\n"
+        "for script in [*torchrun.JOB_SCRIPTS.values(), torchrun.NODE_SCRIPT]:\n"
+        "    assert script.is_file(), script\n"
         "print(*names)\n"
     )
     # From a folder outside the repository, and without this run's PYTHONPATH,

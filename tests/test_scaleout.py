@@ -59,13 +59,6 @@ def test_the_torchrun_command_needs_positive_sizes():
         torchrun.run_nodes([], timeout_s=0)
 
 
-def test_slurm_example_is_valid_bash():
-    import subprocess
-
-    assert subprocess.run(["bash", "-n", str(torchrun.SLURM_EXAMPLE)]).returncode == 0
-    assert "--rdzv-backend c10d" in torchrun.SLURM_EXAMPLE.read_text()
-
-
 def test_zero_arithmetic_matches_the_paper():
     per_rank = sharding.memory_per_rank(7.5e9, 64)
     assert list(per_rank) == list(sharding.STAGES)
