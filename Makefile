@@ -16,7 +16,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.labkit-installed
 
-.PHONY: lab course test lint unit notebooks check-notebooks nbval student site site-check clean-venv
+.PHONY: setup lab course test lint unit notebooks check-notebooks nbval student site site-check clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet $(TORCH)
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $@
+
+## Set up .venv only (what make lab does first); the dev container runs it.
+setup: $(STAMP)
 
 ## Open the course in JupyterLab (listens on 127.0.0.1 only), with the course's
 ## defaults for its settings (jupyterlab-settings/overrides.json5).

@@ -244,6 +244,9 @@ assert saved["torch_version"] == torch.__version__
 # | GPU のあるマシン | `make lab TORCH="torch==2.13.0 …"` で CUDA 版の PyTorch を指定します。ノートブックのランクは、ここでも gloo で CPU の上で動きます。本物の GPU を使うのは、GPU が 2 台以上あるときのレッスン 02 の DataParallel と、コマンドラインです (`torchrun --nproc-per-node N -m labkit nosync --backend nccl`、1 ランクに GPU 1 台)。 |
 # | リモートの GPU サーバー | サーバーで `make lab` (127.0.0.1 で待ち受け) し、手元から `ssh -L 8888:127.0.0.1:8888 サーバー` で転送してブラウザで開きます。 |
 # | クラスタ | ノートブックではなく `torchrun` でスクリプトを起動します (レッスン 09)。 |
+# | コンテナ (VS Code の Dev Containers、GitHub Codespaces) | リポジトリを開くと `.devcontainer/devcontainer.json` が Python 3.11 と CPU 版の PyTorch で環境を作ります (`make setup`)。ターミナルで `make lab` を実行すると、エディタがポート 8888 を転送します。CPU 2 コアを指定してあります。 |
+# | Binder | `binder/` の設定で、ブラウザだけで開けます (URL は `https://mybinder.org/v2/gh/<リポジトリ>/HEAD?urlpath=lab`)。mybinder.org は CPU 1 つ、メモリは多くて 2 GB です ([利用の目安](https://mybinder.readthedocs.io/en/latest/about/user-guidelines.html))。ランクを使うレッスンは遅く、メモリが足りずにカーネルが再起動することがあります。読むだけならサイト (README) が向いています。 |
+# | Google Colab | 下の「Colab で動かす」を見てください。 |
 #
 # 上の doctor の「ここでは動かないもの」に出た項目のうち、GPU を使うものは GPU のあるマシンで動きます。
 # ただし、この講座の GPU の経路 (nccl と CUDA) は、まだ一度も GPU の上で動かしたことがありません。
@@ -259,8 +262,42 @@ assert saved["torch_version"] == torch.__version__
 # | a machine with GPUs | `make lab TORCH="torch==2.13.0 …"` to pick a CUDA build of PyTorch. The notebooks' ranks still use gloo on the CPU there; real GPUs are used by lesson 02's DataParallel (with two or more GPUs) and by the command line (`torchrun --nproc-per-node N -m labkit nosync --backend nccl`, one GPU per rank). |
 # | a remote GPU server | run `make lab` there (it listens on 127.0.0.1) and forward it with `ssh -L 8888:127.0.0.1:8888 server`, then open it in your browser. |
 # | a cluster | start scripts with `torchrun`, not notebooks (lesson 09). |
+# | a container (VS Code's Dev Containers, GitHub Codespaces) | opening the repository, `.devcontainer/devcontainer.json` builds the environment with Python 3.11 and the CPU build of PyTorch (`make setup`). Run `make lab` in its terminal; the editor forwards port 8888. It asks for 2 CPU cores. |
+# | Binder | `binder/` opens the course in a browser alone (`https://mybinder.org/v2/gh/<repository>/HEAD?urlpath=lab`). mybinder.org gives one CPU and at most 2 GB of memory ([guidelines](https://mybinder.readthedocs.io/en/latest/about/user-guidelines.html)): lessons with ranks run slowly and their kernel may restart for lack of memory. To read, the website (README) suits better. |
+# | Google Colab | see "Running on Colab" below. |
 #
 # What the doctor listed under "does not run here" and needs GPUs runs on a machine with
 # GPUs. But the course's GPU paths (nccl and CUDA) have never run on a GPU: no machine
 # with a GPU has been available to this project. Tests fake the GPU count and check only
 # what labkit chooses from it (the backend, what the doctor reports).
+
+# %% [markdown] lang="ja"
+# ## Colab で動かす
+#
+# Google Colab のランタイムには、Colab 自身の Python と PyTorch が入っています。2026 年 8 月の時点では
+# Python 3.13 と torch 2.11 です ([googlecolab/backend-info](https://github.com/googlecolab/backend-info))。
+# この講座の `make lab` は使えないので、講座のフォルダ (git clone したもの、またはアップロードしたもの) で
+# `%pip install -e ".[lab]"` を実行し、セッションを再起動してからレッスンを開きます。labkit は torch 2.4
+# 以上なら受け付けるので、この行は Colab の torch を入れ替えません。
+#
+# この講座の事実は torch 2.13.0 で確かめてあります。ほかの版の torch では、どのレッスンも最初のセルの
+# `labkit.require` がそう警告します (`TorchVersionWarning`)。Colab の torch なら次のとおりです。
+
+# %% [markdown] lang="en"
+# ## Running on Colab
+#
+# Google Colab's runtime comes with its own Python and PyTorch: in August 2026, Python 3.13
+# and torch 2.11 ([googlecolab/backend-info](https://github.com/googlecolab/backend-info)).
+# The course's `make lab` does not apply there: in the course's folder (cloned with git,
+# or uploaded), run `%pip install -e ".[lab]"`, restart the session, then open a lesson.
+# labkit accepts torch 2.4 or newer, so that line leaves Colab's torch in place.
+#
+# The course's facts were checked with torch 2.13.0. With another torch, every lesson's
+# first cell warns so (`labkit.require`, a `TorchVersionWarning`). With Colab's torch it
+# reads:
+
+# %%
+colab_note = labkit.torch_note("2.11.0+cpu")  # what require() warns with Colab's torch
+print(colab_note)
+assert "2.11.0+cpu" in colab_note and labkit.CHECKED_TORCH in colab_note
+print(labkit.torch_note() or f"here: torch {torch.__version__}, the version checked")
