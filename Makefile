@@ -15,14 +15,20 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.labkit-installed
+GRADING := $(VENV)/.labkit-grading
 
-.PHONY: setup lab course test lint unit notebooks check-notebooks nbval student site site-check clean-venv
+.PHONY: setup lab course test lint unit notebooks check-notebooks nbval student site site-check nbgrader nbgrader-check clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first and alone, so that the extras below never pull another build.
 	$(BIN)/python -m pip install --quiet $(TORCH)
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+# nbgrader, for make nbgrader and its check only (see pyproject.toml's grading extra).
+$(GRADING): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[grading]"
 	touch $@
 
 ## Set up .venv only (what make lab does first); the dev container runs it.
@@ -75,8 +81,18 @@ site-check: site
 	$(BIN)/python website/check_site.py build/site build/sphinx
 	LABKIT_SITE=build/site $(BIN)/python -m pytest tests/test_site.py
 
+## The course for nbgrader in build/nbgrader: each lesson with exercises, in each
+## language, an assignment (source/ with the solutions, release/ without).
+nbgrader: $(GRADING)
+	$(BIN)/python tools/nbgrader_course.py
+
+## nbgrader's round trip: validate, autograde (full marks for the reference
+## answers, one mistake per lesson losing its points), feedback with the hint.
+nbgrader-check: $(GRADING)
+	LABKIT_NBGRADER=1 $(BIN)/python -m pytest tests/test_nbgrader.py
+
 ## Everything CI checks.
-test: lint unit check-notebooks nbval site-check
+test: lint unit check-notebooks nbval site-check nbgrader-check
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,0 +1,156 @@
+"""Write the course as an nbgrader course, then its release for students.
+
+Each lesson with exercises, in each language, is one assignment
+(`ja-04_no_sync`, `en-04_no_sync`, ...) whose instructor version, in
+source/<assignment>/<lesson>.ipynb, is the lesson with nbgrader's cell metadata:
+
+- an exercise cell and its solution cell become one autograded answer: the
+  exercise as the student copies hand it out, then the reference solution
+  between nbgrader's markers, which `nbgrader generate_assignment` removes;
+- the check cell after them (`exercises.grade_...`) becomes an autograder test
+  worth POINTS points: a check raises WrongAnswer, with its hint, on a wrong answer;
+- every other cell is read-only.
+
+    python tools/nbgrader_course.py                   # build/nbgrader
+    python tools/nbgrader_course.py --out some/dir    # a course folder elsewhere
+
+The folder gets nbgrader_config.py and its gradebook, source/ and release/
+(written by `nbgrader generate_assignment`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+LANGS = ("ja", "en")
+POINTS = 1
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+CONFIG = '''\
+# nbgrader's settings for the course written by tools/nbgrader_course.py.
+c = get_config()  # noqa: F821
+c.CourseDirectory.root = {root!r}
+c.CourseDirectory.course_id = "labkit"
+c.CourseDirectory.db_url = "sqlite:///{root}/gradebook.db"
+# The student's version of an answer is the exercise as handed out: nothing is
+# put where the reference solution was.
+c.ClearSolutions.code_stub = {{"python": ""}}
+# A lesson with ranks takes about a minute; a check runs on both ranks.
+c.ExecutePreprocessor.timeout = 600
+'''
+
+
+def _tags(cell: nbformat.NotebookNode) -> list[str]:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def _nbgrader(cell, grade_id: str, *, solution=False, grade=False, locked=False):
+    meta = {"grade": grade, "grade_id": grade_id, "locked": locked,
+            "schema_version": 3, "solution": solution, "task": False}
+    if grade:
+        meta["points"] = POINTS
+    cell.metadata["nbgrader"] = meta
+    return cell
+
+
+def _answer(exercise: str, solution: str) -> str:
+    """One cell: the exercise, then the reference solution between the markers. A
+    cell magic (%%px: the answer runs on every rank) stays on the first line."""
+    magic = ""
+    if exercise.startswith("%%") and solution.startswith("%%"):
+        magic, exercise = exercise.split("\n", 1)
+        solution = solution.split("\n", 1)[1]
+        magic += "\n"
+    return f"{magic}{exercise.rstrip()}\n{BEGIN}\n{solution.rstrip()}\n{END}"
+
+
+def instructor_version(nb: nbformat.NotebookNode, lesson: str) -> nbformat.NotebookNode:
+    """The lesson `nb` with nbgrader's metadata (see the module's docstring)."""
+    nb = nbformat.from_dict(nb)
+    cells, out, number = nb.cells, [], 0
+    i = 0
+    while i < len(cells):
+        cell = cells[i]
+        if "exercise" in _tags(cell):
+            solution, check = cells[i + 1], cells[i + 2]
+            if ("solution" not in _tags(solution)
+                    or "exercises.grade_" not in check.source):
+                raise ValueError(f"{lesson}, cell {i + 1}: an exercise is followed by "
+                                 "its solution, then its check")
+            number += 1
+            answer = nbformat.v4.new_code_cell(_answer(cell.source, solution.source),
+                                               id=cell.id)
+            answer.metadata["tags"] = ["exercise"]
+            out.append(_nbgrader(answer, f"{lesson}-answer-{number}", solution=True))
+            out.append(_nbgrader(check, f"{lesson}-check-{number}", grade=True,
+                                 locked=True))
+            i += 3
+            continue
+        if "solution" in _tags(cell):
+            raise ValueError(f"{lesson}, cell {i + 1}: a solution without its exercise")
+        out.append(_nbgrader(cell, f"{lesson}-{cell.id}", locked=True))
+        i += 1
+    nb.cells = out
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    return nb
+
+
+def assignments(notebooks: Path) -> dict[str, Path]:
+    """{assignment id: lesson notebook} for every lesson with exercises."""
+    found = {}
+    for lang in LANGS:
+        for path in sorted((notebooks / lang).glob("*.ipynb")):
+            nb = nbformat.read(path, as_version=4)
+            if any("exercise" in _tags(c) for c in nb.cells):
+                found[f"{lang}-{path.stem}"] = path
+    return found
+
+
+def write_course(course: Path, notebooks: Path = ROOT / "notebooks") -> list[str]:
+    """nbgrader_config.py and source/ in `course`; the assignment ids."""
+    course = course.resolve()
+    course.mkdir(parents=True, exist_ok=True)
+    (course / "nbgrader_config.py").write_text(CONFIG.format(root=str(course)))
+    found = assignments(notebooks)
+    for assignment, path in found.items():
+        target = course / "source" / assignment / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lesson = path.stem.split("_")[0]
+        nbformat.write(instructor_version(nbformat.read(path, as_version=4), lesson),
+                       target)
+    return list(found)
+
+
+def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run an nbgrader command in `course` (its nbgrader_config.py applies). nbgrader
+    runs `alembic` (its gradebook's migrations) by name: this Python's scripts come
+    first on PATH, also where the environment is not activated (make, CI)."""
+    scripts = str(Path(sys.executable).parent)
+    env = dict(os.environ, PATH=os.pathsep.join([scripts, os.environ.get("PATH", "")]))
+    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course,
+                          env=env, capture_output=True, text=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "nbgrader")
+    args = parser.parse_args(argv)
+    for assignment in write_course(args.out):
+        done = nbgrader(args.out, "generate_assignment", assignment, "--force")
+        if done.returncode != 0:
+            print(done.stdout + done.stderr, file=sys.stderr)
+            return 1
+    print(f"wrote the nbgrader course to {args.out}: source/ and release/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
