@@ -78,7 +78,6 @@ site: $(STAMP) student
 
 ## The built site checked: links, anchors, figures, twins, and in a browser.
 site-check: site
-	$(BIN)/python website/check_site.py build/site build/sphinx
 	LABKIT_SITE=build/site $(BIN)/python -m pytest tests/test_site.py
 
 ## The course for nbgrader in build/nbgrader: each lesson with exercises, in each

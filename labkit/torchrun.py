@@ -18,15 +18,14 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["JOB_SCRIPTS", "NODE_SCRIPT", "SLURM_EXAMPLE", "NodeRun", "command",
-           "free_port", "run_nodes"]
+__all__ = ["JOB_SCRIPTS", "NODE_SCRIPT", "NodeRun", "command", "free_port",
+           "run_nodes"]
 
 _HERE = Path(__file__).resolve().parent
 # Lesson 09's job scripts, by scheduler: each has its launcher run
 # torchrun_node.sh (beside them) once per node.
 JOB_SCRIPTS = {"slurm": _HERE / "slurm_example.sh", "pbs": _HERE / "pbs_example.sh",
                "pjm": _HERE / "pjm_example.sh"}
-SLURM_EXAMPLE = JOB_SCRIPTS["slurm"]
 NODE_SCRIPT = _HERE / "torchrun_node.sh"
 
 

@@ -1,4 +1,5 @@
 import sys
+import time
 from pathlib import Path
 
 import matplotlib
@@ -139,6 +140,16 @@ def child_processes():
     import psutil
 
     return [p for p in psutil.Process().children(recursive=True) if alive(p)]
+
+
+def leftovers(before: set[int], wait_s: float = 10) -> set[int]:
+    """Pids of processes this test process started since `before` (pids) that are
+    still alive after up to `wait_s` seconds: what a test left behind."""
+    deadline = time.monotonic() + wait_s
+    while (left := {p.pid for p in child_processes()} - before) and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
 
 
 @pytest.fixture

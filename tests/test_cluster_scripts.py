@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import child_processes
+from conftest import child_processes, leftovers
 
 from labkit import torchrun
 
@@ -123,14 +123,6 @@ def _run_job(cmd, cwd, env, timeout_s=240):
         return None, output + f"\n[stopped after {timeout_s} s]"
 
 
-def _leftovers(before):
-    deadline = time.monotonic() + 10
-    while (left := {p.pid for p in child_processes()} - before) and \
-            time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
-
-
 SCRIPTS = {scheduler: path.name for scheduler, path in torchrun.JOB_SCRIPTS.items()}
 LAUNCHER = {"slurm": "srun", "pbs": "mpirun", "pjm": "mpiexec"}
 
@@ -155,7 +147,7 @@ def test_the_job_script_runs_two_nodes_under_its_faked_scheduler(tmp_path, sched
     before = {p.pid for p in child_processes()}
     returncode, output = _run_job(["bash", str(LABKIT / SCRIPTS[scheduler])], job, env)
     assert returncode == 0, output[-6000:]
-    assert _leftovers(before) == set()
+    assert leftovers(before) == set()
     launched = (tmp_path / "launcher.log").read_text().splitlines()
     assert len(launched) == 1 and launched[0].startswith(LAUNCHER[scheduler])
     # the launcher was asked for one process per node, with the scheduler's node list

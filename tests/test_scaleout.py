@@ -3,23 +3,12 @@ nodes, FSDP shards, ZeRO arithmetic, BatchNorm under DDP, optional frameworks.""
 
 import json
 import sys
-import time
 
 import pytest
-from conftest import child_processes
+from conftest import child_processes, leftovers
 
 from labkit import batchnorm, doctor, ecosystem, sharding, torchrun
 from labkit.cluster import launch
-
-
-def _leftovers(before):
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        left = {p.pid for p in child_processes()} - before
-        if not left:
-            return left
-        time.sleep(0.2)
-    return left
 
 
 def test_two_torchrun_nodes_run_one_experiment(tmp_path):
@@ -34,7 +23,7 @@ def test_two_torchrun_nodes_run_one_experiment(tmp_path):
     assert result["allreduce_calls_per_step_sync"] == 2
     assert result["allreduce_calls_per_step_nosync"] == 1
     assert result["grad_max_abs_diff"] <= 1e-6
-    assert _leftovers(before) == set()
+    assert leftovers(before) == set()
 
 
 @pytest.mark.timeout(180)  # stopped, not left running
@@ -48,7 +37,7 @@ def test_a_run_past_its_timeout_is_stopped_with_its_workers():
     nodes = torchrun.run_nodes(["-m", "labkit", "misuse", "--steps", "100000"],
                                 nnodes=2, nproc_per_node=1, timeout_s=8)
     assert all(n.returncode != 0 and "stopped after 8 s" in n.output for n in nodes)
-    assert _leftovers(before) == set()
+    assert leftovers(before) == set()
 
 
 def test_the_torchrun_command_needs_positive_sizes():

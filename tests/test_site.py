@@ -68,24 +68,21 @@ def test_sliders_are_a_note_and_progress_bars_are_left_out(lang):
 
 # --- in the browser ------------------------------------------------------------
 
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # no line per request in the test's output
+        pass
+
+
 @pytest.fixture(scope="module")
 def served():
     """The site over HTTP on 127.0.0.1, as a reader gets it."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler,
-                                directory=str(SITE))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Quiet(handler))
+    handler = functools.partial(_Quiet, directory=str(SITE))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
-
-
-def _Quiet(handler):
-    class Handler(handler.func):
-        def log_message(self, *args):
-            pass
-    return functools.partial(Handler, *handler.args, **handler.keywords)
 
 
 @pytest.fixture(scope="module")

@@ -58,5 +58,4 @@ def settings(lang: str) -> dict:
         "nb_ipywidgets_js": {},
         "autodoc_member_order": "bysource",
         "autodoc_typehints": "description",
-        "suppress_warnings": [],
     }
