@@ -136,10 +136,18 @@ def two_rank_scripts(code: str, *args: str, timeout_s: float = 90):
 
 
 def child_processes():
-    """Live processes started (directly or not) by this test process."""
+    """Live processes started (directly or not) by this test process.
+
+    Not its fork server (labkit.cluster.forkserver), which lives as long as this
+    process, as in a kernel; what it forked is counted.
+    """
     import psutil
 
-    return [p for p in psutil.Process().children(recursive=True) if alive(p)]
+    from labkit.cluster import forkserver
+
+    server = forkserver.pid()
+    return [p for p in psutil.Process().children(recursive=True)
+            if alive(p) and p.pid != server]
 
 
 def leftovers(before: set[int], wait_s: float = 10) -> set[int]:

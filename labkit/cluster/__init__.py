@@ -3,10 +3,12 @@
 In a notebook, `cluster.start(2)` launches two ipyparallel engines on
 127.0.0.1, makes engine i rank i and joins them in one gloo process group:
 `%%px` cells then run on every rank, and `ranks.run(fn)` calls a function on
-every rank (labkit.cluster.ranks). From the command line, labkit.cluster.launch
-starts the ranks with torch's elastic launcher, or joins the ones torchrun
-started. Both meet through labkit.cluster.rendezvous, watch for stalls with
-labkit.cluster.stalls, and report failures with labkit.cluster.failures.
+every rank (labkit.cluster.ranks). The controller and the engines are forked
+from a process that imported torch once (labkit.cluster.forkserver). From the
+command line, labkit.cluster.launch starts the ranks with torch's elastic
+launcher, or joins the ones torchrun started. Both meet through
+labkit.cluster.rendezvous, watch for stalls with labkit.cluster.stalls, and
+report failures with labkit.cluster.failures.
 """
 
 from __future__ import annotations

@@ -21,10 +21,11 @@ __all__ = ["CONTROLLER_ARGS", "config", "end_with_kernel", "leave_group", "main"
 
 # Scheduler threads, not processes: 6 processes for 2 ranks instead of 13.
 # The controller admits an engine at the heartbeat after its first answer;
-# beating every 0.5 s instead of 3 s cuts about 4 s from a start (60 missed
-# beats, 30 s, still make an engine dead, as 10 of 3 s do by default).
-CONTROLLER_ARGS = ["--IPController.use_threads=True", "--HeartMonitor.period=500",
-                   "--HeartMonitor.max_heartmonitor_misses=60"]
+# beating every 0.1 s instead of 3 s cuts up to 3 s from a start (300 missed
+# beats, 30 s, still make an engine dead, as 10 of 3 s do by default; an
+# engine that ends is reported at once by its nanny).
+CONTROLLER_ARGS = ["--IPController.use_threads=True", "--HeartMonitor.period=100",
+                   "--HeartMonitor.max_heartmonitor_misses=300"]
 
 
 def config():  # -> traitlets.config.Config
@@ -44,11 +45,15 @@ def main() -> None:
     # ipyparallel's own imports first: begun at the same time, the two imports
     # wait for each other on the modules both need (seen with py-spy), and
     # the engine registers later.
-    from ipyparallel.engine.app import main as engine_main
+    from ipyparallel.engine import app
 
+    from . import forkserver
+
+    if forkserver.NANNY_FDS in os.environ:  # forked, its nanny beside it
+        app.start_nanny = forkserver.nanny_from_fds
     threading.Thread(target=__import__, args=("torch",), name="labkit-import-torch",
                      daemon=True).start()
-    engine_main()
+    app.main()
 
 
 

@@ -18,7 +18,7 @@ import threading
 import traceback
 from dataclasses import dataclass, field
 
-from . import engine, failures, notebook, rendezvous
+from . import engine, failures, forkserver, notebook, rendezvous
 from .failures import RankError
 from .watch import RankWatch
 
@@ -209,7 +209,11 @@ class Ranks:
         import ipyparallel as ipp
 
         self.cluster = ipp.Cluster(n=self.world_size, controller_ip="127.0.0.1",
-                                   engines="local", log_level=40,
+                                   controller=forkserver.ControllerLauncher,
+                                   engines=forkserver.EngineSetLauncher, log_level=40,
+                                   # not 1 s between the controller and the engines:
+                                   # they wait for its connection file anyway
+                                   delay=0,
                                    controller_args=engine.CONTROLLER_ARGS,
                                    config=engine.config())
         try:
