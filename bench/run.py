@@ -19,11 +19,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GOALS = {  # metric: (comparison, target), from the course's performance goals
+    "launch_warm_s": ("<=", 0.02),
+    "launch_cold_over_accelerate": ("<=", 1.0),
     "launch_speedup_warm_vs_cold": (">=", 10.0),
     "loop_overhead_ratio": ("<=", 1.03),
     "scaling_efficiency_2proc": (">=", 0.8),
@@ -49,7 +50,11 @@ def first_step(hidden: int = 100, depth: int = 1) -> float:
 
 
 def cold_launch() -> float:
-    """Seconds from asking for 2 ranks on a fresh cluster to their first step."""
+    """Seconds from asking for 2 ranks on a fresh cluster to their first step.
+
+    Fresh engines and controller, forked from this process's fork server
+    (labkit.cluster.forkserver), which an earlier start left running.
+    """
     from labkit import cluster
 
     t0 = time.perf_counter()
@@ -60,33 +65,135 @@ def cold_launch() -> float:
     return cold
 
 
-@contextmanager
-def ipyparallel_defaults():
-    """Start engines as plain ipyparallel does: 3 s heartbeat, torch imported late."""
-    from labkit.cluster import engine
+def first_launch() -> float:
+    """cold_launch in a new process that has imported torch: the fork server's
+    start included, as a kernel's first start pays it."""
+    return float(_in_new_process("--first-launch")[-1])
 
-    saved = engine.CONTROLLER_ARGS, engine.config
-    engine.CONTROLLER_ARGS = ["--IPController.use_threads=True"]
-    engine.config = lambda: None
+
+def _in_new_process(flag: str) -> list[str]:
+    """Run this script with `flag` (see main) in a new process; what it printed."""
+    out = subprocess.run([sys.executable, __file__, flag], check=True,
+                         capture_output=True, text=True, timeout=300)
+    return out.stdout.split()
+
+
+def accelerate_step() -> None:
+    """On each process of accelerate.debug_launcher: first_step through Accelerate."""
+    import torch
+    from accelerate import Accelerator
+
+    from labkit import models
+
+    accelerator = Accelerator(cpu=True)
+    model = models.WideMLP(hidden=100, depth=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt = accelerator.prepare(model, opt)
+    accelerator.backward(models.MyLoss()(model(torch.randn(32, 10)),
+                                         torch.randn(32, 10)))
+    opt.step()
+
+
+def accelerate_launch() -> float | None:
+    """Seconds for one accelerate.debug_launcher call (2 processes forked from
+    this one) that takes first_step's step; None without Accelerate."""
     try:
-        yield
-    finally:
-        engine.CONTROLLER_ARGS, engine.config = saved
+        from accelerate import debug_launcher
+    except ImportError:
+        return None
+    t0 = time.perf_counter()
+    debug_launcher(accelerate_step, num_processes=2)
+    return time.perf_counter() - t0
+
+
+def accelerate_fresh() -> list[float] | None:
+    """Two accelerate_launch calls in a new process that has imported torch and
+    Accelerate, but not torch._dynamo (DDP's constructor imports it in each
+    forked process); None without Accelerate."""
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        return None
+    return [float(x) for x in _in_new_process("--accelerate-fresh")[-2:]]
+
+
+def lightning_launch() -> float | None:
+    """Seconds for one Trainer.fit of one step with Lightning's ddp_notebook
+    strategy (2 processes forked from this one); None without Lightning."""
+    try:
+        import lightning as L
+    except ImportError:
+        return None
+    import logging
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from labkit import models
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = models.WideMLP(hidden=100, depth=1)
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return models.MyLoss()(self.model(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    data = DataLoader(TensorDataset(torch.randn(64, 10), torch.randn(64, 10)),
+                      batch_size=32)
+    environment = dict(os.environ)
+    t0 = time.perf_counter()
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_notebook",
+                        max_steps=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Module(), data)
+    seconds = time.perf_counter() - t0
+    # Trainer.fit leaves MASTER_PORT and TORCHINDUCTOR_CACHE_DIR set in the
+    # calling process; the next labkit start would then replace its fork server
+    # (the environment changed).
+    os.environ.clear()
+    os.environ.update(environment)
+    return seconds
 
 
 def launch_times(repeat: int, cold_repeat: int) -> dict:
-    """Asking for a 2-rank experiment until its first step: fresh and warm cluster.
+    """Asking for 2 ranks until their first DDP step, labkit's and the fork launchers'.
 
-    Cold starts alternate between labkit's settings and ipyparallel's defaults,
-    to show what the settings cut.
+    In each round, in turn: labkit's cold start (fresh engines from the warm fork
+    server), accelerate.debug_launcher and Lightning's ddp_notebook from this
+    process, which has imported torch._dynamo (as a process that built a DDP
+    model or imported Lightning has), and, every other round (each takes a new
+    process), labkit's first start and two debug_launcher calls in a new process
+    that imported only torch and Accelerate. Then labkit's warm calls.
     """
+    import torch._dynamo  # noqa: F401
+
     from labkit import cluster
 
-    cold, default = [], []
-    for _ in range(cold_repeat):
-        cold.append(cold_launch())
-        with ipyparallel_defaults():
-            default.append(cold_launch())
+    for launcher in ("accelerate", "lightning"):
+        # Imported first, as at the top of a notebook: importing Lightning sets
+        # PYTORCH_NVML_BASED_CUDA_CHECK, and a fork server started before that
+        # would be replaced at the next start (the environment changed).
+        try:
+            __import__(launcher)
+        except ImportError:
+            pass
+    cold_launch()  # the fork server starts here, as at a kernel's first start
+    rounds: dict[str, list] = {"labkit_cold": [], "accelerate_preloaded": [],
+                               "lightning_ddp_notebook": [], "labkit_first": [],
+                               "accelerate": []}
+    for i in range(cold_repeat):
+        rounds["labkit_cold"].append(cold_launch())
+        rounds["accelerate_preloaded"].append(accelerate_launch())
+        rounds["lightning_ddp_notebook"].append(lightning_launch())
+        if i % 2 == 0:
+            rounds["labkit_first"].append(first_launch())
+            rounds["accelerate"].extend(accelerate_fresh() or [None])
     ranks = cluster.start(2, activate=False)
     ranks.run(first_step)
     warm = []
@@ -95,10 +202,19 @@ def launch_times(repeat: int, cold_repeat: int) -> dict:
         ranks.run(first_step)
         warm.append(time.perf_counter() - t0)
     ranks.stop()
-    cold_s, warm_s = statistics.median(cold), statistics.median(warm)
-    return {"launch_cold_s": cold_s, "launch_warm_s": warm_s,
-            "launch_speedup_warm_vs_cold": cold_s / warm_s,
-            "launch_cold_ipyparallel_defaults_s": statistics.median(default)}
+    cold_s, warm_s = statistics.median(rounds["labkit_cold"]), statistics.median(warm)
+    results = {"launch_cold_s": cold_s, "launch_warm_s": warm_s,
+               "launch_speedup_warm_vs_cold": cold_s / warm_s,
+               "launch_first_s": statistics.median(rounds["labkit_first"]),
+               "launch_rounds_s": rounds}
+    for name in ("accelerate", "accelerate_preloaded", "lightning_ddp_notebook"):
+        times = rounds[name]
+        if None in times:  # the ecosystem extra is not installed
+            results[f"launch_{name}_s"] = results[f"launch_cold_over_{name}"] = None
+        else:
+            results[f"launch_{name}_s"] = statistics.median(times)
+            results[f"launch_cold_over_{name}"] = cold_s / statistics.median(times)
+    return results
 
 
 def loop_ratio(repeat: int, K: int = 4) -> float:
@@ -281,7 +397,7 @@ def run(quick: bool) -> dict:
 
     repeat = 5 if quick else 15
     results: dict = {"quick": quick}
-    results.update(launch_times(repeat, 2 if quick else 5))
+    results.update(launch_times(repeat, 4 if quick else 8))
     ranks = cluster.start(2, activate=False)
     results["loop_overhead_ratio"] = ranks.run(loop_ratio, 60 * repeat)[0]
     results.update(ranks.run(scaling, 6 * repeat)[0])
@@ -303,8 +419,21 @@ def run(quick: bool) -> dict:
     return results
 
 
-def _met(value: float, op: str, target: float) -> bool:
+def _met(value: float | None, op: str, target: float) -> bool | None:
+    """Whether a goal is met; None for a figure not measured (an extra missing)."""
+    if value is None:
+        return None
     return value >= target if op == ">=" else value <= target
+
+
+def _cell(value: float | None) -> str:
+    return "absent (`pip install -e .[ecosystem]`)" if value is None else f"{value:.4g}"
+
+
+def _met_cell(goal: dict | None) -> str:
+    if goal is None or goal["met"] is None:
+        return ""
+    return "yes" if goal["met"] else "no"
 
 
 TABLE_START, TABLE_END = "<!-- results:start -->", "<!-- results:end -->"
@@ -318,15 +447,22 @@ def record(results: dict, readme: Path) -> None:
             f"torch {m['torch']}, Python {m['python']}, GPUs: "
             f"{', '.join(m['gpus']) or 'none'}.", "",
             "| metric | value | goal | met |", "|---|---|---|---|"]
-    for key in ("launch_cold_s", "launch_cold_ipyparallel_defaults_s", "launch_warm_s",
+    for key in ("launch_cold_s", "launch_first_s", "launch_accelerate_s",
+                "launch_accelerate_preloaded_s", "launch_lightning_ddp_notebook_s",
+                "launch_cold_over_accelerate", "launch_cold_over_accelerate_preloaded",
+                "launch_cold_over_lightning_ddp_notebook", "launch_warm_s",
                 "launch_speedup_warm_vs_cold",
                 "loop_overhead_ratio", "scaling_efficiency_2proc",
                 "scaling_ceiling_2proc",
                 "nosync_model_max_rel_error", "levers_model_max_rel_error",
                 "course_exec_s"):
         goal = results["goals"].get(key)
-        rows.append(f"| `{key}` | {results[key]:.4g} | {goal['target'] if goal else ''}"
-                    f" | {('yes' if goal['met'] else 'no') if goal else ''} |")
+        rows.append(f"| `{key}` | {_cell(results[key])} | "
+                    f"{goal['target'] if goal else ''} | {_met_cell(goal)} |")
+    rounds = results["launch_rounds_s"]
+    rows += ["", "Launch rounds, in the order measured (s): " + "; ".join(
+        f"{name} " + ", ".join("-" if t is None else f"{t:.2f}" for t in times)
+        for name, times in rounds.items()) + "."]
     per_notebook = results["course_exec_by_notebook_s"].items()
     rows += ["", "Seconds per notebook (`course_exec_s`): "
              + ", ".join(f"{name} {sec:.1f}" for name, sec in per_notebook) + "."]
@@ -360,17 +496,34 @@ def record(results: dict, readme: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
-    parser.add_argument("--json", metavar="FILE", required=True)
+    parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--record", action="store_true",
                         help="rewrite the results table in bench/README.md")
+    # what launch_times runs in a new process; prints seconds
+    parser.add_argument("--first-launch", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--accelerate-fresh", action="store_true",
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.first_launch:
+        import torch  # noqa: F401  (a kernel has imported it)
+
+        print(cold_launch(), flush=True)
+        return 0
+    if args.accelerate_fresh:
+        import accelerate  # noqa: F401
+        import torch  # noqa: F401
+
+        print(accelerate_launch(), accelerate_launch(), flush=True)
+        return 0
+    if args.json is None:
+        parser.error("--json FILE is required")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     results = run(args.quick)
     Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n",
                                encoding="utf-8")
     for key, goal in results["goals"].items():
-        print(f"{key:32s} {results[key]:10.4g}   goal {goal['target']:8s} "
-              f"{'met' if goal['met'] else 'NOT met'}")
+        print(f"{key:32s} {_cell(results[key]):>10s}   goal {goal['target']:8s} "
+              f"{ {True: 'met', False: 'NOT met', None: ''}[goal['met']]}")
     if args.record:
         record(results, ROOT / "bench" / "README.md")
     return 0

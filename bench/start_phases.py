@@ -2,10 +2,12 @@
 
     python bench/start_phases.py [--defaults]
 
-Starts the controller and the engines as labkit.cluster does (with
---defaults: as plain ipyparallel does) and prints the seconds at which each
-phase ends. Run it with `py-spy record --subprocesses` or `python -X importtime`
-to look inside a phase.
+Starts the controller and the engines as labkit.cluster does, twice: first
+with the fork server starting (a kernel's first start), then from the warm
+server (every later start). With --defaults, as plain ipyparallel does (new
+processes, 1 s between the controller and the engines, a 3 s heartbeat).
+Prints the seconds at which each phase ends. Run it with `py-spy record
+--subprocesses` or `python -X importtime` to look inside a phase.
 """
 
 from __future__ import annotations
@@ -15,28 +17,24 @@ import sys
 import time
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--defaults", action="store_true",
-                        help="ipyparallel's defaults: 3 s heartbeat, late torch import")
-    args = parser.parse_args(argv)
+def phases(defaults: bool) -> None:
+    import ipyparallel as ipp
+
+    from labkit.cluster import engine, forkserver, rendezvous
+
     t0 = time.perf_counter()
 
     def mark(what: str) -> None:
         print(f"{time.perf_counter() - t0:6.2f} s  {what}", flush=True)
 
-    import ipyparallel as ipp
-
-    mark("ipyparallel imported")
-    from labkit.cluster import engine, rendezvous
-
-    mark("labkit imported (torch with it; a lesson has imported it already)")
-    if args.defaults:
-        controller_args, config = ["--IPController.use_threads=True"], None
+    if defaults:
+        c = ipp.Cluster(n=2, controller_ip="127.0.0.1", engines="local", log_level=40,
+                        controller_args=["--IPController.use_threads=True"])
     else:
-        controller_args, config = engine.CONTROLLER_ARGS, engine.config()
-    c = ipp.Cluster(n=2, controller_ip="127.0.0.1", engines="local", log_level=40,
-                    controller_args=controller_args, config=config)
+        c = ipp.Cluster(n=2, controller_ip="127.0.0.1", log_level=40, delay=0,
+                        controller=forkserver.ControllerLauncher,
+                        engines=forkserver.EngineSetLauncher,
+                        controller_args=engine.CONTROLLER_ARGS, config=engine.config())
     try:
         c.start_controller_sync()
         mark("controller process started")
@@ -55,8 +53,28 @@ def main(argv: list[str] | None = None) -> int:
                         .init_rank(rank, 2, "gloo", port, "phases", 20.0, 1),  # noqa: F821
                         store.port)
         mark("process group joined")
+        view.apply_sync(lambda: __import__("torch.nn.parallel").nn.parallel
+                        .DistributedDataParallel(__import__("torch").nn.Linear(2, 2))
+                        and None)
+        mark("a DDP model built on both (its constructor imports torch._dynamo)")
     finally:
         c.stop_cluster_sync()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--defaults", action="store_true",
+                        help="ipyparallel's defaults: new processes, 3 s heartbeat")
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    import labkit.cluster.ranks  # noqa: F401  (torch with it, as in a lesson)
+
+    print(f"{time.perf_counter() - t0:6.2f} s  labkit imported (torch with it; "
+          "a lesson has imported it already)", flush=True)
+    for start in ("first start", "second start") if not args.defaults else ("start",):
+        print(f"-- {start}", flush=True)
+        phases(args.defaults)
+        time.sleep(2)  # the first start's processes end
     return 0
 
 
