@@ -107,3 +107,17 @@ def test_the_server_ends_when_its_parent_is_killed():
     while alive(server) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(server)
+
+
+def test_a_fork_of_the_kernel_leaves_the_kernels_server_alone():
+    """A DataLoader worker or a fork launcher's rank inherits the server's handle."""
+    server = forkserver.server()
+    child = os.fork()
+    if child == 0:  # a fork of this process: the server is not its own
+        code = 0 if forkserver.pid() is None else 1
+        forkserver._stop_server()  # what its exit would run
+        os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert server.alive() and forkserver.server() is server
+    assert os.path.exists(server._log.name)

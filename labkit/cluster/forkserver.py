@@ -1,10 +1,11 @@
 """The controller and the engines, forked from one process that imported torch once.
 
-Every rank needs torch, and a fresh Python process takes about 2 s here to
-import it and ipyparallel (bench/start_phases.py): two engines and a
-controller started as new processes made a cold start of 2 ranks take about
-4 s, while a launcher that forks the kernel (Accelerate's, Lightning's
-ddp_notebook) has torch already. Forking the kernel itself is not safe: it has
+Every rank needs torch, and a new Python process takes 2 s or more here to
+import it, ipyparallel, and torch._dynamo (at its first DDP model): two
+engines and a controller started as new processes took about 7 s from the
+start asked for to a DDP model on both ranks (bench/README.md), while a
+launcher that forks the kernel (Accelerate's, Lightning's ddp_notebook) finds
+what the kernel has imported. Forking the kernel itself is not safe: it has
 threads and sockets (ipykernel's), and a fork copies their state but not the
 threads. So the first start in a kernel starts one more process, the fork
 server: a fresh Python that imports torch and ipyparallel and then only waits,
@@ -66,6 +67,9 @@ class Server:
 
     def __init__(self) -> None:
         self.env = dict(os.environ)
+        # A process forked from the kernel (a DataLoader worker, a fork launcher's
+        # rank) inherits this object; it must neither use nor stop the kernel's server.
+        self.owner = os.getpid()
         self._log = tempfile.NamedTemporaryFile(prefix="labkit-forkserver-",
                                                 suffix=".log", delete=False)
         self.process = subprocess.Popen(
@@ -135,11 +139,18 @@ _server: Server | None = None
 _server_lock = threading.Lock()
 
 
+def _mine() -> Server | None:
+    """This process's server: not one inherited through a fork."""
+    return _server if _server is not None and _server.owner == os.getpid() else None
+
+
 def server() -> Server:
     """This process's fork server, started on first use or when it must be replaced."""
     global _server
     with _server_lock:
-        if _server is not None and not (_server.alive() and _server.env == os.environ):
+        if _mine() is None:
+            _server = None
+        elif not (_server.alive() and _server.env == os.environ):
             _server.stop()
             _server = None
         if _server is None:
@@ -149,12 +160,13 @@ def server() -> Server:
 
 def pid() -> int | None:
     """The pid of this process's fork server, if one is running."""
-    return _server.pid if _server is not None and _server.alive() else None
+    mine = _mine()
+    return mine.pid if mine is not None and mine.alive() else None
 
 
 @atexit.register
 def _stop_server() -> None:
-    if _server is not None:
+    if _mine() is not None:
         _server.stop()
 
 
@@ -312,15 +324,19 @@ def _fork_with_nanny(request: dict) -> int:
     to_nanny, from_engine = os.pipe()  # engine -> nanny: its arguments, pickled
     to_engine, from_nanny = os.pipe()  # nanny -> engine: its address; then kept open
     nanny_env = dict(request["env"], PYTHONUNBUFFERED="1")
-    if os.fork() == 0:
-        _become(dict(request, module=NANNY, argv=[], env=nanny_env),
-                stdin=to_nanny, stdout=from_nanny, close=(from_engine, to_engine))
-    request["env"][NANNY_FDS] = f"{from_engine},{to_engine}"
-    pid = os.fork()
-    if pid == 0:
-        _become(request, close=(to_nanny, from_nanny))
-    for fd in (to_nanny, from_engine, to_engine, from_nanny):
-        os.close(fd)
+    try:
+        if os.fork() == 0:
+            _become(dict(request, module=NANNY, argv=[], env=nanny_env),
+                    stdin=to_nanny, stdout=from_nanny, close=(from_engine, to_engine))
+        request["env"][NANNY_FDS] = f"{from_engine},{to_engine}"
+        pid = os.fork()
+        if pid == 0:
+            _become(request, close=(to_nanny, from_nanny))
+    finally:
+        # closed here, a nanny whose engine never came reads the end of its
+        # input and ends
+        for fd in (to_nanny, from_engine, to_engine, from_nanny):
+            os.close(fd)
     return pid
 
 
