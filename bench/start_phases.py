@@ -20,7 +20,7 @@ import time
 def phases(defaults: bool) -> None:
     import ipyparallel as ipp
 
-    from labkit.cluster import engine, forkserver, rendezvous
+    from labkit.cluster import engine, rendezvous
 
     t0 = time.perf_counter()
 
@@ -31,10 +31,7 @@ def phases(defaults: bool) -> None:
         c = ipp.Cluster(n=2, controller_ip="127.0.0.1", engines="local", log_level=40,
                         controller_args=["--IPController.use_threads=True"])
     else:
-        c = ipp.Cluster(n=2, controller_ip="127.0.0.1", log_level=40, delay=0,
-                        controller=forkserver.ControllerLauncher,
-                        engines=forkserver.EngineSetLauncher,
-                        controller_args=engine.CONTROLLER_ARGS, config=engine.config())
+        c = engine.new_cluster(2)
     try:
         c.start_controller_sync()
         mark("controller process started")

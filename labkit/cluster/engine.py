@@ -5,10 +5,11 @@ imported early (below). The functions after `main` are sent to the engines by
 labkit.cluster.ranks; they import what they need inside, since they run in
 other processes.
 
-Every rank needs torch, and importing it takes about 2 s here. Started in a
-thread once ipyparallel's engine is imported, the import overlaps the engine's
-registration with the controller instead of following it; the first task
-that imports torch waits only for what is left of it.
+Every rank needs torch, and importing it takes about 2 s here. labkit's
+engines are forked from labkit.cluster.forkserver, which has imported it
+already; an engine started as a new process imports it in a thread once
+ipyparallel's engine is imported, so that the import overlaps the engine's
+registration with the controller instead of following it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import threading
 
 __all__ = ["CONTROLLER_ARGS", "config", "end_with_kernel", "leave_group", "main",
-           "setup_rank"]
+           "new_cluster", "setup_rank"]
 
 # Scheduler threads, not processes: 6 processes for 2 ranks instead of 13.
 # The controller admits an engine at the heartbeat after its first answer;
@@ -38,6 +39,21 @@ def config():  # -> traitlets.config.Config
     config.LocalEngineSetLauncher.engine_cmd = [sys.executable, "-m",
                                                 "labkit.cluster.engine"]
     return config
+
+
+def new_cluster(n: int):  # -> ipyparallel.Cluster
+    """An ipyparallel cluster of `n` engines on 127.0.0.1, started as labkit starts
+    them: forked from the fork server, with the settings above."""
+    import ipyparallel as ipp
+
+    from . import forkserver
+
+    return ipp.Cluster(n=n, controller_ip="127.0.0.1", log_level=40,
+                       controller=forkserver.ControllerLauncher,
+                       engines=forkserver.EngineSetLauncher,
+                       # not 1 s between the controller and the engines: they
+                       # wait for its connection file anyway
+                       delay=0, controller_args=CONTROLLER_ARGS, config=config())
 
 
 def main() -> None:

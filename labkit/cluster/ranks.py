@@ -18,7 +18,7 @@ import threading
 import traceback
 from dataclasses import dataclass, field
 
-from . import engine, failures, forkserver, notebook, rendezvous
+from . import engine, failures, notebook, rendezvous
 from .failures import RankError
 from .watch import RankWatch
 
@@ -206,16 +206,7 @@ class Ranks:
 
     def _launch(self) -> None:
         """Start the engines and join them in a new process group."""
-        import ipyparallel as ipp
-
-        self.cluster = ipp.Cluster(n=self.world_size, controller_ip="127.0.0.1",
-                                   controller=forkserver.ControllerLauncher,
-                                   engines=forkserver.EngineSetLauncher, log_level=40,
-                                   # not 1 s between the controller and the engines:
-                                   # they wait for its connection file anyway
-                                   delay=0,
-                                   controller_args=engine.CONTROLLER_ARGS,
-                                   config=engine.config())
+        self.cluster = engine.new_cluster(self.world_size)
         try:
             self.client = self.cluster.start_and_connect_sync()
             self.client.wait_for_engines(self.world_size, timeout=60)
