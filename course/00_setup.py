@@ -71,7 +71,7 @@ labkit.set_lang("ja")
 #   (`torchrun … -m labkit nosync --backend nccl`), one GPU per rank.
 # - **mpi** exists only in PyTorch builds made with MPI (the usual wheels have none).
 
-# %% tags=["nbval-ignore-output"]
+# %%
 from labkit import doctor
 
 report = doctor.collect()
@@ -162,7 +162,7 @@ assert plt.get_fignums() == open_before  # the broken figure was closed, not sho
 # Later lessons change parameters with sliders and watch plots change (ipywidgets).
 # If a slider appears below, you are ready. Move it to see the batch each rank gets.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 import ipywidgets as widgets
 
 
@@ -220,7 +220,7 @@ dist.destroy_process_group()
 # python -m labkit --lang en doctor
 # ```
 
-# %% tags=["nbval-ignore-output"]
+# %%
 import json
 import subprocess
 import sys

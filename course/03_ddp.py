@@ -116,7 +116,7 @@ ranks = cluster.start(2, background=True)  # returns at once; the ranks boot mea
 # variables `rank`, `world_size` and `device`. The first `%%px` cell checks that each
 # rank is a process of its own (one process per rank, as `torchrun` starts one per GPU).
 
-# %% tags=["nbval-ignore-output"]
+# %%
 import torch
 
 from labkit import checks, exercises, plots
@@ -477,7 +477,7 @@ fig = plots.loss_curves({f"rank {r}": h for r, h in enumerate(ranks.pull("losses
 # When a rank raises in a `%%px` cell, the cell shows that rank's number and traceback
 # (`[1:execute] ValueError …`). The next cell fails on rank 1 only, on purpose.
 
-# %% tags=["raises-exception", "nbval-ignore-output"]
+# %% tags=["raises-exception"]
 # %%px
 if rank == 1:
     raise ValueError(f"rank {rank} got a batch of the wrong shape")
@@ -619,7 +619,7 @@ for (name, world), (n_samples, nbytes) in work.items():
 # `bench/` measures the efficiency of two ranks on a model that computes a lot, on a
 # machine with nothing else to do (`scaling_efficiency_2proc`).
 
-# %% tags=["nbval-ignore-output"]
+# %%
 # %%px
 import statistics
 
@@ -633,7 +633,7 @@ step_ms = {name: {f"world size {world}": statistics.median(times[name, world][2:
            for name, *_ in sizes}
 print(f"rank {rank}:", step_ms)
 
-# %% tags=["nbval-ignore-output"]
+# %%
 step_ms = ranks.pull("step_ms")[0]  # rank 0 timed both world sizes
 for name, ms in step_ms.items():
     ratio = ms["world size 2"] / ms["world size 1"]
@@ -711,7 +711,7 @@ assert counter.calls == 3 and counter.bytes == 3 * 2110 * 4  # one bucket per st
 # The next cell times a step of each of the three in turns, over and over, and compares
 # the medians (for the reason above). A DDP step takes as long as its slower rank.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 import statistics
 
 sizes = [("doc 004 MLP", 100, 1), ("MLP 1024x2", 1024, 2)]  # as on the ranks

@@ -547,7 +547,7 @@ assert params["doc 004 MLP"] == 2110
 # K in turn, so each sees the same noise of a shared machine. In the same cell the
 # communication hook counts the all-reduce calls and bytes of one update.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 # %%px
 import statistics
 
@@ -585,7 +585,7 @@ for name, (hidden, depth) in {"doc 004 MLP": (100, 1), "MLP 1024x3": (1024, 3)}.
 # their times as this run's. One all-reduce is also timed on its own, to set the
 # prediction beside the measurement.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 import statistics
 
 costs = ranks.pull("costs")[0]
@@ -658,7 +658,7 @@ fig = plots.line_chart(series, xlabel="accum_k", ylabel="step_time_ms",
 #   faster, beyond the noise, the timing cell above checked. The curves themselves are
 #   one run of each: the elapsed times are this run's.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 # %%px
 c = workload.Config(accum_steps=4, hidden=1024, depth=3, steps=30, lr=0.05,
                     momentum=0.9)
@@ -669,7 +669,7 @@ print(f"rank {rank}: final loss sync {runs['sync']['losses'][-1]:.4f}, "
       f"{runs['sync']['elapsed_s'][-1]:.2f} s, "
       f"no_sync {runs['no_sync']['elapsed_s'][-1]:.2f} s")
 
-# %% tags=["nbval-ignore-output"]
+# %%
 runs = ranks.pull("runs")[0]
 sync, nos = runs["sync"], runs["no_sync"]
 torch.testing.assert_close(torch.tensor(nos["losses"]), torch.tensor(sync["losses"]),
@@ -802,7 +802,7 @@ assert saved["MLP 1024x3"][8] > saved["doc 004 MLP"][8]
 # torchrun --nproc-per-node 2 -m labkit nosync --accum 4 --json nosync.json
 # ```
 
-# %% tags=["nbval-ignore-output"]
+# %%
 import json
 import subprocess
 import sys

@@ -89,14 +89,14 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # ranks and compares with a link's speed. Below, the operating system counts the bytes
 # each rank really sent, to check it.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 # %%px
 from labkit import comm
 
 sizes = [4**k * 1024 for k in range(9)]  # 1 KiB .. 64 MiB
 seconds = comm.allreduce_sweep(sizes, repeat=7)
 
-# %% tags=["nbval-ignore-output"]
+# %%
 sizes, seconds = ranks.pull("sizes")[0], ranks.pull("seconds")[0]
 ab = comm.fit_alpha_beta(sizes, seconds, world_size=2)
 print(f"{'size':>10} {'time':>10} {'algbw':>11} {'busbw':>11} {'model':>10}")
@@ -127,7 +127,7 @@ assert len(sizes) == 9 and sizes[0] == 1024 and sizes[-1] == 64 * 1024 * 1024
 # 16 MiB all-reduce, over S, should be 2(n−1)/n (1 on two ranks). Gathering on rank 0
 # and sending back would give each rank a different ratio.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 # %%px
 import os
 
@@ -353,7 +353,7 @@ buckets_used = {"doc 004 MLP": log_buckets(workload.Config(accum_steps=1))[0][-1
 # every step after the first (which has one bucket) hid some communication. A comm hook
 # that holds every all-reduce until the last bucket makes it fail (tests/test_comm.py).
 
-# %% tags=["nbval-ignore-output"]
+# %%
 # %%px
 cfg = workload.Config(hidden=512, depth=8, bucket_cap_mb=1, accum_steps=1)
 
@@ -404,7 +404,7 @@ fig = plots.timeline(timeline, title="overlap_title")
 # parameters). The cell asserts that the worst error stays under 50% (a margin that
 # holds even on a busy 2-core machine).
 
-# %% tags=["nbval-ignore-output"]
+# %%
 # %%px
 # Medians over rounds: the small model's steps last milliseconds, where timing
 # jitter is largest, so it gets more rounds (and costs little); the large one
@@ -413,7 +413,7 @@ step_times = {name: comm.step_times_by_k(rank, world_size, hidden, depth, repeat
               for name, (hidden, depth, repeat) in {"doc 004 MLP": (100, 1, 15),
                                                     "MLP 1024x3": (1024, 3, 9)}.items()}
 
-# %% tags=["nbval-ignore-output"]
+# %%
 step_times = ranks.pull("step_times")[0]
 measured, predicted, errors, fitted = {}, {}, {}, {}
 for name, times in step_times.items():
@@ -454,7 +454,7 @@ assert max(errors.values()) < 0.5, errors
 # of both); the time difference is an observation on this run, and on a busy machine it
 # can come out reversed.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 import statistics
 import time
 
@@ -497,7 +497,7 @@ print(f"on this run: forward + backward, first micro-batch "
 # of s; the rest is DDP's own work (gathering gradients into buckets and back, and the
 # like) and the ranks waiting for each other. The cell prints the share.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 buckets_used = ranks.pull("buckets_used")[0]
 allreduce_s = {name: sum(ab.time(b, 2) for b in sizes)
                for name, sizes in buckets_used.items()}
@@ -562,7 +562,7 @@ exercises.grade_step_prediction(fit, K, sync_s, no_sync_s)
 # to other algorithms, such as trees, on many ranks. GPUs also compute faster, so try a
 # smaller c as well.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 

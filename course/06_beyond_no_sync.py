@@ -293,7 +293,7 @@ assert update["calls_in_no_sync"] == 0
 # backward pass while it waits, and this count drops to 0 (tests/test_from_scratch.py
 # checks that). The plot shows each all-reduce of the last step, drawn as in lesson 05.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 # %%px
 for i, s in enumerate(result["steps"], start=1):
     print(f"rank {rank}, step {i}: {s['overlapped']} of {s['calls']} all-reduces ran "
@@ -346,7 +346,7 @@ fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_
 # through torch's hook that writes its default in Python (`default_hooks.allreduce_hook`,
 # the same computation). It takes about 15 s.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 # %%px
 from labkit import levers
 
@@ -747,14 +747,14 @@ for cap, calls in ranks.pull("cap_calls")[0]:
 # (`levers.predicted_step_s`; the two with Adam start from DDP + Adam). Alpha and beta
 # are fitted here on timed all-reduces.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 # %%px
 from labkit import comm
 
 sizes = [4**k * 1024 for k in range(2, 8)]  # 16 KiB .. 16 MiB
 seconds = comm.allreduce_sweep(sizes, repeat=5)
 
-# %% tags=["nbval-ignore-output"]
+# %%
 from labkit import comm
 
 ab = comm.fit_alpha_beta(ranks.pull("sizes")[0], ranks.pull("seconds")[0], world_size=2)

@@ -100,7 +100,7 @@ torch.manual_seed(0)
 # over, and the median epoch times are compared (taking turns puts the machine's changing
 # load on both alike; the workers start in a warm-up epoch and are kept after that).
 
-# %% tags=["nbval-ignore-output"]
+# %%
 import statistics
 
 slow = loading.SlowDataset(n=256, cost_s=0.002)
@@ -188,7 +188,7 @@ assert fresh[0].isdisjoint(fresh[1]) and fresh[1].isdisjoint(fresh[2])  # new on
 # the second epoch on it comes sooner by the start-up time (small on Linux, where `fork`
 # starts workers cheaply).
 
-# %% tags=["nbval-ignore-output"]
+# %%
 first_ms = {}
 for persistent in (False, True):
     times = loading.loader_times(slow, 2, epochs=4, persistent_workers=persistent)
@@ -233,7 +233,7 @@ if not report["accelerator"]:
 # With a GPU, compare a copy from pinned memory with one from ordinary memory (without a
 # GPU this cell does nothing).
 
-# %% tags=["nbval-ignore-output"]
+# %%
 from labkit import timing
 
 if torch.cuda.is_available():
@@ -261,7 +261,7 @@ else:
 # memory limit. Measure it with doc 004's model. Whether a larger batch also learns
 # faster is the first question of lesson 08.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 from labkit import throughput, training
 
 per_s = throughput.samples_per_s([8, 32, 128, 512, 2048])
@@ -311,7 +311,7 @@ assert dtypes == {"output": torch.bfloat16, "weight": torch.float32,
 # loss curves nearly coincide. Speed depends on the CPU: without bfloat16 matrix
 # instructions (AMX, AVX512-BF16) the conversions can even make it slower.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 from dataclasses import replace
 
 run = training.TrainConfig(steps=60, hidden=512, depth=2, batch_size=256, n=4096, optimizer="momentum")
@@ -398,7 +398,7 @@ assert any(w.startswith("FutureWarning") and "torch.amp.autocast('cuda'" in w
 # 300 steps (Adam). The time is the median of 5 rounds in which the widths take turns,
 # 5 steps each.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 sizes = {}
 for width in (16, 64, 256, 1024):
     run = training.fit(training.TrainConfig(steps=300, hidden=width, optimizer="adam", lr=0.003,
@@ -551,7 +551,7 @@ exercises.grade_evaluation(evaluate)
 # as FLOPs (`FlopCounterMode`). The time is the median of 5 rounds in which the two
 # models take turns, one step each.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 X_deep = torch.randn(2048, 256)
 deep, cost, work = {}, {}, {}
 for checkpointed in (False, True):
@@ -722,7 +722,7 @@ if importlib.util.find_spec("torch_xla") is None:
 else:
     print("torch_xla is installed")
 
-# %% tags=["nbval-ignore-output"]
+# %%
 from labkit import doctor
 
 machine = doctor.collect()

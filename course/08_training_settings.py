@@ -351,7 +351,7 @@ assert resumed["losses"] == straight["losses"]
 # error. Without `sampler.set_epoch(epoch)` every epoch, every epoch has the same order
 # (lesson 03).
 
-# %% tags=["nbval-ignore-output"]
+# %%
 from labkit import cluster
 
 ranks = cluster.start(2)

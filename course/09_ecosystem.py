@@ -333,7 +333,7 @@ assert calls == ["scatter", "replicate", "parallel_apply", "gather"]
 # it then says which it skipped, and that this run does not show that they use
 # `no_sync`. To check, run `pip install lightning accelerate` and run the cell again.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 checked = []
 for name in ecosystem.FRAMEWORKS:
     installed = doctor.version(name)
@@ -508,7 +508,7 @@ print("horovod installed:", importlib.util.find_spec("horovod") is not None)
 # rank holds half of every parameter, and that the gradients still equal those of one
 # process on the whole batch.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 from labkit import cluster
 
 ranks = cluster.start(2)

@@ -583,7 +583,7 @@ assert sent == 4 * sum(p.numel() for p in model.parameters())  # aux's zeros inc
 # turns (the times are "on this run": on this machine the spread can hide the
 # difference).
 
-# %% tags=["nbval-ignore-output"]
+# %%
 # %%px
 import statistics
 

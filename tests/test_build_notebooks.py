@@ -28,7 +28,7 @@ GOOD = '''# %% [markdown] lang="ja"
 import labkit
 labkit.set_lang("ja")
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["exercise"]
 x = 1 + 1
 '''
 
@@ -47,7 +47,10 @@ def test_build_writes_both_languages_with_shared_code(tmp_path):
     assert ja["cells"][1]["source"].endswith('set_lang("ja")')
     assert en["cells"][1]["source"].endswith('set_lang("en")')
     assert ja["cells"][2]["source"] == en["cells"][2]["source"] == "x = 1 + 1"
-    assert ja["cells"][2]["metadata"] == {"tags": ["nbval-ignore-output"]}
+    # Tags travel to both languages: student copies and the nbgrader build read
+    # them from each notebook.
+    assert ja["cells"][2]["metadata"] == {"tags": ["exercise"]}
+    assert en["cells"][2]["metadata"] == {"tags": ["exercise"]}
     assert [c["id"] for c in ja["cells"]] == [c["id"] for c in en["cells"]]
     assert all(c.get("outputs", []) == [] for c in ja["cells"])
     assert run(course, out, "--check") == 0
