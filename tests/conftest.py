@@ -55,6 +55,125 @@ def pytest_timeout_cancel_timer(item):
         watchdog.stop()
 
 
+# --- tests that start processes, and the guard on those that say they do not ---
+#
+# A test that starts a process (ranks, a subprocess, a kernel, a server, a
+# browser) is marked `procs`; `pytest -m "not procs"` runs the others, in
+# about two minutes (`make check`). While a test without the mark is set up and
+# run, starting a process fails it, naming the test and what it started, so
+# that the quick selection stays quick. Caught where every start goes through:
+# subprocess's fork_exec (Popen, asyncio's subprocesses), multiprocessing's
+# spawn (the same fork_exec), os.fork, os.forkpty, os.posix_spawn, os.system,
+# and a fork asked of labkit's fork server.
+
+# The tests of the site, the browser, nbgrader and the environments start
+# processes; their modules do not carry the mark, so it is given here: a whole
+# module (None) or the tests named.
+PROCS_TESTS = {
+    "test_browser": None, "test_site": None, "test_nbgrader": None,
+    "test_build_notebooks": {"test_committed_notebooks_are_in_sync"},
+    # lesson 10's whole-lesson test, and what replaces it
+    "test_troubleshooting": {
+        "test_the_lesson_fails_only_where_it_means_to_and_leaves_no_process",
+        "test_the_stack_cell_shows_labkit_s_dump_where_py_spy_is_refused"},
+    "test_environments": {"test_the_dev_container_sets_up_with_the_readme_s_command",
+                          "test_the_binder_build_installs_the_course_with_the_cpu_torch"},
+}
+# A test that takes one of these fixtures starts processes through it.
+PROCS_FIXTURES = {"ranks", "_two_ranks"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        module = getattr(getattr(item, "module", None), "__name__", "")
+        module = module.rpartition(".")[2]
+        function = getattr(item, "originalname", item.name)
+        named = module in PROCS_TESTS and (PROCS_TESTS[module] is None
+                                           or function in PROCS_TESTS[module])
+        if named or PROCS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.procs)
+
+
+class ProcessNotAllowed(RuntimeError):
+    """A test not marked `procs` tried to start a process."""
+
+
+_running = None  # the test being set up or run, while the guard is on
+_starts = {}  # nodeid -> what it tried to start
+
+
+def _guarded(what: str, real):
+    def guard(*args, **kwargs):
+        item = _running
+        if item is not None and item.get_closest_marker("procs") is None:
+            _starts.setdefault(item.nodeid, what)
+            raise ProcessNotAllowed(
+                f"{item.nodeid} started a process ({what}) but is not marked "
+                "procs: mark it @pytest.mark.procs, or start nothing "
+                "(`pytest -m 'not procs'` must start no process)")
+        return real(*args, **kwargs)
+    guard.labkit_guard = True
+    # Pickled by reference as the function it stands for (test_checkpoint
+    # pickles os.system), found there since that module holds the guard too.
+    guard.__module__, guard.__name__ = real.__module__, real.__name__
+    guard.__qualname__ = real.__qualname__
+    return guard
+
+
+def _install_guards() -> None:
+    import _posixsubprocess
+    import os
+    import subprocess
+
+    targets = [((subprocess,), "_fork_exec", "subprocess"),
+               ((_posixsubprocess,), "fork_exec", "multiprocessing's spawn")]
+    targets += [((os, os.sys.modules[os.name]), name, f"os.{name}")
+                for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp",
+                             "system")]
+    forkserver = sys.modules.get("labkit.cluster.forkserver")
+    if forkserver is not None:
+        targets.append(((forkserver.Server,), "fork", "a fork of labkit's fork server"))
+    for owners, name, what in targets:
+        real = getattr(owners[0], name, None)
+        if real is not None and not getattr(real, "labkit_guard", False):
+            guard = _guarded(what, real)
+            for owner in owners:
+                setattr(owner, name, guard)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    global _running
+    _install_guards()  # again: the fork server's module may be new
+    _running = item
+    try:
+        return (yield)
+    finally:
+        _running = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    global _running
+    _running = item
+    try:
+        return (yield)
+    finally:
+        _running = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    # Also when the start was tried in a thread, or its error was caught.
+    what = _starts.get(item.nodeid)
+    if what is not None and call.when in ("setup", "call") and report.passed:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} started a process ({what}) but is not "
+                           "marked procs: mark it @pytest.mark.procs")
+    return report
+
+
 @pytest.fixture(autouse=True)
 def _lang_and_figures():
     """Each test starts in English and leaves no figure open."""

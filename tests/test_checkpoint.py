@@ -57,6 +57,7 @@ checkpoint.save({"version": 2, "w": torch.zeros(3)}, path)
 """
 
 
+@pytest.mark.procs
 def test_a_process_killed_while_saving_leaves_the_previous_checkpoint(tmp_path):
     path = tmp_path / "state.pt"
     proc = subprocess.run([sys.executable, "-c", KILLED_WHILE_SAVING, str(path)])
@@ -70,6 +71,7 @@ def test_a_process_killed_while_saving_leaves_the_previous_checkpoint(tmp_path):
     assert checkpoint.load(path)["version"] == 3
 
 
+@pytest.mark.procs
 def test_killing_a_real_training_run_never_breaks_its_checkpoint(tmp_path):
     path = tmp_path / "state.pt"
     cmd = [sys.executable, "-m", "labkit", "train", "--steps", "100000",

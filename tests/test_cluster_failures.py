@@ -59,6 +59,7 @@ def test_failures_name_each_rank_and_the_engine_that_died():
     assert str(err).startswith("rank 0, 1 raised an error:")
 
 
+@pytest.mark.procs
 def test_the_engines_package_imports_neither_torch_nor_the_engine_module():
     """`python -m labkit.cluster.engine` imports the package first: torch must
     come after ipyparallel (engine.py), and runpy warns if the engine module is

@@ -25,6 +25,8 @@ from conftest import child_processes, leftovers
 
 from labkit import torchrun
 
+pytestmark = pytest.mark.procs  # every test here starts processes
+
 ROOT = Path(__file__).resolve().parent.parent
 LABKIT = ROOT / "labkit"
 NODES = ("127.0.0.1", "127.0.0.2")  # two loopback addresses: two "nodes" here

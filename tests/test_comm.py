@@ -234,6 +234,7 @@ def test_busbw_is_what_each_rank_sends_over_time(ranks):
         assert busbw == pytest.approx(algbw * share, rel=0.01)
 
 
+@pytest.mark.procs
 @pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux /proc")
 def test_three_ranks_each_send_four_thirds_of_the_message():
     # On 3 ranks a ring rank sends 2(n-1)/n = 4/3 of S; reduce-then-broadcast

@@ -224,6 +224,7 @@ def test_global_statistics(ranks, capsys):
 # 09: what torchrun hands each process, and what FSDP's ranks hold
 
 
+@pytest.mark.procs
 def test_torchrun_env(capsys):
     exercises.grade_torchrun_env(answers.torchrun_env)  # with a real torchrun run
     assert "node 0: RANK 0, 1; node 1: RANK 2, 3" in capsys.readouterr().out

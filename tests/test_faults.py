@@ -15,6 +15,8 @@ from ddp_rank_checks import all_reduce_forever, hang_on_rank_1
 
 from labkit import cluster
 
+pytestmark = pytest.mark.procs  # every test here starts processes
+
 
 @pytest.fixture
 def group():

@@ -12,6 +12,8 @@ from conftest import alive
 
 from labkit.cluster import forkserver
 
+pytestmark = pytest.mark.procs  # every test here starts processes
+
 REPORT = """
 import json, os, sys
 print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "path0": sys.path[0],

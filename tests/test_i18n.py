@@ -78,6 +78,7 @@ def test_other_warnings_pass_through():
             warnings.warn("unrelated", UserWarning, stacklevel=1)
 
 
+@pytest.mark.procs
 def test_a_message_of_a_module_not_imported_yet_is_found():
     """A cell run out of order asks for a label before its module is imported."""
     import subprocess

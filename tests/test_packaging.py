@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.procs  # every test here starts processes
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

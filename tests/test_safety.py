@@ -4,10 +4,13 @@ import threading
 import time
 
 import psutil
+import pytest
 from ddp_rank_checks import pause
 
 from labkit import cluster
 from labkit.cluster import launch
+
+pytestmark = pytest.mark.procs  # every test here starts processes
 
 LOOPBACK = {"127.0.0.1", "::1"}
 

@@ -11,6 +11,7 @@ from labkit import batchnorm, doctor, ecosystem, sharding, torchrun
 from labkit.cluster import launch
 
 
+@pytest.mark.procs
 def test_two_torchrun_nodes_run_one_experiment(tmp_path):
     before = {p.pid for p in child_processes()}
     out = tmp_path / "two_nodes.json"
@@ -26,6 +27,7 @@ def test_two_torchrun_nodes_run_one_experiment(tmp_path):
     assert leftovers(before) == set()
 
 
+@pytest.mark.procs
 @pytest.mark.timeout(180)  # stopped, not left running
 def test_a_run_past_its_timeout_is_stopped_with_its_workers():
     before = {p.pid for p in child_processes()}
@@ -76,6 +78,7 @@ def _on_ranks(rank, world_size):
             "syncbn": batchnorm.syncbn_error()}
 
 
+@pytest.mark.procs
 def test_fsdp_shards_and_batchnorm_on_two_ranks():
     results = launch.run(_on_ranks, {}, world_size=2)
     for r in results:

@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader
 from labkit import activations, loading, precision, throughput, timing, training
 
 
+@pytest.mark.procs
 def test_workers_change_speed_not_data():
     dataset = loading.SlowDataset(n=24, cost_s=0)
     plain = [X for X, _ in DataLoader(dataset, batch_size=8)]
@@ -17,6 +18,7 @@ def test_workers_change_speed_not_data():
     assert all(torch.equal(a, b) for a, b in zip(plain, workers, strict=True))
 
 
+@pytest.mark.procs
 def test_loader_times_calls_the_step_on_every_batch():
     seen = []
     times = loading.loader_times(loading.SlowDataset(n=20, cost_s=0), 1,
@@ -26,6 +28,7 @@ def test_loader_times_calls_the_step_on_every_batch():
     assert len(times.epoch_s) == len(times.first_batch_s) == 2
 
 
+@pytest.mark.procs
 def test_persistent_workers_are_the_same_processes_every_epoch():
     kept = loading.worker_pids(2, persistent_workers=True, epochs=3)
     fresh = loading.worker_pids(2, persistent_workers=False, epochs=2)
@@ -184,6 +187,7 @@ def test_step_times_take_turns_and_count_per_step():
         timing.interleaved({"a": lambda: None}, rounds=0)
 
 
+@pytest.mark.procs
 def test_workers_shorten_epochs_of_a_sleeping_data_set():
     times = loading.epoch_times(loading.SlowDataset(n=32, cost_s=0.004), (0, 2),
                                 batch_size=8, rounds=3)

@@ -38,6 +38,7 @@ def _child(dumps: bool) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.procs
 def test_a_child_that_enabled_dumps_answers_with_its_stacks():
     proc = _child(dumps=True)
     try:
@@ -53,6 +54,7 @@ def test_a_child_that_enabled_dumps_answers_with_its_stacks():
         proc.wait()
 
 
+@pytest.mark.procs
 def test_a_process_without_dumps_is_never_signalled():
     """SIGUSR1 would end a process that has no handler for it."""
     proc = _child(dumps=False)
@@ -69,6 +71,7 @@ def test_a_process_without_dumps_is_never_signalled():
         proc.wait()
 
 
+@pytest.mark.procs
 def test_a_stopped_process_is_named_not_asked():
     proc = _child(dumps=True)
     try:
@@ -96,6 +99,7 @@ def test_the_watchdog_reports_once_and_only_when_late():
     assert len(calls) == 1 and calls[0] >= 0.2
 
 
+@pytest.mark.procs
 def test_the_watchdog_kills_a_rank_that_stays_stopped():
     proc = _child(dumps=True)
     other = _child(dumps=True)
@@ -138,6 +142,7 @@ NOTEBOOK_CELLS = [
 ]
 
 
+@pytest.mark.procs
 @pytest.mark.timeout(240)
 def test_a_stalled_px_cell_shows_every_ranks_stacks_and_a_stopped_rank_ends():
     import nbclient
@@ -169,6 +174,7 @@ def test_a_stalled_px_cell_shows_every_ranks_stacks_and_a_stopped_rank_ends():
     assert {p.pid for p in child_processes()} - before == set()
 
 
+@pytest.mark.procs
 def test_a_hung_test_fails_by_name_with_the_stacks_of_its_ranks(tmp_path):
     """conftest's watchdog, run the way pytest runs it (loaded as a plugin)."""
     tests = Path(__file__).resolve().parent
@@ -177,6 +183,7 @@ def test_a_hung_test_fails_by_name_with_the_stacks_of_its_ranks(tmp_path):
         import pytest
         from test_stalls import _child
 
+        @pytest.mark.procs
         @pytest.mark.timeout(4)
         def test_hangs():
             child = _child(dumps=True)
@@ -188,8 +195,8 @@ def test_a_hung_test_fails_by_name_with_the_stacks_of_its_ranks(tmp_path):
     """))
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p",
-         "no:cacheprovider", "test_hang.py"], cwd=tmp_path, capture_output=True,
-        text=True, timeout=120,
+         "no:cacheprovider", "-o", "markers=procs", "test_hang.py"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=120,
         # tests/ first, then whatever path this run found labkit on.
         env={**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(tests), *filter(None, [os.environ.get("PYTHONPATH")])])})

@@ -38,6 +38,7 @@ def _two_ranks(extra: int) -> list[subprocess.CompletedProcess]:
     return two_rank_scripts(_MISMATCH, "4", str(extra))
 
 
+@pytest.mark.procs
 def test_plain_gloo_ends_a_rank_when_the_shapes_differ():
     ranks = _two_ranks(extra=1)
     killed = [r for r in ranks if r.returncode == -signal.SIGABRT]
@@ -47,6 +48,7 @@ def test_plain_gloo_ends_a_rank_when_the_shapes_differ():
     assert "Is there a distributed collective mismatch" in killed[0].stdout
 
 
+@pytest.mark.procs
 def test_the_same_all_reduce_with_equal_shapes_ends_well():
     ranks = _two_ranks(extra=0)
     assert [r.returncode for r in ranks] == [0, 0]
@@ -70,6 +72,7 @@ def _build_ddp(debug: str | None) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
+@pytest.mark.procs
 def test_ddp_on_the_cpu_crashes_under_detail_in_torch_2_13():
     crashed = _build_ddp("DETAIL")
     assert crashed.returncode == -signal.SIGSEGV, (crashed.returncode,
@@ -77,6 +80,7 @@ def test_ddp_on_the_cpu_crashes_under_detail_in_torch_2_13():
     assert "built" not in crashed.stdout
 
 
+@pytest.mark.procs
 def test_ddp_on_the_cpu_builds_under_info_and_without_debug():
     for debug in ("INFO", None):
         built = _build_ddp(debug)
@@ -112,6 +116,7 @@ print("group named", analyze(dump).returncode)
 """
 
 
+@pytest.mark.procs
 def test_the_flight_recorder_keeps_2000_gloo_collectives_its_analyzer_cannot_read():
     """Lesson 10's Flight Recorder claims, in torch 2.13 with gloo: on without any
     setting, the last 2,000 collectives kept; the analyzer fails on the record
@@ -175,6 +180,7 @@ def test_the_lesson_fails_only_where_it_means_to_and_leaves_no_process(
     assert {p.pid for p in child_processes()} - before == set()
 
 
+@pytest.mark.procs
 @pytest.mark.timeout(300)
 def test_torchrun_restarts_a_killed_rank_and_the_run_ends_bit_for_bit(tmp_path):
     from labkit import torchrun
@@ -220,6 +226,7 @@ def test_resume_needs_a_checkpoint_and_restarts_are_counted_from_zero(capsys):
                          run_id="x", max_restarts=-1)
 
 
+@pytest.mark.procs
 def test_py_spy_is_found_beside_python_and_its_absence_is_said(monkeypatch):
     """Lesson 10's `stalls.py_spy_dump`: a kernel started by `make lab` may not
     have the environment's bin/ on PATH; py-spy beside its Python still runs."""
