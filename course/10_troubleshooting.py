@@ -979,9 +979,6 @@ assert "process died" in failed[1]
 print(f"rank {rank}: a new process, 'model' defined here: {'model' in globals()}")
 assert "model" not in globals()
 
-# %%
-ranks.stop()
-
 # %% [markdown] lang="ja"
 # 画面のない学習 (クラスタのジョブ) では、torchrun が起動し直します。`--max-restarts N` を付けると、
 # ランクのどれかが失敗したとき、全ランクを止めて N 回まで起動し直します。起動し直したランクは最初から
@@ -990,6 +987,9 @@ ranks.stop()
 # ごとに保存し、起動したときにチェックポイントがあれば読みます。`--die-at 12` では、最初の起動
 # (`TORCHELASTIC_RESTART_COUNT` が 0) でランク 1 がステップ 12 の前に自分を強制終了します。
 # 止まらなかった学習と、止まって起動し直した学習で、最後の重みのハッシュを比べます。
+# 止まらない学習は、同じ関数 (`experiments.resumable_training`) をこのノートブックの 2 つのランクで
+# 実行し、止まる学習だけを torchrun で実行します。ランクのスレッドは torchrun のワーカーと同じ 1 つにします
+# (`OMP_NUM_THREADS=1`)。足し算をいくつのスレッドに分けるかで、結果の最後のビットが変わりうるからです。
 #
 # `labkit.torchrun` は、起動し直すときには `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` を設定します。
 # torch 2.13 の torchrun は、起動し直したランクが前のランクの接続先を読んでしまうことがあるからです
@@ -1004,10 +1004,35 @@ ranks.stop()
 # loads the checkpoint if there is one when it starts. With `--die-at 12`, rank 1 kills
 # itself before step 12 on the first attempt (`TORCHELASTIC_RESTART_COUNT` 0). Compare
 # the final weights' hash of a run that never stopped with one that died and restarted.
+# The run that never stops is the same function (`experiments.resumable_training`) on
+# this notebook's two ranks; only the one that dies runs under torchrun. The ranks use
+# one thread each, as torchrun's workers do (`OMP_NUM_THREADS=1`): how a sum is split
+# among threads can change its last bits.
 #
 # `labkit.torchrun` sets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` when it restarts: torch
 # 2.13's torchrun can let restarted ranks read the dead ones' addresses (why: the
 # comment in `labkit/torchrun.py`).
+
+# %%
+# %%px
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from labkit import experiments, workload
+
+torch.set_num_threads(1)  # as torchrun's workers: the same bits need the same threads
+folder = [tempfile.mkdtemp(prefix="labkit-10-") if rank == 0 else None]
+dist.broadcast_object_list(folder, src=0)
+# What the command below runs: 20 steps, K = 1, a checkpoint every 5 steps.
+straight = experiments.resumable_training(
+    rank, world_size, workload.Config(steps=20, accum_steps=1),
+    checkpoint=str(Path(folder[0]) / "a.pt"), every=5)
+if rank == 0:  # every rank passed the last checkpoint's barrier
+    shutil.rmtree(folder[0])
 
 # %%
 import json
@@ -1016,15 +1041,15 @@ from pathlib import Path
 
 from labkit import torchrun
 
+a = ranks.pull("straight")[0]
+ranks.stop()
 resume = ["-m", "labkit", "resume", "--steps", "20", "--accum", "1",
           "--checkpoint-every", "5"]
 with tempfile.TemporaryDirectory() as tmp:
-    straight = torchrun.run_nodes(resume + ["--checkpoint", f"{tmp}/a.pt", "--json",
-                                            f"{tmp}/a.json"], nnodes=1, nproc_per_node=2)
     restarted = torchrun.run_nodes(resume + ["--checkpoint", f"{tmp}/b.pt", "--die-at", "12",
                                              "--json", f"{tmp}/b.json"],
                                    nnodes=1, nproc_per_node=2, max_restarts=1)
-    a, b = (json.loads(Path(tmp, f"{n}.json").read_text()) for n in "ab")
+    b = json.loads(Path(tmp, "b.json").read_text())
 # torchrun's agent reports the first failure it saw: rank 1, killed (-9), or rank 0,
 # aborted by the broken connection (-6) or stopped by the agent (-15)
 failures = [line for line in restarted[0].output.splitlines() if "failed (exitcode" in line]
@@ -1032,7 +1057,8 @@ print(failures[0][failures[0].index("failed"):])
 print(f"uninterrupted: {a['param_sha256'][:16]}")
 print(f"restarted:     {b['param_sha256'][:16]} (attempt {b['attempt']}, "
       f"from step {b['resumed_from']})")
-assert [n.returncode for n in straight + restarted] == [0, 0]
+assert [n.returncode for n in restarted] == [0]
+assert a["config"] == b["config"]  # the same training, launched two ways
 assert (b["attempt"], b["resumed_from"]) == (1, 10)  # the checkpoint of step 10
 assert b["param_sha256"] == a["param_sha256"]  # bit for bit the same weights
 
