@@ -319,10 +319,10 @@ fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_
 # - **`bucket_cap_mb`**: バケットの大きさ (次の節で数えます)。
 #
 # 同じ仕事 (レッスン 05 の大きな MLP: 幅 1024、3 層、210 万パラメータ、勾配 8,482,856 バイト) で、
-# 各方法を 1 ステップずつ順番に 40 ステップ動かします (レッスン 04 と同じく、交互に測ります)。
+# 各方法を 1 ステップずつ順番に 25 ステップ動かします (レッスン 04 と同じく、交互に測ります)。
 # バイト数は、`dist.all_reduce` と `dist.broadcast` に渡されたテンソルを `levers.CollectiveBytes` が
 # 数えます。そのため、ふつうの DDP も、既定の動作を Python で書いた torch のフック
-# (`default_hooks.allreduce_hook`。計算は既定と同じ) を通します。15 秒ほどかかります。
+# (`default_hooks.allreduce_hook`。計算は既定と同じ) を通します。10 秒ほどかかります。
 
 # %% [markdown] lang="en"
 # ## Four more ways to send less
@@ -340,17 +340,17 @@ fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_
 # - **`bucket_cap_mb`**: the bucket size (counted in the next section).
 #
 # On one workload (lesson 05's large MLP: width 1024, 3 layers, 2.1 million parameters,
-# 8,482,856 bytes of gradients), each method runs one step in turn, for 40 steps
+# 8,482,856 bytes of gradients), each method runs one step in turn, for 25 steps
 # (timed alternately, as in lesson 04). `levers.CollectiveBytes` counts the bytes of the
 # tensors handed to `dist.all_reduce` and `dist.broadcast`; so plain DDP too goes
 # through torch's hook that writes its default in Python (`default_hooks.allreduce_hook`,
-# the same computation). It takes about 15 s.
+# the same computation). It takes about 10 s.
 
 # %%
 # %%px
 from labkit import levers
 
-runs = levers.compare_methods(steps=40)
+runs = levers.compare_methods(steps=25)
 if rank == 0:
     print(f"{'method':24} {'bytes/step':>10} {'calls':>5} {'ms/step':>7} {'loss':>7}"
           f" {'grad+state MiB':>14}")
@@ -457,12 +457,12 @@ fig = plots.loss_curves({m: by_method[m]["loss"] for m in
                         title="levers_loss_title")
 
 # %% [markdown] lang="ja"
-# 40 ステップでは、PowerSGD の損失は DDP より下がり方が遅く、ランク r が大きいほど DDP に近づきます
+# 25 ステップでは、PowerSGD の損失は DDP より下がり方が遅く、ランク r が大きいほど DDP に近づきます
 # (この実行の図)。送るバイト数は数十分の 1 以下になりましたが、1 ステップの時間は半分にもなりません。
 # それは最後の節で、通信のモデルと比べて調べます。
 
 # %% [markdown] lang="en"
-# Over 40 steps PowerSGD's loss falls more slowly than DDP's, and comes closer to it as
+# Over 25 steps PowerSGD's loss falls more slowly than DDP's, and comes closer to it as
 # the rank r grows (this run's plot). The bytes per step dropped by a factor of tens or
 # more, yet a step does not take even half the time: the last section looks into that
 # with the communication model.
