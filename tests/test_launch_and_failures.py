@@ -13,7 +13,7 @@ from conftest import alive, child_processes, two_rank_scripts
 from ddp_rank_checks import my_rank, raise_on_rank_1
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from labkit import cluster
+from labkit import cluster, torchrun
 from labkit.__main__ import main
 from labkit.cluster import launch, rendezvous, stalls
 
@@ -89,37 +89,46 @@ def test_nccl_for_the_engines_is_refused_with_what_to_run(fake_gpus, gpus):
     assert len(child_processes()) == before
 
 
-def test_engines_use_gloo_even_with_a_gpu_per_rank(fake_gpus):
+@pytest.mark.procs
+def test_engines_use_gloo_with_gpus_a_rerun_keeps_its_port_and_stop_leaves_nothing(
+        fake_gpus):
     fake_gpus(4)  # this kernel sees 4 GPUs; the cells' tensors would still be on CPU
-    group = cluster.start(1, timeout_s=10, activate=False)
+    before = {p.pid for p in child_processes()}
+    port = torchrun.free_port()
+    group = cluster.start(1, timeout_s=10, activate=False, port=port)
     try:
         assert group.backend == cluster.ENGINE_BACKEND == "gloo"
         device = group.pull("device")
         assert (group.run(dist.get_backend), device) == (["gloo"], ["cpu"])
+        assert len({p.pid for p in child_processes()} - before) >= 2  # ctrl., engine
+        # The cell run again: the port its running group holds is not "taken".
+        group = cluster.start(1, timeout_s=10, activate=False, port=port)
+        assert group.store.port == port
+        assert group.run(abs, -7) == [7]
     finally:
         group.stop()
+    assert _settles(before)
 
 
-def test_stop_leaves_no_process_behind():
-    before = {p.pid for p in child_processes()}
-    group = cluster.start(1, timeout_s=10, activate=False)
-    assert len({p.pid for p in child_processes()} - before) >= 2  # controller, engine
-    assert group.run(abs, -7) == [7]
-    group.stop()
-    deadline = time.monotonic() + 10
-    while {p.pid for p in child_processes()} - before and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert {p.pid for p in child_processes()} - before == set()
-
-
+@pytest.mark.procs
 def test_headless_run_gives_results_in_rank_order():
+    import socket
+
     before = signal.getsignal(signal.SIGINT)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=f"port {port} on 127.0.0.1 is already"):
+            launch.run(my_rank, {}, world_size=2, port=port)
+    # The next launch, on a free port, works.
     assert launch.run(my_rank, {}, world_size=2) == [(0, 2, "gloo"), (1, 2, "gloo")]
     # torch's agent installs its own SIGINT handler; Ctrl-C must be a
     # KeyboardInterrupt again afterwards (a notebook kernel, a test process).
     assert signal.getsignal(signal.SIGINT) is before
 
 
+@pytest.mark.procs
 def test_headless_failing_rank_is_named_with_its_traceback():
     before = {p.pid for p in child_processes()}
     with pytest.raises(ChildFailedError) as err:
@@ -153,6 +162,7 @@ def test_cli_bad_arguments_are_one_line(argv, message, capsys):
     assert len(child_processes()) == before
 
 
+@pytest.mark.procs
 def test_cli_nccl_without_gpus_is_one_line_in_a_real_process():
     result = subprocess.run(
         [sys.executable, "-m", "labkit", "nosync", "--backend", "nccl"],
@@ -168,6 +178,7 @@ def _json_of(cmd, tmp_path):
     return json.loads(out.read_text())
 
 
+@pytest.mark.procs
 def test_cli_nosync_writes_its_figures(tmp_path):
     result = _json_of([sys.executable, "-m", "labkit", "nosync", "--world-size", "2",
                        "--accum", "4", "--steps", "3", "--repeat", "1"], tmp_path)
@@ -178,6 +189,7 @@ def test_cli_nosync_writes_its_figures(tmp_path):
     assert result["step_s_sync"] > 0 and result["step_s_nosync"] > 0
 
 
+@pytest.mark.procs
 def test_cli_misuse_writes_its_figures(tmp_path):
     result = _json_of([sys.executable, "-m", "labkit", "misuse", "--steps", "4"],
                       tmp_path)
@@ -186,6 +198,7 @@ def test_cli_misuse_writes_its_figures(tmp_path):
     assert result["diverged_max_param_diff"] > 1e-3
 
 
+@pytest.mark.procs
 def test_torchrun_runs_the_same_experiment(tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
@@ -208,6 +221,7 @@ sys.stdin.read()  # wait to be killed
 """
 
 
+@pytest.mark.procs
 def test_engines_end_when_their_kernel_is_killed():
     """A kernel killed with SIGKILL cannot stop its engines; they stop themselves."""
     kernel = subprocess.Popen([sys.executable, "-c", KERNEL], stdin=subprocess.PIPE,
@@ -243,6 +257,7 @@ def _cli(*args, timeout=120):
                   "=== rank 0 of labkit-", "most recent call first"]),
     ],
 )
+@pytest.mark.procs
 @pytest.mark.timeout(180)  # an error within the --timeout, not a hang
 def test_cli_faults_name_the_rank(fault, expected):
     before = {p.pid for p in child_processes()}
@@ -253,7 +268,26 @@ def test_cli_faults_name_the_rank(fault, expected):
     assert {p.pid for p in child_processes()} - before == set()
 
 
-def test_a_taken_port_is_a_one_line_error():
+def test_a_taken_port_is_named_before_any_engine_starts():
+    import socket
+
+    running = cluster.current()
+    before = len(child_processes())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=f"port {port} on 127.0.0.1 is already"):
+            cluster.start(2, port=port, activate=False)
+    # Nothing started, and a running group left as it was.
+    assert len(child_processes()) == before
+    assert cluster.current() is running
+    # The launcher's check, and the next launch on a free port:
+    # test_headless_run_gives_results_in_rank_order.
+
+
+@pytest.mark.procs
+def test_cli_a_taken_port_is_a_one_line_error():
     import socket
 
     with socket.socket() as taken:
@@ -261,15 +295,12 @@ def test_a_taken_port_is_a_one_line_error():
         taken.listen()
         port = taken.getsockname()[1]
         result = _cli("nosync", "--port", str(port))
-        with pytest.raises(ValueError, match=f"port {port} on 127.0.0.1 is already"):
-            cluster.start(2, port=port, activate=False)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if "Warning" not in line]
     assert len(lines) == 1 and f"port {port}" in lines[0]
-    # The next launch, on a free port, works.
-    assert launch.run(my_rank, {}, world_size=2)[1] == (1, 2, "gloo")
 
 
+@pytest.mark.procs
 @pytest.mark.timeout(180)
 def test_ctrl_c_stops_a_headless_run_and_its_ranks():
     import psutil
@@ -300,6 +331,7 @@ def test_ctrl_c_stops_a_headless_run_and_its_ranks():
             pytest.fail(f"rank process {rank.pid} still running after Ctrl-C")
 
 
+@pytest.mark.procs
 def test_background_start_returns_before_the_ranks_are_up():
     before = {p.pid for p in child_processes()}
     group = cluster.start(2, background=True, activate=False)
@@ -312,6 +344,7 @@ def test_background_start_returns_before_the_ranks_are_up():
     assert {p.pid for p in child_processes()} - before == set() or _settles(before)
 
 
+@pytest.mark.procs
 def test_stop_during_a_background_start_leaves_nothing():
     before = {p.pid for p in child_processes()}
     group = cluster.start(2, background=True, activate=False)
@@ -348,6 +381,7 @@ else:
 """
 
 
+@pytest.mark.procs
 def test_a_late_rank_joins_and_collectives_keep_their_short_timeout():
     out = [r.stdout for r in two_rank_scripts(_LATE_RANK)]
     assert all("joined" in o for o in out), out

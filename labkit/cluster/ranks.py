@@ -338,7 +338,9 @@ def start(world_size: int = 2, backend: str = ENGINE_BACKEND, *,
     """
     global _current
     _check_engine_backend(backend)
-    rendezvous.check_args(world_size, backend, port)
+    # A port this kernel's running group holds is free once it stops (below).
+    ours = _current is not None and _current.port == port
+    rendezvous.check_args(world_size, backend, 0 if ours else port)
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     if task_timeout_s is not None and task_timeout_s <= 0:

@@ -49,6 +49,16 @@ def check_args(world_size: int, backend: str = "gloo", port: int = 0) -> None:
         )
     if not 0 <= port <= 65535:
         raise ValueError(f"port must be 0 (any free port) or 1-65535, got {port}")
+    if port:
+        # Found taken here, not once the engines or workers are up (and a
+        # running group stopped for them): the store binds it only then.
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError as err:
+                if err.errno == errno.EADDRINUSE:
+                    raise _port_taken(port) from None
+                raise
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: choose one of "
                          f"{', '.join(BACKENDS)}")
@@ -60,6 +70,11 @@ def check_args(world_size: int, backend: str = "gloo", port: int = 0) -> None:
         if world_size > gpus:
             raise ValueError(f"backend 'nccl' needs one GPU per rank: world_size="
                              f"{world_size} but only {gpus} GPU(s)")
+
+
+def _port_taken(port: int) -> ValueError:
+    return ValueError(f"port {port} on 127.0.0.1 is already in use; use port 0 to "
+                      "let the system pick a free one")
 
 
 def loopback_interface() -> str:
@@ -86,8 +101,7 @@ def local_store(timeout_s: float, port: int = 0) -> dist.TCPStore:
     except OSError as err:
         sock.close()
         if err.errno == errno.EADDRINUSE:
-            raise ValueError(f"port {port} on 127.0.0.1 is already in use; use port "
-                             "0 to let the system pick a free one") from None
+            raise _port_taken(port) from None
         raise
     # The store takes the file descriptor over and closes it when it is freed.
     return dist.TCPStore(
