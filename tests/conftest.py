@@ -190,7 +190,9 @@ def _lang_and_figures():
 def _add_tests_to_path(group):
     from pathlib import Path
 
-    group.execute(f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})")
+    folder = str(Path(__file__).parent)
+    group.execute(f"import sys\nif {folder!r} not in sys.path:\n"
+                  f"    sys.path.insert(0, {folder!r})")
 
 
 @pytest.fixture(scope="session")
