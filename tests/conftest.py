@@ -83,6 +83,10 @@ PROCS_TESTS = {
 PROCS_FIXTURES = {"ranks", "_two_ranks"}
 
 
+def _uses_ranks(item) -> bool:
+    return "ranks" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         module = getattr(getattr(item, "module", None), "__name__", "")
@@ -92,6 +96,10 @@ def pytest_collection_modifyitems(items):
                                            or function in PROCS_TESTS[module])
         if named or PROCS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.procs)
+    # The tests on the shared ranks first, the rest in their order after them: a
+    # test that starts a group of its own stops the shared one (one group per
+    # kernel), and each later test on the ranks would wait for it to restart.
+    items.sort(key=lambda item: not _uses_ranks(item))
 
 
 class ProcessNotAllowed(RuntimeError):

@@ -151,13 +151,17 @@ def my_rank(rank, world_size):
     return (rank, world_size, dist.get_backend())
 
 
-def pause(rank, world_size, seconds=3.0):
-    """Hold the group open for a while, so the test can look at its sockets."""
+def my_rank_once_seen(rank, world_size, seen_flag, timeout_s=60.0):
+    """`my_rank`'s answer, once the file `seen_flag` exists: the group stays
+    open until the test has looked at its sockets (or `timeout_s` passed)."""
+    import os
     import time
 
     dist.barrier()
-    time.sleep(seconds)
-    return rank
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(seen_flag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return my_rank(rank, world_size)
 
 
 def convergence_twice():

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch.distributed as dist
 from conftest import alive, child_processes, two_rank_scripts
-from ddp_rank_checks import my_rank, raise_on_rank_1
+from ddp_rank_checks import raise_on_rank_1
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from labkit import cluster, torchrun
@@ -110,22 +110,9 @@ def test_engines_use_gloo_with_gpus_a_rerun_keeps_its_port_and_stop_leaves_nothi
     assert _settles(before)
 
 
-@pytest.mark.procs
-def test_headless_run_gives_results_in_rank_order():
-    import socket
-
-    before = signal.getsignal(signal.SIGINT)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        with pytest.raises(ValueError, match=f"port {port} on 127.0.0.1 is already"):
-            launch.run(my_rank, {}, world_size=2, port=port)
-    # The next launch, on a free port, works.
-    assert launch.run(my_rank, {}, world_size=2) == [(0, 2, "gloo"), (1, 2, "gloo")]
-    # torch's agent installs its own SIGINT handler; Ctrl-C must be a
-    # KeyboardInterrupt again afterwards (a notebook kernel, a test process).
-    assert signal.getsignal(signal.SIGINT) is before
+# A headless run's results in rank order, its taken-port check and the SIGINT
+# handler it gives back: test_safety.py's one launch, which also looks at its
+# sockets.
 
 
 @pytest.mark.procs
@@ -283,7 +270,7 @@ def test_a_taken_port_is_named_before_any_engine_starts():
     assert len(child_processes()) == before
     assert cluster.current() is running
     # The launcher's check, and the next launch on a free port:
-    # test_headless_run_gives_results_in_rank_order.
+    # test_safety.py's headless launch.
 
 
 @pytest.mark.procs

@@ -1,13 +1,14 @@
 """Local launches listen on 127.0.0.1 only, never on every interface."""
 
+import os
+import signal
+import socket
 import threading
-import time
 
 import psutil
 import pytest
-from ddp_rank_checks import pause
+from ddp_rank_checks import my_rank_once_seen
 
-from labkit import cluster
 from labkit.cluster import launch
 
 pytestmark = pytest.mark.procs  # every test here starts processes
@@ -32,24 +33,46 @@ def _ours():
     return [me, *me.children(recursive=True)]
 
 
-def test_headless_launch_listens_on_loopback_only():
-    thread = threading.Thread(target=launch.run, args=(pause, {}, 2))
-    thread.start()
-    seen = set()
-    deadline = time.monotonic() + 30
-    while thread.is_alive() and time.monotonic() < deadline:
-        seen |= _listening(_ours())
-        time.sleep(0.2)
-    thread.join()
-    assert seen, "saw no listening socket at all: the check did not look"
+def test_headless_launch_listens_on_loopback_only_and_gives_results_in_rank_order(
+        tmp_path):
+    """One launch for what a headless run must do: refuse a taken port before
+    starting anything, listen on loopback only (looked at while the ranks wait
+    for it), give the results in rank order, and give back the SIGINT handler."""
+    before = signal.getsignal(signal.SIGINT)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=f"port {port} on 127.0.0.1 is already"):
+            launch.run(my_rank_once_seen, {"seen_flag": ""}, world_size=2, port=port)
+    flag = tmp_path / "seen"
+    seen, done = set(), threading.Event()
+
+    def look():
+        while not done.is_set():
+            seen.update(_listening(_ours()))
+            if len({pid for pid, _, _ in seen} - {os.getpid()}) >= 2:
+                flag.touch()  # both ranks' sockets seen: they may finish
+            done.wait(0.1)
+
+    looker = threading.Thread(target=look)
+    looker.start()
+    try:
+        # The next launch, on a free port, works.
+        results = launch.run(my_rank_once_seen, {"seen_flag": str(flag)}, world_size=2)
+    finally:
+        done.set()
+        looker.join()
+    assert results == [(0, 2, "gloo"), (1, 2, "gloo")]
+    # torch's agent installs its own SIGINT handler; Ctrl-C must be a
+    # KeyboardInterrupt again afterwards (a notebook kernel, a test process).
+    assert signal.getsignal(signal.SIGINT) is before
+    assert flag.exists(), f"saw no rank listening: {seen}"
     assert {ip for _, ip, _ in seen} <= LOOPBACK, seen
 
 
-def test_engines_listen_on_loopback_only():
-    group = cluster.start(2, timeout_s=10, activate=False)
-    try:
-        seen = _listening(_ours())
-    finally:
-        group.stop()
-    assert seen
+def test_engines_listen_on_loopback_only(ranks):
+    """The shared ranks are started as a notebook starts them (cluster.start)."""
+    seen = _listening(_ours())
+    assert len({pid for pid, _, _ in seen} - {os.getpid()}) >= 2  # more than ours
     assert {ip for _, ip, _ in seen} <= LOOPBACK, seen
