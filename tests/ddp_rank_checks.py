@@ -140,13 +140,6 @@ def misuse_experiment_small():
     return experiments.misuse_experiment(dist.get_rank(), dist.get_world_size(), cfg)
 
 
-def raise_on_rank_1(rank, world_size):
-    """Fails on rank 1 only, the way a learner's bug would."""
-    if rank == 1:
-        raise ValueError("rank 1 got a batch of the wrong shape")
-    return rank
-
-
 def my_rank(rank, world_size):
     return (rank, world_size, dist.get_backend())
 
