@@ -85,10 +85,17 @@ site-check: site
 nbgrader: $(GRADING)
 	$(BIN)/python tools/nbgrader_course.py
 
-## nbgrader's round trip: validate, autograde (full marks for the reference
-## answers, one mistake per lesson losing its points), feedback with the hint.
+## nbgrader's round trip on a sample (tests/test_nbgrader.py's SAMPLE: lessons 02 in
+## Japanese and 06 in English): validate, autograde (full marks for the reference
+## answers, a typical mistake losing its points), feedback with the hint.
 nbgrader-check: $(GRADING)
 	LABKIT_NBGRADER=1 $(BIN)/python -m pytest tests/test_nbgrader.py
+
+## The same round trip on every assignment, a mistake in each lesson (about half
+## an hour here).
+.PHONY: nbgrader-check-all
+nbgrader-check-all: $(GRADING)
+	LABKIT_NBGRADER=all $(BIN)/python -m pytest tests/test_nbgrader.py
 
 ## Everything CI checks.
 test: lint unit check-notebooks nbval site-check nbgrader-check

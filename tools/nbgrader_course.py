@@ -15,14 +15,16 @@ source/<assignment>/<lesson>.ipynb, is the lesson with nbgrader's cell metadata:
     python tools/nbgrader_course.py --out some/dir    # a course folder elsewhere
 
 The folder gets nbgrader_config.py and its gradebook, source/ and release/
-(written by `nbgrader generate_assignment`).
+(written by nbgrader's generate_assignment). nbgrader's commands run in this
+process through its Python API (`grader`): importing nbgrader and starting a
+process once for all of them, not once per command.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -129,24 +131,55 @@ def write_course(course: Path, notebooks: Path = ROOT / "notebooks") -> list[str
     return list(found)
 
 
-def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
-    """Run an nbgrader command in `course` (its nbgrader_config.py applies). nbgrader
-    runs `alembic` (its gradebook's migrations) by name: this Python's scripts come
-    first on PATH, also where the environment is not activated (make, CI)."""
-    scripts = str(Path(sys.executable).parent)
-    env = dict(os.environ, PATH=os.pathsep.join([scripts, os.environ.get("PATH", "")]))
-    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course,
-                          env=env, capture_output=True, text=True)
+@contextlib.contextmanager
+def _scripts_on_path():
+    """This Python's scripts first on PATH, also where the environment is not
+    activated (make, CI): nbgrader runs `alembic` by name when it creates a
+    gradebook."""
+    before = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), before])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = before
+
+
+def grader(course: Path):
+    """nbgrader's API (`nbgrader.apps.NbGraderAPI`) on `course`, configured by its
+    nbgrader_config.py. Its commands return {"success": bool, "log": ..., "error":
+    ...} instead of exiting; a notebook it runs still gets a kernel of its own."""
+    from nbgrader.api import Gradebook
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py",
+                                path=str(Path(course).resolve())).load_config()
+    coursedir = CourseDirectory(config=config)
+    # Created here, once, where alembic is found; later commands open it.
+    with _scripts_on_path():
+        Gradebook(coursedir.db_url, coursedir.course_id).close()
+    return NbGraderAPI(coursedir=coursedir, config=config)
+
+
+def validate(api, notebook: Path) -> dict:
+    """What `nbgrader validate notebook` reports, run with `api`'s settings: {}
+    when every check passes, else the cells that failed or changed."""
+    from nbgrader.validator import Validator
+
+    return Validator(parent=api).validate(str(notebook))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "nbgrader")
     args = parser.parse_args(argv)
-    for assignment in write_course(args.out):
-        done = nbgrader(args.out, "generate_assignment", assignment, "--force")
-        if done.returncode != 0:
-            print(done.stdout + done.stderr, file=sys.stderr)
+    found = write_course(args.out)
+    api = grader(args.out)
+    for assignment in found:
+        done = api.generate_assignment(assignment, force=True)
+        if not done["success"]:
+            print(done.get("log", "") + done.get("error", ""), file=sys.stderr)
             return 1
     print(f"wrote the nbgrader course to {args.out}: source/ and release/")
     return 0
