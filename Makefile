@@ -92,7 +92,7 @@ nbgrader-check: $(GRADING)
 	LABKIT_NBGRADER=1 $(BIN)/python -m pytest tests/test_nbgrader.py
 
 ## The same round trip on every assignment, a mistake in each lesson (about half
-## an hour here).
+## an hour here); CI runs it weekly (.github/workflows/nbgrader.yml).
 .PHONY: nbgrader-check-all
 nbgrader-check-all: $(GRADING)
 	LABKIT_NBGRADER=all $(BIN)/python -m pytest tests/test_nbgrader.py

@@ -7,12 +7,13 @@ nbgrader validates the Japanese reference answers, autogrades each assignment's
 reference answers to full marks and a submission with one typical mistake, which
 loses exactly that exercise's points and gets the check's hint in its feedback.
 make nbgrader-check (LABKIT_NBGRADER=1) does it for a sample of two assignments
-(SAMPLE); make nbgrader-check-all (LABKIT_NBGRADER=all) for every one, about half an
-hour here.
+(SAMPLE); make nbgrader-check-all (LABKIT_NBGRADER=all, weekly in CI:
+.github/workflows/nbgrader.yml) for every one, about half an hour here.
 """
 
 import html
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+import labkit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -274,3 +277,29 @@ def test_the_makefile_target_writes_the_release():
                          capture_output=True, text=True)
     assert dry.returncode == 0 and "nbgrader_course.py" in dry.stdout
 
+
+def test_the_weekly_workflow_runs_the_whole_round_trip():
+    yaml = pytest.importorskip("yaml")
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "nbgrader.yml")
+                              .read_text())
+    on = workflow.get("on", workflow.get(True))  # YAML 1.1 reads the key on as true
+    assert on["schedule"][0]["cron"] and "workflow_dispatch" in on
+    paths = on["push"]["paths"]
+    assert {"labkit/exercises/**", "tools/nbgrader_course.py"} <= set(paths)
+    assert all(list(ROOT.glob(path)) for path in paths), paths
+    (job,) = workflow["jobs"].values()
+    assert job["runs-on"].startswith("ubuntu-")
+    setup = next(s for s in job["steps"]
+                 if s.get("uses", "").startswith("actions/setup-python@"))
+    assert setup["with"]["python-version"] == "3.11"
+    (command,) = [s["run"] for s in job["steps"] if "run" in s]
+    make, target, torch = shlex.split(command)
+    assert (make, target) == ("make", "nbgrader-check-all")
+    # the CPU build of the checked torch, as on the course's reference machine
+    assert torch == (f"TORCH=torch=={labkit.CHECKED_TORCH} "
+                     "--index-url https://download.pytorch.org/whl/cpu")
+    dry = subprocess.run(["make", "-n", "-C", str(ROOT), target],
+                         capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    assert "LABKIT_NBGRADER=all" in dry.stdout
+    assert "tests/test_nbgrader.py" in dry.stdout
