@@ -32,7 +32,8 @@ LABKIT = ROOT / "labkit"
 NODES = ("127.0.0.1", "127.0.0.2")  # two loopback addresses: two "nodes" here
 
 # The launchers, faked: run the command after the options once per node, in
-# parallel, and fail if any node fails. What they were asked is logged.
+# parallel, and fail if any node fails. What they were asked is logged; with
+# FAKE_DRY set, also how many nodes, from which folder, and nothing is run.
 FAKE_LAUNCHER = textwrap.dedent("""\
     #!/bin/bash
     # fake {name}: {count_from}
@@ -47,6 +48,10 @@ FAKE_LAUNCHER = textwrap.dedent("""\
         esac
     done
     {count_line}
+    if [ -n "${{FAKE_DRY:-}}" ]; then
+        printf '%s\\n' "nodes $count" "cwd $PWD" "$@" > "$FAKE_DRY"
+        exit 0
+    fi
     pids=()
     for node in $(seq 1 "$count"); do "$@" & pids+=($!); done
     status=0
@@ -129,12 +134,8 @@ SCRIPTS = {scheduler: path.name for scheduler, path in torchrun.JOB_SCRIPTS.item
 LAUNCHER = {"slurm": "srun", "pbs": "mpirun", "pjm": "mpiexec"}
 
 
-@pytest.mark.parametrize("scheduler", SCRIPTS)
-def test_the_job_script_runs_two_nodes_under_its_faked_scheduler(tmp_path, scheduler):
-    if not (ROOT / ".venv" / "bin" / "python").exists():
-        pytest.skip("the job scripts run the course's .venv (make lab creates it)")
-    job = _job_folder(tmp_path)
-    env = {
+def _job_env(tmp_path, job, scheduler):
+    return {
         "PATH": f"{_fake_bin(tmp_path)}:/usr/local/bin:/usr/bin:/bin",
         "HOME": os.environ.get("HOME", str(tmp_path)),
         "FAKE_LOG": str(tmp_path / "launcher.log"),
@@ -146,18 +147,51 @@ def test_the_job_script_runs_two_nodes_under_its_faked_scheduler(tmp_path, sched
         "OMP_NUM_THREADS": "1",
         **_scheduler_env(scheduler, job, tmp_path),
     }
-    before = {p.pid for p in child_processes()}
-    returncode, output = _run_job(["bash", str(LABKIT / SCRIPTS[scheduler])], job, env)
-    assert returncode == 0, output[-6000:]
-    assert leftovers(before) == set()
+
+
+def _launched(tmp_path, scheduler, env):
+    """What the script asked its launcher for, checked against the scheduler's."""
     launched = (tmp_path / "launcher.log").read_text().splitlines()
     assert len(launched) == 1 and launched[0].startswith(LAUNCHER[scheduler])
     # the launcher was asked for one process per node, with the scheduler's node list
     assert f"torchrun_node.sh 2 {NODES[0]}:{env['RDZV_PORT']} 4242.{scheduler} 1 gloo" \
         in launched[0]
-    result = json.loads((job / f"nosync-4242.{scheduler}.json").read_text())
+
+
+def test_the_slurm_job_script_runs_two_nodes_under_its_faked_scheduler(tmp_path):
+    """Run to the end: both nodes' torchrun agents meet and the ranks train."""
+    if not (ROOT / ".venv" / "bin" / "python").exists():
+        pytest.skip("the job scripts run the course's .venv (make lab creates it)")
+    job = _job_folder(tmp_path)
+    env = _job_env(tmp_path, job, "slurm")
+    before = {p.pid for p in child_processes()}
+    returncode, output = _run_job(["bash", str(LABKIT / SCRIPTS["slurm"])], job, env)
+    assert returncode == 0, output[-6000:]
+    assert leftovers(before) == set()
+    _launched(tmp_path, "slurm", env)
+    result = json.loads((job / "nosync-4242.slurm.json").read_text())
     assert result["world_size"] == 2
     assert result["grad_max_abs_diff"] <= 1e-6
+
+
+@pytest.mark.parametrize("scheduler", SCRIPTS)
+def test_the_job_script_asks_its_launcher_for_the_node_script_on_each_node(
+        tmp_path, scheduler):
+    """Every scheduler's script ends in the same command, torchrun_node.sh on
+    each node, which the slurm test above runs to the end (once for all three:
+    the pbs and pjm runs were the same run). Here each script is checked to ask
+    its launcher for it, on both nodes, from the job's folder, with every
+    argument; nothing is run."""
+    job = _job_folder(tmp_path)
+    env = _job_env(tmp_path, job, scheduler)
+    env["FAKE_DRY"] = str(tmp_path / "asked")
+    returncode, output = _run_job(["bash", str(LABKIT / SCRIPTS[scheduler])], job, env)
+    assert returncode == 0, output[-6000:]
+    _launched(tmp_path, scheduler, env)
+    asked = (tmp_path / "asked").read_text().splitlines()
+    assert asked == ["nodes 2", f"cwd {job}", f"{job}/labkit/torchrun_node.sh", "2",
+                     f"{NODES[0]}:{env['RDZV_PORT']}", f"4242.{scheduler}", "1",
+                     "gloo", "127.0.0.1"]
 
 
 def test_the_node_script_says_how_to_call_it():
