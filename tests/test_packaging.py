@@ -78,6 +78,13 @@ def test_an_installed_wheel_imports_every_module_and_runs_doctor(wheel, tmp_path
         "for script in [*torchrun.JOB_SCRIPTS.values(), torchrun.NODE_SCRIPT]:\n"
         "    assert script.is_file(), script\n"
         "print(*names)\n"
+        # then `python -m labkit doctor`, in the same process: runpy is what -m runs
+        "import runpy, sys\n"
+        "sys.argv = ['labkit', 'doctor']\n"
+        "try:\n"
+        "    runpy.run_module('labkit', run_name='__main__', alter_sys=True)\n"
+        "except SystemExit as exit_:\n"
+        "    assert not exit_.code, exit_.code\n"
     )
     # From a folder outside the repository, and without this run's PYTHONPATH,
     # so that no other labkit can be imported.
@@ -87,8 +94,6 @@ def test_an_installed_wheel_imports_every_module_and_runs_doctor(wheel, tmp_path
     assert run.returncode == 0, run.stderr
     expected = {p.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
                 for p in _source_files() if p.endswith(".py")} - {"labkit"}
-    assert set(run.stdout.split()) == expected
-    doctor = subprocess.run([str(python), "-m", "labkit", "doctor"], cwd=tmp_path,
-                            env=env, capture_output=True, text=True)
-    assert doctor.returncode == 0, doctor.stderr
-    assert "torch" in doctor.stdout
+    names, _, doctor = run.stdout.partition("\n")
+    assert set(names.split()) == expected
+    assert "torch" in doctor
