@@ -17,7 +17,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.labkit-installed
 GRADING := $(VENV)/.labkit-grading
 
-.PHONY: setup lab course test lint unit notebooks check-notebooks nbval student site site-check nbgrader nbgrader-check clean-venv
+.PHONY: setup lab course test check lint unit notebooks check-notebooks nbval executed student site site-check nbgrader nbgrader-check clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -56,19 +56,28 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests
 
+## Every lesson of both languages run by nbval, once: a cell that raises fails, and
+## so does a cell tagged raises-exception that no longer raises, or a process left
+## after a lesson. Each lesson as it ran is kept in build/executed/ (the site shows
+## those runs); the end of the output lists the kernels started per notebook.
 nbval: $(STAMP)
-	$(BIN)/python -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=300 notebooks/ja notebooks/en
+	PYTHONPATH=tools $(BIN)/python -m pytest -p nbval_record --nbval-lax --nbval-current-env --nbval-cell-timeout=300 notebooks/ja notebooks/en
+
+## Run (with nbval, as above) only the lessons whose copy in build/executed/ is
+## missing, failed, or stale: their notebook, labkit, the packages or Python changed.
+executed: $(STAMP)
+	$(BIN)/python tools/executed.py
 
 ## Student copies of every lesson, without solution cells: dist/student/ja and en.
 student: $(STAMP)
 	$(BIN)/python tools/student_copies.py
 
 ## The course as a website in build/site (open build/site/index.html): both
-## languages, every lesson executed (an unchanged lesson is taken from the cache in
-## build/site-cache), the labkit reference; any Sphinx warning fails the build.
-## Each language builds in build/sphinx/<lang> (myst-nb keeps the executed lessons
-## beside its html/), then both are put together in build/site.
-site: $(STAMP) student
+## languages, each lesson as nbval last ran it (build/executed; make executed first
+## runs the lessons whose run is missing or stale), the labkit reference; any Sphinx
+## warning fails the build. Each language builds in build/sphinx/<lang>, then both
+## are put together in build/site.
+site: $(STAMP) student executed
 	for lang in ja en; do \
 	    $(BIN)/sphinx-build -W --keep-going -q -b html -d build/sphinx/$$lang/doctrees website/$$lang build/sphinx/$$lang/html \
 	    && rm -rf build/site/$$lang && mkdir -p build/site \
@@ -97,8 +106,26 @@ nbgrader-check: $(GRADING)
 nbgrader-check-all: $(GRADING)
 	LABKIT_NBGRADER=all $(BIN)/python -m pytest tests/test_nbgrader.py
 
-## Everything CI checks.
-test: lint unit check-notebooks nbval site-check nbgrader-check
+## Everything CI checks, step by step; each step's time is printed as it ends,
+## and all of them at the end (also in build/test-times.txt).
+TEST_STEPS := lint check-notebooks unit nbval site-check nbgrader-check
+test: $(STAMP)
+	@mkdir -p build && : > build/test-times.txt; \
+	for step in $(TEST_STEPS); do \
+	    start=$$(date +%s); \
+	    $(MAKE) --no-print-directory $$step; status=$$?; \
+	    took="make test: $$step $$( [ $$status = 0 ] || echo FAILED ) in $$(( $$(date +%s) - start )) s"; \
+	    echo "$$took" >> build/test-times.txt; echo "$$took"; \
+	    [ $$status = 0 ] || { cat build/test-times.txt; exit $$status; }; \
+	done; \
+	echo "make test: every step passed"; cat build/test-times.txt
+
+## The quick check for contributors (about two minutes): lint, the notebooks in
+## sync with course/, and the unit tests that start no process.
+check: $(STAMP)
+	$(BIN)/ruff check labkit tests tools bench course website
+	$(BIN)/python tools/build_notebooks.py --check
+	$(BIN)/python -m pytest -q -m "not procs" tests
 
 clean-venv:
 	rm -rf $(VENV)

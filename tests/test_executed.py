@@ -68,8 +68,7 @@ def test_a_copy_is_reused_until_something_changes_then_the_lesson_runs_again(
 
     assert executed.refresh([nb], folder) == ([], 0)  # nothing changed: reused
     monkeypatch.setattr(executed, "installed_packages", lambda: "torch==9.9")
-    assert executed.stale([nb], folder) == {
-        nb: "the notebook, labkit, the packages or Python changed since it ran"}
+    assert executed.stale([nb], folder) == {nb: "changed since it ran: packages"}
     ran, status = executed.refresh([nb], folder)
     assert (ran, status) == ([nb], 0)  # run again
     again = executed.facts(executed.copy_of(nb, folder))

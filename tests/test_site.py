@@ -21,12 +21,14 @@ if not os.environ.get("LABKIT_SITE"):
     pytest.skip("the built site is checked by make site-check, after make site",
                 allow_module_level=True)
 SITE = Path(os.environ["LABKIT_SITE"]).resolve()
-EXECUTED = SITE.parent / "sphinx"  # where make site builds each language
+# the lessons as nbval ran them (tools/executed.py)
+EXECUTED = ROOT / "build" / "executed"
 ARTIFACTS = ROOT / "build" / "e2e"
 LANGS = ("ja", "en")
 sys.path.insert(0, str(ROOT / "website"))
 
 import check_site  # noqa: E402
+import executed  # noqa: E402
 import labkit_site  # noqa: E402
 
 
@@ -40,6 +42,24 @@ def test_the_site_has_every_lesson_in_both_languages_and_no_broken_link():
                  for lang in LANGS}
     assert _lessons("ja") == _lessons("en") == notebooks["ja"] == notebooks["en"]
     assert check_site.problems(SITE, EXECUTED) == []
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_each_lesson_page_shows_the_run_that_was_tested_and_says_which(lang):
+    """A lesson page says the commit and the time of the run it shows, which is
+    fresh and passed (check_site counts that run's figures on the page)."""
+    import html
+
+    for notebook in (ROOT / "notebooks" / lang).glob("*.ipynb"):
+        copy = executed.copy_of(notebook)
+        ran = executed.facts(copy)
+        assert ran and ran["passed"] and executed.why_stale(notebook) is None, notebook
+        assert ran["kernels_started"] == 1, notebook
+        page = (SITE / lang / "lessons" / notebook.with_suffix(".html").name
+                ).read_text(encoding="utf-8")
+        said = labkit_site.TEXT[lang]["ran"].format(
+            commit=ran["commit"], when=ran["executed_at"], seconds=ran["seconds"])
+        assert said in html.unescape(page), notebook
 
 
 def test_pages_load_nothing_from_the_network():
@@ -177,8 +197,8 @@ def test_search_finds_lessons_by_a_word(served, page, lang, word):
 
 def test_the_site_builds_without_a_network(tmp_path):
     """Sphinx, the theme and the extensions fetch nothing: the English site built
-    again in a network namespace that has only loopback (the lessons come from
-    make site's cache; their ranks use only 127.0.0.1 anyway)."""
+    again in a network namespace that has only loopback (the lessons come
+    executed, from build/executed: the site runs none)."""
     import shutil
     import subprocess
 

@@ -29,7 +29,7 @@ def _site(tmp_path, ja_body="", en_body="", lessons=("01_a",)) -> Path:
     """A built site in miniature (in site/): index pages and lesson pages in both
     languages, each lesson with the one figure its run (in ran/) made."""
     for lang, body in (("ja", ja_body), ("en", en_body)):
-        ran = tmp_path / "ran" / lang / "jupyter_execute" / "lessons"
+        ran = tmp_path / "ran" / lang
         ran.mkdir(parents=True)
         for name in lessons:
             (ran / f"{name}.ipynb").write_text(json.dumps({"cells": [
@@ -73,7 +73,7 @@ def test_a_page_without_its_twin_and_a_lesson_without_its_figures_are_found(tmp_
     (site / "en" / "lessons" / "01_a.html").write_text(
         '<a href="../../ja/lessons/01_a.html">twin, unmarked</a>')
     (site / "en" / "extra.html").write_text("only in English")
-    ran = site.parent / "ran" / "ja" / "jupyter_execute" / "lessons"
+    ran = site.parent / "ran" / "ja"
     two = {"cells": [{"cell_type": "code", "outputs": [FIGURE, FIGURE]}]}
     (ran / "01_a.ipynb").write_text(json.dumps(two))
     assert _problems(site) == [
@@ -83,6 +83,33 @@ def test_a_page_without_its_twin_and_a_lesson_without_its_figures_are_found(tmp_
         "en/lessons/01_a.html: no link to its ja twin",
         "en/lessons/01_a.html: 0 of its lesson's 1 figures",
     ]
+
+
+ERROR = {"output_type": "error", "ename": "ValueError", "evalue": "", "traceback": []}
+
+
+@pytest.mark.parametrize(("cells", "metadata", "problem"), [
+    ([{"cell_type": "code", "outputs": [FIGURE, ERROR]}], {},
+     "code cell 0 raised, untagged"),
+    ([{"cell_type": "code", "outputs": [FIGURE],
+       "metadata": {"tags": ["raises-exception"]}}], {},
+     "code cell 0 is tagged raises-exception and raised nothing"),
+    ([{"cell_type": "code", "outputs": [FIGURE]}],
+     {"labkit_run": {"passed": False}}, "its run failed"),
+])
+def test_a_page_showing_a_run_that_went_wrong_is_found(tmp_path, cells, metadata,
+                                                       problem):
+    """The site shows make test's run: a cell that raised where the lesson does not
+    mean it, a failure meant but gone, or a failed run, is a problem of the page."""
+    site = _site(tmp_path)
+    ran = site.parent / "ran" / "en" / "01_a.ipynb"
+    ran.write_text(json.dumps({"cells": cells, "metadata": metadata}))
+    assert _problems(site) == [f"en/lessons/01_a.html: {problem}"]
+    tagged = {"cell_type": "code", "outputs": [FIGURE, ERROR],
+              "metadata": {"tags": ["raises-exception"]}}
+    ran.write_text(json.dumps({"cells": [tagged],
+                               "metadata": {"labkit_run": {"passed": True}}}))
+    assert _problems(site) == []  # a failure meant, and shown: no problem
 
 
 def test_cell_links_become_links_to_targets_the_site_has():

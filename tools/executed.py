@@ -96,7 +96,8 @@ def commit() -> str:
 def run_facts(notebook: Path, *, seconds: float, kernels: int, passed: bool,
               started: datetime.datetime) -> dict:
     """The `labkit_run` metadata of an executed copy."""
-    return {"key": key(notebook), "commit": commit(),
+    return {"key": key(notebook), "ingredients": ingredients(notebook),
+            "commit": commit(),
             "executed_at": started.astimezone(datetime.timezone.utc)
             .strftime("%Y-%m-%d %H:%M UTC"),
             "seconds": round(seconds, 1), "kernels_started": kernels,
@@ -118,7 +119,9 @@ def why_stale(notebook: Path, folder: Path = FOLDER) -> str | None:
     if not found.get("passed"):
         return "its last run failed"
     if found.get("key") != key(notebook):
-        return "the notebook, labkit, the packages or Python changed since it ran"
+        now, then = ingredients(notebook), found.get("ingredients", {})
+        changed = [name for name in now if now[name] != then.get(name)]
+        return f"changed since it ran: {', '.join(changed) or 'its key'}"
     return None
 
 

@@ -1,11 +1,13 @@
 """Checks of the built site that Sphinx does not make: every internal link lands on a
 page that exists and on an anchor that page has, every lesson page shows as many
-figures as its lesson made when it ran and links its twin, and both languages have
-the same pages.
+figures as its lesson made when it ran and links its twin, both languages have the
+same pages, and the run each page shows passed: errors only in the cells tagged
+`raises-exception`, and in each of those.
 
-    python website/check_site.py build/site build/sphinx   # each problem; exit 1 if any
+    python website/check_site.py build/site build/executed  # each problem; exit 1 if so
 
-build/sphinx/<lang>/jupyter_execute holds the lessons as the site's build ran them.
+build/executed/<lang> holds the lessons as make test's nbval run executed them
+(tools/executed.py), the copies the site renders.
 """
 
 from __future__ import annotations
@@ -67,9 +69,27 @@ def figures(notebook: Path) -> int:
                for cell in cells for output in cell.get("outputs", []))
 
 
+def run_problems(notebook: Path) -> list[str]:
+    """What is wrong with an executed notebook's run: a cell that raised without
+    the `raises-exception` tag, a tagged one that raised nothing, a failed run."""
+    nb = json.loads(notebook.read_text(encoding="utf-8"))
+    found = []
+    if not nb.get("metadata", {}).get("labkit_run", {}).get("passed", True):
+        found.append("its run failed")
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    for n, cell in enumerate(code):
+        raised = any(o.get("output_type") == "error" for o in cell.get("outputs", []))
+        meant = "raises-exception" in cell.get("metadata", {}).get("tags", [])
+        if raised and not meant:
+            found.append(f"code cell {n} raised, untagged")
+        elif meant and not raised:
+            found.append(f"code cell {n} is tagged raises-exception and raised nothing")
+    return found
+
+
 def problems(site: Path, executed: Path) -> list[str]:
     """Everything wrong with the site built in `site` (its ja/ and en/ folders), its
-    lessons as they ran in `executed`/<lang>/jupyter_execute/lessons."""
+    lessons as they ran in `executed`/<lang>/<name>.ipynb."""
     site = site.resolve()
     pages = _pages(site)
     found: list[str] = []
@@ -109,10 +129,11 @@ def problems(site: Path, executed: Path) -> list[str]:
             found.append(f"{lang}: no lesson pages")
         for name in lessons:
             page = pages[site / lang / name]
-            ran = executed / lang / "jupyter_execute" / name.with_suffix(".ipynb")
+            ran = executed / lang / name.with_suffix(".ipynb").name
             if not ran.exists():
                 found.append(f"{lang}/{name}: its lesson did not run ({ran})")
                 continue
+            found += [f"{lang}/{name}: {problem}" for problem in run_problems(ran)]
             shown = sum(Path(urlsplit(src).path).suffix in (".png", ".svg")
                         for src in page.images)
             if shown < figures(ran):

@@ -2,9 +2,9 @@
 
 Each language is its own Sphinx project (website/ja, website/en), so that each
 gets its own search index in its own language: Sphinx splits Japanese words for
-search only in a project whose `language` is "ja". Both read the lessons from
-notebooks/<lang> through the `lessons` link in their folder, and run them with
-myst-nb's cache: a lesson whose cells did not change is not run again.
+search only in a project whose `language` is "ja". Both render the lessons as nbval
+executed them (build/executed/<lang>, copied into their lessons/ folder by
+labkit_site): the site shows the run that was tested, and runs nothing itself.
 """
 
 from pathlib import Path
@@ -44,14 +44,8 @@ def settings(lang: str) -> dict:
         "exclude_patterns": ["lessons/.ipynb_checkpoints"],
         "myst_enable_extensions": ["colon_fence"],
         "myst_heading_anchors": 3,
-        # Run every lesson, once; the cache keeps its outputs until a cell changes.
-        "nb_execution_mode": "cache",
-        "nb_execution_cache_path": str(ROOT / "build" / "site-cache" / lang),
-        # Lessons run where JupyterLab and nbval run them: in their own folder.
-        "nb_execution_in_temp": False,
-        "nb_execution_timeout": 600,
-        "nb_execution_raise_on_error": True,
-        "nb_execution_show_tb": True,
+        # The lessons come executed (tools/executed.py): never run them here.
+        "nb_execution_mode": "off",
         "nb_merge_streams": True,
         # no widget library from a CDN: a widget's place holds a note instead
         # (labkit_site.widgets_as_notes)

@@ -1,40 +1,46 @@
 """What the course's web pages add to the lessons, as a Sphinx extension.
 
-The lessons are the notebooks in notebooks/<lang>, unchanged: each build copies
-them into website/<lang>/lessons/ (not committed), so that Sphinx finds them beside
-the home page, with the same names and the same links between them. On the site:
+The lessons are the notebooks as `make test`'s nbval run executed them, kept in
+build/executed/<lang> (tools/executed.py): each build copies them into
+website/<lang>/lessons/ (not committed), so that Sphinx finds them beside the home
+page, with the same names and the same links between them. The site executes
+nothing: a lesson whose executed copy is missing, failed, or stale (its notebook,
+labkit, the packages or Python changed since it ran) stops the build, and
+`make site` runs such lessons first. On the site:
 
 - links between lessons keep working: JupyterLab's form, `NN_topic.ipynb#cell-id=ID`,
   lands on the heading of cell ID (each heading cell becomes a target named by its id);
 - every page links to its twin in the other language (the header's button,
   website/_templates/labkit-twin.html);
-- every lesson page says how to run it and links its student copy (dist/student,
-  written by `make student`);
+- every lesson page says how to run it, links its student copy (dist/student,
+  written by `make student`), and says which run its outputs come from (the
+  commit and the time);
 - Japanese sentences lose the line breaks of their source, which a browser would
   show as spaces;
 - sliders, which need a running kernel, are replaced by a note saying so, and
   progress bars, which tell nothing after their cell ran, are left out.
-
-myst-nb's cache runs a lesson again when its code cells change; a lesson's outputs
-also change with labkit, so a change to labkit's source empties the cache and has
-Sphinx read every lesson again.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 from docutils import nodes
 from myst_nb.sphinx_ import NbMetadataCollector
 from sphinx import addnodes
 from sphinx.application import Sphinx
+from sphinx.errors import ExtensionError
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import executed  # noqa: E402
+
 LESSONS = "lessons/"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
@@ -44,6 +50,8 @@ TEXT = {
         "run_how": " で JupyterLab を開き、",
         "run_open": " を開きます。",
         "student": "演習の解答を除いた受講者用のコピー: ",
+        "ran": "このページの出力は、コミット {commit} のレッスンを {when} に"
+               "実行した結果です (make test の nbval による実行、{seconds:g} 秒)。",
         "widget": "ここにはスライダー (ipywidgets) があります。カーネルを動かすと"
                   "使えます: make lab で開いたレッスンで、このセルを実行してください。",
     },
@@ -52,6 +60,8 @@ TEXT = {
         "run_how": " opens JupyterLab; open ",
         "run_open": ".",
         "student": "The student copy, without the exercises' solutions: ",
+        "ran": "The outputs on this page come from running this lesson at commit "
+               "{commit} on {when} (make test's nbval run, {seconds:g} s).",
         "widget": "Here the lesson has sliders (ipywidgets), which need a running "
                   "kernel: run this cell in the lesson opened by make lab.",
     },
@@ -62,52 +72,28 @@ _CELL_LINK = re.compile(r"\]\((\d\d_[A-Za-z0-9_]+)\.ipynb#cell-id=([A-Za-z0-9_-]
 
 
 def copy_lessons(app: Sphinx, config) -> None:
-    """Copy notebooks/<lang> into the site's lessons/ folder (`config-inited`: before
-    Sphinx looks for pages). A copy keeps its notebook's time, so an unchanged lesson
-    is not read again; a lesson no longer in notebooks/ leaves the site."""
-    source = ROOT / "notebooks" / config.language
+    """Copy the executed lessons (build/executed/<lang>) into the site's lessons/
+    folder (`config-inited`: before Sphinx looks for pages). A copy keeps its
+    notebook's time, so a lesson not run again is not read again; a lesson no
+    longer in notebooks/ leaves the site. Stops at a lesson without a fresh run."""
+    lessons = executed.notebooks()
+    lessons = [p for p in lessons if p.parent.name == config.language]
+    stale = executed.stale(lessons)
+    if stale:
+        raise ExtensionError(
+            "lessons without a fresh run (make site runs them first: python "
+            "tools/executed.py):\n" + "\n".join(
+                f"  {p.relative_to(ROOT)}: {why}" for p, why in stale.items()))
     target = Path(app.srcdir) / LESSONS
     target.mkdir(exist_ok=True)
-    lessons = {path.name for path in source.glob("*.ipynb")}
-    for stale in target.glob("*.ipynb"):
-        if stale.name not in lessons:
-            stale.unlink()
-    for name in lessons:
-        copy = target / name
-        if not copy.exists() or copy.stat().st_mtime != (source / name).stat().st_mtime:
-            shutil.copy2(source / name, copy)
-
-
-def labkit_fingerprint() -> str:
-    """A hash of labkit's source: what the lessons run besides their own cells."""
-    digest = hashlib.sha256()
-    for path in sorted((ROOT / "labkit").rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            digest.update(str(path.relative_to(ROOT)).encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def cache_follows_labkit(app: Sphinx, config) -> None:
-    """Empty the execution cache when labkit changed since it was filled
-    (`config-inited`: before myst-nb opens the cache)."""
-    cache = Path(config.nb_execution_cache_path)
-    stamp = cache / "labkit.sha256"
-    fingerprint = labkit_fingerprint()
-    if cache.exists() and (not stamp.exists() or stamp.read_text() != fingerprint):
-        shutil.rmtree(cache)
-    cache.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(fingerprint)
-
-
-def lessons_follow_labkit(app: Sphinx, env, added, changed, removed) -> list[str]:
-    """Every lesson, when labkit changed since Sphinx last read them
-    (`env-get-outdated`: Sphinx itself sees only the notebooks' times)."""
-    fingerprint = labkit_fingerprint()
-    if getattr(env, "labkit_fingerprint", None) == fingerprint:
-        return []
-    env.labkit_fingerprint = fingerprint
-    return [doc for doc in env.found_docs if doc.startswith(LESSONS)]
+    names = {path.name for path in lessons}
+    for old in target.glob("*.ipynb"):
+        if old.name not in names:
+            old.unlink()
+    for path in lessons:
+        source, copy = executed.copy_of(path), target / path.name
+        if not copy.exists() or copy.stat().st_mtime != source.stat().st_mtime:
+            shutil.copy2(source, copy)
 
 
 def cell_targets(app: Sphinx, docname: str, source: list[str]) -> None:
@@ -147,6 +133,11 @@ def _run_note(app: Sphinx, lang: str, docname: str) -> nodes.Node:
             reftarget="/" + os.path.relpath(student, app.srcdir),
             refdoc=docname, refexplicit=True, classes=["labkit-student"])
         box += copy
+    ran = executed.facts(Path(app.srcdir) / f"{docname}.ipynb")
+    if ran:
+        box += nodes.paragraph(text=text["ran"].format(
+            commit=ran["commit"], when=ran["executed_at"], seconds=ran["seconds"]),
+            classes=["labkit-ran"])
     return box
 
 
@@ -213,8 +204,6 @@ def widgets_as_notes(app: Sphinx, doctree: nodes.document) -> None:
 
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", copy_lessons)
-    app.connect("config-inited", cache_follows_labkit)
-    app.connect("env-get-outdated", lessons_follow_labkit)
     app.connect("source-read", cell_targets)
     # before Sphinx's collectors (priority 500), so that the student copy's
     # download link is collected and copied with the page
