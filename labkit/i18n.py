@@ -7,6 +7,8 @@ matplotlib draw Japanese.
 
 from __future__ import annotations
 
+import sys
+
 __all__ = ["LANGS", "get_lang", "import_all", "register", "set_lang", "t"]
 
 LANGS = ("ja", "en")
@@ -25,16 +27,22 @@ def get_lang() -> str:
 def set_lang(lang: str) -> str:
     """Set the language of plots and messages ("ja" or "en"); returns it.
 
-    Also makes matplotlib draw Japanese, so that either language renders.
+    matplotlib draws Japanese from the first labkit figure on (plots sets the
+    font up), or from now on if matplotlib is already imported.
     """
     if lang not in LANGS:
         raise ValueError(
             f"unknown language {lang!r}: choose one of {', '.join(LANGS)}"
         )
     _state["lang"] = lang
-    from .fonts import setup_japanese_font  # fonts imports this module
+    # Importing matplotlib costs about 0.2 s of CPU, and most processes that set
+    # a language draw nothing (every rank torchrun starts runs `python -m labkit`).
+    # Where matplotlib is already in use, a figure drawn with it directly or an
+    # rc_context entered next must see the font now, as before.
+    if "matplotlib" in sys.modules:
+        from .fonts import setup_japanese_font  # fonts imports this module
 
-    setup_japanese_font()
+        setup_japanese_font()
     return lang
 
 
