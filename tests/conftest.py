@@ -72,9 +72,7 @@ def pytest_timeout_cancel_timer(item):
 PROCS_TESTS = {
     "test_browser": None, "test_site": None, "test_nbgrader": None,
     "test_build_notebooks": {"test_committed_notebooks_are_in_sync"},
-    # lesson 10's whole-lesson test, and what replaces it
     "test_troubleshooting": {
-        "test_the_lesson_fails_only_where_it_means_to_and_leaves_no_process",
         "test_the_stack_cell_shows_labkit_s_dump_where_py_spy_is_refused"},
     "test_environments": {"test_the_dev_container_sets_up_with_the_readme_s_command",
                           "test_the_binder_build_installs_the_course_with_the_cpu_torch"},
