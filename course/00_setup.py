@@ -112,7 +112,8 @@ assert "torchrun" in str(refused.exception) and cluster.current() is None
 # ## 日本語フォント
 #
 # matplotlib の既定フォントには日本語の字形がなく、日本語のラベルは「□」(豆腐) になります。
-# `labkit.set_lang` は `matplotlib-fontja` の IPAexGothic を既定フォントにします。
+# labkit は `matplotlib-fontja` の IPAexGothic を既定フォントにします (`labkit.plots` を読み込んだとき。
+# matplotlib をすでに使っていれば `labkit.set_lang` のときにも)。
 # 次の図に日本語と英語が両方きちんと描かれていることを確かめてください。
 # `labkit.plots` の図は、描けない文字があるとエラーになります。
 
@@ -120,8 +121,9 @@ assert "torchrun" in str(refused.exception) and cluster.current() is None
 # ## Japanese font
 #
 # matplotlib's default font has no Japanese glyphs, so Japanese labels come out as empty
-# boxes ("tofu"). `labkit.set_lang` makes IPAexGothic, from `matplotlib-fontja`, the
-# default font. Check that the figure below shows both Japanese and English text.
+# boxes ("tofu"). labkit makes IPAexGothic, from `matplotlib-fontja`, the default font
+# (when `labkit.plots` is imported, and at `labkit.set_lang` where matplotlib is already
+# in use). Check that the figure below shows both Japanese and English text.
 # The figures of `labkit.plots` raise an error when a character cannot be drawn.
 
 # %%

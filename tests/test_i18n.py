@@ -93,3 +93,31 @@ def test_a_message_of_a_module_not_imported_yet_is_found():
     assert out.stdout.strip() == "all-reduce 1 回の時間 [ミリ秒]"
     with pytest.raises(KeyError, match="no message 'no_such_label' in any labkit"):
         labkit.t("no_such_label")
+
+
+@pytest.mark.procs
+def test_set_lang_leaves_matplotlib_alone_and_plots_draw_japanese():
+    """A process that only sets a language (every torchrun rank of `python -m
+    labkit`) does not import matplotlib; importing labkit.plots makes the Japanese
+    font the default, also for a figure drawn with plt directly."""
+    import subprocess
+    import sys
+
+    code = ("import sys, warnings, labkit\n"
+            "labkit.set_lang('ja')\n"
+            "print('after set_lang:', 'matplotlib' in sys.modules)\n"
+            "import matplotlib\n"
+            "matplotlib.use('Agg')\n"
+            "from labkit import plots\n"
+            "import matplotlib.pyplot as plt\n"
+            "print('family:', matplotlib.rcParams['font.family'][0])\n"
+            "fig, ax = plt.subplots()\n"
+            "ax.set_title('勾配の同期')\n"
+            "with warnings.catch_warnings():\n"
+            "    warnings.simplefilter('error')\n"
+            "    fig.canvas.draw()  # a missing glyph warns: an error here\n"
+            "print('drawn')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "after set_lang: False" in out.stdout
+    assert "family: IPAexGothic" in out.stdout and "drawn" in out.stdout
