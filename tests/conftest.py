@@ -147,25 +147,25 @@ def _install_guards() -> None:
                 setattr(owner, name, guard)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item):
+def _watched(item):
+    """Wrap a phase of `item`: process starts are checked against its mark."""
     global _running
-    _install_guards()  # again: the fork server's module may be new
     _running = item
     try:
         return (yield)
     finally:
         _running = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    _install_guards()  # again: the fork server's module may be new
+    return (yield from _watched(item))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    global _running
-    _running = item
-    try:
-        return (yield)
-    finally:
-        _running = None
+    return (yield from _watched(item))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -36,24 +36,31 @@ def _nbval(folder: Path, *notebooks: Path, wait_s: float = 15):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_the_key_changes_with_each_thing_a_lesson_s_outputs_depend_on(tmp_path,
-                                                                      monkeypatch):
+def test_each_thing_a_lesson_s_outputs_depend_on_is_an_ingredient(tmp_path,
+                                                                   monkeypatch):
     nb = _notebook(tmp_path / "en" / "x.ipynb", "print(1)")
-    keys = {executed.key(nb)}
-    assert executed.key(nb) in keys  # the same inputs, the same key
+    before = executed.ingredients(nb)
+    assert executed.ingredients(nb) == before  # the same inputs, the same ingredients
     _notebook(nb, "print(2)")
-    keys.add(executed.key(nb))
-    for name in ("labkit_fingerprint", "installed_packages", "python_version"):
-        monkeypatch.setattr(executed, name, lambda *a, name=name: f"another {name}")
-        keys.add(executed.key(nb))
-    assert len(keys) == 5
+    changes = {"notebook": executed.ingredients(nb)}
+    for ingredient, name in (("labkit", "labkit_fingerprint"),
+                             ("packages", "installed_packages"),
+                             ("python", "python_version")):
+        with monkeypatch.context() as patch:
+            patch.setattr(executed, name, lambda *a, name=name: f"another {name}")
+            changes[ingredient] = executed.ingredients(nb)
+    for ingredient, now in changes.items():
+        differ = {k for k in before if before[k] != now[k]}
+        assert differ == ({ingredient} if ingredient == "notebook"
+                          else {"notebook", ingredient}), ingredient
 
 
 @pytest.mark.procs
 def test_a_copy_is_reused_until_something_changes_then_the_lesson_runs_again(
         tmp_path, monkeypatch):
     nb = _notebook(tmp_path / "notebooks" / "en" / "x.ipynb", "print('hello')",
-                   ("raise ValueError('meant')", ["raises-exception"]))
+                   ("raise ValueError('meant')", ["raises-exception"]),
+                   "import uuid; print(uuid.uuid4())")  # differs at each run
     folder = tmp_path / "executed"
     assert executed.stale([nb], folder) == {nb: "never executed"}
 
@@ -62,7 +69,7 @@ def test_a_copy_is_reused_until_something_changes_then_the_lesson_runs_again(
     copy = nbformat.read(executed.copy_of(nb, folder), as_version=4)
     facts = copy.metadata[executed.META]
     assert facts["passed"] and facts["kernels_started"] == 1
-    assert facts["key"] == executed.key(nb)
+    assert facts["ingredients"] == executed.ingredients(nb)
     assert copy.cells[0].outputs[0].text == "hello\n"  # the run's outputs, kept
     assert copy.cells[1].outputs[0].ename == "ValueError"
 
@@ -71,8 +78,8 @@ def test_a_copy_is_reused_until_something_changes_then_the_lesson_runs_again(
     assert executed.stale([nb], folder) == {nb: "changed since it ran: packages"}
     ran, status = executed.refresh([nb], folder)
     assert (ran, status) == ([nb], 0)  # run again
-    again = executed.facts(executed.copy_of(nb, folder))
-    assert again["key"] != facts["key"] or again["executed_at"] >= facts["executed_at"]
+    rerun = nbformat.read(executed.copy_of(nb, folder), as_version=4)
+    assert rerun.cells[2].outputs[0].text != copy.cells[2].outputs[0].text
 
 
 @pytest.mark.procs

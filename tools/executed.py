@@ -4,14 +4,16 @@ nbval, `make test`'s notebook test, executes every lesson; its plugin
 (tools/nbval_record.py) keeps what it ran in build/executed/<lang>/<name>.ipynb,
 with the run's facts in the notebook's metadata (`labkit_run`): when it ran, at
 which commit, in how many seconds, in how many kernels, whether every cell passed,
-and a key. The site renders those copies and the output checks read them, so a lesson
-runs once per `make test` and the site shows the very run that was checked.
+and what it depended on. The site renders those copies and the output checks read
+them, so a lesson runs once per `make test` and the site shows the very run that
+was checked.
 
-The key is a hash of everything that changes what a lesson outputs: the notebook
-itself, labkit's source, the installed packages and their versions, and Python. A
-copy whose key differs from the key of today's notebook and environment is stale,
-as is one from a run that failed; `refresh` runs the stale ones again (nbval, with
-the same plugin), so a kept copy never shows an old run.
+What it depended on is everything that changes what a lesson outputs (its
+`ingredients`): the notebook itself, labkit's source, the installed packages and
+their versions, and Python, each as a hash or a text. A copy whose ingredients differ
+from today's notebook and environment is stale, as is one from a run that failed;
+`refresh` runs the stale ones again (nbval, with the same plugin), so a kept copy
+never shows an old run.
 
     python tools/executed.py              # run what is stale; list what was run
     python tools/executed.py --list       # only say what is stale, and why
@@ -70,12 +72,6 @@ def ingredients(notebook: Path) -> dict[str, str]:
             "python": python_version()}
 
 
-def key(notebook: Path) -> str:
-    """The key of `notebook`'s run today: equal keys, equal inputs."""
-    return hashlib.sha256(json.dumps(ingredients(notebook), sort_keys=True)
-                          .encode()).hexdigest()
-
-
 def copy_of(notebook: Path, folder: Path = FOLDER) -> Path:
     """Where the executed copy of notebooks/<lang>/<name>.ipynb is kept."""
     return folder / notebook.parent.name / notebook.name
@@ -96,8 +92,7 @@ def commit() -> str:
 def run_facts(notebook: Path, *, seconds: float, kernels: int, passed: bool,
               started: datetime.datetime) -> dict:
     """The `labkit_run` metadata of an executed copy."""
-    return {"key": key(notebook), "ingredients": ingredients(notebook),
-            "commit": commit(),
+    return {"ingredients": ingredients(notebook), "commit": commit(),
             "executed_at": started.astimezone(datetime.timezone.utc)
             .strftime("%Y-%m-%d %H:%M UTC"),
             "seconds": round(seconds, 1), "kernels_started": kernels,
@@ -118,11 +113,9 @@ def why_stale(notebook: Path, folder: Path = FOLDER) -> str | None:
         return "never executed"
     if not found.get("passed"):
         return "its last run failed"
-    if found.get("key") != key(notebook):
-        now, then = ingredients(notebook), found.get("ingredients", {})
-        changed = [name for name in now if now[name] != then.get(name)]
-        return f"changed since it ran: {', '.join(changed) or 'its key'}"
-    return None
+    now, then = ingredients(notebook), found.get("ingredients", {})
+    changed = [name for name in now if now[name] != then.get(name)]
+    return f"changed since it ran: {', '.join(changed)}" if changed else None
 
 
 def notebooks(root: Path = NOTEBOOKS) -> list[Path]:

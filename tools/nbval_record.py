@@ -118,7 +118,6 @@ class _Notebook:
         self.kernels = 0
         self.cells = 0
         self.failed = False
-        self.nb = None
         self.seconds = 0.0
         self.seen: dict[int, psutil.Process] = {}  # what its kernel started
 

@@ -76,8 +76,7 @@ def copy_lessons(app: Sphinx, config) -> None:
     folder (`config-inited`: before Sphinx looks for pages). A copy keeps its
     notebook's time, so a lesson not run again is not read again; a lesson no
     longer in notebooks/ leaves the site. Stops at a lesson without a fresh run."""
-    lessons = executed.notebooks()
-    lessons = [p for p in lessons if p.parent.name == config.language]
+    lessons = [p for p in executed.notebooks() if p.parent.name == config.language]
     stale = executed.stale(lessons)
     if stale:
         raise ExtensionError(
