@@ -25,6 +25,12 @@ SKIP_IN_NO_SYNC = ("        if not self.require_sync:\n            return  # "
                    "accumulate locally; the next synced backward sends the sum\n")
 RESET = "        self.pending = [len(b) for b in self.buckets]"  # the last line
 KEEP = "            self.in_flight.append((self.buckets[i], flat, work))\n"
+WHEN_COMPLETE = ("        if self.pending[i] == 0:  # the bucket is complete: send it, "
+                 "don't wait\n")
+JOIN = "            flat = torch.cat([q.grad.flatten() for q in self.buckets[i]])\n"
+COPY_BACK = ("            for q, g in zip(bucket, flat.split([q.numel() for q in "
+             "bucket]), strict=True):\n                q.grad.copy_(g.view_as(q))\n")
+RESET_IN_FLIGHT = "        self.in_flight = []\n"
 
 # A mistake: (what the solution's text becomes, the grader's message key).
 MISTAKES = {
@@ -40,6 +46,45 @@ MISTAKES = {
                        "None))\n"),
          (WAIT, "            dist.all_reduce(flat)\n")],
         "ex_scratch_late"),
+    # Fewer all-reduces than torch's DDP, none overlapping the backward pass.
+    "one all-reduce for the whole model": (
+        [(WHEN_COMPLETE + JOIN,
+          "        if sum(self.pending) == 0:  # every gradient is here\n"
+          "            everything = [q for b in self.buckets for q in b]\n"
+          "            flat = torch.cat([q.grad.flatten() for q in everything])\n"),
+         (KEEP, "            self.in_flight.append((everything, flat, work))\n")],
+        "ex_scratch_too_few"),
+    # As many all-reduces as torch's DDP, but all after the last gradient.
+    "every bucket sent after the last gradient": (
+        [(WHEN_COMPLETE + JOIN + SEND + KEEP,
+          "        if sum(self.pending) == 0:  # every gradient is here\n"
+          "            for bucket in self.buckets:\n"
+          "                flat = torch.cat([q.grad.flatten() for q in bucket])\n"
+          "                work = dist.all_reduce(flat, async_op=True)\n"
+          "                self.in_flight.append((bucket, flat, work))\n")],
+        "ex_scratch_no_overlap"),
+    "one all-reduce per parameter": (
+        [(WHEN_COMPLETE + JOIN + SEND + KEEP,
+          "        flat = p.grad.flatten()\n"
+          "        work = dist.all_reduce(flat, async_op=True)\n"
+          "        self.in_flight.append(([p], flat, work))\n")],
+        "ex_scratch_too_many"),
+    "the result never copied back": ([(COPY_BACK, "")], "ex_scratch_not_copied"),
+    "divides in the hook too": (
+        [(SEND, "            flat /= self.world_size\n" + SEND)], "ex_scratch_off"),
+    "counts off inside no_sync": (
+        [(SKIP_IN_NO_SYNC, ""),
+         (WHEN_COMPLETE, "        if self.pending[i] == 0 and self.require_sync:\n")],
+        "ex_scratch_counted_in_no_sync"),
+}
+
+# Mistakes whose gradients often come out right, so that the lesson's own
+# assertions may pass: only the check, which watches the class, tells them.
+UNSEEN_BY_VALUES = {
+    # Usually complete by finish_sync, so the values are right by chance.
+    "never waits": ([(WAIT, "")], "ex_scratch_unwaited"),
+    # The check's steps see the same batch, so the stale entries hold right values.
+    "in_flight never reset": ([(RESET_IN_FLIGHT, "")], "ex_scratch_in_flight"),
 }
 
 
@@ -104,6 +149,29 @@ def test_each_typical_mistake_is_named_and_fails_the_lesson(ranks, lesson, mista
     with pytest.raises(cluster.RankError):
         ranks.execute(lesson["compare"])
         ranks.execute(lesson["overlap"])
+
+
+@pytest.mark.parametrize("mistake", UNSEEN_BY_VALUES)
+def test_mistakes_the_values_may_hide_are_named(ranks, lesson, mistake):
+    edits, key = UNSEEN_BY_VALUES[mistake]
+    _define(ranks, _with(lesson["solution"], edits))
+    with pytest.raises(exercises.WrongAnswer) as wrong:
+        exercises.grade_scratch_ddp(ranks)
+    assert wrong.value.key == key
+
+
+def test_the_check_says_what_a_too_short_or_late_answer_lacks(ranks, lesson):
+    """The two answers the check once passed: named with their counts."""
+    _define(ranks, _with(lesson["solution"],
+                         MISTAKES["one all-reduce for the whole model"][0]))
+    with pytest.raises(exercises.WrongAnswer) as wrong:
+        exercises.grade_scratch_ddp(ranks)
+    assert "In step 2 you made 1 all-reduce(s), torch's DDP 8" in str(wrong.value)
+    _define(ranks, _with(lesson["solution"],
+                         MISTAKES["every bucket sent after the last gradient"][0]))
+    with pytest.raises(exercises.WrongAnswer) as wrong:
+        exercises.grade_scratch_ddp(ranks)
+    assert "In step 1 none of your 8 all-reduces ran while" in str(wrong.value)
 
 
 def test_waiting_in_the_hook_leaves_nothing_overlapped(ranks, lesson):

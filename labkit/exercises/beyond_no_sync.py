@@ -11,6 +11,7 @@ rules the last two check against serve only to name the mistake in a hint.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -74,10 +75,66 @@ register({  # key: (ja, en)
     "ex_scratch_off": (
         "{step} の勾配が torch の DDP と最大 {diff:.1e} 違います。ヒント: バケットの"
         "勾配は、all-reduce が終わってから (`wait()` のあとで) `.grad` に"
-        "書き戻します。",
+        "書き戻します。world size で割るのは 1 回だけです。",
         "In {step} the gradients differ from torch DDP's by up to {diff:.1e}. Hint: "
         "copy a bucket's gradients back into `.grad` after its all-reduce has "
-        "finished (after `wait()`)."),
+        "finished (after `wait()`), and divide by the world size once."),
+    "ex_scratch_too_few": (
+        "{step}では all-reduce が {calls} 回で、torch の DDP は {ddp_calls} 回です。"
+        "いくつかのバケットをまとめて送っています。それでは、逆伝播が終わるまで"
+        "送れない勾配が増え、通信が計算と重なりません。ヒント: バケットごとに、"
+        "その最後の勾配ができたところで 1 回送ります。",
+        "In {step} you made {calls} all-reduce(s), torch's DDP {ddp_calls}: you send "
+        "several buckets together, so more gradients wait for the end of the "
+        "backward pass and less communication overlaps it. Hint: send each bucket "
+        "once, as soon as its last gradient is ready."),
+    "ex_scratch_no_overlap": (
+        "{step}では、{calls} 回の all-reduce のどれも、逆伝播がほかの勾配を計算する"
+        "あいだに進んでいませんでした。すべてのバケットを、最後の勾配ができてから"
+        "送っています。ヒント: バケットの残りが 0 になったら、ほかのバケットを"
+        "待たずに、その場でそのバケットを送ります。",
+        "In {step} none of your {calls} all-reduces ran while the backward pass "
+        "computed more gradients: every bucket goes once the last gradient is ready. "
+        "Hint: send a bucket as soon as its own count reaches 0, without waiting for "
+        "the other buckets."),
+    "ex_scratch_unwaited": (
+        "{step}で、all-reduce を {n} 回、一度も `wait()` せずに使っています。"
+        "値がそろう前に読むと、ほかのランクの勾配が入っていないことがあります "
+        "(ここで合っていたのは、たまたま先に終わっていたからです)。ヒント: "
+        "`finish_sync` で、`flat` を読む前に `work.wait()` を呼びます。",
+        "In {step} you used {n} all-reduce(s) without ever calling `wait()`: read "
+        "before it completes, `flat` may lack the other ranks' gradients (where the "
+        "values came out right, it had finished first by chance). Hint: in "
+        "`finish_sync`, call `work.wait()` before reading `flat`."),
+    "ex_scratch_not_copied": (
+        "{step}で、勾配は all-reduce で送りました (all-reduce {calls} 回、torch の "
+        "DDP は {ddp_calls} 回) が、`.grad` はこのランクの勾配のままです "
+        "({names} など)。`torch.cat` が作る `flat` はコピーなので、all-reduce の結果は"
+        "そこにしか入りません。ヒント: `wait()` のあと、`flat` を切り分けて各 "
+        "`q.grad` に書き戻します (`q.grad.copy_(...)`)。",
+        "In {step} the gradients were sent ({calls} all-reduce(s), torch's DDP "
+        "{ddp_calls}), but `.grad` still holds this rank's own ({names}, for "
+        "instance): `torch.cat` makes `flat` a copy, and the all-reduce's result is "
+        "only there. Hint: after `wait()`, split `flat` and copy it back into each "
+        "`q.grad` (`q.grad.copy_(...)`)."),
+    "ex_scratch_counted_in_no_sync": (
+        "`no_sync` を使った更新で、同期する逆伝播が all-reduce を 1 回もしません"
+        "でした (torch の DDP は {ddp_calls} 回)。`no_sync()` の中でもバケットの"
+        "残りを減らしているので、残りが 0 を過ぎてしまいます。ヒント: "
+        "`require_sync` が False なら、数える前に戻ります。",
+        "In the update with `no_sync`, the synchronized backward made no all-reduce "
+        "(torch's DDP made {ddp_calls}): you count gradients off their buckets inside "
+        "`no_sync()` too, so the counts go past 0. Hint: while `require_sync` is "
+        "False, return before counting."),
+    "ex_scratch_in_flight": (
+        "`finish_sync()` のあとも、`self.in_flight` に {n} 個が残っています。次の"
+        "ステップの `finish_sync` が、前のステップの勾配をもう一度書き戻します "
+        "(この確認では毎ステップ同じバッチなので、値は偶然合います)。ヒント: "
+        "`finish_sync` の終わりで `self.in_flight = []` とします。",
+        "After `finish_sync()`, `self.in_flight` still holds {n} entries: the next "
+        "step's `finish_sync` copies the previous steps' gradients back again (the "
+        "check feeds the same batch every step, so the values agree by chance). "
+        "Hint: end `finish_sync` with `self.in_flight = []`."),
     "ex_scratch_undefined": (
         "ランク {rank} に {name} がありません。先に、それを定義する %%px のセルを"
         "実行してください。",
@@ -96,20 +153,31 @@ register({  # key: (ja, en)
 _TOLERANCE = 1e-6
 
 
-def _judge(where: str, s: dict, world_size: int, check_count: bool) -> None:
-    """Raise WrongAnswer for the first mistake one step's summary shows."""
+def _judge(where: str, s: dict, world_size: int, check_count: bool,
+           record: dict | None = None) -> None:
+    """Raise WrongAnswer for the first mistake one step's summary shows; `record`,
+    the step's AllReduceLog record, tells an all-reduce never waited for."""
     if s["waited_before_grads"]:  # a blocking all-reduce counts as waited at once
         raise WrongAnswer("ex_scratch_early", step=where, n=s["waited_before_grads"])
     if s["started_after_grads"]:
         raise WrongAnswer("ex_scratch_late", step=where, n=s["started_after_grads"])
+    # Read before it completes, an all-reduce's result is a race the values
+    # alone cannot show: it often finishes first and the gradients come out right.
+    if record and (n := sum(math.isnan(c["waited"]) for c in record["calls"])):
+        raise WrongAnswer("ex_scratch_unwaited", step=where, n=n)
     never = s["unsynced"] + s["missing_grads"]
     if never:
-        raise WrongAnswer("ex_scratch_unsent", step=where, names=", ".join(never[:3]),
-                          calls=s["calls"], ddp_calls=s["ddp_calls"])
+        # Every byte went out, yet .grad holds the local gradient: the result was
+        # left in the concatenated copy.
+        sent = s["calls"] and s["bytes"] >= s["ddp_bytes"] and not s["missing_grads"]
+        raise WrongAnswer("ex_scratch_not_copied" if sent else "ex_scratch_unsent",
+                          step=where, names=", ".join(never[:3]), calls=s["calls"],
+                          ddp_calls=s["ddp_calls"])
     if s["doubled"]:
         raise WrongAnswer("ex_scratch_sum", step=where, world_size=world_size)
-    if check_count and s["calls"] > s["ddp_calls"]:
-        raise WrongAnswer("ex_scratch_too_many", step=where, calls=s["calls"],
+    if check_count and s["calls"] != s["ddp_calls"]:
+        raise WrongAnswer("ex_scratch_too_many" if s["calls"] > s["ddp_calls"]
+                          else "ex_scratch_too_few", step=where, calls=s["calls"],
                           ddp_calls=s["ddp_calls"])
     if not s["max_diff"] <= _TOLERANCE:
         raise WrongAnswer("ex_scratch_off", step=where, diff=s["max_diff"])
@@ -122,7 +190,18 @@ def _compare_defined(name: str) -> dict:
     shell = get_ipython()
     if shell is None or name not in shell.user_ns:
         raise NameError(t("ex_scratch_undefined", name=name, rank=dist.get_rank()))
-    return from_scratch.compare_with_ddp(shell.user_ns[name])
+    made = []
+
+    class Watched(shell.user_ns[name]):  # keeps the instance, to look at it after
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    out = from_scratch.compare_with_ddp(Watched)
+    # The check feeds the same batch every step, so gradients left in in_flight
+    # from a step before are copied back with the right values: only the list shows.
+    out["in_flight_left"] = len(getattr(made[0], "in_flight", None) or [])
+    return out
 
 
 def grade_scratch_ddp(ranks: Ranks, name: str = "ScratchDDP") -> None:
@@ -135,13 +214,27 @@ def grade_scratch_ddp(ranks: Ranks, name: str = "ScratchDDP") -> None:
     results = ranks.run(_compare_defined, name)
     world_size = ranks.world_size
     for summary in results:
-        for i, step in enumerate(summary["steps"], start=1):
+        for i, (step, record) in enumerate(
+                zip(summary["steps"], summary["records"], strict=True), start=1):
             # torch's DDP sends one bucket in its first step, then rebuilds them.
-            _judge(t("ex_scratch_step", n=i), step, world_size, check_count=i > 1)
+            _judge(t("ex_scratch_step", n=i), step, world_size, check_count=i > 1,
+                   record=record)
         update = summary["update"]
         if update["calls_in_no_sync"]:
             raise WrongAnswer("ex_scratch_no_sync", n=update["calls_in_no_sync"])
+        if update["calls"] == 0 and update["ddp_calls"]:
+            raise WrongAnswer("ex_scratch_counted_in_no_sync",
+                              ddp_calls=update["ddp_calls"])
         _judge(t("ex_scratch_update"), update, world_size, check_count=True)
+        if summary["in_flight_left"]:
+            raise WrongAnswer("ex_scratch_in_flight", n=summary["in_flight_left"])
+    # Right values and counts, checked first, say more than a missing overlap:
+    # one all-reduce for the whole model also overlaps nothing.
+    for summary in results:
+        for i, step in enumerate(summary["steps"], start=1):
+            if not step["overlapped"]:
+                raise WrongAnswer("ex_scratch_no_overlap",
+                                  step=t("ex_scratch_step", n=i), calls=step["calls"])
     last = results[0]["steps"][-1]
     right("ex_scratch_ok", calls=last["calls"],
           diff=max(s["max_diff"] for r in results for s in [*r["steps"], r["update"]]))
