@@ -11,7 +11,7 @@ __all__ = ["MyDataset", "TeacherDataset", "make_loader"]
 
 i18n.register({
     "target_variance": {
-        "ja": "目標の分散 (MyDataset で届く最小値)",
+        "ja": "目標値の分散 (MyDataset で届く最小値)",
         "en": "variance of the targets (the best MyDataset allows)",
     },
 })

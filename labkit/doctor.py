@@ -49,7 +49,7 @@ i18n.register({
         "en": "DDP on nccl from the command line (torchrun, one GPU per rank)",
     },
     "cap_dp_real": {
-        "ja": "本物の GPU での DataParallel (レッスン 02 と python -m labkit dp、"
+        "ja": "実際の GPU での DataParallel (レッスン 02 と python -m labkit dp、"
               "GPU 2 台以上)",
         "en": "DataParallel on real GPUs (lesson 02 and python -m labkit dp, two or "
               "more GPUs)",

@@ -35,7 +35,7 @@ i18n.register({
     "levers_title": {"ja": "通信を減らす方法の比較 (大きな MLP、2 ランク)",
                      "en": "Ways to send less, side by side (large MLP, 2 ranks)"},
     "sent_per_step": {"ja": "1 ステップに送るバイト数", "en": "bytes sent per step"},
-    "step_ms_median": {"ja": "1 ステップ [ミリ秒]", "en": "time per step [ms]"},
+    "step_ms_median": {"ja": "1 ステップの時間 [ミリ秒]", "en": "time per step [ms]"},
     "final_loss": {"ja": "最後の損失 (全データ)", "en": "final loss (all data)"},
     "memory_mib": {"ja": "勾配・バケット・オプティマイザの状態 [MiB]",
                    "en": "gradients, buckets, optimizer state [MiB]"},

@@ -14,7 +14,8 @@ def wrong(key):
 
 def test_wrong_answers_are_assertion_errors_in_the_lesson_language(capsys):
     labkit.set_lang("ja")
-    with pytest.raises(AssertionError, match=r"まだです。.*ヒント: `x.view\(-1\)`"):
+    with pytest.raises(AssertionError,
+                       match=r"まだ正解ではありません。.*ヒント: `x.view\(-1\)`"):
         exercises.grade_keeps_batch(answers.ViewMinusOne)
     exercises.grade_keeps_batch(answers.FlattenEachSample)
     assert capsys.readouterr().out.startswith("✓ 正解です。")

@@ -136,7 +136,7 @@ MISTAKES = {
            '"RANK": local_rank'),  # RANK equal to LOCAL_RANK
     "10": ("en", "if p.grad is None", "if p.grad is not None"),
 }
-NOT_YET = {"ja": "まだです。", "en": "Not yet. "}
+NOT_YET = {"ja": "まだ正解ではありません。", "en": "Not yet. "}
 
 # The lessons make nbgrader-check autogrades, each in its mistake's language: 02,
 # the cheapest lesson with exercises (about 10 s a run here), in Japanese, and 06,

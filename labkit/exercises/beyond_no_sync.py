@@ -29,7 +29,7 @@ __all__ = ["grade_bucket_count", "grade_powersgd_bytes", "grade_scratch_ddp"]
 
 register({  # key: (ja, en)
     "ex_scratch_unsent": (
-        "{step} で、送られなかった勾配があります ({names} など。all-reduce は "
+        "{step}で、送られなかった勾配があります ({names} など。all-reduce は "
         "{calls} 回、torch の DDP は {ddp_calls} 回)。ヒント: パラメータの勾配が"
         "できるたびにそのバケットの残りを 1 つ減らし、0 になったらバケットを送ります。"
         "`finish_sync` の終わりで、次のステップのために残りの数を元に戻します。",
@@ -39,7 +39,7 @@ register({  # key: (ja, en)
         "when none is left; at the end of `finish_sync`, reset the counts for the "
         "next step."),
     "ex_scratch_early": (
-        "{step} で、all-reduce の完了を逆伝播の途中で待っています ({n} 回)。"
+        "{step}で、all-reduce の完了を逆伝播の途中で待っています ({n} 回)。"
         "待つあいだ逆伝播が止まるので、通信は計算と重なりません。ヒント: フックでは "
         "`dist.all_reduce(flat, async_op=True)` で始めるだけにし、`wait()` は "
         "`finish_sync` で呼びます。",
@@ -48,20 +48,20 @@ register({  # key: (ja, en)
         "hook only start it, `dist.all_reduce(flat, async_op=True)`, and call "
         "`wait()` in `finish_sync`."),
     "ex_scratch_late": (
-        "{step} で、all-reduce を {n} 回、勾配の計算が終わってから始めています。"
+        "{step}で、all-reduce を {n} 回、勾配の計算が終わってから始めています。"
         "それでは通信が計算と重なりません。ヒント: バケットがそろったら、その場で"
         "フックから送ります。",
         "In {step} you start {n} all-reduce(s) after the gradient computation has "
         "ended, so nothing overlaps. Hint: send each bucket from the hook, as soon as "
         "it is complete."),
     "ex_scratch_sum": (
-        "{step} の勾配が、torch の DDP のちょうど {world_size} 倍です。all-reduce は"
+        "{step}の勾配が、torch の DDP のちょうど {world_size} 倍です。all-reduce は"
         "和を返します。ヒント: `finish_sync` で world size で割って平均にします。",
         "In {step} the gradients are exactly {world_size} times torch DDP's: "
         "all-reduce returns the sum. Hint: divide by the world size in `finish_sync` "
         "to get the mean."),
     "ex_scratch_too_many": (
-        "{step} で all-reduce が {calls} 回、torch の DDP は {ddp_calls} 回です。"
+        "{step}では all-reduce が {calls} 回、torch の DDP は {ddp_calls} 回です。"
         "ヒント: パラメータごとではなく、バケットごとに 1 回送ります。",
         "In {step} you made {calls} all-reduces, torch's DDP {ddp_calls}. Hint: send "
         "once per bucket, not once per parameter."),
@@ -73,7 +73,7 @@ register({  # key: (ja, en)
         "is False the hook returns at once (the gradients add up in .grad, and the "
         "next synchronized backward sends their sum)."),
     "ex_scratch_off": (
-        "{step} の勾配が torch の DDP と最大 {diff:.1e} 違います。ヒント: バケットの"
+        "{step}の勾配が torch の DDP と最大 {diff:.1e} 違います。ヒント: バケットの"
         "勾配は、all-reduce が終わってから (`wait()` のあとで) `.grad` に"
         "書き戻します。world size で割るのは 1 回だけです。",
         "In {step} the gradients differ from torch DDP's by up to {diff:.1e}. Hint: "
@@ -142,9 +142,9 @@ register({  # key: (ja, en)
     "ex_scratch_step": ("{n} ステップ目", "step {n}"),
     "ex_scratch_update": ("`no_sync` を使った更新", "the update with `no_sync`"),
     "ex_scratch_ok": (
-        "勾配は torch の DDP と同じ (差 {diff:.1e})、all-reduce は 1 ステップに "
-        "{calls} 回で torch の DDP と同じ、待つのは逆伝播のあと、`no_sync()` の中"
-        "では送りません。",
+        "勾配は torch の DDP と一致し (差 {diff:.1e})、all-reduce も 1 ステップ "
+        "{calls} 回で同じです。完了を待つのは逆伝播のあとで、`no_sync()` の中では"
+        "送っていません。",
         "The gradients equal torch DDP's (difference {diff:.1e}), {calls} all-reduces "
         "per step as torch's DDP makes, waited for after the backward pass, and none "
         "inside `no_sync()`."),
@@ -245,9 +245,10 @@ register({  # key: (ja, en)
         "{case} で None を返しました。バイト数 (整数) を返してください。",
         "For {case} you returned None: return the bytes (an integer)."),
     "ex_psgd_wrong": (
-        "{case}、ランク {r} で {got:,} バイトと答えましたが、PowerSGD が送ったのは "
-        "{want:,} バイトです。ヒント: {hint}",
-        "For {case} at rank {r} you answered {got:,} bytes; PowerSGD sent {want:,}. "
+        "{case}、近似ランク r={r} で {got:,} バイトと答えましたが、PowerSGD が"
+        "送ったのは {want:,} バイトです。ヒント: {hint}",
+        "For {case} at approximation rank r={r} you answered {got:,} bytes; PowerSGD "
+        "sent {want:,}. "
         "Hint: {hint}"),
     "ex_psgd_hint_bytes": (
         "値の数ではなくバイト数です。float32 は 1 つ 4 バイトです。",
@@ -268,9 +269,10 @@ register({  # key: (ja, en)
         "a tensor of more than 2 dimensions is treated as the matrix "
         "(shape[0], product of the rest)."),
     "ex_psgd_ok": (
-        "{n} 通りの層とランクで、PowerSGD が 1 ステップに送るバイト数を当てました。",
-        "You predicted the bytes PowerSGD sends per step for {n} sets of layers "
-        "and ranks."),
+        "{n} 通りの層と近似ランクの組で、PowerSGD が 1 ステップに送るバイト数を"
+        "当てました。",
+        "You predicted the bytes PowerSGD sends per step for {n} pairs of layers "
+        "and approximation ranks."),
 })
 
 _MLP = [(1024, 10), (1024,), (1024, 1024), (1024,), (1024, 1024), (1024,), (10, 1024),
@@ -348,10 +350,10 @@ register({  # key: (ja, en)
         "bucket_cap_mb=None (既定) では、最初のバケットだけ上限が 1 MiB です。",
         "with bucket_cap_mb=None (the default), the first bucket's cap is 1 MiB."),
     "ex_buckets_hint_mib": (
-        "MB は 1024 × 1024 バイトです (torch の _MB_TO_BYTES)。",
+        "ここでの MB は 1024 × 1024 バイト (MiB) です (torch の _MB_TO_BYTES)。",
         "a MB here is 1024 × 1024 bytes (torch's _MB_TO_BYTES)."),
     "ex_buckets_hint_close": (
-        "バケットは、入れたパラメータで上限に**達した** (以上になった) ところで"
+        "バケットは、入れたパラメータで上限に達した (上限以上になった) 時点で"
         "閉じます。",
         "a bucket closes as soon as the parameter just added makes it reach the cap "
         "(at least the cap)."),

@@ -82,14 +82,14 @@ register({  # key: (ja, en)
         "{name} lists {got} processes; the node runs {nproc}. Hint: one entry per "
         "process of this node, in LOCAL_RANK order."),
     "ex_env_real": (
-        "ノード {node} について、関数は {got} ですが、本物の torchrun は {real} "
+        "ノード {node} について、関数は {got} ですが、実際の torchrun は {real} "
         "でした。",
         "For node {node} the function gives {got}, but the real torchrun gave {real}."),
     "ex_env_ok_formula": (
         "2〜32 プロセスのどの場合も式が合っています。",
         "The formulas agree for 2 to 32 processes."),
     "ex_env_ok": (
-        "2〜32 プロセスのどの場合も式が合っています。このマシンで本物の torchrun "
+        "2〜32 プロセスのどの場合も式が合っています。このマシンで実際の torchrun "
         "(2 ノード × 2 プロセス) を実行した結果も同じでした "
         "({nodes}、WORLD_SIZE 4)。",
         "The formulas agree for 2 to 32 processes, and a real torchrun of 2 nodes × 2 "
@@ -109,10 +109,11 @@ register({  # key: (ja, en)
         "Hint: fully_shard cuts whole rows (dimension 0), as torch.chunk does; a row "
         "is never split."),
     "ex_shard_padding": (
-        "values_held({shape}, {rank}, {n}) = {got} はパディング まで"
+        "values_held({shape}, {rank}, {n}) = {got} はパディングまで"
         "数えています。ヒント: torch.chunk では、最後のほうのランクの行は"
         "少ないか、ありません。FSDP2 は all-gather のために内部で同じ大きさに"
-        "詰めますが、`to_local()` にあるのは本物の行だけです。",
+        "詰めますが、`to_local()` にあるのは (パディングでない) 実データの行"
+        "だけです。",
         "values_held({shape}, {rank}, {n}) = {got} counts padding. Hint: torch.chunk "
         "gives the last ranks fewer rows, or none. FSDP2 pads the pieces to one size "
         "inside for its all-gather, but `to_local()` holds only real rows."),

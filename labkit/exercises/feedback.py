@@ -7,10 +7,13 @@ lessons' graders share are here; each lesson's own are beside its graders.
 
 from __future__ import annotations
 
-from .. import i18n
-from ..i18n import t
+import re
+import string
 
-__all__ = ["WrongAnswer", "off", "register", "right"]
+from .. import i18n
+from ..i18n import get_lang, t
+
+__all__ = ["WrongAnswer", "message", "off", "register", "right"]
 
 
 def register(messages: dict[str, tuple[str, str]]) -> None:
@@ -20,8 +23,8 @@ def register(messages: dict[str, tuple[str, str]]) -> None:
 
 register({  # key: (ja, en)
     "ex_right": ("✓ 正解です。", "✓ Correct. "),
-    "ex_not_yet": ("まだです。", "Not yet. "),
-    "ex_off": ("{what} が正解と最大 {diff:.1e} 違います。ヒント: {hint}",
+    "ex_not_yet": ("まだ正解ではありません。", "Not yet. "),
+    "ex_off": ("{what}が正解と最大 {diff:.1e} 違います。ヒント: {hint}",
                "{what} is off by up to {diff:.1e}. Hint: {hint}"),
     "ex_fill_in": ("{name} がまだ None です。自分の答えに置き換えてください。",
                    "{name} is still None: put your answer there."),
@@ -35,6 +38,41 @@ register({  # key: (ja, en)
 })
 
 
+# Kana, kanji and Japanese punctuation: what a half-width space never touches.
+_JAPANESE = re.compile(r"[\u3000-\u30ff\u3400-\u9fff\uff00-\uffef]")
+
+
+def message(key: str, **fields: object) -> str:
+    """`t(key, **fields)`, with Japanese spaced around each value as it is written.
+
+    A Japanese template puts no space between a field and the text next to it
+    (`{what}が`), because the field may hold Japanese (評価の損失が). A value that
+    begins or ends in Latin text, a number or code gets a half-width space on
+    that side (`p.grad が`), as Japanese typesetting spaces Latin text.
+    """
+    text = t(key, **fields)
+    if get_lang() != "ja":
+        return text
+    parts = []
+    parsed = list(string.Formatter().parse(i18n.MESSAGES[key]["ja"]))
+    for i, (literal, name, spec, conversion) in enumerate(parsed):
+        parts.append(literal)
+        if name is None:
+            continue
+        value = format(fields[name] if conversion is None
+                       else {"r": repr, "s": str, "a": ascii}[conversion](fields[name]),
+                       spec or "")
+        after = parsed[i + 1][0] if i + 1 < len(parsed) else ""
+        if value and literal and _JAPANESE.match(literal[-1]) \
+                and not _JAPANESE.match(value[0]):
+            value = " " + value
+        if value and after and _JAPANESE.match(after[0]) \
+                and not _JAPANESE.match(value[-1]):
+            value += " "
+        parts.append(value)
+    return "".join(parts)
+
+
 class WrongAnswer(AssertionError):
     """An answer not right yet; `key` names the message (or the hint) that says why."""
 
@@ -42,7 +80,7 @@ class WrongAnswer(AssertionError):
         self.key = hint or key
         if hint:
             fields["hint"] = t(hint)
-        super().__init__(t("ex_not_yet") + t(key, **fields))
+        super().__init__(t("ex_not_yet") + message(key, **fields))
 
 
 def off(what: str, diff: float, hint: str) -> WrongAnswer:
@@ -52,4 +90,4 @@ def off(what: str, diff: float, hint: str) -> WrongAnswer:
 
 def right(key: str, **fields: object) -> None:
     """Print the verdict "correct", then the message `key`."""
-    print(t("ex_right") + t(key, **fields))
+    print(t("ex_right") + message(key, **fields))

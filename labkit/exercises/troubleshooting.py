@@ -40,12 +40,13 @@ register({  # key: (ja, en)
         "and backward pass, collect the names from `model.named_parameters()` whose "
         "gradient is None, sorted."),
     "ex_unused_ok": (
-        "{n} 個のモデルで、勾配ができないパラメータを正しく挙げました (前の勾配が"
+        "{n} 個のモデルで、勾配ができないパラメータを正しく列挙しました (前の勾配が"
         "残っていても)。",
         "You named the parameters that get no gradient in {n} models, left-over "
         "gradients or not."),
     "ex_join_hang": (
-        "ランク 0 に 5 個、ランク 1 に 4 個のバッチを渡すと、終わりませんでした "
+        "ランク 0 に 5 個、ランク 1 に 4 個のバッチを渡すと、エポックが最後まで"
+        "終わりませんでした "
         "(ランク {ranks} が時間切れ)。ヒント: バッチを使い切ったランクが、まだ学習して"
         "いるランクの all-reduce に加わるようにします: `with Join([model]):` の中で"
         "ループを回します。",
@@ -53,20 +54,21 @@ register({  # key: (ja, en)
         "timed out). Hint: let a rank that is out of batches join the others' "
         "all-reduces: run the loop inside `with Join([model]):`."),
     "ex_join_apart": (
-        "終わりましたが、ランクの重みが {diff:.1e} 違います。レプリカがずれました。"
-        "ヒント: 全ランクが同じ回数だけ同期した更新をするには、`Join` を使います。",
+        "エポックは終わりましたが、ランクの重みが {diff:.1e} 違います。"
+        "レプリカがずれました。ヒント: 全ランクが同じ回数だけ同期した更新をするには、"
+        "`Join` を使います。",
         "It ended, but the ranks' weights differ by {diff:.1e}: the replicas drifted "
         "apart. Hint: `Join` keeps every rank's updates synchronized."),
     "ex_join_dropped": (
-        "終わりましたが、ランク 0 の 5 個目のバッチで学習していません (重みは、"
-        "各ランクが 4 個ずつで学習したものと同じです)。ヒント: バッチを捨てずに、"
-        "`Join` で最後まで学習します。",
+        "エポックは終わりましたが、ランク 0 の 5 個目のバッチで学習していません "
+        "(重みは、各ランクが 4 個ずつで学習したものと同じです)。ヒント: バッチを"
+        "捨てずに、`Join` で最後まで学習します。",
         "It ended, but rank 0's fifth batch was never trained on (the weights are "
         "those of 4 batches on each rank). Hint: keep every batch and train to the "
         "end inside `Join`."),
     "ex_join_weights": ("学習後の重み", "the weights after the epoch"),
     "ex_join_hint": (
-        "ランク 0 の 5 個目のステップの勾配は、自分の勾配と 0 の平均です。",
+        "ランク 0 の 5 ステップ目の勾配は、自分の勾配と 0 の平均です。",
         "rank 0's fifth step uses the mean of its own gradient and zeros."),
     "ex_join_ok": (
         "バッチの数が違っても (5 と 4)、両方のランクで最後まで学習し、重みは `Join` を"
@@ -74,28 +76,29 @@ register({  # key: (ja, en)
         "With 5 and 4 batches, both ranks trained to the end; the weights are those of "
         "a run with `Join`, the same on both ranks."),
     "ex_exact_local": (
-        "データセット {total} 個で、ランクごとに違う値 ({got}) を返しました。"
+        "サンプル数 {total} のデータセットで、ランクごとに違う値 ({got}) を"
+        "返しました。"
         "このランクのサンプルだけの平均です。ヒント: 和と個数を `dist.all_reduce` で"
         "全ランクについて足します。",
         "For a data set of {total} the ranks returned different values ({got}): each "
         "rank's own mean. Hint: add up the sums and counts of all ranks with "
         "`dist.all_reduce`."),
     "ex_exact_padding": (
-        "データセット {total} 個で {got:.4f} を返しました。水増しのサンプルも数えて"
-        "います (各ランクの平均の平均も同じ値になります。どのランクも同じ数の"
-        "サンプルを持つからです)。ヒント: ランク r の k 番目は、"
+        "サンプル数 {total} のデータセットで {got:.4f} を返しました。水増しの"
+        "サンプルも数えています (各ランクの平均の平均も同じ値になります。"
+        "どのランクも同じ数のサンプルを持つからです)。ヒント: ランク r の k 番目は、"
         "`r + k * world_size >= total` なら水増しです。",
         "For a data set of {total} you returned {got:.4f}: the padding counts too "
         "(the mean of the ranks' means gives the same, since every rank holds as many "
         "samples). Hint: the k-th sample of rank r is padding when "
         "`r + k * world_size >= total`."),
-    "ex_exact_what": ("データセット {total} 個の平均",
+    "ex_exact_what": ("サンプル数 {total} のデータセットの平均",
                      "the mean of a data set of {total}"),
     "ex_exact_hint": (
         "水増しを除いた和と個数を all-reduce して割ります。",
         "all-reduce the sum and the count without the padding, then divide."),
     "ex_exact_ok": (
-        "データセットの大きさ {totals} で、どのランクも水増しを除いた正確な平均を"
+        "サンプル数 {totals} のデータセットで、どのランクも水増しを除いた正確な平均を"
         "得ました。",
         "For data sets of {totals} samples every rank got the exact mean, padding "
         "left out."),

@@ -1,0 +1,213 @@
+"""Every grader's Japanese messages, rendered as a learner reads them.
+
+Each message of labkit.exercises is rendered with the values its graders pass
+(read at each call site: code such as `p.grad`, numbers, and the Japanese
+phrases some graders put in a field, such as 評価の損失 or 2 ステップ目), then
+checked for what a Japanese reader sees as a typo: a half-width space between
+two Japanese characters (評価の損失 が, パディング まで), Latin text or code with
+no space before its particle (p.gradが), and Markdown, which a traceback prints
+as it is (**達した**).
+
+Backticks are allowed where the English message uses them too: in plain text
+they mark code the way Python's own messages quote names, and `wait()` reads no
+worse printed than rendered. The Japanese may quote code the English does not
+(`dist.all_reduce` where the English says all-reduce), so only their presence
+is compared.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+
+import pytest
+
+import labkit
+import labkit.exercises  # noqa: F401  (registers every grader's messages)
+from labkit import i18n
+from labkit.exercises import feedback
+from labkit.i18n import t
+
+JAPANESE = "[\u3000-\u30ff\u3400-\u9fff\uff00-\uffef]"
+SPACE_IN_JAPANESE = re.compile(f"{JAPANESE}( +){JAPANESE}")
+# Latin text, a number or code written against kana or kanji with no space.
+KANA_KANJI = "[\u3040-\u30ff\u3400-\u9fff]"
+UNSPACED = re.compile(f"[A-Za-z0-9_)\\]`]{KANA_KANJI}|{KANA_KANJI}[A-Za-z0-9_(\\[`]")
+MARKDOWN = re.compile(r"\*\*|__|~~|^#+ |\[[^\]]*\]\([^)]*\)", re.MULTILINE)
+
+
+def problems(ja: str, en: str) -> list[str]:
+    """What a Japanese reader would take for a typo in `ja`, the twin of `en`."""
+    found = [f"space between Japanese characters: {m.group(0)!r}"
+             for m in SPACE_IN_JAPANESE.finditer(ja)]
+    found += [f"no space between Latin text and Japanese: {m.group(0)!r}"
+              for m in UNSPACED.finditer(ja)]
+    found += [f"Markdown {m.group(0)!r}" for m in MARKDOWN.finditer(ja)]
+    if ja.count("`") % 2:
+        found.append("an unpaired backtick")
+    if "`" in ja and "`" not in en:
+        found.append("code in backticks, where the English has none")
+    return found
+
+
+def _values() -> tuple[dict[str, list], dict[tuple[str, str], list]]:
+    """Field values as the graders pass them: by field name, and by (key, field)
+    where one name holds different things in different messages."""
+    by_name = {
+        "K": [4], "a": [0], "b": [1], "batch": [512], "calls": [3], "ddp_calls": [2],
+        "cap": [None, 1], "counts": ["3 + 5"], "diff": [1.2e-3], "epoch": [1],
+        "err": ["mat1 and mat2 shapes cannot be multiplied (1x80 and 10x32)"],
+        "features": [4], "first": [0.16], "ckpt": [12.6], "plain": [100.7],
+        "hint": [t("ex_dp_hint"), t("ex_psgd_hint_matrix"), t("ex_buckets_hint_close")],
+        "loss": [0.1234], "lr": [0.2], "lrs": ["0.2, 0.0125"],
+        "model": ["_Branches(use_aux=False)", "nn.Sequential(Linear, ReLU, Linear)"],
+        "ms": [1.23], "ms2": [0.61], "n": [2], "names": ["fc1.weight, fc1.bias"],
+        "name": ["sync_s", "predicted[10, 3]", "torchrun_env(2, 2, 1)",
+                 "evaluate(model, X, y)", "values_held(shape, rank, world_size)"],
+        "nbytes": [81920], "node": [1],
+        "nodes": ["node 0: RANK 0, 1; node 1: RANK 2, 3"],
+        "nosync": [12.5], "sync": [31.0], "nproc": [2], "original": [1],
+        "peak": [3.2], "pred": [[4, 4, 2]], "r": [4], "rank": [1],
+        "count": [0, 7], "missing": ["(12, 4), (7, 3)"], "chunks": [3], "k": [2],
+        "parts": ["o", "s, o"], "num_epochs": [3], "good": [0], "bad": [1],
+        "steps0": [1],
+        "ranks": ["0", "0, 1"], "passed": ["(100, 10)", "(100, 10), (1, 10)"],
+        "ratio": [2.0], "replicas": [2],
+        "real": [[{"RANK": 2, "LOCAL_RANK": 0, "WORLD_SIZE": 4},
+                  {"RANK": 3, "LOCAL_RANK": 1, "WORLD_SIZE": 4}]],
+        "shape": [(4, 2, 5), (10, 3)], "shapes": ["(100, 10), (1, 10), (4, 2, 5)"],
+        "steps": [3], "total": [9], "totals": ["9, 10, 7"], "updates": [3],
+        "world_size": [2],
+        # Japanese phrases beside particles: the case the spacing must get right.
+        "step": [t("ex_scratch_step", n=2), t("ex_scratch_update")],
+        "what": [t("ex_eval_loss"), t("ex_join_weights"), t("ex_exact_what", total=9),
+                 "model(X)", "p.grad", "lr_at(step, 512)", "fn(module, X, device_ids)",
+                 "module.parameters() .grad", "saved_bytes(8, 16, 4, 2, True)"],
+        "case": ["saved_bytes(8, 16, 4, 2, False)"],
+        "got": [3],
+        "want": [2],
+    }
+    buckets = [t("ex_buckets_case", sizes=[4000, 40], cap=None),
+               t("ex_buckets_case", sizes=[2097152, 4], cap=1)]
+    psgd = ["1024 × 1024", "Linear(1024, 10)", "MLP 10-1024-1024-1024-10"]
+    shard_got = [6, 0]
+    by_key = {
+        ("ex_psgd_none", "case"): psgd, ("ex_psgd_wrong", "case"): psgd,
+        ("ex_buckets_none", "case"): buckets, ("ex_buckets_wrong", "case"): buckets,
+        ("ex_act_ok", "cases"): [8], ("ex_dp_ok", "cases"): ["10 / 2, 7 / 3"],
+        ("ex_bn_ok", "total"): [8],
+        **{(key, "what"): ["mean", "var"] for key in i18n.MESSAGES
+           if key.startswith("ex_bn_")},
+        **{(key, "step"): [2] for key in ("ex_apart", "ex_no_zero_grad")},
+        ("ex_lr_warmup_end", "step"): [40],
+        ("ex_lr_ok", "steps"): [20],
+        ("ex_chunks_ok", "sizes"): [{(10, 3): [4, 4, 2], (7, 3): [3, 3, 1]}],
+        ("ex_buckets_case", "sizes"): [[4000, 40]],
+        ("ex_psgd_wrong", "got"): [4_198_400], ("ex_psgd_wrong", "want"): [16_384],
+        ("ex_buckets_wrong", "got"): [1], ("ex_buckets_wrong", "want"): [2],
+        ("ex_act_values", "got"): [2048],
+        ("ex_batch", "got"): [(1, 1)], ("ex_batch", "want"): [(4, 1)],
+        ("ex_dp_type", "got"): ["list"],
+        ("ex_dp_shape", "got"): [(5, 10)], ("ex_dp_shape", "want"): [(10, 10)],
+        ("ex_env_count", "got"): [4],
+        **{(key, "got"): [[0, 1]] for key in ("ex_env_rank", "ex_env_local",
+                                              "ex_env_world")},
+        ("ex_env_real", "got"): [[{"RANK": 1, "LOCAL_RANK": 1, "WORLD_SIZE": 4}]],
+        ("ex_exact_local", "got"): [[0.52, 0.48]], ("ex_exact_padding", "got"): [0.5],
+        ("ex_value_off", "got"): [0.0123], ("ex_lr_peak", "got"): [1.6],
+        **{(key, "got"): shard_got for key in i18n.MESSAGES
+           if key.startswith("ex_shard_")},
+        ("ex_unused_stale", "got"): [[]], ("ex_unused_stale", "want"): [["aux.bias",
+                                                                       "aux.weight"]],
+        ("ex_unused_wrong", "got"): [["aux.weight"]],
+        ("ex_unused_wrong", "want"): [["aux.bias", "aux.weight"]],
+    }
+    for key in ("ex_lr_not_scaled", "ex_lr_sqrt", "ex_lr_from_base", "ex_lr_start"):
+        by_key[key, "got"] = [0.2]
+    return by_name, by_key
+
+
+def _fields(key: str) -> list[tuple[str, str]]:
+    return [(name, spec) for _, name, spec, _ in
+            string.Formatter().parse(i18n.MESSAGES[key]["ja"]) if name is not None]
+
+
+def _renderings(key: str, by_name: dict, by_key: dict) -> list[tuple[str, str]]:
+    """(ja, en) of `key` once for each value a field can hold, the others fixed."""
+    choices = {name: by_key.get((key, name), by_name.get(name))
+               for name, _ in _fields(key)}
+    variants = [{name: values[0] for name, values in choices.items()}]
+    for name, values in choices.items():
+        variants += [{**variants[0], name: value} for value in values[1:]]
+    out = []
+    for fields in variants:
+        labkit.set_lang("ja")
+        ja = feedback.message(key, **fields)
+        labkit.set_lang("en")
+        out.append((ja, t(key, **fields)))
+    return out
+
+
+GRADER_KEYS = sorted(key for key in i18n.MESSAGES if key.startswith("ex_"))
+
+
+def test_every_grader_message_reads_as_japanese():
+    labkit.set_lang("ja")
+    by_name, by_key = _values()
+    missing = [f"{key}: {name}" for key in GRADER_KEYS for name, _ in _fields(key)
+               if not by_key.get((key, name), by_name.get(name))]
+    assert not missing, ("no values for these fields: read the call site of the "
+                         "grader that raises each and add what it passes:\n"
+                         + "\n".join(missing))
+    found, rendered = [], 0
+    for key in GRADER_KEYS:
+        for ja, en in _renderings(key, by_name, by_key):
+            rendered += 1
+            if key != "ex_not_yet":  # a wrong answer's message follows this verdict
+                labkit.set_lang("ja")
+                ja = t("ex_not_yet") + ja
+            found += [f"{key}: {p}\n    {ja}" for p in problems(ja, en)]
+    assert not found, "\n".join(found)
+    assert rendered > len(GRADER_KEYS)  # some fields were tried with several values
+
+
+def test_a_latin_value_is_spaced_and_a_japanese_one_is_not():
+    labkit.set_lang("ja")
+    hint = t("ex_eval_hint")
+    assert feedback.message("ex_off", what=t("ex_eval_loss"), diff=1e-3,
+                            hint=hint).startswith("評価の損失が正解と")
+    assert feedback.message("ex_off", what="p.grad", diff=1e-3,
+                            hint=hint).startswith("p.grad が正解と")
+    step = feedback.message("ex_scratch_sum", step=t("ex_scratch_step", n=2),
+                            world_size=2)
+    assert step.startswith("2 ステップ目の勾配が")
+
+
+@pytest.mark.parametrize("template, fields", [
+    ("{what} が正解と最大 {diff:.1e} 違います。", {"what": "評価の損失", "diff": 1e-3}),
+    ("{step} で、送られなかった勾配があります。", {"step": "2 ステップ目"}),
+    ("{got} はパディング まで数えています。", {"got": 6}),
+    ("バケットは、上限に**達した** (以上になった) ところで閉じます。", {}),
+    ("`flat` を読む前に `work.wait()` を呼びます。", {}),
+])
+def test_the_old_forms_are_caught(monkeypatch, template, fields):
+    # Rendered the way a grader renders its messages, the forms fixed before fail.
+    monkeypatch.setitem(i18n.MESSAGES, "ex_old_form", {"ja": template,
+                                                      "en": "call wait()"})
+    labkit.set_lang("ja")
+    assert problems(feedback.message("ex_old_form", **fields), "call wait()")
+
+
+def test_a_latin_value_formatted_without_its_space_is_caught():
+    # What the template {what}が gives when not rendered by feedback.message.
+    labkit.set_lang("ja")
+    assert problems(t("ex_off", what="p.grad", diff=1e-3, hint=""), "p.grad is off")
+
+
+@pytest.mark.parametrize("ja", [
+    "p.grad が正解と最大 1.0e-03 違います。",
+    "2 ステップ目で、all-reduce を 3 回、`wait()` のあとで送ります。",
+    "ランク 0 の 5 ステップ目 (MiB) です。",
+])
+def test_right_forms_pass(ja):
+    assert problems(ja, "send after `wait()`") == []
