@@ -370,9 +370,8 @@ def levers_table(ranks, steps: int) -> dict:
     table, errors = {}, {}
     for name in levers.METHODS:
         r, base = runs[name], runs["DDP + Adam" if "Adam" in name else "DDP"]
-        predicted = levers.predicted_step_s(
-            base["step_s"], (base["bytes"][-1], base["calls"][-1]),
-            (r["bytes"][-1], r["calls"][-1]), ab, 2)
+        predicted = levers.predicted_step_s(base["step_s"], base["sent"][-1],
+                                            r["sent"][-1], ab, 2)
         table[name] = {"bytes_per_step": r["bytes"][-1],
                        "step_ratio": r["step_s"] / base["step_s"],
                        "predicted_ratio": predicted / base["step_s"],

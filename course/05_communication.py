@@ -129,9 +129,7 @@ assert len(sizes) == 9 and sizes[0] == 1024 and sizes[-1] == 64 * 1024 * 1024
 
 # %%
 # %%px
-import os
-
-linux = os.path.exists("/proc/self/io")
+linux = comm.can_count_bytes_written()  # /proc/self/io
 share = comm.sent_per_allreduce(16 * 2**20) if linux else None
 print(f"rank {rank}: sent {share} × S per all-reduce" if linux
       else "no /proc/self/io here: tests/test_comm.py checks this on Linux")
@@ -275,9 +273,14 @@ buckets_used = {"doc 004 MLP": log_buckets(workload.Config(accum_steps=1))[0][-1
 # %% [markdown] lang="ja"
 # なぜこうなるかは torch 2.13 の `torch/nn/parallel/distributed.py` に書いてあります。
 #
-# - 最初のステップの前、DDP は勾配がどの順にそろうかを知りません。`find_unused_parameters` を
-#   使わないときは、順番を外したバケットで待たないように、全パラメータを**1 つのバケット**に入れます
-#   (`bucket_size_limits = [sys.maxsize]`)。1 ステップ目は 8.09 MiB の all-reduce 1 回です。
+# - 最初のステップの前、DDP は勾配がどの順にそろうかを知りません。`model.parameters()` の順は、
+#   実行の順と同じとは限りません。その順でバケットに分けると、逆伝播の中にほかの集団通信があるモデルや、
+#   一部のランクでだけ使われないパラメータがあるモデルでは、あるランクが all-reduce を早く始めすぎ、
+#   ほかのランクの別の集団通信と組み合わさってしまうことがあります (`_ddp_init_helper` のコメント)。
+#   そのため、`find_unused_parameters` を使わないとき (と `static_graph=True` のとき) は、全パラメータを
+#   **1 つのバケット**に入れ、全部の勾配がそろってから all-reduce を 1 回だけします
+#   (`_BucketCapacityConfig.compute_bucket_size_limits` の `bucket_size_limits = [sys.maxsize]`)。
+#   1 ステップ目は 8.09 MiB の all-reduce 1 回です。
 # - 1 ステップ目の逆伝播で、勾配がそろった順を記録し、2 ステップ目の順伝播の前にバケットを
 #   **作り直します** (`_rebuild_buckets`)。その順に詰め、最初のバケットは
 #   `dist._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB)、残りは 25 MiB に達した時点で閉じます。最後の層
@@ -293,10 +296,16 @@ buckets_used = {"doc 004 MLP": log_buckets(workload.Config(accum_steps=1))[0][-1
 # %% [markdown] lang="en"
 # Why, is written in torch 2.13's `torch/nn/parallel/distributed.py`:
 #
-# - Before the first step DDP does not know in which order the gradients become ready.
-#   Without `find_unused_parameters` it puts every parameter in **one bucket**
-#   (`bucket_size_limits = [sys.maxsize]`), so that no bucket waits for a gradient that
-#   comes late. Step 1 is one all-reduce of 8.09 MiB.
+# - Before the first step DDP does not know in which order the gradients become ready:
+#   `model.parameters()` need not be the order of execution. Buckets in that order could,
+#   in a model with other collectives in its backward pass or with parameters unused on
+#   some ranks, start an all-reduce too early on one rank and match it with a different
+#   collective on the others (the comment in `_ddp_init_helper`). So without
+#   `find_unused_parameters` (and with `static_graph=True`) it puts every parameter in
+#   **one bucket** and makes a single all-reduce once all the gradients are computed
+#   (`bucket_size_limits = [sys.maxsize]` in
+#   `_BucketCapacityConfig.compute_bucket_size_limits`). Step 1 is one all-reduce of
+#   8.09 MiB.
 # - During step 1's backward it records the order in which gradients arrive, and before
 #   step 2's forward it **rebuilds** the buckets (`_rebuild_buckets`) in that order: the
 #   first bucket closes once it reaches `dist._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB), the

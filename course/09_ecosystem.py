@@ -304,7 +304,8 @@ assert calls == ["scatter", "replicate", "parallel_apply", "gather"]
 # - Lightning: `Trainer(strategy="ddp", accumulate_grad_batches=K)`
 # - Accelerate: `Accelerator(gradient_accumulation_steps=K)` と `with accelerator.accumulate(model):`
 #
-# と書きます。レッスン 04 で見たとおり、DDP で勾配累積を正しく速くするには `no_sync` が要ります。
+# と書きます。レッスン 04 で見たとおり、DDP で勾配累積を速く行うには `no_sync` が要ります (結果は
+# `no_sync` があってもなくても同じで、ない場合はマイクロバッチごとに all-reduce するぶん遅くなります)。
 # 両者が中で `no_sync` を使うことを、ソースコードと、`DistributedDataParallel.no_sync` の呼び出し回数で
 # 確かめます。8 バッチを K = 4 で累積すると、更新は 2 回、`no_sync` に入るのは 8 − 2 = 6 回のはずです。
 #
@@ -323,8 +324,8 @@ assert calls == ["scatter", "replicate", "parallel_apply", "gather"]
 # - Accelerate: `Accelerator(gradient_accumulation_steps=K)` and
 #   `with accelerator.accumulate(model):`
 #
-# As lesson 04 showed, gradient accumulation under DDP needs `no_sync` to be right and
-# fast. Check that both use `no_sync` underneath, in their source and by counting calls
+# As lesson 04 showed, gradient accumulation under DDP needs `no_sync` to be fast (the
+# result is the same either way; without it, every micro-batch costs an all-reduce). Check that both use `no_sync` underneath, in their source and by counting calls
 # of `DistributedDataParallel.no_sync`. Accumulating 8 batches with K = 4 should give 2
 # updates and 8 − 2 = 6 entries into `no_sync`.
 #

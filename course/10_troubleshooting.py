@@ -75,7 +75,7 @@ ranks = cluster.start(2, timeout_s=3)  # a collective waits 3 s at most
 # them, in the same order**. A common mistake is to mean "print on rank 0 only" and put
 # the collective under `if rank == 0:` as well (the forward pass of a DDP model with
 # buffers, such as BatchNorm's, is one too: DDP first copies rank 0's buffers, lesson
-# 07). Rank 1 skips the call and moves on; rank 0 waits for
+# 08). Rank 1 skips the call and moves on; rank 0 waits for
 # a partner that never comes.
 
 # %% tags=["raises-exception"]
@@ -570,14 +570,21 @@ assert diff < 1e-6 and grads["aux.weight"].grad is None
 assert sent == 4 * sum(p.numel() for p in model.parameters())  # aux's zeros included
 
 # %% [markdown] lang="ja"
-# グラフをたどるのは毎回の手間です。使われないパラメータが毎回同じなら、`static_graph=True` で DDP に
+# `find_unused_parameters=True` には、毎ステップ 2 つの費用がかかります。グラフの走査と、どの
+# パラメータが使われたかの表 (パラメータ 1 つにつき整数 1 つ) の all-reduce です。この all-reduce は
+# 上のセルの通信フック (`CommCounter`) には見えませんが、Flight Recorder には記録されます
+# (tests/test_troubleshooting.py が確かめます)。上のセルのバイト数は勾配の分だけです。
+# 使われないパラメータが毎回同じなら、`static_graph=True` で DDP に
 # 「グラフは毎回同じ」と約束すると、DDP は最初のステップで調べたことを使い回します。使われるパラメータが
 # 途中で変わるモデルでは使えません (torch がエラーにします。2 つ下のセル)。2 つを交互に 1 ステップずつ測ります
 # (時間は「この実行では」の値です。このマシンでは差がばらつきに埋もれることがあります)。
 
 # %% [markdown] lang="en"
-# Walking the graph costs something at every step. When the unused parameters are the
-# same every time, `static_graph=True` promises DDP that the graph never changes, and DDP
+# `find_unused_parameters=True` costs two things at every step: walking the graph, and an
+# all-reduce of the map of which parameters were used (one integer per parameter). The
+# comm hook in the cell above (`CommCounter`) does not see that all-reduce; the Flight
+# Recorder does (tests/test_troubleshooting.py checks it). The bytes above are the
+# gradients' only. When the unused parameters are the same every time, `static_graph=True` promises DDP that the graph never changes, and DDP
 # reuses what it found at the first step. It does not suit models whose used parameters
 # change during training (torch raises, two cells below). Time the two, one step each in
 # turns (the times are "on this run": on this machine the spread can hide the
@@ -661,15 +668,15 @@ assert "backward" in failed[0] and "barrier" in failed[1]  # where each one wait
 # %% [markdown] lang="ja"
 # 直し方は、`Join` コンテキストマネージャです (`from torch.distributed.algorithms.join import Join`)。
 # 入力を使い切ったランクは `Join` の中で待ち、まだ学習しているランクの all-reduce に 0 の勾配で加わります。
-# そのため、ランク 0 の 5 個目のステップの勾配は、自分の勾配と 0 の平均 (自分の勾配の半分) になります。
-# 下の `Join` の中では、`no_sync` による勾配累積も使えます (torch 2.13 で確かめています)。
+# そのため、ランク 0 の 5 ステップ目の勾配は、自分の勾配と 0 の平均 (自分の勾配の半分) になります。
+# `Join` の中では、`no_sync` による勾配累積も使えます (torch 2.13 で、下のセルが確かめます)。
 
 # %% [markdown] lang="en"
 # The fix is the `Join` context manager (`from torch.distributed.algorithms.join import
 # Join`). A rank that has run out of inputs waits inside `Join` and joins the others'
 # all-reduces with zero gradients. So rank 0's fifth step uses the mean of its own
 # gradient and zeros: half its own gradient. Gradient accumulation with `no_sync` also
-# works inside `Join` (checked with torch 2.13 below).
+# works inside `Join` (with torch 2.13: the cells below check it).
 
 # %% [markdown] lang="ja"
 # ### 演習: 不揃いなエポックを最後まで回す
@@ -718,10 +725,12 @@ exercises.grade_uneven_epoch(ranks, train_epoch)
 # %% [markdown] lang="ja"
 # ### `Join` が計算するもの
 #
-# `Join` の中でランク 0 の 5 個目のステップが何を使ったかを、1 プロセスで手で計算したものと比べます。
+# `Join` の中でランク 0 の 5 ステップ目が何を使ったかを、1 プロセスで手で計算したものと比べます。
 # 各ステップの勾配は、そのステップのバッチを持つランクの勾配の和を world size で割ったもの (ランク 1 が
-# 抜けた 5 個目では、ランク 0 の勾配の半分) です。続けて、`Join` の中で `no_sync` による勾配累積
-# (2 バッチで 1 回の更新) をしても、最後まで終わり、レプリカがそろったままであることを確かめます。
+# 抜けた 5 ステップ目では、ランク 0 の勾配の半分) です。続けて、`Join` の中で `no_sync` による勾配累積
+# (2 バッチで 1 回の更新) をします。ランク 0 には 6 個、ランク 1 には 4 個のバッチを渡すので、
+# ランク 0 の 3 回目の更新では、ランク 1 が抜けたあとに `no_sync` の中の逆伝播と同期する逆伝播が
+# 続きます。その結果も手で計算したものと比べ、レプリカがそろったままであることを確かめます。
 
 # %% [markdown] lang="en"
 # ### What `Join` computes
@@ -729,8 +738,10 @@ exercises.grade_uneven_epoch(ranks, train_epoch)
 # Compare what rank 0's fifth step used inside `Join` with one process computing it by
 # hand: each step's gradient is the sum of the gradients of the ranks that have a batch
 # for it, divided by the world size (at the fifth, without rank 1: half of rank 0's).
-# Then check that gradient accumulation with `no_sync` (one update per 2 batches) inside
-# `Join` also ends, with the replicas still equal.
+# Then accumulate gradients with `no_sync` (one update per 2 batches) inside `Join`, with
+# 6 batches on rank 0 and 4 on rank 1: rank 0's third update, after rank 1 has left,
+# runs a backward pass inside `no_sync` and then a synchronized one. Compare that too
+# with the computation by hand, and check the replicas are still equal.
 
 # %%
 # %%px
@@ -761,17 +772,35 @@ diff = compare.max_abs_diff(list(model.module.parameters()), list(alone.paramete
 print(f"rank {rank}: |Join - by hand| {diff:.1e}")
 assert diff < 1e-6
 
+# Rank 0 gets a sixth batch, so that its last pair runs inside no_sync after rank 1 left.
+longer = batches + batches[:1] if rank == 0 else batches  # 6 and 4 batches
 torch.manual_seed(0)
 model = DDP(nn.Linear(10, 10))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 with Join([model]):
-    for i in range(0, len(batches), 2):  # rank 0: 3 updates, rank 1: 2
+    for i in range(0, len(longer), 2):  # rank 0: 3 updates, rank 1: 2
         optimizer.zero_grad()
-        pair = batches[i:i + 2]
+        pair = longer[i:i + 2]
         for j, (X, y) in enumerate(pair):
             with model.no_sync() if j < len(pair) - 1 else nullcontext():
                 (nn.functional.mse_loss(model(X), y) / len(pair)).backward()
         optimizer.step()
+
+every = [None] * world_size
+dist.all_gather_object(every, longer)
+torch.manual_seed(0)
+alone = nn.Linear(10, 10)
+by_hand = torch.optim.SGD(alone.parameters(), lr=0.1)
+for i in range(0, max(len(b) for b in every), 2):
+    by_hand.zero_grad()
+    for rank_batches in every:  # a rank without a pair adds zeros
+        pair = rank_batches[i:i + 2]
+        for X, y in pair:
+            (nn.functional.mse_loss(alone(X), y) / len(pair) / world_size).backward()
+    by_hand.step()
+diff = compare.max_abs_diff(list(model.module.parameters()), list(alone.parameters()))
+print(f"rank {rank}: |Join with no_sync - by hand| {diff:.1e}")
+assert diff < 1e-6
 assert compare.replica_max_diff(model) == 0
 
 # %% [markdown] lang="ja"
@@ -889,7 +918,7 @@ from pathlib import Path
 
 from labkit import checks
 
-folder = [tempfile.mkdtemp(prefix="labkit-09-") if rank == 0 else None]
+folder = [tempfile.mkdtemp(prefix="labkit-10-") if rank == 0 else None]
 dist.broadcast_object_list(folder, src=0)  # one folder, the same on every rank
 path = Path(folder[0]) / "checkpoint.pt"
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -30,6 +31,8 @@ __all__ = [
     "StepModel",
     "allreduce_sweep",
     "bandwidths",
+    "bytes_written",
+    "can_count_bytes_written",
     "fit_alpha_beta",
     "fit_step_model",
     "max_rel_error",
@@ -99,7 +102,12 @@ def bandwidths(nbytes: float, seconds: float, world_size: int) -> tuple[float, f
     return algbw, algbw * ring_factor(world_size)
 
 
-def _bytes_written() -> int:
+def can_count_bytes_written() -> bool:
+    """Whether this system tells the bytes a process wrote (Linux's /proc/self/io)."""
+    return os.path.exists("/proc/self/io")
+
+
+def bytes_written() -> int:
     """Bytes this process has passed to write-like system calls (Linux only)."""
     try:
         with open("/proc/self/io") as f:
@@ -122,10 +130,10 @@ def sent_per_allreduce(nbytes: int, repeat: int = 3) -> float:
     x = torch.ones(nbytes // 4)
     dist.all_reduce(x)  # warm-up: connections and buffers
     dist.barrier()
-    before = _bytes_written()
+    before = bytes_written()
     for _ in range(repeat):
         dist.all_reduce(x)
-    sent = (_bytes_written() - before) / repeat
+    sent = (bytes_written() - before) / repeat
     dist.barrier()
     return sent / (4 * x.numel())
 
@@ -142,6 +150,17 @@ class AlphaBeta:
             return 0.0
         return (ring_steps(world_size) * self.alpha
                 + ring_factor(world_size) * nbytes / self.beta)
+
+    def broadcast_time(self, nbytes: float, world_size: int) -> float:
+        """A broadcast priced as its source sending the message to each other rank.
+
+        On 2 ranks that is one message, alpha + S / beta, where a ring
+        all-reduce takes two latency steps. For more ranks a tree would take
+        fewer rounds: an upper bound there.
+        """
+        if world_size == 1:
+            return 0.0
+        return (world_size - 1) * (self.alpha + nbytes / self.beta)
 
 
 def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float],

@@ -215,6 +215,10 @@ def _step_summary(record: dict, counter: ddp.CommCounter, reference: DDP,
         "ddp_calls": counter.calls, "ddp_bytes": counter.bytes,
         "calls": len(record["calls"]),
         "bytes": sum(c["bytes"] for c in record["calls"]),
+        # Each all-reduce's bytes in the order it started: with buckets of
+        # different sizes, equal lists mean the same buckets in the same order.
+        "sizes": [c["bytes"] for c in record["calls"]],
+        "ddp_sizes": list(counter.sizes),
         "waited_before_grads": sum(c["waited"] < record["grad_end"]
                                    for c in record["calls"]),
         "started_after_grads": sum(c["start"] > record["grad_end"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -26,9 +27,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import comm, ddp, i18n, models, workload
 
-__all__ = ["METHODS", "CollectiveBytes", "bucket_counts", "build", "compare_methods",
-           "error_feedback_trial", "large_config", "optimizer_state_bytes",
-           "predicted_step_s", "storage_bytes"]
+__all__ = ["METHODS", "CollectiveBytes", "Sent", "bucket_counts", "build",
+           "compare_methods", "error_feedback_trial", "large_config",
+           "optimizer_state_bytes", "predicted_step_s", "storage_bytes"]
 
 # Lesson 06's table and plots of the methods side by side.
 i18n.register({
@@ -56,6 +57,19 @@ METHODS = ("DDP", "fp16", "PowerSGD r=1", "PowerSGD r=2", "PowerSGD r=4",
 def large_config(**changes) -> workload.Config:
     """Lesson 05's large MLP (hidden 1024, depth 3), one micro-batch per step."""
     return workload.Config(**{"hidden": 1024, "depth": 3, "accum_steps": 1, **changes})
+
+
+class Sent(NamedTuple):
+    """What one step handed to collectives, all-reduces and broadcasts apart.
+
+    They cost differently: in a ring all-reduce every rank sends, in a
+    broadcast only the source does.
+    """
+
+    all_reduce_bytes: int
+    all_reduce_calls: int
+    broadcast_bytes: int = 0
+    broadcast_calls: int = 0
 
 
 class CollectiveBytes:
@@ -93,6 +107,11 @@ class CollectiveBytes:
     @property
     def total_bytes(self) -> int:
         return sum(self.bytes.values())
+
+    def sent(self) -> Sent:
+        """The counts so far, all-reduces and broadcasts apart."""
+        return Sent(self.bytes["all_reduce"], self.calls["all_reduce"],
+                    self.bytes["broadcast"], self.calls["broadcast"])
 
 
 class _Buffers:
@@ -168,10 +187,12 @@ def compare_methods(names: Sequence[str] = METHODS, cfg: workload.Config | None 
     Every method starts from the same weights and sees this rank's same
     micro-batch at each step; the ranks start each timed step together.
     Returns per method: "bytes" and "calls" per step (lists: PowerSGD's
-    warm-up shows), "step_s" (median after the warm-up), "loss" (the ranks'
-    mean, per step), "final_loss" (on the whole data set), "grad_bytes" and
-    "state_bytes" (the memory of gradients and buckets, and of the optimizer
-    state, on this rank).
+    warm-up shows), "sent" (per step, a Sent: all-reduces and broadcasts
+    apart), "wire" (per step, the bytes this rank wrote to its sockets, or
+    None where /proc/self/io is missing), "step_s" (median after the warm-up),
+    "loss" (the ranks' mean, per step), "final_loss" (on the whole data set),
+    "grad_bytes" and "state_bytes" (the memory of gradients and buckets, and
+    of the optimizer state, on this rank).
     """
     if steps < POWERSGD_WARMUP + 2:
         raise ValueError(f"steps must be at least {POWERSGD_WARMUP + 2} (PowerSGD's "
@@ -184,7 +205,9 @@ def compare_methods(names: Sequence[str] = METHODS, cfg: workload.Config | None 
     for name in names:
         model, optimizer, buffers = build(name, cfg)
         runs[name] = {"model": model, "optimizer": optimizer, "buffers": buffers,
-                      "bytes": [], "calls": [], "times": [], "loss": []}
+                      "bytes": [], "calls": [], "sent": [], "wire": [], "times": [],
+                      "loss": []}
+    counts_wire = comm.can_count_bytes_written()
     with CollectiveBytes() as sent:
         for step in range(steps):
             X, y = workload.micro_batches(dataset, cfg, step, rank, world_size)[0]
@@ -192,14 +215,18 @@ def compare_methods(names: Sequence[str] = METHODS, cfg: workload.Config | None 
                 dist.barrier()
                 sent.reset()
                 run["buffers"].storages.clear()  # DDP rebuilds its buckets after step 1
+                written = comm.bytes_written() if counts_wire else 0
                 start = time.perf_counter()
                 run["optimizer"].zero_grad()
                 loss = criterion(run["model"](X), y)
                 loss.backward()
                 run["optimizer"].step()
                 run["times"].append(time.perf_counter() - start)
+                run["wire"].append(comm.bytes_written() - written if counts_wire
+                                   else None)
                 run["bytes"].append(sent.total_bytes)
                 run["calls"].append(sum(sent.calls.values()))
+                run["sent"].append(sent.sent())
                 run["loss"].append(loss.item())
     out = {}
     for name, run in runs.items():
@@ -208,7 +235,8 @@ def compare_methods(names: Sequence[str] = METHODS, cfg: workload.Config | None 
         with torch.no_grad():
             final = criterion(run["model"].module(dataset.data), dataset.target).item()
         out[name] = {
-            "bytes": run["bytes"], "calls": run["calls"],
+            "bytes": run["bytes"], "calls": run["calls"], "sent": run["sent"],
+            "wire": run["wire"],
             "step_s": statistics.median(run["times"][POWERSGD_WARMUP + 1:]),
             "loss": (losses / world_size).tolist(), "final_loss": final,
             "grad_bytes": storage_bytes(run["model"], run["buffers"].storages),
@@ -240,21 +268,30 @@ def bucket_counts(caps: Sequence[float | None], cfg: workload.Config | None = No
     return out
 
 
-def predicted_step_s(ddp_step_s: float, ddp_sent: tuple[int, int],
-                     sent: tuple[int, int], ab: comm.AlphaBeta,
-                     world_size: int) -> float:
+def predicted_step_s(ddp_step_s: float, ddp_sent: Sent, sent: Sent,
+                     ab: comm.AlphaBeta, world_size: int) -> float:
     """Lesson 05's step model with a compression factor: a method's step time.
 
-    DDP's measured step with its communication, `ddp_sent` = (bytes, calls)
-    per step, swapped for the method's `sent`: each call an all-reduce of an
-    equal share of the bytes, timed by the alpha-beta model. The model knows
-    only what is sent: the compute a method adds (casting, PowerSGD's
-    products and orthogonalization) is not in it.
+    DDP's measured step with its communication, `ddp_sent` (what DDP's step
+    handed to collectives), swapped for the method's `sent`: each all-reduce
+    an equal share of the all-reduced bytes, timed as a ring all-reduce, and
+    each broadcast an equal share of the broadcast bytes, timed as one source
+    sending (AlphaBeta.broadcast_time). The model knows only what is sent: the
+    compute a method adds (casting, PowerSGD's products and
+    orthogonalization) is not in it, nor how much of DDP's communication the
+    backward pass hid.
     """
-    def communication(nbytes: int, calls: int) -> float:
-        return calls * ab.time(nbytes / calls, world_size) if calls else 0.0
+    def communication(s: Sent) -> float:
+        seconds = 0.0
+        if s.all_reduce_calls:
+            seconds += s.all_reduce_calls * ab.time(
+                s.all_reduce_bytes / s.all_reduce_calls, world_size)
+        if s.broadcast_calls:
+            seconds += s.broadcast_calls * ab.broadcast_time(
+                s.broadcast_bytes / s.broadcast_calls, world_size)
+        return seconds
 
-    return ddp_step_s - communication(*ddp_sent) + communication(*sent)
+    return ddp_step_s - communication(Sent(*ddp_sent)) + communication(Sent(*sent))
 
 
 def error_feedback_trial(use_error_feedback: bool, steps: int = 40, n: int = 16,

@@ -66,6 +66,42 @@ def test_the_step_model_with_a_compression_factor():
     assert levers.predicted_step_s(0.02, plain, (0, 0), ab, 2) < half
 
 
+def test_the_step_model_prices_a_broadcast_as_one_source_sending():
+    ab = comm.AlphaBeta(alpha=1e-4, beta=1e9)
+    plain = levers.Sent(8_000_000, 2)
+    zero = levers.Sent(8_000_000, 2, broadcast_bytes=8_000_000, broadcast_calls=8)
+    step = levers.predicted_step_s(0.02, plain, zero, ab, 2)
+    # On 2 ranks: 8 messages of 1 MB, one latency each; not 8 ring all-reduces.
+    assert step == pytest.approx(0.02 + 8 * (1e-4 + 1e6 / 1e9))
+    assert ab.broadcast_time(1e6, 2) < ab.time(1e6, 2)  # one latency step, not two
+    assert ab.broadcast_time(1e6, 1) == 0.0
+
+
+def test_gradient_as_bucket_view_still_copies_with_set_to_none(one_rank):
+    """Lesson 06: the view saves memory, but zero_grad(set_to_none=True) drops the
+    alias at every step, so DDP writes each gradient into its bucket again."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.profiler import profile
+
+    def writes_into_buckets(set_to_none):
+        torch.manual_seed(0)
+        layers = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16))
+        model = DDP(layers, gradient_as_bucket_view=True)
+        for _ in range(3):  # past DDP's bucket rebuild
+            model.zero_grad(set_to_none=set_to_none)
+            with profile() as prof:
+                model(torch.ones(2, 16)).sum().backward()
+        grads = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+        assert len(grads) == 1  # after the step, every .grad is a view into one bucket
+        # The reducer copies a gradient that is not the bucket's alias into it
+        # (at::mul_out with 1/world size, or copy_ under a comm hook).
+        return sum(e.count for e in prof.key_averages()
+                   if e.key in ("aten::mul", "aten::copy_"))
+
+    # One more write per parameter when set_to_none drops the alias.
+    assert writes_into_buckets(True) - writes_into_buckets(False) == 4
+
+
 def test_build_names_the_methods_it_knows():
     with pytest.raises(ValueError, match="unknown method 'bf16'.*PowerSGD r=1"):
         levers.build("bf16", levers.large_config())

@@ -257,3 +257,40 @@ def test_py_spy_is_found_beside_python_and_its_absence_is_said(monkeypatch):
     monkeypatch.setattr(sys, "executable", "/nonexistent/python")
     missing = stalls.py_spy_dump(os.getpid())
     assert missing.returncode == 127 and "py-spy is not installed" in missing.stderr
+
+
+def test_find_unused_parameters_adds_an_all_reduce_a_comm_hook_does_not_see():
+    """Lesson 10: find_unused_parameters=True all-reduces the map of used
+    parameters at every step (Int, one value per parameter), besides the
+    gradients; the Flight Recorder sees it, a comm hook (CommCounter) does not.
+    Every parameter is used here, so the extra all-reduce is the setting's cost
+    alone."""
+    import torch
+    import torch.distributed as dist
+    from torch._C import _distributed_c10d as c10d
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from labkit import ddp
+
+    def collectives_of_a_step(find_unused):
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)),
+                    find_unused_parameters=find_unused)
+        counter = ddp.CommCounter().attach(model)
+        for _ in range(3):  # past the bucket rebuild of step 2
+            counter.reset()
+            before = len(json.loads(c10d._dump_fr_trace_json())["entries"])
+            model(torch.ones(2, 4)).sum().backward()
+        entries = json.loads(c10d._dump_fr_trace_json())["entries"][before:]
+        return [(e["profiling_name"], e["input_dtypes"], e["input_sizes"])
+                for e in entries], counter.calls
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        plain, plain_hooked = collectives_of_a_step(False)
+        unused, unused_hooked = collectives_of_a_step(True)
+    finally:
+        dist.destroy_process_group()
+    gradients = ("gloo:all_reduce", ["Float"], [[4 * 4 + 4 + 4 + 1]])
+    assert plain == [gradients]
+    assert unused == [gradients, ("gloo:all_reduce", ["Int"], [[4]])]  # 4 parameters
+    assert plain_hooked == unused_hooked == 1  # the hook sees the gradients only
