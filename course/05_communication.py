@@ -497,7 +497,7 @@ print(f"on this run: forward + backward, first micro-batch "
 # 同期 1 回のコスト s のうち、all-reduce そのものはどれだけでしょうか。上で通信フックが記録した
 # バケット (2 ステップ目以降のもの) ごとに α–β モデルで all-reduce の時間を計算して足し、s と比べます。
 # all-reduce が説明するのは s の一部だけで、残りは DDP 自身の仕事 (勾配をバケットに集めて戻す処理など)
-# とランクどうしの待ち合わせです。その割合を表示します。
+# とランクどうしの同期待ちです。その割合を表示します。
 
 # %% [markdown] lang="en"
 # How much of one synchronization's cost s is the all-reduce itself? For each bucket the

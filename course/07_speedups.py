@@ -28,7 +28,8 @@
 #
 # このマシンは共有されているので、時間は実行のたびに変わります。そこで時間を比べるセルは、候補を交互に
 # 何回か測って中央値を比べ、ばらつきより大きな差だけを確かめます。差がばらつきに埋もれるものは計算の量
-# (呼び出しの回数や FLOP) を確かめ、時間は「この実行では」の値として示します。
+# (呼び出しの回数や FLOP) を確かめ、時間はこの実行での値 (出力の `on this run`) として示します。
+# コードのセルが表示する出力は英語のままです (図と確認のメッセージは日本語です)。
 
 # %% [markdown] lang="en"
 # # 07 Other speed-ups: loading, precision, memory
@@ -50,12 +51,13 @@
 # (activation checkpointing), one does nothing without a GPU (`pin_memory`), and one
 # needs a change of code (a TPU). Those that change how training progresses (the
 # learning rate of a large batch, shuffling, optimizers and schedulers, checkpoints of
-# the training state), and how they combine with DDP, are the next lesson, 07.
+# the training state), and how they combine with DDP, are the next lesson, 08.
 #
 # This machine is shared, so times change from run to run. Cells that compare times
 # therefore measure the candidates in turns, several times, compare medians, and assert
 # only differences larger than the spread. Where the spread hides the difference, they
-# assert the compute (calls, FLOPs) and show the time as "on this run".
+# assert the compute (calls, FLOPs) and show the time as "on this run". The code cells
+# print in English in both editions; figures and checks follow the notebook's language.
 
 # %%
 import labkit
@@ -205,7 +207,7 @@ fig.axes[0].set_xticks(range(1, 5))  # whole epochs
 # メモリ) に置きます。GPU への転送は固定メモリからなら DMA で直接行え、`X.to("cuda", non_blocking=True)`
 # とすれば転送と計算を重ねられます。つまり効果があるのは **CPU から GPU へデータを送るときだけ**です。
 #
-# GPU のないこのマシンでは、何もしません。torch は警告を出し、バッチは固定されていません。
+# GPU のないこのマシンでは、何もしません。torch は警告を出し、バッチは固定メモリに置かれません。
 
 # %% [markdown] lang="en"
 # ## `pin_memory`
@@ -227,7 +229,7 @@ if not report["accelerator"]:
     assert any("no accelerator" in w for w in report["warnings"])
 
 # %% [markdown] lang="ja"
-# GPU があれば、固定メモリからの転送と普通のメモリからの転送を比べます (GPU がなければ何もしません)。
+# GPU があれば、固定メモリからの転送とふつうのメモリからの転送を比べます (GPU がなければ何もしません)。
 
 # %% [markdown] lang="en"
 # With a GPU, compare a copy from pinned memory with one from ordinary memory (without a
@@ -381,7 +383,7 @@ assert any(w.startswith("FutureWarning") and "torch.amp.autocast('cuda'" in w
 # %% [markdown] lang="ja"
 # ## 軽いモデル
 #
-# パラメータが少ないモデルは、1 ステップの計算量が少なく、1 ステップが短くなります。その代わり、表せる関数が
+# パラメータが少ないモデルは、1 ステップの計算量が少なく、そのぶん時間も短くなります。その代わり、表せる関数が
 # 限られ、精度が下がることがあります (記事の「精度と速度のバランス」)。幅を変えた 1 層の MLP で、
 # パラメータ数、1 ステップの計算量 (torch の `FlopCounterMode` で数えた浮動小数点演算の回数、FLOP)、
 # 1 ステップの時間 (バッチ 1024)、300 ステップ後の検証損失 (Adam) を並べます。時間は、幅ごとに 5 ステップずつ
@@ -428,9 +430,9 @@ assert sizes[16]["loss"] > sizes[1024]["loss"]  # the smallest model fits worse
 # %% [markdown] lang="ja"
 # 幅 1024 の 1 ステップは、幅 16 の 64 倍の計算をします。それでも時間が 64 倍になるわけではありません。
 # 小さなモデルの 1 ステップは、計算よりも Python やカーネルの起動などの固定のコストで決まるからです。
-# このセルが確かめるのは計算の量で、時間は「この実行では」の値です。共有されたこのマシンでは、時間の比の
-# ばらつきが大きく (幅 1024 と 16 の比は 1.2 倍から 18 倍、ほとんど同じ幅 16 と 17 でも 1.6 倍になった
-# ことがあります)、確かめられるだけの差の目安が立たないからです。
+# このセルが確かめるのは計算の量で、時間はこの実行での値 (`on this run`) です。共有されたこのマシンでは、
+# 時間の比のばらつきが大きく (幅 1024 と 16 の比は 1.2 倍から 18 倍、ほとんど同じ幅 16 と 17 でも 1.6 倍に
+# なったことがあります)、確認に使える差のしきい値を決められないからです。
 
 # %% [markdown] lang="en"
 # A step of width 1024 computes 64 times as much as one of width 16, yet it does not
@@ -461,17 +463,17 @@ assert kept_bytes > 0 and kept_no_grad == 0
 # ## 演習: 何も変えず、何も保存しない評価
 #
 # 関数 `evaluate(model, X, y)` を書いてください。`model` の `(X, y)` での損失 (`models.MyLoss()`、
-# 平均二乗誤差) を Python の float で返します。評価は学習のじゃまをしてはいけません。
+# 平均二乗誤差) を Python の float で返します。評価が学習に影響を与えてはいけません。
 #
-# - 逆伝播のための活性値を保存しない (上の `torch.no_grad()`)。
-# - BatchNorm の統計 (`running_mean` など) を変えず、Dropout も働かせない。この 2 つの層は、学習モードと
+# - 逆伝播のための活性値を保存しません (上の `torch.no_grad()`)。
+# - BatchNorm の統計 (`running_mean` など) を変えず、Dropout も働かせません。この 2 つの層は、学習モードと
 #   評価モードで動きが違います。
 #
 # 演習のセルの 1 行は、どちらも守っていません。確認のセルは、BatchNorm と Dropout を含むモデルで関数を呼び、
 # 保存された活性値、BatchNorm の `running_mean`、損失の値を確かめます。
 #
 # 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
-# 違っていれば、何が違うかとヒントが表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
+# 違っていれば、どこが違うかがヒントとともに表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
 # ありますが、まず自分で解いてみてください。
 
 # %% [markdown] lang="en"
@@ -590,7 +592,7 @@ assert work[True]["flops"] - work[False]["flops"] == one_forward
 # ちょうど増えます (ここでは 9.4 から 12.6 GFLOP へ、約 3 割増し)。計算が増えた分、1 ステップは長くなるはずです。
 # ただ、このマシンのように共有された CPU では、測った時間の比は実行のたびに大きく変わります (中央値で 1.1 倍から
 # 1.6 倍、1 回ずつでは 0.5 倍から 1.3 倍) ので、このセルは時間ではなく計算の量を確かめます。上の時間は
-# 「この実行では」の値です。
+# この実行での値 (`on this run`) です。
 
 # %% [markdown] lang="en"
 # The saved activations drop from 13 tensors (every `Linear`'s input and the last
@@ -672,7 +674,7 @@ exercises.grade_saved_activations(saved_bytes)
 #     (`dist.init_process_group("xla", init_method="xla://")`)。プロセスの起動も `torch_xla` の
 #     ランチャーで行います。
 #
-# 細かい名前は `torch_xla` の版で変わるので、使う版の文書 ([PyTorch/XLA](https://docs.pytorch.org/xla/)) で確かめてください。このマシンの torch で
+# 細かい名前は `torch_xla` の版で変わるので、使う版のドキュメント ([PyTorch/XLA](https://docs.pytorch.org/xla/)) で確かめてください。このマシンの torch で
 # 確かめられるのは、torch 本体が `xla` というデバイスの種類を知っているだけで、その上で動く演算も
 # `"xla"` バックエンドも持っていない (どちらも `torch_xla` が加える) ことです。このマシンで何が使えるかは
 # `labkit doctor` が示します (レッスン 00)。
@@ -737,11 +739,11 @@ assert machine.cpu_cores >= 1
 # | ワーカー数を増やす | 読み込みが重いときに効く。読み込みどうし、読み込みと学習が重なり、1 エポックが短くなる。データは変わらない |
 # | (`persistent_workers`) | ワーカーをエポックをまたいで使い回す。起動が重い環境で効く |
 # | ピンメモリーを使う | CPU→GPU の転送を速く、非同期にする。GPU がなければ何もしない |
-# | バッチサイズを増やす | 1 秒あたりのサンプル数は増える (収束に要ることはレッスン 08) |
+# | バッチサイズを増やす | 1 秒あたりのサンプル数は増える (収束のために何が必要かはレッスン 08) |
 # | 軽量なモデル、精度と速度のバランス | パラメータが少ないほど 1 ステップの計算 (FLOP) が少ない (時間はこの実行で短くなった)。小さすぎると精度が落ちる |
 # | 不要な計算を削減する | 評価は `torch.no_grad()` で。活性値を保存しない |
 # | チェックポイントを活用する (活性化チェックポイント) | メモリを減らし、1 ステップの計算が順伝播 1 回分増える。学習状態の保存はレッスン 08 |
-# | より高速な GPU、TPU | GPU は予算とデバイスの指定 (`nccl`、`.to(device)`)。TPU は `torch_xla` を使うコードの書き換え |
+# | より高速な GPU、TPU | GPU は予算とデバイスの指定 (`nccl`、`.to(device)`)。TPU は `torch_xla` を使うようにコードの書き換えが必要 |
 # | Apex | 古い。`torch.autocast` と `torch.amp.GradScaler` を使う |
 #
 # 次のレッスン 08 では、学習の進み方を変える設定 (大きなバッチの学習率とウォームアップ、シャッフル、
@@ -762,6 +764,6 @@ assert machine.cpu_cores >= 1
 # | a faster GPU, a TPU | a GPU is budget and naming the device (`nccl`, `.to(device)`); a TPU is a change of code, to `torch_xla` |
 # | Apex | outdated: use `torch.autocast` and `torch.amp.GradScaler` |
 #
-# The next lesson, 07, covers the settings that change how training progresses (the
+# The next lesson, 08, covers the settings that change how training progresses (the
 # learning rate of a large batch and warm-up, shuffling, optimizers and schedulers,
 # checkpoints of the training state) and what to watch for when combining them with DDP.

@@ -20,6 +20,7 @@
 # どれも 1 ステップを速くはしません。目標の損失に届くまでのステップ数や、止まったときにやり直す時間を
 # 変えます。そこでこのレッスンのセルは、教師ネットワークの課題で、学習に使わない検証データの損失を比べます
 # (`labkit.training` の学習ループ)。後半は 2 つのランクで、これらの設定を DDP と組み合わせるときの注意 (`set_epoch`、BatchNorm の統計、記事の `dim=1`) を確かめます。
+# コードのセルが表示する出力は英語のままです (図と確認のメッセージは日本語です)。
 
 # %% [markdown] lang="en"
 # # 08 Training settings: large batches, schedules, and DDP
@@ -36,7 +37,8 @@
 # target loss, or how much work a stop costs. So the cells compare the loss on held-out
 # data, never trained on, on the teacher task (`labkit.training`'s loop). The second
 # half, on two ranks, checks what to watch for when these settings meet DDP
-# (`set_epoch`, BatchNorm's statistics, the document's `dim=1`).
+# (`set_epoch`, BatchNorm's statistics, the document's `dim=1`). The code cells print in
+# English in both editions; figures and checks follow the notebook's language.
 
 # %%
 import labkit
@@ -55,7 +57,7 @@ torch.manual_seed(0)
 # ## 大きなバッチと学習率
 #
 # レッスン 07 では、バッチを大きくすると 1 秒あたりに処理できるサンプル数が増えました。しかし速く処理できても、
-# 学習が早く進むとは限りません。同じサンプル数 (10 エポック) を学習させると、
+# 学習が速く進むとは限りません。同じサンプル数 (10 エポック) を学習させると、
 # バッチ 512 の更新回数はバッチ 32 の 16 分の 1 です。学習率が同じなら、損失の下がり方は遅くなります。
 # よく使われる対策は**学習率をバッチサイズに比例させる** (linear scaling rule: バッチが 16 倍なら学習率も 16 倍)
 # ことです。検証データ (学習に使わない 1024 サンプル) の損失で比べます。
@@ -96,7 +98,7 @@ assert final["batch 512, lr 0.8"] < 0.5 * final["batch 512, lr 0.05"]  # scaling
 # %% [markdown] lang="ja"
 # ## ウォームアップ
 #
-# 比例させすぎると学習率が大きくなりすぎ、学習の最初で重みが大きく跳ねて、その後うまく学習できなくなります。
+# バッチに合わせて学習率を大きくしすぎると、学習の最初で重みが大きく跳ねて、その後うまく学習できなくなります。
 # そこで最初の数十ステップだけ学習率を小さな値から徐々に上げる**ウォームアップ**を組み合わせます
 # (Goyal ら 2017、「Accurate, Large Minibatch SGD」)。バッチ 32 で安定して学習できる学習率 0.2 を、
 # バッチ 512 に合わせて 16 倍の 3.2 にした場合で比べます。ウォームアップは
@@ -127,7 +129,7 @@ fig = plots.line_chart({k: (r["steps"], r["heldout_loss"]) for k, r in warm.item
 assert warm["lr 3.2 + warm-up 20"]["heldout_loss"][-1] < 0.7 * warm["lr 3.2"]["heldout_loss"][-1]
 
 # %% [markdown] lang="ja"
-# 大きなバッチそのものは `no_sync` による勾配累積 (レッスン 04) と同じ数学です。勾配累積で実効バッチを
+# 大きなバッチは、数学的には `no_sync` による勾配累積 (レッスン 04) と同じです。勾配累積で実効バッチを
 # 大きくするときにも、この学習率の調整が必要になります。
 
 # %% [markdown] lang="en"
@@ -148,7 +150,7 @@ assert warm["lr 3.2 + warm-up 20"]["heldout_loss"][-1] < 0.7 * warm["lr 3.2"]["h
 # バッチ 128、512、2048 のそれぞれについて、ステップ 0〜59 の学習率を torch の `LinearLR` と比べます。
 #
 # 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
-# 違っていれば、何が違うかとヒントが表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
+# 違っていれば、どこが違うかがヒントとともに表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
 # ありますが、まず自分で解いてみてください。
 
 # %% [markdown] lang="en"
@@ -195,7 +197,7 @@ exercises.grade_warmup_schedule(lr_at)
 #
 # 記事は「データシャッフルを有効にする」を高速化の方法に挙げていますが、シャッフルは 1 ステップも 1 エポックも
 # 速くしません。シャッフルの目的は、各バッチを**データ全体から偏りなく取り出した標本**にすることで、これは SGD の
-# 前提です。目標の 1 番目の値で並べ替えたままのデータ (ファイルが何かの順に書かれていると、こうなります) と、
+# 前提です。目標値 (教師ネットワークの出力) の 1 番目の成分で並べ替えたままのデータ (ファイルが何かの順に書かれていると、こうなります) と、
 # エポックごとにシャッフルしたデータで、同じモデルを 10 エポック学習させます (モーメンタム付き SGD)。
 
 # %% [markdown] lang="en"
@@ -526,7 +528,7 @@ if "forward_sync_buffers=False" in built:  # torch 2.13 and later
 # %% [markdown] lang="ja"
 # 全ランクのバッチで正規化するのが `nn.SyncBatchNorm` です (`convert_sync_batchnorm` で置き換えます)。
 # ところが torch 2.13 の CPU では動きません。DDP は「SyncBatchNorm layers only work with GPU modules」
-# と断り、層自身も GPU (または XPU など) の入力を求めます。
+# というエラーを出し、層自身も GPU (または XPU など) の入力を求めます。
 
 # %% [markdown] lang="en"
 # Normalizing with all ranks' batches is what `nn.SyncBatchNorm` does (swap it in with
@@ -653,8 +655,8 @@ ranks.stop()
 # | バッチサイズを増やす | 同じサンプル数では更新の回数が減る。収束には学習率の調整 (比例させる) とウォームアップが必要 |
 # | データシャッフルを有効にする | 速さは変わらない。収束のために必要 (並べ替えたままだと悪くなる) |
 # | 学習率、オプティマイザ、スケジューラ | 1 ステップは速くならない。少ないステップで収束させる。課題ごとに調整する |
-# | チェックポイントを活用する (学習状態の保存) | 速くはならない。止まっても再開でき、結果は 1 ビットも同じ。活性化チェックポイントはレッスン 07 |
-# | DDP と一緒に | `DistributedSampler` と `set_epoch`。BatchNorm はレプリカごと。SyncBatchNorm は GPU のみ。`dim=1` は何もしない |
+# | チェックポイントを活用する (学習状態の保存) | 速くはならない。止まっても再開でき、結果は 1 ビットも違わない。活性化チェックポイントはレッスン 07 |
+# | DDP と組み合わせる | `DistributedSampler` と `set_epoch`。BatchNorm はレプリカごと。SyncBatchNorm は GPU のみ。`dim=1` は何もしない |
 
 # %% [markdown] lang="en"
 # ## Summary

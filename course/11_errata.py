@@ -16,7 +16,7 @@
 # 表にまとめます。各行の id (記事 000 なら 000-1、000-2、…) でどの行かを指せます。
 # 最後の表は、各レッスンが事実として述べることと、それを確かめるセルです。判定は 4 種類です。
 #
-# - **正しい**: そのとおり (条件つきのものは「正しくは」の欄に条件を書きます)
+# - **正しい**: そのとおり (条件つきのものは「実際」の欄に条件を書きます)
 # - **誤り**: 事実と違う、またはコードが動かない
 # - **誤解を招く**: 一部は正しいが、そのまま受け取ると間違える
 # - **古い**: かつては正しかったが、いまは別の方法を使う
@@ -24,9 +24,10 @@
 # リンクは、この日本語版のノートブックの、見出しのあるセルを指します (`#cell-id=…`)。クリックすると
 # ノートブックが開き、その見出しまでスクロールします。見出しの名前へのリンク (`#見出し`) では、JupyterLab 4
 # はノートブックを開いても先頭に留まります。とくに日本語の見出しは見つけられません
-# ([jupyterlab#12402](https://github.com/jupyterlab/jupyterlab/issues/12402))。見出しが画面に残るのは、
-# `make lab` が使うこのコースの JupyterLab の設定 (`jupyterlab-settings/`) のもとです。それ以外の
-# 環境でずれたときは、左の目次から見出しを選んでください。
+# ([jupyterlab#12402](https://github.com/jupyterlab/jupyterlab/issues/12402))。見出しまでスクロールされたまま
+# 表示されるのは、`make lab` が使うこのコースの JupyterLab の設定 (`jupyterlab-settings/`) を使ったときです。
+# それ以外の環境でずれたときは、左の目次から見出しを選んでください。
+# コードのセルが表示する出力は英語のままです (確認のメッセージは日本語です)。
 
 # %% [markdown] lang="en"
 # # 11 Errata
@@ -49,7 +50,8 @@
 # ([jupyterlab#12402](https://github.com/jupyterlab/jupyterlab/issues/12402)). The
 # heading stays on screen with the course's JupyterLab settings
 # (`jupyterlab-settings/`, which `make lab` uses); elsewhere, if it is off, pick the
-# heading in the table of contents on the left.
+# heading in the table of contents on the left. The code cells print in English in both
+# editions; checks follow the notebook's language.
 
 # %%
 import labkit
@@ -60,13 +62,13 @@ labkit.set_lang("ja")
 # %% [markdown] lang="ja"
 # ## 記事 000: no_sync と高速化の方法
 #
-# | id | 記事の記述 | 判定 | 正しくは | 確かめるセル |
+# | id | 記事の記述 | 判定 | 実際 | 確かめるセル |
 # |---|---|---|---|---|
 # | 000-1 | 「DistributedDataParallel は複数の GPU で並列処理し、大規模なデータセットや複雑なモデルの訓練時間を大幅に短縮できる」 | 誤解を招く | 速くなるかは、1 ステップの計算と、そのステップで all-reduce する勾配 (パラメータと同じバイト数) の比で決まる。データセットの大きさはステップ数を変えるだけで、この比は変えない。2 ランクで半分になるのは計算だけで、勾配は全部 all-reduce する (セルが数える) | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
 # | 000-2 | 「各 GPU はモデルのパラメータの一部を保持し、それらを更新します」 | 誤り | DDP の各ランクは全パラメータの複製を持つ。一部を持つのは FSDP / ZeRO-3 | [03: 各ランクはモデル全体を持つ](03_ddp.ipynb#cell-id=03-every-rank-holds-the-whole-model) |
-# | 000-3 | 「各 GPU のパラメータ更新は独立して行われるため整合性が失われる…各パラメータ更新後に勾配同期を行う」 | 誤り | 同期は逆伝播の途中、更新の前に勾配を all-reduce する。だから全ランクが同じ更新をする | [03: 何が、いつ通信されるか](03_ddp.ipynb#cell-id=03-what-is-communicated-and-when) |
+# | 000-3 | 「各 GPU のパラメータ更新は独立して行われるため整合性が失われる…各パラメータ更新後に勾配同期を行う」 | 誤り | 同期では、逆伝播の途中 (更新の前) に勾配を all-reduce する。だから全ランクが同じ更新をする | [03: 何が、いつ通信されるか](03_ddp.ipynb#cell-id=03-what-is-communicated-and-when) |
 # | 000-4 | 「no_sync() は勾配同期を無効にするオプション」 | 誤解を招く | `with` で使うコンテキストマネージャで、同期を次の `with` の外の逆伝播まで先送りする | [04: 正しい使い方](04_no_sync.ipynb#cell-id=04-correct-use) |
-# | 000-5 | 「各 GPU はパラメータ更新後にすぐ次の更新を開始できる」 | 誤り | `no_sync` の中で `step` するとレプリカがずれ、同期に戻しても戻らない | [04: 誤用 3: no_sync の中で optimizer.step() する](04_no_sync.ipynb#cell-id=04-misuse-3-optimizer-step-inside-no-sync) |
+# | 000-5 | 「各 GPU はパラメータ更新後にすぐ次の更新を開始できる」 | 誤り | `no_sync` の中で `step` するとレプリカがずれ、同期を再開しても元に戻らない | [04: 誤用 3: no_sync の中で optimizer.step() する](04_no_sync.ipynb#cell-id=04-misuse-3-optimizer-step-inside-no-sync) |
 # | 000-6 | 「メリット: 訓練速度の向上」 | 誤解を招く | 速くなるのは勾配累積で all-reduce が K 回から 1 回に減るときだけ | [04: 1 ステップの時間: K と no_sync](04_no_sync.ipynb#cell-id=04-time-per-step-k-and-no-sync) |
 # | 000-7 | 「デメリット: 訓練の不安定化、収束が遅くなる可能性」 | 誤り | 正しく使えば K 倍のバッチと数学的に同じで、更新ごとの曲線は重なる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
 # | 000-8 | 「使うべき場合 / 使わないべき場合」(速度優先、安定性重視など) | 誤り | 基準は勾配累積をするかどうか | [04: いつ使うか (記事のリストの書き直し)](04_no_sync.ipynb#cell-id=04-when-to-use-it-the-document-s-lists-rewritten) |
@@ -81,12 +83,12 @@ labkit.set_lang("ja")
 # | 000-17 | 「データローダーのワーカー数を増やす」 | 正しい | 読み込みが重いときに効く (ワーカー 2 つでエポックの時間の中央値が 0.9 倍未満になることをセルが確かめる)。データは変わらない | [07: DataLoader のワーカー数](07_speedups.ipynb#cell-id=07-dataloader-workers) |
 # | 000-18 | 「バッチサイズを増やす」 | 誤解を招く | 処理速度は上がるが、収束には学習率の調整とウォームアップが要る | [08: 大きなバッチと学習率](08_training_settings.ipynb#cell-id=08-large-batches-and-the-learning-rate) |
 # | 000-19 | 「データシャッフルを有効にする」(速度向上として) | 誤り | 速さは変わらない。収束のために必要 | [08: シャッフルは速さではなく収束のため](08_training_settings.ipynb#cell-id=08-shuffling-is-for-convergence-not-speed) |
-# | 000-20 | 「ピンメモリーを使用する」 | 正しい | GPU で学習するときに限る。固定メモリからの CPU→GPU 転送は速く、`.to(device, non_blocking=True)` と組み合わせると転送と計算が重なる。GPU がなければバッチは固定されず、何も変わらない | [07: pin_memory](07_speedups.ipynb#cell-id=07-pin-memory) |
-# | 000-21 | 「軽量なモデル」「精度と速度のバランス」「不要な計算を削減」 | 正しい | パラメータが少ないほど 1 ステップの計算 (FLOPs) が減り、小さすぎると精度が落ちる (どちらもセルが確かめる)。時間は「この実行では」として示す。評価は `torch.no_grad()` で | [07: 軽いモデル](07_speedups.ipynb#cell-id=07-a-lighter-model) |
+# | 000-20 | 「ピンメモリーを使用する」 | 正しい | GPU で学習するときに限る。固定メモリからの CPU→GPU 転送は速く、`.to(device, non_blocking=True)` と組み合わせると転送と計算が重なる。GPU がなければバッチは固定メモリに置かれず、何も変わらない | [07: pin_memory](07_speedups.ipynb#cell-id=07-pin-memory) |
+# | 000-21 | 「軽量なモデル」「精度と速度のバランス」「不要な計算を削減」 | 正しい | パラメータが少ないほど 1 ステップの計算 (FLOP) が減り、小さすぎると精度が落ちる (どちらもセルが確かめる)。時間はこの実行での値 (`on this run`) として示す。評価は `torch.no_grad()` で | [07: 軽いモデル](07_speedups.ipynb#cell-id=07-a-lighter-model) |
 # | 000-22 | 「学習率を調整」「オプティマイザーを変更」「スケジューラーを使用」 | 誤解を招く | 1 ステップは速くならない。少ないステップで収束させるためのもの | [08: 学習率、オプティマイザ、スケジューラ](08_training_settings.ipynb#cell-id=08-learning-rate-optimizer-and-scheduler) |
-# | 000-23 | 「チェックポイントを活用する」(保存の意味で) | 誤解を招く | 速くはならない。止まっても再開でき、結果は 1 ビットも同じ | [08: チェックポイント: 学習状態を保存して再開する](08_training_settings.ipynb#cell-id=08-checkpoints-save-and-resume-the-training-state) |
-# | 000-24 | 「チェックポイントを活用する」(活性化チェックポイントの意味で) | 誤解を招く | 速くする方法ではない。メモリを減らす代わりに、1 ステップで順伝播をもう 1 回計算する (セルが数える)。時間は「この実行では」として示す | [07: 活性化チェックポイント](07_speedups.ipynb#cell-id=07-activation-checkpointing) |
-# | 000-25 | 「より高速な GPU」「TPU などの専用ハードウェア」 | 誤解を招く | 速い GPU は予算の話で、コードは同じ (`nccl`)。TPU は違う: `nccl` は使えず (CUDA 専用)、PyTorch だけではテンソルを置けない。torch_xla が要り、XLA デバイス、専用のデータローダー、ステップごとの同期の呼び出し、`xla` バックエンドとコードを書き換える | [11: TPU には torch_xla が要る](11_errata.ipynb#cell-id=11-a-tpu-needs-torch-xla) |
+# | 000-23 | 「チェックポイントを活用する」(保存の意味で) | 誤解を招く | 速くはならない。止まっても再開でき、結果は 1 ビットも違わない | [08: チェックポイント: 学習状態を保存して再開する](08_training_settings.ipynb#cell-id=08-checkpoints-save-and-resume-the-training-state) |
+# | 000-24 | 「チェックポイントを活用する」(活性化チェックポイントの意味で) | 誤解を招く | 速くする方法ではない。メモリを減らす代わりに、1 ステップで順伝播をもう 1 回計算する (セルが数える)。時間はこの実行での値 (`on this run`) として示す | [07: 活性化チェックポイント](07_speedups.ipynb#cell-id=07-activation-checkpointing) |
+# | 000-25 | 「より高速な GPU」「TPU などの専用ハードウェア」 | 誤解を招く | 速い GPU は予算の話で、コードは同じ (`nccl`)。TPU は違う: `nccl` は使えず (CUDA 専用)、PyTorch だけではテンソルを置けない。torch_xla が要り、XLA デバイス、専用のデータローダー、ステップごとの同期の呼び出し、`xla` バックエンドを使うようにコードを書き換える | [11: TPU には torch_xla が要る](11_errata.ipynb#cell-id=11-a-tpu-needs-torch-xla) |
 # | 000-26 | 「Apex」 | 古い | `torch.autocast` と `torch.amp.GradScaler`。`torch.cuda.amp` も非推奨 | [07: 混合精度 (torch.autocast)](07_speedups.ipynb#cell-id=07-mixed-precision-torch-autocast) |
 # | 000-27 | 「Horovod」 | 古い | 最新リリースは 2023 年の 0.28.1。PyTorch では torchrun と DDP | [09: Horovod のいま](09_ecosystem.ipynb#cell-id=09-horovod-today) |
 # | 000-28 | 「これらの方法は no_sync() と組み合わせることでさらに速くなる」 | 誤解を招く | `no_sync` は勾配累積のときだけの話。ほかの方法とは独立 | [04: いつ使うか (記事のリストの書き直し)](04_no_sync.ipynb#cell-id=04-when-to-use-it-the-document-s-lists-rewritten) |
@@ -130,7 +132,7 @@ labkit.set_lang("ja")
 # %% [markdown] lang="ja"
 # ## 記事 004: data_parallel、Horovod、フレームワーク
 #
-# | id | 記事の記述 | 判定 | 正しくは | 確かめるセル |
+# | id | 記事の記述 | 判定 | 実際 | 確かめるセル |
 # |---|---|---|---|---|
 # | 004-1 | 「データ並列処理とは、異なるデータサンプルを複数の GPU に分散させて処理し、訓練と推論を高速化する手法」 | 正しい | 分けるのはデータで、モデルは各デバイスに複製する | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
 # | 004-2 | 「data_parallel() はモデルと入力を複数の GPU に分散させ、結果を集約する」 | 正しい | `scatter`、`replicate`、`parallel_apply`、`gather` の 4 段階 | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
@@ -145,7 +147,7 @@ labkit.set_lang("ja")
 # | 004-11 | 「モデルのパラメータはすべての GPU に同期されている必要」 | 誤り | 呼び出しのたびに複製し直すので、利用者がそろえる必要はない。必要なのはモデルを `device_ids[0]` に置くこと (004-8) | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
 # | 004-12 | 「データバッチサイズは GPU のメモリ容量に収まる必要」 | 誤解を招く | 各 GPU には分けた一部が載る。出力はデバイス 0 に集まる | [02: 4. gather: 出力を集める](02_data_parallel.ipynb#cell-id=02-4-gather-collect-the-outputs) |
 # | 004-13 | 「replicate や scatter_gather は異なる並列処理パターンに対応」 | 誤り | `data_parallel` 自身の部品。`scatter_gather` はモジュール | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
-# | 004-14 | 「PyTorch Lightning などで、さらに簡単に」 | 正しい | 中で DDP と `no_sync` を使う。確かめるセルは Lightning を入れたときだけ動き、標準の環境では飛ばす | [09: PyTorch Lightning と Hugging Face Accelerate](09_ecosystem.ipynb#cell-id=09-pytorch-lightning-and-hugging-face-accelerate) |
+# | 004-14 | 「PyTorch Lightning などで、さらに簡単に」 | 正しい | 中で DDP と `no_sync` を使う。確かめるセルは Lightning を入れたときだけ動き、既定の環境では飛ばす | [09: PyTorch Lightning と Hugging Face Accelerate](09_ecosystem.ipynb#cell-id=09-pytorch-lightning-and-hugging-face-accelerate) |
 # | 004-15 | 「data_parallel() は強力なツール」(まとめ) | 古い | 1 台のマシンでも DDP を使う (PyTorch の推奨) | [02: PyTorch が DDP を勧める理由](02_data_parallel.ipynb#cell-id=02-why-pytorch-recommends-ddp) |
 # | 004-16 | コード `x.view(-1)` (MLP) | 誤り | バッチ 100 でエラー、バッチ 1 では形が黙って壊れる | [01: バッチが 1 のときは黙って間違える](01_models.ipynb#cell-id=01-with-a-batch-of-one-it-is-silently-wrong) |
 # | 004-17 | コード `nn.DataParallel(MyModel())` (GPU なし) | 誤解を招く | CPU では `device_ids` が空で、モデルを 1 回呼ぶだけ | [02: CPU では nn.DataParallel は何もしない](02_data_parallel.ipynb#cell-id=02-on-a-cpu-nn-dataparallel-does-nothing) |
@@ -159,7 +161,7 @@ labkit.set_lang("ja")
 # | 004-25 | 「手動で並列処理: 1. モデルを複数の GPU に分割」 | 誤り | データ並列はデータを分けてモデルを複製する。モデルを分けるのはモデル並列 | [09: 手動の並列化](09_ecosystem.ipynb#cell-id=09-parallelism-by-hand) |
 # | 004-26 | 「Horovod は MPI を使用して通信」 | 誤解を招く | プロセス間の調整 (コントローラ) は Gloo か MPI のどちらか。GPU のテンソルの all-reduce はふつう NCCL で行う | [09: Horovod のいま](09_ecosystem.ipynb#cell-id=09-horovod-today) |
 # | 004-27 | 「Horovod は使いやすく、スケーラブルな分散訓練ソリューション」 | 古い | 2023 年から新しいリリースがなく、新しい PyTorch に対してビルドできないと報告されている | [09: Horovod のいま](09_ecosystem.ipynb#cell-id=09-horovod-today) |
-# | 004-28 | 「モデルを Horovod でラップします」 | 誤り | 包むのはオプティマイザ (`hvd.DistributedOptimizer`) | [09: Horovod のいま](09_ecosystem.ipynb#cell-id=09-horovod-today) |
+# | 004-28 | 「モデルを Horovod でラップします」 | 誤り | ラップする (包む) のはオプティマイザ (`hvd.DistributedOptimizer`) | [09: Horovod のいま](09_ecosystem.ipynb#cell-id=09-horovod-today) |
 # | 004-29 | 「PyTorch Lightning や TensorFlow Lattice などの分散訓練用フレームワーク」 | 誤り | TensorFlow Lattice は形状制約つきの格子モデルのライブラリ | [09: TensorFlow Lattice は分散学習のフレームワークではない](09_ecosystem.ipynb#cell-id=09-tensorflow-lattice-is-not-a-distributed-training-framework) |
 # | 004-30 | 「コードを変更することなく、複数の GPU 上で訓練」 | 誤解を招く | 少ない変更で (LightningModule、`accelerator.prepare`) | [09: PyTorch Lightning と Hugging Face Accelerate](09_ecosystem.ipynb#cell-id=09-pytorch-lightning-and-hugging-face-accelerate) |
 
@@ -224,7 +226,7 @@ labkit.set_lang("ja")
 # | L05-2 | DDP は勾配をバケットにまとめ、バケットごとに 1 回 all-reduce する。`DDP(model)` は最初のステップのあとでバケットを作り直す | [05: バケット: DDP(model) が実際に送るもの](05_communication.ipynb#cell-id=05-buckets-what-ddp-model-really-sends) |
 # | L05-3 | 通信の一部は勾配の計算と重なる (隠れる) | [05: 勾配の計算と通信の重なり](05_communication.ipynb#cell-id=05-communication-overlaps-the-gradient-computation) |
 # | L05-4 | 1 更新の時間は計算と通信のモデルで予測でき、測っていない K でも当たる | [05: 1 回の更新の時間を予測する](05_communication.ipynb#cell-id=05-predicting-the-time-of-an-update) |
-# | L06-1 | 自分で書いた DDP (フック、逆順のバケット、非同期の all-reduce、待ち合わせ、平均) の勾配は torch の DDP と等しく、torch の DDP の最初のステップのあとは all-reduce の回数とバイト数も同じ | [06: torch の DDP と比べる](06_beyond_no_sync.ipynb#cell-id=06-compared-with-torch-s-ddp) |
+# | L06-1 | 自分で書いた DDP (フック、逆順のバケット、非同期の all-reduce、完了待ち、平均) の勾配は torch の DDP と等しく、torch の DDP の最初のステップのあとは all-reduce の回数とバイト数も同じ | [06: torch の DDP と比べる](06_beyond_no_sync.ipynb#cell-id=06-compared-with-torch-s-ddp) |
 # | L06-2 | フックから始めた all-reduce は、逆伝播が次の勾配を計算するあいだに進む | [06: 通信は計算と重なっているか](06_beyond_no_sync.ipynb#cell-id=06-does-communication-overlap-the-computation) |
 # | L06-3 | `fp16_compress_hook` は送るバイト数をちょうど半分にする。PowerSGD は行列を P と Q で送り、圧縮しても値の数が半分より少なくならない行列 (ベクトルは常にそう) はそのまま送る。誤差のフィードバックがあれば、近似で落ちた分はあとのステップで届く。bf16 のフックを受け付けるかは torch のビルドで決まる (CPU 版ではエラー、CUDA 版では gloo でも登録できる) | [06: 圧縮フック: fp16 と PowerSGD](06_beyond_no_sync.ipynb#cell-id=06-compression-hooks-fp16-and-powersgd) |
 # | L06-4 | `ZeroRedundancyOptimizer` は Adam の状態をランクで分割して持ち (合計は同じ)、集団通信に渡すバイト数はパラメータの broadcast で 2 倍になるが、各ランクがソケットに書くバイト数は 2 ランクで 1.5 倍。学習は 1 ビットも変わらない | [06: ZeroRedundancyOptimizer: オプティマイザの状態を分割して持つ (シャード)](06_beyond_no_sync.ipynb#cell-id=06-zeroredundancyoptimizer-sharing-out-the-optimizer-state) |
@@ -232,15 +234,15 @@ labkit.set_lang("ja")
 # | L06-6 | `bucket_cap_mb` を渡すと最初のバケットも同じ上限になり、既定 (None) では最初のバケットだけ 1 MB。このモデルでは 0.25〜4 MB の上限はどれもバケット 3 つ | [06: バケットの大きさ: bucket_cap_mb](06_beyond_no_sync.ipynb#cell-id=06-bucket-size-bucket-cap-mb) |
 # | L06-7 | ループバックでは、PowerSGD は送るバイト数を大きく減らしても 1 ステップが DDP の 2 倍速くもならず、モデルの予測より遅い (差の内訳は測っていない) | [06: 並べて比べ、モデルで予測する](06_beyond_no_sync.ipynb#cell-id=06-side-by-side-and-predicted-by-the-model) |
 # | L10-1 | 一部のランクだけが集団通信を呼ぶと、呼んだランクは来ない相手を待ち、時間切れになる | [10: 一部のランクだけが呼ぶ集団通信](10_troubleshooting.ipynb#cell-id=10-a-collective-that-only-some-ranks-call) |
-# | L10-2 | `dist.monitored_barrier` は来なかったランクを名前で挙げる | [10: どのランクが来ていないかを知る](10_troubleshooting.ipynb#cell-id=10-which-rank-is-missing) |
+# | L10-2 | `dist.monitored_barrier` は来なかったランクを特定して示す | [10: どのランクが来ていないかを知る](10_troubleshooting.ipynb#cell-id=10-which-rank-is-missing) |
 # | L10-3 | gloo はランクごとの集団通信の食い違いを確かめない: 種類が違えば時間切れ、演算 (和と最大値) が違えばエラーなしに間違った値 | [10: ランクごとに食い違う集団通信](10_troubleshooting.ipynb#cell-id=10-collectives-that-differ-between-ranks) |
-# | L10-4 | `TORCH_DISTRIBUTED_DEBUG=DETAIL` は形や種類の食い違いを、両方の呼び出しを挙げて止める。演算の食い違いは見ない | [10: TORCH_DISTRIBUTED_DEBUG=DETAIL](10_troubleshooting.ipynb#cell-id=10-torch-distributed-debug-detail) |
+# | L10-4 | `TORCH_DISTRIBUTED_DEBUG=DETAIL` は形や種類の食い違いを検出し、両方の呼び出しを示してエラーで止める。演算の食い違いは見ない | [10: TORCH_DISTRIBUTED_DEBUG=DETAIL](10_troubleshooting.ipynb#cell-id=10-torch-distributed-debug-detail) |
 # | L10-5 | 順伝播で使われないパラメータがあると、1 回目の勾配は平均されず、2 回目の順伝播でエラーになる | [10: 順伝播で使われないパラメータ](10_troubleshooting.ipynb#cell-id=10-parameters-the-forward-pass-does-not-use) |
 # | L10-6 | `find_unused_parameters=True` では勾配が全体のバッチの勾配と一致し、使われないパラメータも 0 として送られる。`static_graph=True` はグラフが変わるとエラー | [10: 直し方: find_unused_parameters=True と static_graph=True](10_troubleshooting.ipynb#cell-id=10-fixes-find-unused-parameters-true-and-static-graph-true) |
 # | L10-7 | ランクごとにバッチの数が違うと、エポックの終わりで止まる | [10: ランクごとに数の違う入力](10_troubleshooting.ipynb#cell-id=10-ranks-with-different-numbers-of-batches) |
 # | L10-8 | `Join` の中では、抜けたランクが 0 の勾配で加わり、勾配は world size で割られる。`no_sync` も使える | [10: Join が計算するもの](10_troubleshooting.ipynb#cell-id=10-what-join-computes) |
 # | L10-9 | `DistributedSampler` は先頭のサンプルを繰り返して水増しし、ランクの平均の平均は正しい値からずれる | [10: DistributedSampler の水増し](10_troubleshooting.ipynb#cell-id=10-distributedsampler-s-padding) |
-# | L10-10 | DDP の `model.state_dict()` の名前には `module.` が付き、包んでいないモデルに読み込めない。ランク 0 が書き終える前に読むと、前のチェックポイントをエラーなしに読む | [10: DDP でのチェックポイント](10_troubleshooting.ipynb#cell-id=10-checkpoints-under-ddp) |
+# | L10-10 | DDP の `model.state_dict()` のキーの先頭には `module.` が付き、包んでいないモデルに読み込めない。ランク 0 が保存し終える前に読むと、前のチェックポイントをエラーなしに読む | [10: DDP でのチェックポイント](10_troubleshooting.ipynb#cell-id=10-checkpoints-under-ddp) |
 # | L10-11 | torchrun の `--max-restarts` で起動し直し、チェックポイントから続けた学習は、止まらなかった学習と 1 ビットも違わない | [10: 学習の途中で死ぬランク](10_troubleshooting.ipynb#cell-id=10-a-rank-that-dies-mid-step) |
 
 # %% [markdown] lang="en"
@@ -369,7 +371,7 @@ print("with a body:", type(code).__name__)
 #
 # このマシンには GPU がないので、torch に「GPU が 2 台 (または 1 台) ある」と答えさせて
 # (`unittest.mock` で `torch.cuda.is_available` などを置き換え)、torch 自身の確認を実行します。
-# どちらの確認も GPU の計算より前に行われるので、GPU がなくても torch の本物のコードが動きます。
+# どちらの確認も GPU の計算より前に行われるので、GPU がなくても torch の実際のコードが動きます。
 
 # %% [markdown] lang="en"
 # ## Doc 004's DataParallel on a machine with GPUs
@@ -414,8 +416,8 @@ moved.assert_called_once_with(torch.device("cuda", 0))  # one GPU: it moves the 
 # %% [markdown] lang="ja"
 # 記事のコメント「入力データを GPU に分散」も正しくありません。`.cuda()` はテンソル全体を 1 台の GPU
 # (いまのデバイス) に送るだけです。GPU ごとに分けるのは DataParallel の `forward` の中の `scatter` です。
-# パラメータのない記事の最初の `MyModel` ならモデルの確認を通るので、`scatter` に何が渡るかを見られます:
-# 100 サンプルのバッチ全体と、GPU の番号 `[0, 1]` です。どう分けるかはレッスン 02 の `scatter` で見ました。
+# 記事の最初の `MyModel` はパラメータを持たないのでモデルの確認を通り、`scatter` に何が渡るかを見られます。
+# 渡るのは、100 サンプルのバッチ全体と、GPU の番号 `[0, 1]` です。どう分けるかはレッスン 02 の `scatter` で見ました。
 
 # %% [markdown] lang="en"
 # The document's comment "spread the input over the GPUs" is not right either. `.cuda()`
@@ -454,7 +456,7 @@ if torch.cuda.is_available():  # a real GPU: .cuda() puts the whole batch on one
 # - PyTorch だけではテンソルを TPU に置けません。`xla` というデバイスの種類は PyTorch にありますが、
 #   その上で動く演算は torch_xla パッケージが入れます。`xla` の通信バックエンドも torch_xla が登録します。
 # - torch_xla で動かすにはコードを書き換えます。デバイスは `torch_xla.device()`、データは
-#   `torch_xla.distributed.parallel_loader.MpDeviceLoader` で送り、XLA は演算を貯めてからまとめて
+#   `torch_xla.distributed.parallel_loader.MpDeviceLoader` で送り、XLA は演算をためてからまとめて
 #   コンパイルして実行するので、ステップごとに `torch_xla.sync()` (または `xm.optimizer_step(optimizer)`)
 #   を呼びます。DDP を使うなら `dist.init_process_group("xla", init_method="xla://")` で、起動は
 #   `torch_xla.launch` です ([PyTorch/XLA のドキュメント](https://docs.pytorch.org/xla/))。
