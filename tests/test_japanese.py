@@ -101,6 +101,7 @@ def _values() -> tuple[dict[str, list], dict[tuple[str, str], list]]:
         **{(key, "step"): [2] for key in ("ex_apart", "ex_no_zero_grad")},
         ("ex_lr_warmup_end", "step"): [40],
         ("ex_lr_ok", "steps"): [20],
+        ("ex_accum_k", "first"): [4], ("ex_accum_k", "K"): [2],
         ("ex_chunks_ok", "sizes"): [{(10, 3): [4, 4, 2], (7, 3): [3, 3, 1]}],
         ("ex_buckets_case", "sizes"): [[4000, 40]],
         ("ex_psgd_wrong", "got"): [4_198_400], ("ex_psgd_wrong", "want"): [16_384],
