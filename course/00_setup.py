@@ -243,7 +243,7 @@ assert saved["torch_version"] == torch.__version__
 # | 環境 | 使い方 |
 # |---|---|
 # | GPU のない PC (この講座の基準) | `make lab`。DDP は gloo、DataParallel は CPU 上の再現で学びます。 |
-# | GPU のあるマシン | `make lab TORCH="torch==2.13.0 …"` で CUDA 版の PyTorch を指定します。ノートブックのランクは、ここでも gloo で CPU の上で動きます。本物の GPU を使うのは、GPU が 2 台以上あるときのレッスン 02 の DataParallel と、コマンドラインです (`torchrun --nproc-per-node N -m labkit nosync --backend nccl`、1 ランクに GPU 1 台)。 |
+# | GPU のあるマシン | `make lab TORCH="torch==2.13.0 …"` で CUDA 版の PyTorch を指定します。ノートブックのランクは、ここでも gloo で CPU の上で動きます。実際の GPU を使うのは、GPU が 2 台以上あるときのレッスン 02 の DataParallel と、コマンドラインです (`torchrun --nproc-per-node N -m labkit nosync --backend nccl`、1 ランクに GPU 1 台)。 |
 # | リモートの GPU サーバー | サーバーで `make lab` (127.0.0.1 で待ち受け) し、手元から `ssh -L 8888:127.0.0.1:8888 サーバー` で転送してブラウザで開きます。 |
 # | クラスタ | ノートブックではなく `torchrun` でスクリプトを起動します (レッスン 09)。 |
 # | コンテナ (VS Code の Dev Containers、GitHub Codespaces) | リポジトリを開くと `.devcontainer/devcontainer.json` が Python 3.11 と CPU 版の PyTorch で環境を作ります (`make setup`)。ターミナルで `make lab` を実行すると、エディタがポート 8888 を転送します。CPU 2 コアを指定してあります。 |

@@ -447,7 +447,7 @@ for n in (2, 3):
 # 同じ比較は `dp_compare.dp_experiment()` でも実行でき、結果を辞書で返します。
 # ターミナルからは `python -m labkit dp --devices 2 --json dp.json` で、同じ結果を JSON に書けます。
 # GPU が 2 台以上あるマシンでは、この関数はモデルとバッチを `cuda:0` に置き、PyTorch 自身の
-# `data_parallel` を本物の GPU で実行します (`"simulated": False`)。なければ CPU での再現です。
+# `data_parallel` を実際の GPU で実行します (`"simulated": False`)。なければ CPU での再現です。
 # この GPU の経路は、まだ GPU の上で実行されたことがありません (レッスン 00)。
 
 # %% [markdown] lang="en"
