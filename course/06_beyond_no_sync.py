@@ -137,8 +137,8 @@ from labkit import from_scratch
 #   `.grad` に書き戻します。最後に、次のステップのために `in_flight` と `pending` を元に戻します。
 #
 # 確認のセルは、あなたの `ScratchDDP` と torch の DDP を、同じモデルと同じデータで 2 つのランクで
-# 動かします。勾配、all-reduce の回数、待つ時点、通信が逆伝播と重なること、`no_sync` の中で送らない
-# ことを確かめ、違えば何が違うかを言います。確かめられないことが 1 つあります。`flat` を `wait()` の
+# 動かします。勾配、all-reduce の回数、待つ時点、all-reduce が逆伝播の途中で始まること、`no_sync` の
+# 中で送らないことを確かめ、違えば何が違うかを言います。確かめられないことが 1 つあります。`flat` を `wait()` の
 # あとで読んでいるかどうかです。all-reduce が先に終わっていれば、前に読んでも値は合います。
 # クラスはランクの上で定義するので、セルは `%%px` です。
 
@@ -160,7 +160,7 @@ from labkit import from_scratch
 #
 # The check runs your `ScratchDDP` and torch's DDP on the same model and data on two
 # ranks. It checks the gradients, the number of all-reduces, when they are waited for,
-# that communication overlaps the backward pass, and that nothing is sent inside
+# that they start during the backward pass, and that nothing is sent inside
 # `no_sync`, and says what differs. One thing it cannot check: that you read `flat` only
 # after its `wait()`. An all-reduce that has already finished gives the right values
 # either way. The class is defined on the ranks, so the cell is a `%%px` cell.

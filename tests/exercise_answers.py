@@ -238,6 +238,103 @@ def train_step_on_rank_0(model, optimizer, scheduler, criterion, updates, rank):
         scheduler.step()
 
 
+# 06: the bytes PowerSGD sends in a step (lesson 06's answer, and wrong ones)
+
+
+def powersgd_bytes(shapes, r):
+    values = 0
+    for shape in shapes:
+        if len(shape) == 1:  # a vector: sent as it is
+            values += shape[0]
+            continue
+        n, m = shape[0], math.prod(shape[1:])
+        compressed = (n + m) * r
+        values += compressed if compressed * 2 < n * m else n * m
+    return 4 * values
+
+
+def powersgd_bytes_as_matrices(shapes, r):
+    """No rule for vectors: each is an n × 1 matrix, which never passes the rate."""
+    values = 0
+    for shape in shapes:
+        n, m = shape[0], math.prod(shape[1:])
+        values += (n + m) * r if (n + m) * r * 2 < n * m else n * m
+    return 4 * values
+
+
+def powersgd_bytes_at_most_half(shapes, r):
+    """`<=`: compresses a matrix that compression would only halve."""
+    values = 0
+    for shape in shapes:
+        n, m = shape[0], math.prod(shape[1:]) if len(shape) > 1 else 1
+        values += (n + m) * r if (n + m) * r * 2 <= n * m and m > 1 else n * m
+    return 4 * values
+
+
+def powersgd_bytes_whole_model(shapes, r):
+    """The rate rule decided once for all the matrices together."""
+    vectors = sum(s[0] for s in shapes if len(s) == 1)
+    matrices = [(s[0], math.prod(s[1:])) for s in shapes if len(s) > 1]
+    compressed = sum((n + m) * r for n, m in matrices)
+    whole = sum(n * m for n, m in matrices)
+    return 4 * (vectors + (compressed if compressed * 2 < whole else whole))
+
+
+def powersgd_bytes_without_r(shapes, r):
+    """P and Q as if the rank were 1."""
+    return powersgd_bytes(shapes, 1)
+
+
+def powersgd_bytes_sorting_shapes(shapes, r):
+    """Right, but sorts the caller's list in place (and pops it empty)."""
+    shapes.sort(key=len)
+    total = powersgd_bytes(shapes, r)
+    shapes.clear()
+    return total
+
+
+# 06: DDP's buckets (lesson 06's answer, and wrong ones)
+
+
+def ddp_buckets(param_bytes, bucket_cap_mb, *, first_always=False, close_before=False,
+                count_last=True):
+    mib = 1024 * 1024
+    cap = (25 if bucket_cap_mb is None else bucket_cap_mb) * mib
+    first = mib if bucket_cap_mb is None or first_always else cap
+    buckets, size = 0, 0
+    for nbytes in reversed(param_bytes):
+        limit = first if buckets == 0 else cap
+        if close_before:  # a parameter that would overflow starts a new bucket
+            if size and size + nbytes > limit:
+                buckets, size = buckets + 1, 0
+            size += nbytes
+            continue
+        size += nbytes
+        if size >= limit:
+            buckets, size = buckets + 1, 0
+    return buckets + (size > 0 and count_last)
+
+
+def ddp_buckets_first_always(param_bytes, bucket_cap_mb):
+    """A 1 MiB first bucket whatever the cap."""
+    return ddp_buckets(param_bytes, bucket_cap_mb, first_always=True)
+
+
+def ddp_buckets_close_before(param_bytes, bucket_cap_mb):
+    return ddp_buckets(param_bytes, bucket_cap_mb, close_before=True)
+
+
+def ddp_buckets_last_left_out(param_bytes, bucket_cap_mb):
+    """Counts only the buckets that closed."""
+    return ddp_buckets(param_bytes, bucket_cap_mb, count_last=False)
+
+
+def ddp_buckets_reversing_the_list(param_bytes, bucket_cap_mb):
+    """Right, but reverses the caller's list in place."""
+    param_bytes.reverse()
+    return ddp_buckets(param_bytes[::-1], bucket_cap_mb)
+
+
 # 07: the bytes of activations DeepMLP keeps for backward
 
 

@@ -156,6 +156,47 @@ def test_replicas_agree(ranks, capsys):
         exercises.grade_replicas_agree(ranks, answers.train_no_scheduler)
 
 
+# 06: PowerSGD's bytes and DDP's buckets, measured on two ranks
+
+
+@pytest.mark.timeout(300)
+def test_powersgd_bytes(ranks, capsys):
+    exercises.grade_powersgd_bytes(ranks, answers.powersgd_bytes)
+    assert "bytes PowerSGD sends per step for 8 " in capsys.readouterr().out
+    # A vector as an n × 1 matrix gives the same bytes as a rule of its own: the
+    # check cannot tell them apart, and the lesson says so.
+    exercises.grade_powersgd_bytes(ranks, answers.powersgd_bytes_as_matrices)
+    for _ in range(2):  # an answer that empties its argument leaves the cases whole
+        exercises.grade_powersgd_bytes(ranks, answers.powersgd_bytes_sorting_shapes)
+    with wrong("ex_psgd_hint_boundary") as caught:
+        exercises.grade_powersgd_bytes(ranks, answers.powersgd_bytes_at_most_half)
+    assert "For Linear(8, 8)" in str(caught.value)
+    assert "you answered 160 bytes; PowerSGD sent 288" in str(caught.value)
+    assert "would only be halved" in str(caught.value)
+    with wrong("ex_psgd_hint_rate") as caught:
+        exercises.grade_powersgd_bytes(ranks, answers.powersgd_bytes_whole_model)
+    assert "For MLP 10-1024-1024-1024-10" in str(caught.value)
+    with wrong("ex_psgd_hint_matrix") as caught:
+        exercises.grade_powersgd_bytes(ranks, answers.powersgd_bytes_without_r)
+    assert "P (n × r) and Q (m × r)" in str(caught.value)
+
+
+@pytest.mark.timeout(300)
+def test_bucket_count(ranks, capsys):
+    for _ in range(2):  # an answer that reverses its argument leaves the cases whole
+        exercises.grade_bucket_count(ranks, answers.ddp_buckets_reversing_the_list)
+    assert "for 7 models and caps" in capsys.readouterr().out
+    with wrong("ex_buckets_hint_first_given") as caught:
+        exercises.grade_bucket_count(ranks, answers.ddp_buckets_first_always)
+    assert "the first bucket has that cap too" in str(caught.value)
+    with wrong("ex_buckets_hint_close") as caught:
+        exercises.grade_bucket_count(ranks, answers.ddp_buckets_close_before)
+    assert "makes it reach the cap" in str(caught.value)
+    with wrong("ex_buckets_hint_rule") as caught:
+        exercises.grade_bucket_count(ranks, answers.ddp_buckets_last_left_out)
+    assert "the last, unclosed bucket counts too" in str(caught.value)
+
+
 # 07: the bytes of activations DeepMLP keeps
 
 

@@ -171,7 +171,8 @@ def test_the_check_says_what_a_too_short_or_late_answer_lacks(ranks, lesson):
                          MISTAKES["every bucket sent after the last gradient"][0]))
     with pytest.raises(exercises.WrongAnswer) as wrong:
         exercises.grade_scratch_ddp(ranks)
-    assert "In step 1 none of your 8 all-reduces ran while" in str(wrong.value)
+    assert "In step 1 all 8 of your all-reduces start once the backward pass" in str(
+        wrong.value)
 
 
 def test_waiting_in_the_hook_leaves_nothing_overlapped(ranks, lesson):
