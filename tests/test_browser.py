@@ -125,6 +125,14 @@ def lab_as_shipped(tmp_path):
                           f"--LabApp.app_settings_dir={ROOT / 'jupyterlab-settings'}")
 
 
+@pytest.fixture
+def lab_first_start(tmp_path):
+    """JupyterLab as `make lab` opens it the first time: the course's defaults, and
+    no setting of the learner's own."""
+    yield from _serve_lab(tmp_path, {},
+                          f"--LabApp.app_settings_dir={ROOT / 'jupyterlab-settings'}")
+
+
 def _chromium(p):
     return p.chromium.launch(
         executable_path=CHROMIUM,
@@ -355,3 +363,73 @@ def test_errata_links_land_on_their_heading(lab_as_shipped):
         finally:
             browser.close()
     assert not missed, "links that do not land on their heading:\n" + "\n".join(missed)
+
+
+# Whether the notebook on screen is modified, once its kernel has told JupyterLab
+# what it is (JupyterLab then writes the kernel's kernelspec and language_info
+# into the notebook's metadata).
+MODIFIED_ONCE_KERNEL_KNOWN = """async () => {
+    const w = window.jupyterapp.shell.currentWidget;
+    await w.sessionContext.session.kernel.info;
+    await new Promise(done => setTimeout(done, 1000));
+    return w.context.model.dirty;
+}"""
+TOASTS = """() => [...document.querySelectorAll('.Toastify__toast')]
+    .map(t => t.innerText)"""
+
+
+def test_a_lesson_opens_unmodified_and_without_a_news_question(lab_first_start,
+                                                                tmp_path):
+    """Opened, a lesson is not modified (closing it asks nothing) and saving it
+    changes no byte: the built notebooks hold what JupyterLab and the kernel would
+    write (nbformat 4.5, cell ids, the kernelspec, the kernel's language_info). No
+    notification asks about Jupyter's news over the lesson. A notebook with only
+    the language's name (as lessons were built before) shows the check can fail."""
+    import json
+    import platform
+
+    import build_notebooks
+
+    base, token = lab_first_start
+    lesson = tmp_path / "notebooks" / "ja" / "00_setup.ipynb"
+    nb = json.loads(lesson.read_text(encoding="utf-8"))
+    assert nb["metadata"]["language_info"]["version"] == build_notebooks.PYTHON_VERSION
+    if platform.python_version() != build_notebooks.PYTHON_VERSION:
+        # The one thing a lesson cannot know for every learner: a kernel on
+        # another Python records its own version (build_notebooks says so).
+        nb["metadata"]["language_info"]["version"] = platform.python_version()
+        lesson.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n",
+                          encoding="utf-8")
+    nb["metadata"]["language_info"] = {"name": "python"}
+    (lesson.parent / "control.ipynb").write_text(json.dumps(nb), encoding="utf-8")
+    before = lesson.read_bytes()
+    with playwright.sync_playwright() as p:
+        browser = _chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(f"{base}/lab/tree/ja/00_setup.ipynb?reset&token={token}")
+            page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+            modified = page.evaluate(MODIFIED_ONCE_KERNEL_KNOWN)
+            toasts = page.evaluate(TOASTS)
+            news = page.evaluate("""async () => (await window.jupyterapp.serviceManager
+                .settings.fetch('@jupyterlab/apputils-extension:notification'))
+                .schema.properties.fetchNews.default""")
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "lesson-opened.png"))
+            page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
+            page.wait_for_function("""() => !window.jupyterapp.shell.currentWidget
+                .context.model.dirty""")
+            page.wait_for_timeout(1000)
+            page.evaluate("window.jupyterapp.commands.execute('docmanager:open', "
+                          "{path: 'ja/control.ipynb'})")
+            page.wait_for_function(
+                "() => window.jupyterapp.shell.currentWidget.context.path"
+                " === 'ja/control.ipynb'", timeout=30_000)
+            page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+            control = page.evaluate(MODIFIED_ONCE_KERNEL_KNOWN)
+        finally:
+            browser.close()
+    assert not modified, "opening the lesson modified it"
+    assert lesson.read_bytes() == before, "saving the unmodified lesson changed it"
+    assert news == "false" and toasts == [], toasts
+    assert control, "a notebook without the kernel's language_info stays unmodified"

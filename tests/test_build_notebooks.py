@@ -122,3 +122,145 @@ def test_heading_cells_are_named_after_their_english_heading(tmp_path):
                     '# %% [markdown] lang="en"\n# ## Correct use\n')
     moved = nbformat.reads(bn.build(course / "00_demo.py")["en"], as_version=4)
     assert [c.id for c in moved.cells][-1] == "00-correct-use"
+
+
+# --- Japanese line breaks -----------------------------------------------------------
+
+def _breaks_shown_as_spaces(markdown: str) -> list[str]:
+    """The line breaks in `markdown` that a Markdown renderer shows as a space where
+    Japanese has none: a soft break between two Japanese characters, or beside
+    Japanese punctuation. Read from markdown-it's tokens, independently of
+    join_japanese_lines: code spans count as code (a space beside them is right)."""
+    import re
+
+    from markdown_it import MarkdownIt
+
+    def seen(children, i, step):
+        j = i + step
+        while 0 <= j < len(children) and children[j].type not in (
+                "softbreak", "hardbreak"):
+            child = children[j]
+            if child.type == "text" and child.content:
+                return child.content[-1] if step < 0 else child.content[0]
+            if child.type in ("code_inline", "html_inline", "image"):
+                return "`"
+            j += step
+        return ""
+
+    japanese = re.compile(f"[{bn.JAPANESE}]")
+    punctuation = re.compile(f"[{bn.JAPANESE_PUNCTUATION}]")
+    found = []
+    for token in MarkdownIt("commonmark").enable("table").parse(markdown):
+        for i, child in enumerate(token.children or []):
+            if child.type != "softbreak":
+                continue
+            before, after = seen(token.children, i, -1), seen(token.children, i, 1)
+            if (japanese.match(before) and japanese.match(after)
+                    or punctuation.match(before) or punctuation.match(after)):
+                found.append(before + "⏎" + after)
+    return found
+
+
+def _rendered(markdown: str) -> str:
+    """The HTML of `markdown` with the line breaks outside <pre> taken out: equal
+    for two texts that differ only in the breaks inside their paragraphs."""
+    import re
+
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").enable("table").render(markdown)
+    parts = re.split(r"(<pre>.*?</pre>)", html, flags=re.DOTALL)
+    return "".join(p if p.startswith("<pre>") else p.replace("\n", "") for p in parts)
+
+
+@pytest.mark.parametrize(("source", "joined"), [
+    # between Japanese characters, after 、 and 。, before a full-width bracket
+    ("勾配を平均\nする。次に、\nGPU で", "勾配を平均する。次に、GPU で"),
+    ("モデル\n（複製）", "モデル（複製）"),
+    # beside Latin text, numbers and code the space is right: the break stays
+    ("GPU\nで all-reduce\nする", "GPU\nで all-reduce\nする"),
+    ("`no_sync`\nを使う", "`no_sync`\nを使う"),
+    ("ランク\n2 つ", "ランク\n2 つ"),
+    # emphasis and a link's target are markup, not what the reader sees
+    ("**強調**\nです", "**強調**です"),
+    ("[証明](04_no_sync.ipynb#cell-id=04-x)\nを見ます",
+     "[証明](04_no_sync.ipynb#cell-id=04-x)を見ます"),
+    ("次の\n**強調**", "次の**強調**"),
+    # a list item's lines join, its items stay apart
+    ("- 項目の\n  続き\n- 次の\n  項目", "- 項目の続き\n- 次の項目"),
+    ("1. 一つ目\n2. 二つ目", "1. 一つ目\n2. 二つ目"),
+    # headings, table rows, quotes, a hard break, blank lines
+    ("# 見出し\n本文", "# 見出し\n本文"),
+    ("本文\n# 見出し", "本文\n# 見出し"),
+    ("| 表 | 一 |\n|---|---|\n| 行 | 二 |", "| 表 | 一 |\n|---|---|\n| 行 | 二 |"),
+    ("> 引用の\n> 続き\n本文", "> 引用の続き本文"),  # the last line is the quote's
+    ("> 引用\n> - 項目", "> 引用\n> - 項目"),
+    ("改行  \nです", "改行  \nです"),
+    ("段落\n\n段落", "段落\n\n段落"),
+    # a fence keeps every line, and the text after it still joins
+    ("```python\n# 日本\n# 語\nx = 1\n```\n後\nろ",
+     "```python\n# 日本\n# 語\nx = 1\n```\n後ろ"),
+    ("~~~\n日本\n語\n~~~", "~~~\n日本\n語\n~~~"),
+    ("<details>\n日本\n</details>", "<details>\n日本\n</details>"),
+    # English is left as it is
+    ("A line\nbreak stays.", "A line\nbreak stays."),
+])
+def test_japanese_line_breaks_are_joined_where_they_would_show_as_spaces(source,
+                                                                          joined):
+    assert bn.join_japanese_lines(source) == joined
+    assert _breaks_shown_as_spaces(joined) == []
+    assert _rendered(joined) == _rendered(source)  # nothing but the breaks changed
+    assert bn.join_japanese_lines(joined) == joined
+
+
+def test_the_check_for_japanese_line_breaks_finds_them():
+    """The check the built notebooks are held to finds each kind of break."""
+    assert _breaks_shown_as_spaces("学習し、\n最後に") == ["、⏎最"]
+    assert _breaks_shown_as_spaces("平均\nする") == ["均⏎す"]
+    assert _breaks_shown_as_spaces("**強調**\nです") == ["調⏎で"]
+    assert _breaks_shown_as_spaces("- 項目の\n  続き") == ["の⏎続"]
+    assert _breaks_shown_as_spaces("GPU\nで `x`\nを") == []
+    assert _rendered("日本\n語") != _rendered("日本\n\n語")
+
+
+def test_built_japanese_notebooks_have_no_line_break_shown_as_a_space():
+    """Every Japanese markdown cell of every built notebook (JupyterLab shows a
+    break in a paragraph as a space), and the join changed nothing else."""
+    import jupytext
+
+    left, cells = [], 0
+    for path in sorted((ROOT / "notebooks" / "ja").glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "markdown":
+                cells += 1
+                left += [f"{path.stem} {cell.id}: {b}"
+                         for b in _breaks_shown_as_spaces(cell.source)]
+    assert cells > 100
+    assert left == []
+    # what the build writes renders as its source does, but for those breaks
+    for path in sorted((ROOT / "course").glob("[0-9][0-9]_*.py")):
+        sources = bn.split_languages(jupytext.read(path, fmt="py:percent"),
+                                     path.name)["ja"]
+        built = nbformat.reads(bn.build(path)["ja"], as_version=4).cells
+        for source, cell in zip(sources, built, strict=True):
+            if cell.cell_type == "markdown":
+                assert _rendered(cell.source) == _rendered(source.source), cell.id
+
+
+def test_notebooks_hold_what_the_kernel_reports_about_itself():
+    """JupyterLab writes the kernel's kernelspec and language_info into a notebook
+    as it opens; the lessons hold the same, so that opening one modifies nothing
+    (tests/test_browser.py opens one). Only Python's version is the course's own."""
+    from ipykernel.ipkernel import IPythonKernel
+    from ipykernel.kernelspec import KERNEL_NAME, get_kernel_dict
+
+    reported = {**IPythonKernel.language_info, "version": bn.PYTHON_VERSION}
+    assert bn.LANGUAGE_INFO == reported
+    spec = get_kernel_dict()
+    assert bn.KERNELSPEC == {"name": KERNEL_NAME, "display_name": spec["display_name"],
+                             "language": spec["language"]}
+    for path in sorted((ROOT / "notebooks").glob("*/*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        assert (nb.metadata.kernelspec, nb.metadata.language_info) == (
+            bn.KERNELSPEC, bn.LANGUAGE_INFO), path
+        assert (nb.nbformat, nb.nbformat_minor) == (4, 5), path

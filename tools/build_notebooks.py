@@ -74,10 +74,83 @@ def split_languages(source: nbformat.NotebookNode, name: str) -> dict[str, list]
     return out
 
 
+# Japanese script (kana, kanji, full-width forms), and the Japanese punctuation
+# (、。「」（）and full-width forms) beside which no space goes at all.
+JAPANESE = "\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef"
+JAPANESE_PUNCTUATION = "\u3000-\u303f\uff00-\uffef"
+_JAPANESE_CHAR = re.compile(f"[{JAPANESE}]")
+_JAPANESE_PUNCTUATION_CHAR = re.compile(f"[{JAPANESE_PUNCTUATION}]")
+# A line that starts a block of its own, so that the line break before it stays: a
+# list item, a heading, a table row, a quote, a fence (``` ~~~ or MyST's :::), HTML,
+# a MyST target "(name)=", a rule or a heading's underline, display math.
+_BLOCK_START = re.compile(
+    r"([-*+]|\d{1,9}[.)])(\s|$)|#|\||>|```|~~~|:::|<|\(\S+\)=\s*$|"
+    r"([-*_=]\s*){3,}$|\$\$")
+_FENCE = re.compile(r"\s*(```+|~~~+)")
+# Markup at a line's end or start that the reader does not see: emphasis, a link's
+# brackets and target. Code spans count as code: a space beside them is right.
+_MARKUP_AT_END = re.compile(r"(\]\([^()\s]*\)|[*_~])+$")
+_MARKUP_AT_START = re.compile(r"^[*_~\[]+")
+
+
+def _joins(line: str, following: str) -> bool:
+    """Whether the line break between `line` and `following` (two lines of one
+    paragraph) is one a reader would see as a wrong space: between two Japanese
+    characters, or beside Japanese punctuation."""
+    before = _MARKUP_AT_END.sub("", line.rstrip())[-1:]
+    after = _MARKUP_AT_START.sub("", following.lstrip())[:1]
+    if not before or not after:
+        return False
+    return bool(_JAPANESE_CHAR.match(before) and _JAPANESE_CHAR.match(after)
+                or _JAPANESE_PUNCTUATION_CHAR.match(before)
+                or _JAPANESE_PUNCTUATION_CHAR.match(after))
+
+
+def join_japanese_lines(markdown: str) -> str:
+    """`markdown` without the line breaks inside its Japanese sentences.
+
+    A Markdown renderer (JupyterLab's, Sphinx's) shows a line break inside a
+    paragraph as a space, which Japanese text has nowhere: a break between two
+    Japanese characters, or beside 、。「」, is dropped. Breaks that mean something
+    stay: around a list item, a heading, a table row, a quote, a fence and all
+    lines inside it, a blank line, a hard break (two spaces or a backslash at the
+    line's end), and a break beside Latin text, numbers or code, where the space
+    is right ("GPU で", "`no_sync` を").
+    """
+    out: list[str] = []
+    fence = ""  # the marker of the fenced block we are in, if any
+    joinable = False  # whether the last line in `out` is a paragraph's line
+    for line in markdown.split("\n"):
+        stripped = line.lstrip()
+        if fence:
+            out.append(line)
+            if stripped.startswith(fence) and not stripped[len(fence):].strip():
+                fence = ""
+            continue
+        opened = _FENCE.match(line)
+        # a quote's next line goes on without its ">"
+        text = (stripped[1:].lstrip() if stripped.startswith(">")
+                and out and out[-1].lstrip().startswith(">") else stripped)
+        starts_block = not text or bool(_BLOCK_START.match(text))
+        if joinable and not starts_block and _joins(out[-1], text):
+            out[-1] = out[-1].rstrip() + text
+        else:
+            out.append(line)
+        if opened:
+            fence = opened.group(1)
+        last = out[-1]
+        joinable = bool(last.strip()) and not opened and not (
+            last.endswith(("  ", "\\")) or re.match(r"\s*(#|\||<|\(\S+\)=)", last))
+    return "\n".join(out)
+
+
 def _clean(cell: nbformat.NotebookNode, cell_id: str) -> nbformat.NotebookNode:
     metadata = {k: v for k, v in cell.metadata.items() if k != "lang"}
     if cell.cell_type == "markdown":
-        new = nbformat.v4.new_markdown_cell(cell.source, metadata=metadata)
+        source = cell.source
+        if cell.metadata.get("lang") == "ja":
+            source = join_japanese_lines(source)
+        new = nbformat.v4.new_markdown_cell(source, metadata=metadata)
     else:
         new = nbformat.v4.new_code_cell(cell.source, metadata=metadata)
     new.id = cell_id
@@ -106,6 +179,26 @@ def cell_ids(lesson: str, cells: list[nbformat.NotebookNode]) -> list[str]:
     return ids
 
 
+# What a lesson's kernel (ipykernel) says about itself when the lesson opens.
+# JupyterLab writes both into the notebook's metadata as the kernel starts, and
+# anything that differs from what the file holds marks the lesson modified: closing
+# it would ask to save a lesson nobody changed. Python's version is the one part a
+# notebook cannot know for every learner: this is the course's reference Python
+# (the one its checks run on); under another, opening a lesson records that one.
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python",
+              "name": "python3"}
+PYTHON_VERSION = "3.11.7"
+LANGUAGE_INFO = {
+    "codemirror_mode": {"name": "ipython", "version": 3},
+    "file_extension": ".py",
+    "mimetype": "text/x-python",
+    "name": "python",
+    "nbconvert_exporter": "python",
+    "pygments_lexer": "ipython3",
+    "version": PYTHON_VERSION,
+}
+
+
 def build(path: Path) -> dict[str, str]:
     """The JSON text of each language's notebook for the source `path`."""
     source = jupytext.read(path, fmt="py:percent")
@@ -115,9 +208,8 @@ def build(path: Path) -> dict[str, str]:
     for lang, cells in per_lang.items():
         nb = nbformat.v4.new_notebook()
         nb.metadata = {
-            "kernelspec": {"display_name": "Python 3 (ipykernel)",
-                           "language": "python", "name": "python3"},
-            "language_info": {"name": "python"},
+            "kernelspec": KERNELSPEC,
+            "language_info": LANGUAGE_INFO,
             "labkit": {"lang": lang, "source": f"course/{path.name}"},
         }
         nb.cells = [_clean(c, cell_id) for c, cell_id in zip(cells, ids, strict=True)]
