@@ -386,8 +386,9 @@ assert backward_threads == {threading.current_thread().name}
 #
 # `my_data_parallel(module, X, device_ids)` は、4 段階のうち 1 段階目しか正しくありません。
 # `TODO` の 3 行を、上の関数 `dp.replicate`、`dp.parallel_apply`、`dp.gather` を使って直してください。
-# 出力デバイスは 0 です。確認のセルは、バッチ 100 を 2 台に、バッチ 10 を 3 台に分けて、出力と
-# もとのモデルの勾配を 1 デバイスと比べ、レプリカが実際に動いたかも確かめます。
+# 出力デバイスは 0 です。確認のセルは、バッチ 100 を 2 台に、バッチ 10 を 3 台に、バッチ 6 を 4 台に
+# (チャンクは 3 つ) 分けて、出力ともとのモデルの勾配を 1 デバイスと比べ、レプリカがそれぞれ自分の
+# スレッドで実際に動いたかも確かめます。
 
 # %% [markdown] lang="en"
 # ## Exercise: put the four steps together
@@ -395,8 +396,9 @@ assert backward_threads == {threading.current_thread().name}
 # `my_data_parallel(module, X, device_ids)` gets only the first of the four steps right.
 # Fix the three `TODO` lines with the functions above, `dp.replicate`,
 # `dp.parallel_apply` and `dp.gather`; the output device is 0. The check splits a batch
-# of 100 over 2 devices and a batch of 10 over 3, compares the output and the original
-# model's gradients with one device's, and checks that the replicas did run.
+# of 100 over 2 devices, a batch of 10 over 3 and a batch of 6 over 4 (three chunks),
+# compares the output and the original model's gradients with one device's, and checks
+# that the replicas did run, each in a thread of its own.
 
 # %% tags=["exercise"]
 def my_data_parallel(module, X, device_ids):
@@ -410,8 +412,9 @@ def my_data_parallel(module, X, device_ids):
 def my_data_parallel(module, X, device_ids):
     """module(X), split over the simulated devices `device_ids`, in four steps."""
     chunks = dp.scatter(X, device_ids)  # 1. split the batch
-    replicas = dp.replicate(module, device_ids)  # 2. copy the whole model
-    outputs = dp.parallel_apply(replicas, chunks, devices=device_ids)  # 3. run
+    used = device_ids[: len(chunks)]  # fewer chunks than devices: fewer replicas
+    replicas = dp.replicate(module, used)  # 2. copy the whole model
+    outputs = dp.parallel_apply(replicas, chunks, devices=used)  # 3. run
     return dp.gather(outputs, output_device=0)  # 4. join on device 0
 
 # %%

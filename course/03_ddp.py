@@ -327,7 +327,8 @@ assert grad_diff <= 1e-6
 # 各パラメータの `.grad` を全ランクの平均にしてください。
 #
 # 確認のセルは、DDP で包まないモデルで、各ランクが自分の分 (32 サンプル) の勾配を求めたあとにこの関数を
-# 呼び、全体バッチ (64 サンプル) の勾配と比べます。
+# 呼び、全体バッチ (64 サンプル) の勾配と比べます。確認は 2 ランクでしか実行しないので、`world_size`
+# の代わりに 2 と書いても区別できません。ランク数が変わっても正しいように、引数の `world_size` で割ります。
 
 # %% [markdown] lang="en"
 # ## Exercise: average the gradients by hand
@@ -339,7 +340,9 @@ assert grad_diff <= 1e-6
 #
 # The check uses a model without DDP: each rank computes the gradient of its own share
 # (32 samples), calls this function, and compares with the whole batch's (64 samples)
-# gradient.
+# gradient. The check runs on 2 ranks only, so it cannot tell a 2 written in place of
+# `world_size` from the argument: divide by `world_size`, which stays right on any
+# number of ranks.
 
 # %% tags=["exercise"]
 import torch.distributed as dist

@@ -402,7 +402,7 @@ fig = plots.line_chart({labkit.t("misuse_then_sync"): (range(31), param_diff)},
 # 1 回更新する関数です。今のままでも更新は正しいのですが、マイクロバッチごとに all-reduce が走ります。
 # `no_sync` を使って、通信を更新 1 回につき 1 回にしてください。
 #
-# 確認のセルは、この関数を両方のランクで 3 回続けて呼び (K = 4)、そのたびに all-reduce の回数、
+# 確認のセルは、この関数を両方のランクで 3 回続けて呼び (K = 4、4、2)、そのたびに all-reduce の回数、
 # `optimizer.step()` の回数、ランク間のパラメータの差、K 倍のバッチで 1 回更新した 1 プロセスのモデルとの
 # 差を調べます。関数はランクのエンジンで実行されます。
 #
@@ -417,10 +417,11 @@ fig = plots.line_chart({labkit.t("misuse_then_sync"): (range(31), param_diff)},
 # K = `len(batches)` micro-batches. As it stands the update is right, but every
 # micro-batch runs an all-reduce. Use `no_sync` so that an update communicates once.
 #
-# The check calls the function three times in a row on both ranks (K = 4) and, after
-# each call, looks at the number of all-reduces, the number of `optimizer.step()` calls,
-# the difference between the ranks' parameters, and the difference from one process
-# that makes one update on the K-times batch. The function runs on the ranks' engines.
+# The check calls the function three times in a row on both ranks (K = 4, 4, then 2)
+# and, after each call, looks at the number of all-reduces, the number of
+# `optimizer.step()` calls, the difference between the ranks' parameters, and the
+# difference from one process that makes one update on the K-times batch. The function
+# runs on the ranks' engines.
 #
 # Edit and run the exercise cell, then run the check cell. It says "Correct" when the
 # answer is right, and otherwise what is wrong, with a hint. In the full notebooks a

@@ -32,6 +32,32 @@ class Squeeze(models.MLPAsWritten):
         return self.fc2(torch.relu(self.fc1(x.squeeze())))
 
 
+class ViewMinusTen(models.MLPAsWritten):
+    """Right for this model: its first layer takes 10 features."""
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x.view(-1, 10))))
+
+
+class ViewBatch100(models.MLPAsWritten):
+    """The lesson's batch of 100, written as a number."""
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x.view(100, -1))))
+
+
+class NoFlatten(models.MLPAsWritten):
+    """The view(-1) line deleted: right while samples are already flat."""
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class FlattenLastDim(models.MLPAsWritten):
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x.view(-1, x.size(-1)))))
+
+
 # 01: one training step
 
 
@@ -58,6 +84,38 @@ def train_step_no_step(model, optimizer, criterion, X, y):
     criterion(model(X), y).backward()
 
 
+def train_step_backward_only(model, optimizer, criterion, X, y):
+    """Only the parentheses of backward() added."""
+    loss = criterion(model(X), y)
+    loss.backward()
+    return loss.item()
+
+
+def train_step_zero_grad_at_end(model, optimizer, criterion, X, y):
+    """Right: the gradients are cleared after the step rather than before."""
+    loss = criterion(model(X), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss.item()
+
+
+def train_step_zero_grad_before_step(model, optimizer, criterion, X, y):
+    loss = criterion(model(X), y)
+    loss.backward()
+    optimizer.zero_grad()
+    optimizer.step()
+    return loss.item()
+
+
+def train_step_step_before_backward(model, optimizer, criterion, X, y):
+    optimizer.zero_grad()
+    loss = criterion(model(X), y)
+    optimizer.step()
+    loss.backward()
+    return loss.item()
+
+
 # 02: data_parallel by hand
 
 
@@ -81,6 +139,35 @@ def data_parallel_gather_dim1(module, X, device_ids):
 
 def data_parallel_no_replicas(module, X, device_ids):
     return dp.gather([module(c) for c in dp.scatter(X, device_ids)], 0)
+
+
+def data_parallel_every_device(module, X, device_ids):
+    """A replica on every device, even one without a chunk."""
+    chunks = dp.scatter(X, device_ids)
+    replicas = dp.replicate(module, device_ids)
+    outputs = dp.parallel_apply(replicas, chunks, devices=device_ids)
+    return dp.gather(outputs, output_device=0)
+
+
+def data_parallel_in_this_thread(module, X, device_ids):
+    """Replicas, but the exercise's step 3 left as it was: one after another."""
+    chunks = dp.scatter(X, device_ids)
+    replicas = dp.replicate(module, device_ids[: len(chunks)])
+    return dp.gather([r(c) for r, c in zip(replicas, chunks, strict=True)], 0)
+
+
+def data_parallel_whole_batch(module, X, device_ids):
+    replicas = dp.replicate(module, device_ids)
+    return dp.gather(dp.parallel_apply(replicas, [X] * len(replicas)), 0)
+
+
+def data_parallel_deepcopy(module, X, device_ids):
+    """Copies that share no autograd with the original: its .grad stays empty."""
+    import copy
+
+    chunks = dp.scatter(X, device_ids)
+    replicas = [copy.deepcopy(module) for _ in chunks]
+    return dp.gather(dp.parallel_apply(replicas, chunks), 0)
 
 
 # 03: set_epoch
@@ -109,6 +196,31 @@ def epoch_orders_rank_epoch(dataset, rank, world_size, num_epochs):
     return _orders(dataset, rank, world_size, num_epochs, lambda e, r: e + r)
 
 
+def epoch_orders_rank_0_only(dataset, rank, world_size, num_epochs):
+    """set_epoch on rank 0 only: rank 1 keeps epoch 0's order."""
+    return _orders(dataset, rank, world_size, num_epochs,
+                   lambda e, r: e if r == 0 else 0)
+
+
+def epoch_orders_seed_rank(dataset, rank, world_size, num_epochs):
+    return _orders(dataset, rank, world_size, num_epochs, lambda e, r: e, seed=rank)
+
+
+def epoch_orders_set_after(dataset, rank, world_size, num_epochs):
+    """set_epoch at the end of the epoch: epoch 1 repeats epoch 0."""
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank,
+                                 shuffle=True, seed=0)
+    orders = []
+    for epoch in range(num_epochs):
+        orders.append(list(sampler))
+        sampler.set_epoch(epoch)
+    return orders
+
+
+def epoch_orders_one_short(dataset, rank, world_size, num_epochs):
+    return _orders(dataset, rank, world_size, num_epochs - 1, lambda e, r: e)
+
+
 # 03: gradient averaging by hand
 
 
@@ -128,6 +240,34 @@ def average_gradients_copy(model, world_size):
         g = p.grad.clone()
         dist.all_reduce(g)
         g /= world_size
+
+
+def average_gradients_two(model, world_size):
+    """The lesson's 2 ranks written as a number: right on 2 ranks only."""
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= 2
+
+
+def average_gradients_mean_on_rank_0(model, world_size):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        if dist.get_rank() == 0:
+            p.grad /= world_size
+
+
+def average_gradients_params(model, world_size):
+    """The parameters all-reduced instead of their gradients."""
+    for p in model.parameters():
+        dist.all_reduce(p.data)
+        p.data /= world_size
+
+
+def average_gradients_divide_last(model, world_size):
+    """The division outdented: only the last parameter's sum becomes a mean."""
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    p.grad /= world_size
 
 
 # 04: one update of K micro-batches
@@ -202,6 +342,44 @@ def accumulation_sync_first(model, optimizer, criterion, batches):
     optimizer.step()
 
 
+def accumulation_k_as_4(model, optimizer, criterion, batches):
+    """The lesson's K = 4 written as a number."""
+    optimizer.zero_grad()
+    for i, (X, y) in enumerate(batches):
+        with model.no_sync() if i < 3 else nullcontext():
+            (criterion(model(X), y) / 4).backward()
+    optimizer.step()
+
+
+def accumulation_zero_grad_inside(model, optimizer, criterion, batches):
+    K = len(batches)
+    for i, (X, y) in enumerate(batches):
+        optimizer.zero_grad()
+        with model.no_sync() if i < K - 1 else nullcontext():
+            (criterion(model(X), y) / K).backward()
+    optimizer.step()
+
+
+def accumulation_by_world_size(model, optimizer, criterion, batches):
+    """Each loss divided by the number of ranks rather than K."""
+    K, world_size = len(batches), dist.get_world_size()
+    optimizer.zero_grad()
+    for i, (X, y) in enumerate(batches):
+        with model.no_sync() if i < K - 1 else nullcontext():
+            (criterion(model(X), y) / world_size).backward()
+    optimizer.step()
+
+
+def accumulation_step_on_rank_0(model, optimizer, criterion, batches):
+    K = len(batches)
+    optimizer.zero_grad()
+    for i, (X, y) in enumerate(batches):
+        with model.no_sync() if i < K - 1 else nullcontext():
+            (criterion(model(X), y) / K).backward()
+    if dist.get_rank() == 0:
+        optimizer.step()
+
+
 # 04: replicas that drift apart
 
 
@@ -236,6 +414,15 @@ def train_step_on_rank_0(model, optimizer, scheduler, criterion, updates, rank):
         if rank == 0:
             optimizer.step()
         scheduler.step()
+
+
+def train_scheduler_first(model, optimizer, scheduler, criterion, updates, rank):
+    """On every rank, but before the update it should follow."""
+    for batches in updates:
+        optimizer.zero_grad()
+        nosync.accumulate_no_sync(model, criterion, batches)
+        scheduler.step()
+        optimizer.step()
 
 
 # 06: the bytes PowerSGD sends in a step (lesson 06's answer, and wrong ones)
@@ -368,6 +555,26 @@ def saved_bytes_checkpoint_ignored(batch, width, depth, segments, checkpointed):
     return (depth + 1) * batch * width * 4
 
 
+def saved_bytes_per_sample(batch, width, depth, segments, checkpointed):
+    """The batch forgotten: one sample's activations."""
+    return saved_bytes(batch, width, depth, segments, checkpointed) // batch
+
+
+def saved_megabytes(batch, width, depth, segments, checkpointed):
+    """As the lesson prints it: MB."""
+    return saved_bytes(batch, width, depth, segments, checkpointed) / 1e6
+
+
+def saved_bytes_float64(batch, width, depth, segments, checkpointed):
+    return 2 * saved_bytes(batch, width, depth, segments, checkpointed)
+
+
+def saved_bytes_checkpoint_without_x(batch, width, depth, segments, checkpointed):
+    """The first segment's input, the model's input X, left out."""
+    kept = segments - 1 if checkpointed else depth + 1
+    return kept * batch * width * 4
+
+
 # 07: an evaluation that changes nothing and keeps nothing
 
 
@@ -391,6 +598,34 @@ def evaluate_sum(model, X, y):
     model.eval()
     with torch.no_grad():
         return ((model(X) - y) ** 2).sum().item()  # a sum, not the mean
+
+
+def evaluate_tensor(model, X, y):
+    model.eval()
+    with torch.no_grad():
+        return models.MyLoss()(model(X), y)  # no .item()
+
+
+def evaluate_grad_off(model, X, y):
+    """Gradients switched off for good, not for the block."""
+    model.eval()
+    torch.set_grad_enabled(False)
+    return models.MyLoss()(model(X), y).item()
+
+
+def evaluate_frozen(model, X, y):
+    """No activation kept, but the parameters frozen for the training after."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return models.MyLoss()(model(X), y).item()
+
+
+def evaluate_training_false(model, X, y):
+    """`training = False` on the outer module only: BatchNorm still trains."""
+    model.training = False
+    with torch.no_grad():
+        return models.MyLoss()(model(X), y).item()
 
 
 # 08: the learning rate of a large batch (lr 0.2 at batch 32, warm-up 20 steps)
@@ -429,6 +664,21 @@ def lr_at_from_base(step, batch_size):
     """Goyal et al.'s ramp, from the small batch's rate to the peak."""
     peak = 0.2 * batch_size / 32
     return 0.2 + (peak - 0.2) * min(step, 20) / 20
+
+
+def lr_at_floor(step, batch_size):
+    """Right for multiples of 32 only."""
+    return _warmup(0.2 * (batch_size // 32), step)
+
+
+def lr_at_never_stops(step, batch_size):
+    """The ramp without min(step, 20): past the peak after step 20."""
+    return 0.2 * batch_size / 32 * (1 / 20 + (1 - 1 / 20) * step / 20)
+
+
+def lr_at_batch_512(step, batch_size):
+    """The lesson's run written in: batch 512's peak whatever the batch."""
+    return _warmup(3.2, step)
 
 
 # 08: SyncBatchNorm's statistics by hand (these run on the ranks)
@@ -478,6 +728,33 @@ def global_mean_var_unbiased(x):
     count, total = _sums(torch.tensor(float(len(x))), x.sum(0))
     (squares,) = _sums(((x - total / count) ** 2).sum(0))
     return total / count, squares / (count - 1)
+
+
+def global_mean_var_equal_batches(x):
+    """All samples counted as world size × this rank's batch."""
+    (total,) = _sums(x.sum(0))
+    mean = total / (dist.get_world_size() * len(x))
+    (squares,) = _sums(((x - mean) ** 2).sum(0))
+    return mean, squares / (dist.get_world_size() * len(x))
+
+
+def global_mean_var_reduce(x):
+    """dist.reduce: the sums reach rank 0 only."""
+    count, total = torch.tensor(float(len(x))), x.sum(0)
+    for t in (count, total):
+        dist.reduce(t, dst=0)
+    mean = total / count
+    squares = ((x - mean) ** 2).sum(0)
+    dist.reduce(squares, dst=0)
+    return mean, squares / count
+
+
+def global_mean_var_count_written_in(x):
+    """The check's 3 + 9 samples written in."""
+    (total,) = _sums(x.sum(0))
+    mean = total / 12
+    (squares,) = _sums(((x - mean) ** 2).sum(0))
+    return mean, squares / 12
 
 
 def global_mean_var_squares(x):

@@ -2,6 +2,7 @@
 
 import exercise_answers as answers
 import pytest
+import torch
 
 import labkit
 from labkit import comm, exercises
@@ -47,19 +48,57 @@ def test_train_step(capsys):
     assert "Update 1 is right, update 2 is not" in str(caught.value)
     with wrong("ex_no_step"):
         exercises.grade_train_step(answers.train_step_no_step)
+    with wrong("ex_no_step") as caught:  # only the parentheses of backward added
+        exercises.grade_train_step(answers.train_step_backward_only)
+    assert "end with `optimizer.step()`" in str(caught.value)
+    exercises.grade_train_step(answers.train_step_zero_grad_at_end)  # right too
+
+
+@pytest.mark.parametrize("answer", ["train_step_zero_grad_before_step",
+                                    "train_step_step_before_backward"])
+def test_train_step_with_the_lines_out_of_order(answer):
+    # backward() did run: saying "call backward()" (gradients None) would mislead.
+    with wrong("ex_step_no_grad") as caught:
+        exercises.grade_train_step(getattr(answers, answer))
+    assert "call `step()` after `loss.backward()`" in str(caught.value)
+
+
+def test_keeps_batch_right_only_for_some_shapes(capsys):
+    exercises.grade_keeps_batch(answers.ViewMinusTen)  # right for this model
+    assert "Correct" in capsys.readouterr().out
+    for answer, shape in [(answers.ViewBatch100, "(1, 10)"),
+                          (answers.NoFlatten, "(4, 2, 5)"),
+                          (answers.FlattenLastDim, "(4, 2, 5)")]:
+        with wrong("ex_batch_error_later") as caught:
+            exercises.grade_keeps_batch(answer)
+        assert f"one of shape {shape} fails" in str(caught.value)
+        assert "write neither the batch size nor the shape" in str(caught.value)
 
 
 # 02
 
 
 def test_chunk_sizes(capsys):
-    exercises.grade_chunk_sizes({(7, 3): [3, 3, 1], (6, 4): [2, 2, 2]})
+    exercises.grade_chunk_sizes({(7, 3): [3, 3, 1], (6, 4): [2, 2, 2], (2, 4): [1, 1]})
     assert "Correct" in capsys.readouterr().out
     with wrong("ex_fill_in"):
         exercises.grade_chunk_sizes({(7, 3): None})
     with wrong("ex_chunks") as caught:  # an even spread, as numpy.array_split
         exercises.grade_chunk_sizes({(6, 4): [2, 2, 1, 1]})
     assert "rounded up" in str(caught.value)
+    with wrong("ex_chunks") as caught:  # a chunk for every device, some empty
+        exercises.grade_chunk_sizes({(6, 4): [2, 2, 2, 0]})
+    assert "fewer chunks than devices" in str(caught.value)
+    with wrong("ex_chunks"):  # the remainder spread from the front
+        exercises.grade_chunk_sizes({(7, 3): [3, 2, 2]})
+    with wrong("ex_chunks_list") as caught:  # the size of one chunk only
+        exercises.grade_chunk_sizes({(7, 3): 3, (6, 4): 2, (2, 4): 1})
+    assert "predicted[7, 3] = 3 is not a list" in str(caught.value)
+    with wrong("ex_chunks_missing") as caught:  # a pair deleted: nothing to check
+        exercises.grade_chunk_sizes({(7, 3): [3, 3, 1], (6, 4): [2, 2, 2]})
+    assert "no prediction for (2, 4)" in str(caught.value)
+    with wrong("ex_chunks_missing"):
+        exercises.grade_chunk_sizes({})
 
 
 def test_manual_data_parallel(capsys):
@@ -73,6 +112,19 @@ def test_manual_data_parallel(capsys):
     with wrong("ex_dp_replicas") as caught:
         exercises.grade_manual_data_parallel(answers.data_parallel_no_replicas)
     assert "the original model 2 times" in str(caught.value)
+    with wrong("ex_dp_fewer") as caught:  # batch 6 on 4 devices: 3 chunks
+        exercises.grade_manual_data_parallel(answers.data_parallel_every_device)
+    assert "Batch 6 on 4 devices makes 3 chunks" in str(caught.value)
+    assert "`device_ids[:len(chunks)]`" in str(caught.value)
+    with wrong("ex_dp_threads") as caught:  # the exercise's step 3 left as it was
+        exercises.grade_manual_data_parallel(answers.data_parallel_in_this_thread)
+    assert "in a thread of its own" in str(caught.value)
+    with wrong("ex_dp_whole_batch") as caught:
+        exercises.grade_manual_data_parallel(answers.data_parallel_whole_batch)
+    assert "200 rows, 2 times the batch's 100" in str(caught.value)
+    with wrong("ex_dp_hint") as caught:  # deep copies: no gradient reaches module
+        exercises.grade_manual_data_parallel(answers.data_parallel_deepcopy)
+    assert "module.parameters() .grad" in str(caught.value)
 
 
 # 05
@@ -96,6 +148,24 @@ def test_step_prediction(capsys):
         exercises.grade_step_prediction(STEP, 8, 57.0, 22.0)
     with wrong("ex_step_hint"):
         exercises.grade_step_prediction(STEP, 8, 0.1, 0.022)
+    with wrong("ex_o_every") as caught:  # the optimizer counted per micro-batch
+        exercises.grade_step_prediction(STEP, 8, 8 * 0.008, 8 * 0.003 + 0.005)
+    assert "sync_s counts o K times" in str(caught.value)
+    with wrong("ex_nosync_zero") as caught:  # no_sync taken for no synchronization
+        exercises.grade_step_prediction(STEP, 8, 0.057, 8 * 0.002 + 0.001)
+    assert "the last micro-batch still synchronizes" in str(caught.value)
+    assert "Note" not in capsys.readouterr().out  # every part was large enough
+
+
+def test_step_prediction_says_what_a_part_fitted_as_0_leaves_unchecked(capsys):
+    # fit_step_model sets a part to 0 when the free fit makes it negative: then a
+    # formula without o gives the right number, and the verdict must not claim more.
+    no_o = comm.StepModel(compute_s=0.002, sync_s=0.005, optimizer_s=0.0)
+    exercises.grade_step_prediction(no_o, 8, 8 * 0.007, 8 * 0.002 + 0.005)
+    out = capsys.readouterr().out
+    assert "Correct" in out and "Note: on this run o is too small" in out
+    with wrong("ex_sync_k"):  # s is still checked
+        exercises.grade_step_prediction(no_o, 8, 8 * 0.002 + 0.005, 0.021)
 
 
 AB = comm.AlphaBeta(alpha=1e-4, beta=1e9)
@@ -113,6 +183,32 @@ def test_allreduce_prediction(capsys):
         exercises.grade_allreduce_prediction(AB, params, n, 1e-4 + 1.75 * 8e6 / 1e9)
     with wrong("ex_ab_hint"):
         exercises.grade_allreduce_prediction(AB, params, n, 1.0)
+    S, send = 8e6, 1.75 * 8e6 / 1e9
+    for latency, count in [(0.0, 0), (7e-4, 7)]:  # no alpha; the n − 1 of one pass
+        with wrong("ex_alpha_count") as caught:
+            exercises.grade_allreduce_prediction(AB, params, n, latency + send)
+        assert f"pays alpha {count} times" in str(caught.value)
+    # A reduce-scatter alone; 2(n − 1) without the / n (on 8 ranks also S in bits).
+    for factor in (7 / 8, 14):
+        with wrong("ex_ring"):
+            exercises.grade_allreduce_prediction(AB, params, n,
+                                                 14e-4 + factor * S / 1e9)
+    with wrong("ex_ab_ranks") as caught:  # the lesson's 2 ranks: 2 alpha + S / beta
+        exercises.grade_allreduce_prediction(AB, params, n, 2e-4 + S / 1e9)
+    assert "the time on 2 ranks" in str(caught.value)
+    assert "Note" not in capsys.readouterr().out
+
+
+def test_allreduce_prediction_with_alpha_fitted_as_0(capsys):
+    # comm.fit_alpha_beta clamps a negative alpha to 0: an answer without the
+    # 2(n − 1) latency steps is then the right number. It is accepted (it is right
+    # for this fit), and the verdict says that the latency was not checked.
+    no_alpha, params, n = comm.AlphaBeta(alpha=0.0, beta=1e9), 2_000_000, 8
+    exercises.grade_allreduce_prediction(no_alpha, params, n, 1.75 * 8e6 / 1e9)
+    out = capsys.readouterr().out
+    assert "Correct" in out and "Note: on this run alpha is too small" in out
+    with wrong("ex_ring"):  # the bandwidth term is still checked
+        exercises.grade_allreduce_prediction(no_alpha, params, n, 8e6 / 1e9)
 
 
 # 03 and 04: the learner's function runs on two ranks
@@ -154,6 +250,43 @@ def test_replicas_agree(ranks, capsys):
         exercises.grade_replicas_agree(ranks, answers.train_step_on_rank_0)
     with wrong("ex_only_line"):
         exercises.grade_replicas_agree(ranks, answers.train_no_scheduler)
+    with wrong("ex_scheduler_first") as caught:
+        exercises.grade_replicas_agree(ranks, answers.train_scheduler_first)
+    assert "`scheduler.step()` comes before `optimizer.step()`" in str(caught.value)
+
+
+def test_average_gradients_over_2_written_as_a_number_passes(ranks):
+    # Not checkable on the lesson's 2 ranks; lesson 03 says so beside the exercise.
+    exercises.grade_average_gradients(ranks, answers.average_gradients_two)
+
+
+# 03 and 04: more of what learners get wrong, each with the hint that fits
+@pytest.mark.parametrize(("check", "answer", "key", "says"), [
+    ("set_epoch", "epoch_orders_rank_0_only", "ex_epochs", "the same epoch number"),
+    ("set_epoch", "epoch_orders_seed_rank", "ex_epochs", "the same `seed`"),
+    ("set_epoch", "epoch_orders_set_after", "ex_repeats",
+     "Epochs 0 and 1 have the same order"),
+    ("set_epoch", "epoch_orders_one_short", "ex_epoch_count",
+     "On rank 0 the function returned 2 orders for 3 epochs"),
+    ("average_gradients", "average_gradients_mean_on_rank_0", "ex_grads_one_rank",
+     "Rank 0 got the whole batch's gradient, rank 1 did not"),
+    ("average_gradients", "average_gradients_params", "ex_grads_apart",
+     "all-reduce each parameter's `p.grad` itself"),
+    ("average_gradients", "average_gradients_divide_last", "ex_mean_hint",
+     "divided by the world size"),
+    ("accumulation", "accumulation_k_as_4", "ex_accum_k",
+     "The updates with K = 4 are right, the one with K = 2 is not"),
+    ("accumulation", "accumulation_zero_grad_inside", "ex_zero_grad_inside",
+     "`zero_grad()` inside the loop"),
+    ("accumulation", "accumulation_by_world_size", "ex_not_divided",
+     "2.0 times the K-times batch's"),
+    ("accumulation", "accumulation_step_on_rank_0", "ex_steps_rank",
+     "On rank 1 `optimizer.step()` ran 0 times in one update"),
+])
+def test_more_mistakes_on_ranks(ranks, check, answer, key, says):
+    with wrong(key) as caught:
+        getattr(exercises, f"grade_{check}")(ranks, getattr(answers, answer))
+    assert says in str(caught.value)
 
 
 # 06: PowerSGD's bytes and DDP's buckets, measured on two ranks
@@ -216,6 +349,15 @@ def test_saved_activations(capsys):
             exercises.grade_saved_activations(answer)
     with wrong("ex_act_hint"):  # wrong in no way the check knows
         exercises.grade_saved_activations(lambda *shape: 1)
+    for answer, key, says in [
+            (answers.saved_bytes_per_sample, "ex_act_batch", "that is one sample's"),
+            (answers.saved_megabytes, "ex_act_units", "that is in MB"),
+            (answers.saved_bytes_float64, "ex_act_float64", "(8 is float64)"),
+            (answers.saved_bytes_checkpoint_without_x, "ex_act_ckpt_short",
+             "the first segment's input (the model's input X)")]:
+        with wrong(key) as caught:
+            exercises.grade_saved_activations(answer)
+        assert says in str(caught.value)
 
 
 # 07: an evaluation that changes nothing and keeps nothing
@@ -234,6 +376,21 @@ def test_evaluation(capsys):
     assert "model.eval()" in str(caught.value)
     with wrong("ex_eval_hint"):
         exercises.grade_evaluation(answers.evaluate_sum)
+    with wrong("ex_eval_mode"):  # the outer module's flag only: BatchNorm trains
+        exercises.grade_evaluation(answers.evaluate_training_false)
+    with wrong("ex_eval_tensor") as caught:
+        exercises.grade_evaluation(answers.evaluate_tensor)
+    assert "`.item()`" in str(caught.value)
+    with wrong("ex_eval_frozen") as caught:
+        exercises.grade_evaluation(answers.evaluate_frozen)
+    assert "parameters 0.weight, 0.bias" in str(caught.value)
+
+
+def test_evaluation_that_leaves_gradients_off():
+    with wrong("ex_eval_grad_off") as caught:
+        exercises.grade_evaluation(answers.evaluate_grad_off)
+    assert "`with torch.no_grad():` block" in str(caught.value)
+    assert torch.is_grad_enabled()  # the grader put the learner's process right
 
 
 # 08: the learning rate of a large batch
@@ -254,6 +411,19 @@ def test_warmup_schedule_wrong_factor():
     assert "16 times the batch, 16 times the rate" in str(caught.value)
 
 
+def test_warmup_schedule_right_for_the_lessons_batches_only():
+    with wrong("ex_lr_floor") as caught:  # 80 is no multiple of 32
+        exercises.grade_warmup_schedule(answers.lr_at_floor)
+    assert "batch 80 trains at 0.4: batch_size // 32" in str(caught.value)
+    with wrong("ex_lr_after_warmup") as caught:
+        exercises.grade_warmup_schedule(answers.lr_at_never_stops)
+    assert "reaches the peak 0.8 at step 20, but gets 0.838 at step 21" in str(
+        caught.value)
+    with wrong("ex_lr_peak") as caught:  # batch 512's 3.2 written in
+        exercises.grade_warmup_schedule(answers.lr_at_batch_512)
+    assert "batch 128 trains at 3.2, not the scaled rate" in str(caught.value)
+
+
 # 08: SyncBatchNorm's statistics by hand, on two ranks
 
 
@@ -261,6 +431,17 @@ def test_global_statistics(ranks, capsys):
     exercises.grade_global_statistics(ranks, answers.global_mean_var)
     assert "With 3 + 9 = 12 samples on the ranks, every rank got the mean and " \
            "variance of all of them" in capsys.readouterr().out
+    with wrong("ex_bn_equal_batches") as caught:
+        exercises.grade_global_statistics(ranks, answers.global_mean_var_equal_batches)
+    assert "world size × this rank's batch" in str(caught.value)
+    with wrong("ex_bn_one_rank") as caught:
+        exercises.grade_global_statistics(ranks, answers.global_mean_var_reduce)
+    assert "`mean` is right on rank 0 but not on rank 1" in str(caught.value)
+    with wrong("ex_bn_again") as caught:  # right for the first call's 12 samples
+        exercises.grade_global_statistics(ranks,
+                                          answers.global_mean_var_count_written_in)
+    assert "Right for 12 samples, but called with 5 + 2 = 7 samples of 3 features, " \
+           "`mean` is wrong" in str(caught.value)
 
 
 # 09: what torchrun hands each process, and what FSDP's ranks hold

@@ -29,6 +29,12 @@ register({  # key: (ja, en)
                   "In epoch {epoch} the ranks' indices overlap or miss samples. "
                   "Hint: with the same `seed` and the same epoch number on every "
                   "rank, the ranks share one order without overlap."),
+    "ex_epoch_count": ("ランク {rank} の関数が、{num_epochs} エポックに {got} "
+                       "個の並びを返しました。ヒント: エポックごとに "
+                       "`list(sampler)` を 1 つ返します。",
+                       "On rank {rank} the function returned {got} orders for "
+                       "{num_epochs} epochs. Hint: return one `list(sampler)` per "
+                       "epoch."),
     "ex_repeats": ("エポック {a} と {b} の並びが同じです。ヒント: 各エポックの初めに "
                    "`sampler.set_epoch(epoch)` を呼びます。",
                    "Epochs {a} and {b} have the same order. Hint: call "
@@ -45,6 +51,13 @@ register({  # key: (ja, en)
                        "still holds its own share's gradient. Hint: all-reduce each "
                        "parameter's `p.grad` itself (all-reducing a copy leaves "
                        "`p.grad` as it was)."),
+    "ex_grads_one_rank": (
+        "ランク {good} の勾配は全体バッチの勾配になりましたが、ランク {bad} "
+        "はなっていません。ヒント: どのランクも同じ行を実行します。"
+        "`if rank == 0:` の中に置いた処理は、ほかのランクでは起きません。",
+        "Rank {good} got the whole batch's gradient, rank {bad} did not. Hint: "
+        "every rank runs the same lines; what sits under `if rank == 0:` happens "
+        "on no other rank."),
     "ex_grads_summed": (
         "勾配が全体バッチの勾配のちょうど {ratio:.0f} 倍です。ヒント: all-reduce "
         "は全ランクの値を足し合わせます。平均にするには world size で割ります。",
@@ -71,6 +84,10 @@ def grade_set_epoch(ranks: Ranks, fn: Callable, n: int = 16,
                     num_epochs: int = 3) -> None:
     """`fn(dataset, rank, world_size, num_epochs)`: a rank's indices in each epoch."""
     per_rank = ranks.run(_epoch_trial, fn, n, num_epochs)
+    for rank, orders in enumerate(per_rank):
+        if len(orders) != num_epochs:
+            raise WrongAnswer("ex_epoch_count", rank=rank, got=len(orders),
+                              num_epochs=num_epochs)
     for epoch in range(num_epochs):
         seen = [i for orders in per_rank for i in orders[epoch]]
         if len(seen) != n or set(seen) != set(range(n)):
@@ -102,8 +119,13 @@ def _average_trial(fn: Callable) -> dict:
 
 def grade_average_gradients(ranks: Ranks, fn: Callable) -> None:
     """`fn(model, world_size)`: every `.grad` becomes the mean over the ranks."""
-    r = ranks.run(_average_trial, fn)[0]
+    results = ranks.run(_average_trial, fn)
+    r = results[0]
     if r["apart"] > 0:
+        good = [rank for rank, x in enumerate(results) if x["diff"] <= 1e-6]
+        if good:  # right on some ranks only: work done on one rank
+            raise WrongAnswer("ex_grads_one_rank", good=good[0], bad=next(
+                rank for rank, x in enumerate(results) if x["diff"] > 1e-6))
         raise WrongAnswer("ex_grads_apart", diff=r["apart"])
     if r["diff"] > 1e-6:
         if abs(r["ratio"] - ranks.world_size) < 1e-3:

@@ -9,6 +9,7 @@ no_grad.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 
 import torch
@@ -46,6 +47,26 @@ register({  # key: (ja, en)
         "チェックポイントをすると、区間の中の活性値は保存されません。",
         "For {case} you answer what the plain model keeps. Hint: with "
         "checkpointing, nothing inside a segment is kept."),
+    "ex_act_ckpt_short": (
+        "{case} で、テンソル 1 つ分少なく答えています。ヒント: 最初の区間の入力 "
+        "(モデルの入力 X) も、ほかの区間の入力と同じように保存されます。",
+        "For {case} you are one tensor short. Hint: the first segment's input (the "
+        "model's input X) is kept like every other segment's."),
+    "ex_act_batch": (
+        "{case} で {got} と答えましたが、これはサンプル 1 つ分です。ヒント: "
+        "活性値の形は (batch, width) で、バッチのサンプルごとに保存されます。",
+        "For {case} you answered {got}: that is one sample's. Hint: an activation "
+        "has the shape (batch, width); every sample of the batch keeps its own."),
+    "ex_act_units": (
+        "{case} で {got} と答えましたが、これは MB (または MiB) の値です。"
+        "ヒント: 答えはバイト数です。",
+        "For {case} you answered {got}: that is in MB (or MiB). Hint: answer in "
+        "bytes."),
+    "ex_act_float64": (
+        "{case} の答えが、正しい値のちょうど 2 倍です。ヒント: float32 の値は 1 つ "
+        "4 バイトです (8 バイトなのは float64 です)。",
+        "For {case} your answer is exactly twice the right one. Hint: a float32 "
+        "value takes 4 bytes (8 is float64)."),
     "ex_act_hint": (
         "Linear は入力を、ReLU は出力を保存し、同じテンソルは 1 回だけ数えます。",
         "a Linear keeps its input, a ReLU its output, and one tensor counts once."),
@@ -65,6 +86,23 @@ register({  # key: (ja, en)
         "ヒント: 評価の前に `model.eval()` を呼びます。",
         "Evaluating changed BatchNorm's running_mean (and Dropout was on). Hint: "
         "call `model.eval()` before evaluating."),
+    "ex_eval_tensor": (
+        "戻り値がテンソルです。ヒント: `.item()` で Python の float にして返します。",
+        "It returned a tensor. Hint: return a Python float, with `.item()`."),
+    "ex_eval_grad_off": (
+        "評価のあと、勾配の計算がオフのままです (`torch.is_grad_enabled()` が False)。"
+        "このあとの学習では勾配が求まりません。ヒント: `torch.set_grad_enabled(False)` "
+        "ではなく、`with torch.no_grad():` のブロックの中で評価します。",
+        "After the evaluation gradients stay off (`torch.is_grad_enabled()` is "
+        "False): training after it gets no gradient. Hint: evaluate inside a `with "
+        "torch.no_grad():` block, not after `torch.set_grad_enabled(False)`."),
+    "ex_eval_frozen": (
+        "評価のあと、パラメータ {names} の requires_grad が False のままです。"
+        "このあとの学習では更新されません。ヒント: パラメータは変えずに、"
+        "`with torch.no_grad():` の中で評価します。",
+        "After the evaluation the parameters {names} have requires_grad False: "
+        "training after it leaves them as they are. Hint: leave the parameters "
+        "alone and evaluate inside `with torch.no_grad():`."),
     "ex_eval_loss": (
         "評価の損失", "the evaluation loss"),
     "ex_eval_hint": (
@@ -98,10 +136,18 @@ def grade_saved_activations(fn: Callable) -> None:
             tensor = batch * width * 4  # bytes of one activation
             if got * 4 == want:
                 raise WrongAnswer("ex_act_values", case=case, got=got)
+            if got * batch == want:
+                raise WrongAnswer("ex_act_batch", case=case, got=got)
+            if any(math.isclose(got * unit, want, rel_tol=1e-6)
+                   for unit in (1e6, 2**20)):
+                raise WrongAnswer("ex_act_units", case=case, got=got)
+            if got == 2 * want:
+                raise WrongAnswer("ex_act_float64", case=case)
             if not checkpointed and got == 2 * depth * tensor:
                 raise WrongAnswer("ex_act_twice", case=case)
             if got == want - tensor:
-                raise WrongAnswer("ex_act_one_short", case=case)
+                raise WrongAnswer("ex_act_ckpt_short" if checkpointed
+                                  else "ex_act_one_short", case=case)
             if checkpointed and got == want + tensor:
                 raise WrongAnswer("ex_act_ckpt_output", case=case)
             if checkpointed and got == (depth + 1) * tensor:
@@ -135,14 +181,25 @@ def grade_evaluation(fn: Callable) -> None:
             saved[ptr] = x.untyped_storage().nbytes()
         return x
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-        got = fn(model, X, y)
+    grad_on = torch.is_grad_enabled()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+            got = fn(model, X, y)
+        grad_left_off = grad_on and not torch.is_grad_enabled()
+    finally:
+        torch.set_grad_enabled(grad_on)  # the notebook's state, whatever fn left
     if got is None:
         raise WrongAnswer("ex_fill_in", name="evaluate(model, X, y)")
+    if grad_left_off:
+        raise WrongAnswer("ex_eval_grad_off")
+    if frozen := [name for name, p in model.named_parameters() if not p.requires_grad]:
+        raise WrongAnswer("ex_eval_frozen", names=", ".join(frozen))
     if saved:
         raise WrongAnswer("ex_eval_graph", nbytes=sum(saved.values()))
     if not torch.equal(model[1].running_mean, before):
         raise WrongAnswer("ex_eval_mode")
+    if isinstance(got, torch.Tensor):
+        raise WrongAnswer("ex_eval_tensor")
     if abs(float(got) - want) > 1e-6:
         raise off(t("ex_eval_loss"), abs(float(got) - want), "ex_eval_hint")
     right("ex_eval_ok", loss=want)
