@@ -67,7 +67,7 @@ def make_model(cfg: Config) -> nn.Module:
 def device() -> torch.device:
     """This rank's GPU under nccl, else the CPU."""
     if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.currentdevice())
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 def make_optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:

@@ -3,6 +3,7 @@
 import os
 
 import pytest
+import torch
 import torch.distributed as dist
 from ddp_rank_checks import (
     allreduce_now,
@@ -248,3 +249,16 @@ def test_sent_per_allreduce_refuses_bad_input():
         comm.sent_per_allreduce(2)
     with pytest.raises(ValueError, match="repeat >= 1"):
         comm.sent_per_allreduce(1024, repeat=0)
+
+
+def test_the_workload_runs_on_this_rank_s_gpu_under_nccl(monkeypatch):
+    """No GPU here: fake a nccl group and the current device, as a GPU rank has."""
+    from labkit import workload
+
+    assert workload.device() == torch.device("cpu")  # no group: the CPU
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert workload.device() == torch.device("cuda", 1)
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "gloo")
+    assert workload.device() == torch.device("cpu")
