@@ -147,7 +147,8 @@ assert warm["lr 3.2 + warm-up 20"]["heldout_loss"][-1] < 0.7 * warm["lr 3.2"]["h
 #   ステップ 0 の 1/20 からステップ 20 の 1 まで直線で上がり、そのあとは 1 のままです。
 #
 # 上の実行では、バッチ 512 の最初の 3 ステップの学習率は 0.16、0.31、0.46 でした。確認のセルは、
-# バッチ 128、512、2048 のそれぞれについて、ステップ 0〜59 の学習率を torch の `LinearLR` と比べます。
+# バッチ 128、512、2048、80 のそれぞれについて、ステップ 0〜59 の学習率を torch の `LinearLR` と比べます
+# (80 は 32 で割り切れません)。
 #
 # 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
 # 違っていれば、どこが違うかがヒントとともに表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
@@ -166,7 +167,7 @@ assert warm["lr 3.2 + warm-up 20"]["heldout_loss"][-1] < 0.7 * warm["lr 3.2"]["h
 #
 # In the run above, the first three steps of batch 512 had the rates 0.16, 0.31 and
 # 0.46. The check compares your rates at steps 0 to 59 with torch's `LinearLR`, for
-# batches of 128, 512 and 2048.
+# batches of 128, 512, 2048 and 80 (not a multiple of 32).
 #
 # Edit and run the exercise cell, then run the check cell. It says "Correct" when the
 # answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
@@ -553,7 +554,8 @@ if not torch.cuda.is_available():
 # 呼ぶので、`dist.all_reduce` が使えます。
 #
 # 確認のセルは、この関数を両方のランクで実行します。ランク 0 には 3 サンプル、ランク 1 には平均の大きく
-# 離れた 9 サンプルを渡し、1 プロセスで全 12 サンプルから計算した値と比べます。関数はランクのエンジンで
+# 離れた 9 サンプルを渡し、1 プロセスで全 12 サンプルから計算した値と比べます。続けて、サンプル数と特徴の
+# 数を変えて (5 と 2 サンプル、特徴 3 個) もう一度呼びます。関数はランクのエンジンで
 # 実行されるので、中で使う名前はエンジンにあるもの (上の `%%px` セルで import した `torch` と `dist`) です。
 
 # %% [markdown] lang="en"
@@ -567,7 +569,8 @@ if not torch.cuda.is_available():
 # Every rank calls the function at the same time, so it can use `dist.all_reduce`.
 #
 # The check runs the function on both ranks, with 3 samples on rank 0 and 9 samples with
-# a mean far away on rank 1, and compares with one process computing over all 12. The
+# a mean far away on rank 1, and compares with one process computing over all 12; then
+# it calls the function again with other sizes (5 and 2 samples of 3 features). The
 # function runs on the ranks' engines, so the names it uses are the engines' (`torch`
 # and `dist`, imported there by a `%%px` cell above).
 

@@ -863,7 +863,9 @@ assert sorted(real) == list(range(len(scores)))  # shuffled too: each sample onc
 # の順のサンプルごとの値 (水増しを含む)、`total` はデータセットの大きさです。データセットの各サンプルを
 # ちょうど 1 回ずつ数えた平均を、全ランクで同じ値として返します。全ランクが同時に呼ぶので、
 # `dist.all_reduce` が使えます。確認のセルは、いくつかの大きさのデータセットで、1 プロセスで計算した平均と
-# 比べます。
+# 比べます。確認は 2 ランクで行うので、水増しは多くても 1 個で、いつもランク 1 の最後のサンプルです。
+# 「最後のランクの最後のサンプルを除く」という答えは、3 ランク以上では間違いですが、確認のセルは
+# 正解とします。水増しは、上の規則 (`r + k × world_size` がデータセットの大きさ以上) で見分けてください。
 
 # %% [markdown] lang="en"
 # ### Exercise: an exact validation metric
@@ -872,7 +874,10 @@ assert sorted(real) == list(range(len(scores)))  # shuffled too: each sample onc
 # `DistributedSampler`'s order (padding included); `total` is the data set's size.
 # Return the mean over the data set, each sample counted exactly once, the same on every
 # rank. Every rank calls it at the same time, so it can use `dist.all_reduce`. The check
-# compares with the mean one process computes, for data sets of several sizes.
+# compares with the mean one process computes, for data sets of several sizes. It runs
+# on 2 ranks, where the padding is at most one sample, always rank 1's last: an answer
+# that drops the last rank's last sample is wrong on 3 ranks or more, yet passes the
+# check. Tell the padding by the rule above (`r + k × world_size` at least the size).
 
 # %% tags=["exercise"]
 def exact_mean(values, total):

@@ -797,6 +797,24 @@ def torchrun_env_interleaved(nnodes, nproc_per_node, node_rank):
             for env in torchrun_env(nnodes, nproc_per_node, node_rank)]
 
 
+def torchrun_env_rank_by_nnodes(nnodes, nproc_per_node, node_rank):
+    """nnodes where nproc_per_node belongs: right whenever the two are equal."""
+    return [dict(env, RANK=node_rank * nnodes + env["LOCAL_RANK"])
+            for env in torchrun_env(nnodes, nproc_per_node, node_rank)]
+
+
+def torchrun_env_world_is_nnodes(nnodes, nproc_per_node, node_rank):
+    """The number of nodes for WORLD_SIZE: right for 2 nodes of 1 process."""
+    return [dict(env, WORLD_SIZE=nnodes)
+            for env in torchrun_env(nnodes, nproc_per_node, node_rank)]
+
+
+def torchrun_env_every_node(nnodes, nproc_per_node, node_rank):
+    """Every process of every node, not this node's."""
+    return [env for node in range(nnodes)
+            for env in torchrun_env(nnodes, nproc_per_node, node)]
+
+
 # 09: values of a parameter one rank holds under fully_shard
 
 
@@ -823,6 +841,20 @@ def values_held_array_split(shape, rank, world_size):
     return (rows // world_size + (rank < rows % world_size)) * math.prod(shape[1:])
 
 
+def values_held_negative(shape, rank, world_size):
+    """torch.chunk's piece, without max(0, ...) for the ranks past the last one."""
+    rows, per_row = shape[0], math.prod(shape[1:])
+    piece = -(-rows // world_size)
+    return min(piece, rows - rank * piece) * per_row
+
+
+def values_held_rest_on_last(shape, rank, world_size):
+    rows, per_row = shape[0], math.prod(shape[1:])
+    if rank < world_size - 1:
+        return rows // world_size * per_row
+    return (rows - (world_size - 1) * (rows // world_size)) * per_row
+
+
 # 10: the parameters that get no gradient
 
 
@@ -843,6 +875,19 @@ def unused_parameters_used(model, X):
     model.zero_grad(set_to_none=True)
     model(X).sum().backward()
     return sorted(name for name, p in model.named_parameters() if p.grad is not None)
+
+
+def unused_parameters_zero_grads(model, X):
+    """A gradient of zeros taken for no gradient."""
+    model.zero_grad(set_to_none=True)
+    model(X).sum().backward()
+    return sorted(name for name, p in model.named_parameters()
+                  if p.grad is None or not p.grad.any())
+
+
+def unused_parameters_frozen(model, X):
+    """requires_grad instead of a backward pass."""
+    return sorted(name for name, p in model.named_parameters() if not p.requires_grad)
 
 
 # 10: an uneven epoch (these run on the ranks)
@@ -881,6 +926,37 @@ def train_epoch_module(model, optimizer, batches):
         optimizer.step()
 
 
+def train_epoch_divide_by_live_ranks(model, optimizer, batches):
+    from torch.distributed.algorithms.join import Join
+
+    with Join([model], divide_by_initial_world_size=False):
+        for X, y in batches:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(X), y).backward()
+            optimizer.step()
+
+
+def train_epoch_repeat_last(model, optimizer, batches):
+    """Evens the counts out by training again on a rank's last batch."""
+    most = torch.tensor(len(batches))
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    for X, y in batches + batches[-1:] * (int(most) - len(batches)):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(X), y).backward()
+        optimizer.step()
+
+
+def train_epoch_join_optimizer(model, optimizer, batches):
+    """The optimizer is no Joinable: Join raises before any step."""
+    from torch.distributed.algorithms.join import Join
+
+    with Join([model, optimizer]):
+        for X, y in batches:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(X), y).backward()
+            optimizer.step()
+
+
 # 10: an exact validation metric (these run on the ranks)
 
 
@@ -908,3 +984,20 @@ def exact_mean_padded(values, total):
     dist.all_reduce(sums)
     return sums[0] / sums[1]
 
+
+def exact_mean_drop_last(values, total):
+    """Every rank counts total // world_size samples, as drop_last=True keeps."""
+    kept = values[:total // dist.get_world_size()]
+    sums = torch.stack([kept.sum(), torch.tensor(float(len(kept)), dtype=values.dtype)])
+    dist.all_reduce(sums)
+    return sums[0] / sums[1]
+
+
+def exact_mean_last_rank_padding(values, total):
+    """Padding taken as the last rank's last sample: right on 2 ranks only."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    padded = len(values) * world_size - total
+    real = values[:len(values) - padded] if rank == world_size - 1 else values
+    sums = torch.stack([real.sum(), torch.tensor(float(len(real)), dtype=values.dtype)])
+    dist.all_reduce(sums)
+    return sums[0] / sums[1]

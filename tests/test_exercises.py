@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import labkit
-from labkit import comm, exercises
+from labkit import cluster, comm, exercises
 
 
 def wrong(key):
@@ -485,6 +485,13 @@ def test_shard_sizes(ranks, capsys):
      "torchrun_env(2, 2, 1) gives RANK = node_rank + LOCAL_RANK"),
     ("torchrun_env", "torchrun_env_interleaved", "ex_env_rank_interleaved",
      "torchrun_env(2, 2, 0) numbers the processes across the nodes in turn"),
+    ("torchrun_env", "torchrun_env_rank_by_nnodes", "ex_env_rank_nnodes",
+     "torchrun_env(2, 1, 1) gives RANK = node_rank × nnodes + LOCAL_RANK"),
+    # At (2, 2, 0) nnodes and nproc_per_node are both 2: a case with 4 and 8 tells.
+    ("torchrun_env", "torchrun_env_world_is_nnodes", "ex_env_world_nodes",
+     "torchrun_env(2, 2, 0) gives WORLD_SIZE = nnodes, the number of nodes"),
+    ("torchrun_env", "torchrun_env_every_node", "ex_env_count",
+     "torchrun_env(2, 1, 1) lists 2 processes; the node runs 1"),
 ])
 def test_mistakes(check, answer, key, says):
     with wrong(key) as caught:
@@ -527,6 +534,10 @@ def test_mistakes(check, answer, key, says):
      "values_held((5, 10), 1, 2) = 30 counts padding"),
     ("shard_sizes", "values_held_array_split", "ex_shard_spread",
      "values_held((100, 10), 1, 3) = 330 spreads"),
+    ("shard_sizes", "values_held_negative", "ex_shard_negative",
+     "values_held((10, 100), 6, 8) = -200 is negative"),
+    ("shard_sizes", "values_held_rest_on_last", "ex_shard_floor",
+     "values_held((5, 10), 0, 2) = 20 gives each rank rows / ranks rounded down"),
 ])
 def test_mistakes_on_ranks(ranks, check, answer, key, says):
     with wrong(key) as caught:
@@ -539,7 +550,7 @@ def test_mistakes_on_ranks(ranks, check, answer, key, says):
 
 def test_unused_parameters(capsys):
     exercises.grade_unused_parameters(answers.unused_parameters)
-    assert "in 4 models, left-over gradients or not" in capsys.readouterr().out
+    assert "in 5 models, left-over gradients or not" in capsys.readouterr().out
     with wrong("ex_fill_in"):
         exercises.grade_unused_parameters(lambda model, X: None)
     with wrong("ex_unused_stale") as caught:
@@ -547,6 +558,14 @@ def test_unused_parameters(capsys):
     assert "zero_grad(set_to_none=True)" in str(caught.value)
     with wrong("ex_unused_wrong"):
         exercises.grade_unused_parameters(answers.unused_parameters_used)
+    with wrong("ex_unused_wrong") as caught:
+        exercises.grade_unused_parameters(answers.unused_parameters_frozen)
+    assert "For _Branches(use_aux=False) you answered []" in str(caught.value)
+    with wrong("ex_unused_zero") as caught:  # a dead ReLU: gradients of zeros
+        exercises.grade_unused_parameters(answers.unused_parameters_zero_grads)
+    assert "For _Dead() you answered ['hidden.bias', 'hidden.weight', 'out.weight']" \
+           in str(caught.value)
+    assert "whether `.grad` is None" in str(caught.value)
 
 
 # 10: an uneven epoch, on two ranks
@@ -562,6 +581,15 @@ def test_uneven_epoch(ranks, capsys):
         exercises.grade_uneven_epoch(ranks, answers.train_epoch_common)
     with wrong("ex_join_apart"):
         exercises.grade_uneven_epoch(ranks, answers.train_epoch_module)
+    with wrong("ex_join_divide") as caught:
+        exercises.grade_uneven_epoch(ranks, answers.train_epoch_divide_by_live_ranks)
+    assert "divide_by_initial_world_size=False" in str(caught.value)
+    with wrong("ex_join_hint") as caught:  # no hang, equal replicas, other weights
+        exercises.grade_uneven_epoch(ranks, answers.train_epoch_repeat_last)
+    assert "the mean of its own gradient and zeros" in str(caught.value)
+    # An error in the answer's own code is shown as it is, not as a hang.
+    with pytest.raises(cluster.RankError, match="join_hook"):
+        exercises.grade_uneven_epoch(ranks, answers.train_epoch_join_optimizer)
 
 
 # 10: an exact validation metric, on two ranks
@@ -577,4 +605,11 @@ def test_exact_mean(ranks, capsys):
                         (answers.exact_mean_padded, "ex_exact_padding")]:
         with wrong(key):
             exercises.grade_exact_mean(ranks, answer)
+    with wrong("ex_exact_dropped") as caught:
+        exercises.grade_exact_mean(ranks, answers.exact_mean_drop_last)
+    assert "For a data set of 9 you returned" in str(caught.value)
+    assert "1 real sample(s) left out" in str(caught.value)
+    # Right on 2 ranks, where all padding is rank 1's last sample; wrong on 3 or
+    # more, which the check does not run: lesson 10 says so.
+    exercises.grade_exact_mean(ranks, answers.exact_mean_last_rank_padding)
 

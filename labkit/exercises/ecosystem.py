@@ -49,6 +49,11 @@ register({  # key: (ja, en)
         "{name} numbers the processes across the nodes in turn (RANK = LOCAL_RANK × "
         "nnodes + node_rank). Hint: torchrun numbers node by node: node 0's processes "
         "first, then node 1's, and so on."),
+    "ex_env_rank_nnodes": (
+        "{name} の RANK が node_rank × nnodes + LOCAL_RANK です。ヒント: 前の各ノード"
+        "にあるのは nnodes 個ではなく、nproc_per_node 個ずつのプロセスです。",
+        "{name} gives RANK = node_rank × nnodes + LOCAL_RANK. Hint: every node before "
+        "this one runs nproc_per_node processes, not nnodes."),
     "ex_env_rank": (
         "{name} の RANK が違います: {got}。ヒント: RANK はノード 0 "
         "のプロセスから順に付けた、全ノードの通し番号です。",
@@ -66,6 +71,11 @@ register({  # key: (ja, en)
         "数えています。ヒント: WORLD_SIZE は全ノードのプロセスの数です。",
         "{name} gives WORLD_SIZE = nproc_per_node, the processes of this node only. "
         "Hint: WORLD_SIZE counts the processes of all nodes."),
+    "ex_env_world_nodes": (
+        "{name} の WORLD_SIZE が nnodes で、ノードの数を数えています。ヒント: "
+        "WORLD_SIZE はプロセスの数で、nnodes × nproc_per_node です。",
+        "{name} gives WORLD_SIZE = nnodes, the number of nodes. Hint: WORLD_SIZE "
+        "counts processes: nnodes × nproc_per_node."),
     "ex_env_world": (
         "{name} の WORLD_SIZE が違います: {got}。ヒント: WORLD_SIZE "
         "は全ノードのプロセスの数で、どのプロセスでも同じです。",
@@ -126,6 +136,18 @@ register({  # key: (ja, en)
         "possible, as numpy.array_split does. Hint: as `scatter` in lesson 02, a "
         "piece holds rows / ranks rounded up, only the last is smaller, and some "
         "ranks may hold nothing."),
+    "ex_shard_negative": (
+        "values_held({shape}, {rank}, {n}) = {got} が負の数です。ヒント: 最後の"
+        "チャンクより後ろのランクは何も持たないので、0 です (`max(0, ...)`)。",
+        "values_held({shape}, {rank}, {n}) = {got} is negative. Hint: a rank past the "
+        "last piece holds nothing: 0 (`max(0, ...)`)."),
+    "ex_shard_floor": (
+        "values_held({shape}, {rank}, {n}) = {got} は、行数 ÷ ランク数を切り捨てて"
+        "配り、余りを最後のランクに回した数です。ヒント: torch.chunk は 1 つの"
+        "チャンクを切り上げで決め、小さくなるのは最後のチャンクだけです。",
+        "values_held({shape}, {rank}, {n}) = {got} gives each rank rows / ranks "
+        "rounded down and the rest to the last. Hint: torch.chunk rounds a piece up; "
+        "only the last piece is smaller."),
     "ex_shard_off": (
         "values_held({shape}, {rank}, {n}) = {got} は fully_shard が持つ数と違います。"
         "ヒント: (このランクが受け持つ 0 番目の次元の行数) × (1 行の値の数) です。",
@@ -173,23 +195,32 @@ def _torchrun_env(nnodes: int, nproc_per_node: int) -> dict[int, list[dict]]:
     return by_node
 
 
-def _env_mistake(got: list[dict], nnodes: int, nproc: int,
-                 node_rank: int) -> tuple[str, str]:
+def _env_mistake(got: list[dict], nnodes: int, nproc: int, node_rank: int,
+                 worlds: Callable[[], set]) -> tuple[str, str]:
     """The message key of what `got` (one entry per process) gets wrong, and the
-    variable it gets wrong."""
+    variable it gets wrong; `worlds()`, the WORLD_SIZEs of a case whose nnodes and
+    nproc_per_node differ, tells which of the two a WORLD_SIZE is when they don't."""
     local = list(range(nproc))
     ranks, world = [p["RANK"] for p in got], {p["WORLD_SIZE"] for p in got}
     if ranks != [node_rank * nproc + i for i in local]:
         for key, wrong in (("ex_env_rank_local", local),
                            ("ex_env_rank_sum", [node_rank + i for i in local]),
                            ("ex_env_rank_interleaved",
-                            [i * nnodes + node_rank for i in local])):
+                            [i * nnodes + node_rank for i in local]),
+                           ("ex_env_rank_nnodes",
+                            [node_rank * nnodes + i for i in local])):
             if ranks == wrong:
                 return key, "RANK"
         return "ex_env_rank", "RANK"
     if [p["LOCAL_RANK"] for p in got] != local:
         return "ex_env_local", "LOCAL_RANK"
+    if world == {nnodes} and (nnodes != nproc or worlds() == {_DISTINCT[0]}):
+        return "ex_env_world_nodes", "WORLD_SIZE"
     return ("ex_env_world_nproc" if world == {nproc} else "ex_env_world"), "WORLD_SIZE"
+
+
+# A set-up whose nnodes and nproc_per_node differ: (nnodes, nproc_per_node, node_rank).
+_DISTINCT = (4, 8, 3)
 
 
 def grade_torchrun_env(fn: Callable, real: bool = True) -> None:
@@ -211,7 +242,8 @@ def grade_torchrun_env(fn: Callable, real: bool = True) -> None:
         want = [{"RANK": node_rank * nproc + i, "LOCAL_RANK": i,
                  "WORLD_SIZE": nnodes * nproc} for i in range(nproc)]
         if got != want:
-            key, field = _env_mistake(got, nnodes, nproc, node_rank)
+            key, field = _env_mistake(got, nnodes, nproc, node_rank, lambda: {
+                int(p["WORLD_SIZE"]) for p in fn(*_DISTINCT)})
             raise WrongAnswer(key, name=name, got=[p[field] for p in got])
     if not real:
         right("ex_env_ok_formula")
@@ -264,10 +296,12 @@ def grade_shard_sizes(ranks: Ranks, fn: Callable) -> None:
         rows, numel = shape[0], math.prod(shape)
         per_row, piece = numel // rows, -(-rows // size)
         spread = rows // size + (rank < rows % size)
+        floor = rows // size if rank < size - 1 else rows - (size - 1) * (rows // size)
         key = next((key for key, value in (
             ("ex_shard_whole", numel), ("ex_shard_even", numel / size),
             ("ex_shard_even", math.ceil(numel / size)),
             ("ex_shard_even", numel // size), ("ex_shard_padding", piece * per_row),
-            ("ex_shard_spread", spread * per_row)) if got == value), "ex_shard_off")
+            ("ex_shard_spread", spread * per_row), ("ex_shard_floor", floor * per_row))
+            if got == value), "ex_shard_negative" if got < 0 else "ex_shard_off")
         raise WrongAnswer(key, shape=shape, rank=rank, n=size, got=got)
     right("ex_shard_ok", n=n)

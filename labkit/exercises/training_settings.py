@@ -73,6 +73,19 @@ register({  # key: (ja, en)
         "Batch {batch} reaches the peak at step {step}. Hint: "
         "LinearLR(total_iters=20) reaches it at step 20; until then the factor is "
         "1/20 + (1 − 1/20) × step / 20."),
+    "ex_lr_floor": (
+        "ウォームアップのあと、バッチ {batch} の学習率が {got:g} で、batch_size // 32 "
+        "(切り捨ての割り算) に比例しています。ヒント: 32 で割り切れないバッチも"
+        "あるので、`/` で割ります (0.2 × batch_size / 32)。",
+        "After the warm-up, batch {batch} trains at {got:g}: batch_size // 32, which "
+        "rounds down. Hint: not every batch is a multiple of 32; divide with `/` "
+        "(0.2 × batch_size / 32)."),
+    "ex_lr_after_warmup": (
+        "バッチ {batch} の学習率は、ステップ 20 で最大値 {peak:g} に届きますが、"
+        "ステップ {step} では {got:g} です。ヒント: ウォームアップが終わったあとは、"
+        "倍率は 1 のままです (`min(step, 20)`)。",
+        "Batch {batch} reaches the peak {peak:g} at step 20, but gets {got:g} at step "
+        "{step}. Hint: after the warm-up the factor stays 1 (`min(step, 20)`)."),
     "ex_lr_hint": (
         "ステップ 0 から 20 まで、学習率は直線で上がります。",
         "from step 0 to step 20 the rate rises in a straight line."),
@@ -126,6 +139,27 @@ register({  # key: (ja, en)
         "`{what}` が二乗の平均です。ヒント: 分散は「二乗の平均 − 平均の二乗」です。",
         "`{what}` is the mean of the squares. Hint: the variance is the mean of the "
         "squares minus the square of the mean."),
+    "ex_bn_equal_batches": (
+        "`{what}` は、全体のサンプル数を world size × 自分のバッチの大きさとして"
+        "います。ランクごとにバッチの大きさが違うと、ランクごとに違う値になります。"
+        "ヒント: サンプル数も all-reduce します。",
+        "`{what}` takes all ranks' samples to be world size × this rank's batch: "
+        "with batches of different sizes, each rank gets another value. Hint: "
+        "all-reduce the number of samples too."),
+    "ex_bn_one_rank": (
+        "`{what}` はランク 0 では合っていますが、ランク {rank} では違います。"
+        "`dist.reduce` は結果を dst のランクにしか書きません。ヒント: どのランクも"
+        "同じ値を得るように、`dist.all_reduce` を使います。",
+        "`{what}` is right on rank 0 but not on rank {rank}: `dist.reduce` writes the "
+        "result on its dst rank only. Hint: use `dist.all_reduce`, so that every "
+        "rank gets the same values."),
+    "ex_bn_again": (
+        "サンプル数 {first} では合っていましたが、{counts} = {total} サンプル、特徴 "
+        "{features} 個で呼ぶと、`{what}` が違います。ヒント: サンプル数や特徴の数を"
+        "決め打ちせず、`x` と all-reduce から求めます。",
+        "Right for {first} samples, but called with {counts} = {total} samples of "
+        "{features} features, `{what}` is wrong. Hint: take the numbers of samples and "
+        "features from `x` and all-reduces, not from the first call."),
     "ex_bn_hint": (
         "どのランクも、全ランクのサンプルを合わせた同じ平均と分散を得ます。",
         "every rank ends with the same mean and variance, those of all ranks' samples "
@@ -161,7 +195,8 @@ def _warmup_lrs(peak: float, steps: int) -> list[float]:
     return lrs
 
 
-def grade_warmup_schedule(fn: Callable, batch_sizes=(128, 512, 2048)) -> None:
+# 80 is no multiple of 32: an answer that divides with // is right only for the others.
+def grade_warmup_schedule(fn: Callable, batch_sizes=(128, 512, 2048, 80)) -> None:
     """`fn(step, batch_size)`: the linearly scaled rate with LinearLR's warm-up."""
     steps = 3 * WARMUP_STEPS
     for batch in batch_sizes:
@@ -172,9 +207,15 @@ def grade_warmup_schedule(fn: Callable, batch_sizes=(128, 512, 2048)) -> None:
             raise WrongAnswer("ex_fill_in", name=f"lr_at(step, {batch})")
         got = [float(lr) for lr in got]
         peak, last = want[-1], got[-1]
+        if _close(got[WARMUP_STEPS], peak) and not _close(last, peak):
+            step = next(i for i in range(WARMUP_STEPS, steps)
+                        if not _close(got[i], peak))
+            raise WrongAnswer("ex_lr_after_warmup", batch=batch, peak=peak,
+                              step=step, got=got[step])
         if not _close(last, peak):
             key = ("ex_lr_not_scaled" if _close(last, BASE_LR) else "ex_lr_sqrt"
-                   if _close(last, BASE_LR * math.sqrt(ratio)) else "ex_lr_peak")
+                   if _close(last, BASE_LR * math.sqrt(ratio)) else "ex_lr_floor"
+                   if _close(last, BASE_LR * (batch // BASE_BATCH)) else "ex_lr_peak")
             raise WrongAnswer(key, batch=batch, got=last)
         if _close(got[0], peak):
             raise WrongAnswer("ex_lr_no_warmup", batch=batch)
@@ -191,63 +232,84 @@ def grade_warmup_schedule(fn: Callable, batch_sizes=(128, 512, 2048)) -> None:
     right("ex_lr_ok", first=_warmup_lrs(peak, 1)[0], peak=peak, steps=WARMUP_STEPS)
 
 
-def _bn_batch(rank: int, features: int = 4) -> torch.Tensor:
-    """Rank `rank`'s samples: 3 + 6 × rank of them, further out on higher ranks."""
-    g = torch.Generator().manual_seed(200 + rank)
-    return torch.randn(3 + 6 * rank, features, generator=g) * (1 + rank) + 3.0 * rank
+def _bn_batch(rank: int, again: bool = False) -> torch.Tensor:
+    """Rank `rank`'s samples: 3 + 6 × rank of 4 features, further out on higher
+    ranks; `again`, a second call's other sizes (5 on rank 0, rank + 1 elsewhere)
+    and 3 features, which an answer fitted to the first call gets wrong."""
+    g = torch.Generator().manual_seed((400 if again else 200) + rank)
+    count = (5 if rank == 0 else rank + 1) if again else 3 + 6 * rank
+    x = torch.randn(count, 3 if again else 4, generator=g)
+    return x * (1 + rank) + 3.0 * rank
 
 
-def _statistics_trial(fn: Callable) -> list[list[float]] | None:
-    """Runs on every rank: `fn` on this rank's batch; its mean and variance."""
-    out = fn(_bn_batch(dist.get_rank()))
-    if out is None:
-        return None
-    return [torch.as_tensor(v, dtype=torch.float64).reshape(-1).tolist() for v in out]
+def _statistics_trial(fn: Callable) -> list[list[list[float]] | None]:
+    """Runs on every rank: `fn` on this rank's batch, then on the second call's;
+    the mean and variance of each."""
+    out = []
+    for again in (False, True):
+        got = fn(_bn_batch(dist.get_rank(), again))
+        out.append(None if got is None else [
+            torch.as_tensor(v, dtype=torch.float64).reshape(-1).tolist() for v in got])
+    return out
+
+
+def _matches(got: list[torch.Tensor], values: list[torch.Tensor]) -> bool:
+    return all(torch.allclose(g, v, rtol=1e-4, atol=1e-5)
+               for g, v in zip(got, values, strict=True))
 
 
 def _diagnose(got: list[torch.Tensor], want: list[torch.Tensor],
               wrong: list[tuple[str, list[torch.Tensor]]], what: str,
               hint: str) -> None:
     """Raise WrongAnswer unless every rank's `got` is `want`, naming the mistake."""
-
-    def matches(values: list[torch.Tensor]) -> bool:
-        return all(torch.allclose(g, v, rtol=1e-4, atol=1e-5)
-                   for g, v in zip(got, values, strict=True))
-
-    if matches(want):
+    if _matches(got, want):
         return
     for key, values in wrong:
-        if matches(values):
+        if _matches(got, values):
             raise WrongAnswer(key, what=what)
+    if _matches(got[:1], want[:1]):  # rank 0 only: a reduce, or a broadcast missed
+        rank = next(r for r in range(1, len(got)) if not _matches(got[r:r + 1],
+                                                                  want[r:r + 1]))
+        raise WrongAnswer("ex_bn_one_rank", what=what, rank=rank)
     raise off(what, max((g - w).abs().max().item()
                         for g, w in zip(got, want, strict=True)), hint)
 
 
+def _split(results: list, features: int) -> tuple[list, list] | None:
+    """Each rank's mean and variance as tensors, or None if any is malformed."""
+    if any(len(r) != 2 or any(len(v) != features for v in r) for r in results):
+        return None
+    return ([torch.tensor(r[0], dtype=torch.float64) for r in results],
+            [torch.tensor(r[1], dtype=torch.float64) for r in results])
+
+
 def grade_global_statistics(ranks: Ranks, fn: Callable) -> None:
-    """`fn(x)` on every rank: each feature's mean and biased variance over all ranks."""
+    """`fn(x)` on every rank: each feature's mean and biased variance over all ranks,
+    called twice with batches of other sizes."""
     results = ranks.run(_statistics_trial, fn)
-    if any(r is None for r in results):
+    if any(r is None for rank in results for r in rank):
         raise WrongAnswer("ex_fill_in", name="global_mean_var(x)")
-    batches = [_bn_batch(rank).double() for rank in range(ranks.world_size)]
+    world = ranks.world_size
+    batches = [_bn_batch(rank).double() for rank in range(world)]
     whole = torch.cat(batches)
     features = whole.shape[1]
-    if any(len(r) != 2 or any(len(v) != features for v in r) for r in results):
+    if (split := _split([r[0] for r in results], features)) is None:
         raise WrongAnswer("ex_bn_shape", features=features)
-    means = [torch.tensor(r[0], dtype=torch.float64) for r in results]
-    variances = [torch.tensor(r[1], dtype=torch.float64) for r in results]
+    means, variances = split
     mean = whole.mean(0)
 
     def each(stat: Callable) -> list[torch.Tensor]:
         return [stat(b) for b in batches]
 
     def same(value: torch.Tensor) -> list[torch.Tensor]:
-        return ranks.world_size * [value]
+        return world * [value]
 
     _diagnose(means, same(mean), [
         ("ex_bn_local", each(lambda b: b.mean(0))),
         ("ex_bn_count", each(lambda b: whole.sum(0) / len(b))),
         ("ex_bn_mean_of_means", same(torch.stack(each(lambda b: b.mean(0))).mean(0))),
         ("ex_bn_not_divided", same(whole.sum(0))),
+        ("ex_bn_equal_batches", each(lambda b: whole.sum(0) / (world * len(b)))),
     ], "mean", "ex_bn_hint")
     counts = torch.tensor([len(b) for b in batches], dtype=torch.float64)
     local_vars = torch.stack(each(lambda b: b.var(0, unbiased=False)))
@@ -260,4 +322,14 @@ def grade_global_statistics(ranks: Ranks, fn: Callable) -> None:
         ("ex_bn_squares", same(whole.pow(2).mean(0))),
         ("ex_bn_not_divided", same((whole - mean).pow(2).sum(0))),
     ], "var", "ex_bn_hint")
+    # The second call: other sizes, other features. Right once, wrong now, is an
+    # answer fitted to the first call (a count or shape written in, a cached value).
+    again = torch.cat([_bn_batch(rank, again=True).double() for rank in range(world)])
+    sizes = " + ".join(str(len(_bn_batch(rank, again=True))) for rank in range(world))
+    split = _split([r[1] for r in results], again.shape[1])
+    for what, i, value in (("mean", 0, again.mean(0)),
+                           ("var", 1, again.var(0, unbiased=False))):
+        if split is None or not _matches(split[i], same(value)):
+            raise WrongAnswer("ex_bn_again", first=len(whole), counts=sizes,
+                              total=len(again), features=again.shape[1], what=what)
     right("ex_bn_ok", counts=" + ".join(str(len(b)) for b in batches), total=len(whole))

@@ -39,6 +39,14 @@ register({  # key: (ja, en)
         "For {model} you answered {got}, but {want} is right. Hint: after one forward "
         "and backward pass, collect the names from `model.named_parameters()` whose "
         "gradient is None, sorted."),
+    "ex_unused_zero": (
+        "{model} で {got} と答えましたが、正しくは {want} です。勾配が 0 のパラメータも"
+        "数えています。0 だけの勾配も、逆伝播が計算した勾配です (DDP はそれも待ち、"
+        "送ります)。ヒント: 値ではなく、`.grad` が None かどうかで見分けます。",
+        "For {model} you answered {got}, but {want} is right: you count parameters "
+        "whose gradient is zero. A gradient of zeros is still one the backward pass "
+        "computed (DDP waits for it and sends it). Hint: tell them by whether `.grad` "
+        "is None, not by its values."),
     "ex_unused_ok": (
         "{n} 個のモデルで、勾配ができないパラメータを正しく列挙しました (前の勾配が"
         "残っていても)。",
@@ -66,6 +74,17 @@ register({  # key: (ja, en)
         "It ended, but rank 0's fifth batch was never trained on (the weights are "
         "those of 4 batches on each rank). Hint: keep every batch and train to the "
         "end inside `Join`."),
+    "ex_join_divide": (
+        "エポックは終わり、ランクの重みも一致しましたが、重みは "
+        "`Join(..., divide_by_initial_world_size=False)` のものです。ランク 0 の "
+        "5 個目のステップで、勾配を、まだ学習しているランクの数 (1) で割っています。"
+        "ヒント: このレッスンの `Join` は既定の divide_by_initial_world_size=True "
+        "で、最初の world size (2) で割ります。",
+        "The epoch ended and the ranks agree, but the weights are those of "
+        "`Join(..., divide_by_initial_world_size=False)`: rank 0's fifth step divides "
+        "the gradient by the ranks still training (1). Hint: the lesson's `Join` keeps "
+        "the default, divide_by_initial_world_size=True, which divides by the initial "
+        "world size (2)."),
     "ex_join_weights": ("学習後の重み", "the weights after the epoch"),
     "ex_join_hint": (
         "ランク 0 の 5 ステップ目の勾配は、自分の勾配と 0 の平均です。",
@@ -92,6 +111,16 @@ register({  # key: (ja, en)
         "(the mean of the ranks' means gives the same, since every rank holds as many "
         "samples). Hint: the k-th sample of rank r is padding when "
         "`r + k * world_size >= total`."),
+    "ex_exact_dropped": (
+        "データセット {total} 個で {got:.4f} を返しました。本物のサンプルを {n} 個"
+        "落としています (drop_last=True と同じく、どのランクも total // world_size "
+        "個しか数えていません)。ヒント: ランク r の k 番目は、"
+        "`r + k * world_size < total` なら本物です。ランク 0 はほかのランクより"
+        "1 個多く持つことがあります。",
+        "For a data set of {total} you returned {got:.4f}: {n} real sample(s) left "
+        "out (as with drop_last=True, every rank counts only total // world_size). "
+        "Hint: the k-th sample of rank r is real when `r + k * world_size < total`; "
+        "rank 0 may hold one more than the others."),
     "ex_exact_what": ("サンプル数 {total} のデータセットの平均",
                      "the mean of a data set of {total}"),
     "ex_exact_hint": (
@@ -133,19 +162,42 @@ class _Frozen(nn.Module):
         return self.layer(x) * self.scale.detach()
 
 
+class _Dead(nn.Module):
+    """A hidden layer no sample gets through (a ReLU behind a large negative bias):
+    every parameter is used, yet three get gradients of zeros, not None."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(6, 8)
+        self.out = nn.Linear(8, 3)
+        with torch.no_grad():
+            self.hidden.bias.fill_(-1e3)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.hidden(x)))
+
+
 def _models() -> list[tuple[str, nn.Module]]:
     torch.manual_seed(0)
     return [("_Branches(use_aux=False)", _Branches(False)),
             ("_Branches(use_aux=True)", _Branches(True)),
             ("nn.Sequential(Linear, ReLU, Linear)",
              nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))),
-            ("_Frozen()", _Frozen())]
+            ("_Frozen()", _Frozen()), ("_Dead()", _Dead())]
 
 
 def _no_grad_names(model: nn.Module, X: torch.Tensor) -> list[str]:
     model.zero_grad(set_to_none=True)
     model(X).sum().backward()
     return sorted(n for n, p in model.named_parameters() if p.grad is None)
+
+
+def _zero_grad_names(model: nn.Module, X: torch.Tensor) -> list[str]:
+    """A wrong reading: the parameters whose gradient is None or all zeros."""
+    model.zero_grad(set_to_none=True)
+    model(X).sum().backward()
+    return sorted(n for n, p in model.named_parameters()
+                  if p.grad is None or not p.grad.any())
 
 
 def grade_unused_parameters(fn: Callable) -> None:
@@ -165,6 +217,8 @@ def grade_unused_parameters(fn: Callable) -> None:
                 continue
             if stale and got == []:
                 raise WrongAnswer("ex_unused_stale", got=got, want=want)
+            if got == _zero_grad_names(copy.deepcopy(model), X):
+                raise WrongAnswer("ex_unused_zero", model=name, got=got, want=want)
             raise WrongAnswer("ex_unused_wrong", model=name, got=got, want=want)
     right("ex_unused_ok", n=len(_models()))
 
@@ -176,10 +230,12 @@ def _uneven_batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
             for _ in range(5 if rank == 0 else 4)]
 
 
-def _uneven_trial(fn: Callable | None, only_common: bool = False) -> list[float]:
+def _uneven_trial(fn: Callable | None, only_common: bool = False,
+                  divide: bool = True) -> list[float]:
     """Runs on every rank: an epoch of `fn` on this rank's uneven batches; the
     weights after it, flattened. Without `fn`, the reference (with Join), or
-    with `only_common` every rank's first 4 batches (a wrong way to even out)."""
+    with `only_common` every rank's first 4 batches (a wrong way to even out),
+    or without `divide` Join's divide_by_initial_world_size=False."""
     from torch.distributed.algorithms.join import Join
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -200,9 +256,14 @@ def _uneven_trial(fn: Callable | None, only_common: bool = False) -> list[float]
     elif only_common:
         train(batches[:4])
     else:
-        with Join([model]):
+        with Join([model], divide_by_initial_world_size=divide):
             train(batches)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
+
+
+# What a rank's traceback shows when a collective timed out or broke.
+_BROKEN = ("timed out", "Timed out", "Gloo", "gloo", "Connection closed",
+           "Connection reset", "DistBackendError", "ProcessGroup")
 
 
 def grade_uneven_epoch(ranks: Ranks, fn: Callable) -> None:
@@ -212,6 +273,10 @@ def grade_uneven_epoch(ranks: Ranks, fn: Callable) -> None:
     try:
         got = [torch.tensor(w) for w in ranks.run(_uneven_trial, fn)]
     except RankError as err:
+        # A collective that timed out or broke is the hang; any other error is
+        # the learner's code failing, shown as it is.
+        if not any(word in tb for tb in err.failures.values() for word in _BROKEN):
+            raise
         failed = ", ".join(str(r) for r in sorted(err.failures))
         raise WrongAnswer("ex_join_hang", ranks=failed) from None
     want = torch.tensor(ranks.run(_uneven_trial, None)[0])
@@ -222,6 +287,9 @@ def grade_uneven_epoch(ranks: Ranks, fn: Callable) -> None:
     if torch.allclose(got[0], dropped, atol=1e-7) and not torch.allclose(want, dropped):
         raise WrongAnswer("ex_join_dropped")
     if (diff := (got[0] - want).abs().max().item()) > 1e-6:
+        live = torch.tensor(ranks.run(_uneven_trial, None, divide=False)[0])
+        if torch.allclose(got[0], live, atol=1e-7):
+            raise WrongAnswer("ex_join_divide")
         raise off(t("ex_join_weights"), diff, "ex_join_hint")
     right("ex_join_ok")
 
@@ -269,5 +337,9 @@ def grade_exact_mean(ranks: Ranks, fn: Callable) -> None:
                               got=", ".join(f"{g:.4f}" for g in got))
         if abs(got[0] - torch.cat(per_rank).mean().item()) < 1e-6:
             raise WrongAnswer("ex_exact_padding", total=total, got=got[0])
+        kept = torch.cat([r[:total // world] for r in per_rank])
+        if abs(got[0] - kept.mean().item()) < 1e-6:
+            raise WrongAnswer("ex_exact_dropped", total=total, got=got[0],
+                              n=total - len(kept))
         raise off(t("ex_exact_what", total=total), abs(got[0] - want), "ex_exact_hint")
     right("ex_exact_ok", totals=", ".join(str(n) for n in _TOTALS))
