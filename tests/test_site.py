@@ -210,3 +210,45 @@ def test_the_site_builds_without_a_network(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (tmp_path / "html" / "lessons" / "04_no_sync.html").exists()
+
+
+SEARCH_BOXES = """() => [...document.querySelectorAll(
+        '.search-button__button, input[type=search], form.bd-search')]
+    .filter(e => e.offsetParent !== null && e.getBoundingClientRect().width > 0)
+    .map(e => e.className)"""
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_each_page_has_one_search_box(served, page, lang):
+    """One search box on a wide screen (the sidebar's) and on a narrow one (the
+    header's button, the sidebar folded away), on the home page and a lesson."""
+    shown = {}
+    try:
+        for width in (1280, 600):
+            page.set_viewport_size({"width": width, "height": 900})
+            for name in ("index.html", "lessons/04_no_sync.html"):
+                page.goto(f"{served}/{lang}/{name}")
+                shown[(width, name)] = page.evaluate(SEARCH_BOXES)
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 900})
+    assert all(len(boxes) == 1 for boxes in shown.values()), shown
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_a_solution_shows_only_when_asked_for(served, page, lang):
+    """Lesson 02's first exercise: the page shows the exercise and the check's
+    code; the solution and the check's verdict on it show after a click on their
+    prompts, in the page's language."""
+    page.goto(f"{served}/{lang}/lessons/02_data_parallel.html")
+    solution = page.locator("div.tag_solution").first
+    code = solution.locator("div.cell_input")
+    assert not code.is_visible()
+    verdict = page.locator("div.tag_solution + div.cell div.cell_output").first
+    assert not verdict.is_visible()
+    assert page.locator("p.labkit-solutions").inner_text() == (
+        labkit_site.TEXT[lang]["solutions"])
+    solution.get_by_text(labkit_site.TEXT[lang]["show"]).click()
+    assert code.is_visible() and "[3, 3, 1]" in code.inner_text()
+    page.locator("div.tag_solution + div.cell").first.get_by_text(
+        labkit_site.TEXT[lang]["show_check"]).click()
+    assert verdict.is_visible()

@@ -3,13 +3,11 @@ each kind of problem it is for, and the lessons' cell links are made into links 
 site resolves. (The built site itself is checked by tests/test_site.py.)"""
 
 import json
-import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from docutils import nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "website"))
@@ -112,40 +110,159 @@ def test_a_page_showing_a_run_that_went_wrong_is_found(tmp_path, cells, metadata
     assert _problems(site) == []  # a failure meant, and shown: no problem
 
 
+@pytest.mark.parametrize(("output", "said"), [
+    ({"output_type": "stream", "name": "stderr", "text": [
+        "[IPKernelApp] WARNING | Kernel is running over TCP without encryption. All"]},
+     "[IPKernelApp]"),
+    ({"output_type": "stream", "name": "stderr", "text":
+      "/x/site-packages/jupyter_client/session.py:721: UserWarning: Message "
+      "serialization failed"}, "jupyter_client/session.py:721"),
+    ({"output_type": "stream", "name": "stdout", "text": "2 ranks ready"}, None),
+    # a warning a lesson shows on purpose (torch's) is the lesson's
+    ({"output_type": "stream", "name": "stderr", "text": "torch/amp/grad_scaler.py:"
+      "132: UserWarning: torch.cuda.amp.GradScaler is enabled"}, None),
+])
+def test_an_output_of_the_notebook_machinery_is_found(tmp_path, output, said):
+    """A kernel's or jupyter_client's message about itself, printed into a lesson's
+    output, would show on its page."""
+    site = _site(tmp_path)
+    ran = site.parent / "ran" / "en" / "01_a.ipynb"
+    ran.write_text(json.dumps({"cells": [
+        {"cell_type": "code", "outputs": [FIGURE, output]}]}))
+    assert _problems(site) == ([] if said is None else [
+        f"en/lessons/01_a.html: code cell 0 shows the machinery's message: {said}"])
+
+
+# A solution cell as myst-nb writes it when the site folds it (hide-cell), and the
+# check after it, its output folded (hide-output)
+FOLDED = ('<div class="cell tag_solution tag_hide-cell docutils container">'
+          '<details class="admonition hide above-input"><summary>show</summary>'
+          '<div class="cell_input docutils container"><pre>x = 1</pre></div>'
+          '<div class="cell_output docutils container"><pre>1</pre></div>'
+          '</details></div>')
+CHECK = ('<div class="cell tag_hide-output docutils container">'
+         '<div class="cell_input docutils container"><pre>grade(x)</pre></div>'
+         '<details class="admonition hide below-input"><summary>show</summary>'
+         '<div class="cell_output docutils container"><pre>x = 1: right</pre></div>'
+         '</details></div>')
+SOLUTION = "the solution's {} shows unfolded"
+ITS_CHECK = "the check of a solution's {} shows unfolded"
+
+
+@pytest.mark.parametrize(("body", "problem"), [
+    (FOLDED + CHECK, []),
+    (FOLDED.replace("<details", "<details open") + CHECK,  # opened as the page loads
+     [SOLUTION.format("code"), SOLUTION.format("output")]),
+    (FOLDED.replace("details", "div") + CHECK,
+     [SOLUTION.format("code"), SOLUTION.format("output")]),
+    # folded code, output beside the fold
+    (FOLDED.replace('</details></div>', '</div>').replace(
+        '</div><div class="cell_output', '</div></details><div class="cell_output')
+     + CHECK, [SOLUTION.format("output")]),
+    (FOLDED + CHECK.replace("details", "div"), [ITS_CHECK.format("output")]),
+    (FOLDED + "<p>text</p>" + CHECK.replace("details", "div"), []),  # not its check
+    ("", ["0 solution cells, its lesson has 1"]),  # the solution left out
+    (FOLDED + FOLDED, ["2 solution cells, its lesson has 1"]),
+])
+def test_each_solution_on_a_lesson_page_is_folded(tmp_path, body, problem):
+    """A lesson's solution cells are all on its page, each folded, and so is the
+    output of the check after each (its verdict on the solution): none of them
+    shows until a reader opens it."""
+    site = _site(tmp_path, en_body=body)
+    ran = site.parent / "ran" / "en" / "01_a.ipynb"
+    ran.write_text(json.dumps({"cells": [
+        {"cell_type": "code", "outputs": [FIGURE]},
+        {"cell_type": "code", "outputs": [], "metadata": {"tags": ["solution"]}}]}))
+    assert _problems(site) == [f"en/lessons/01_a.html: {p}" for p in problem]
+
+
+@pytest.mark.parametrize(("body", "breaks"), [
+    ("<p>学習し、最後に比べます。GPU\nで all-reduce\nします。</p>", None),
+    ("<p>学習し、\n最後に</p>", "、⏎最"),
+    ("<p>平均\nする</p>", "均⏎す"),
+    ("<p><strong>強調</strong>\nです</p>", "調⏎で"),  # across inline markup
+    ("<p>次に、\n<code>x</code></p>", "、⏎`"),
+    ("<p><code>正解です</code>\nと表示</p>", None),  # code is spaced
+    ("<p>一段落</p>\n<p>二段落</p>", None),  # two blocks, not one line
+    ("<pre>平均\nする</pre>", None),  # code keeps its lines
+])
+def test_a_japanese_line_break_shown_as_a_space_is_found(tmp_path, body, breaks):
+    site = _site(tmp_path, ja_body=body, en_body=body)  # on English pages: allowed
+    assert _problems(site) == ([] if breaks is None else [
+        f"ja/lessons/01_a.html: Japanese line breaks shown as spaces: {breaks}"])
+
+
+def _app(lang):
+    return SimpleNamespace(config=SimpleNamespace(language=lang))
+
+
 def test_cell_links_become_links_to_targets_the_site_has():
     notebook = {"cells": [
-        {"cell_type": "markdown", "id": "11-errata", "source": [
+        {"cell_type": "markdown", "id": "11-errata", "metadata": {}, "source": [
             "# Errata\n", "See [the proof](04_no_sync.ipynb#cell-id=04-equal)."]},
-        {"cell_type": "code", "id": "11-001", "source": ["x = '#cell-id=1'"]},
-        {"cell_type": "markdown", "id": "11-plain", "source": ["no heading here"]},
+        {"cell_type": "code", "id": "11-001", "metadata": {},
+         "source": ["x = '#cell-id=1'"]},
+        {"cell_type": "markdown", "id": "11-plain", "metadata": {},
+         "source": ["no heading here"]},
     ]}
     source = [json.dumps(notebook)]
-    labkit_site.cell_targets(None, "lessons/11_errata", source)
+    labkit_site.lesson_source(_app("en"), "lessons/11_errata", source)
     cells = json.loads(source[0])["cells"]
     assert cells[0]["source"] == ("(11-errata)=\n# Errata\n"
                                   "See [the proof](04_no_sync.ipynb#04-equal).")
     assert cells[1]["source"] == ["x = '#cell-id=1'"]  # code is left as it is
     assert cells[2]["source"] == "no heading here"  # a target only on a heading
     index = [json.dumps(notebook)]
-    labkit_site.cell_targets(None, "index", index)  # not a lesson: not touched
+    labkit_site.lesson_source(_app("en"), "index", index)  # not a lesson: not touched
     assert index == [json.dumps(notebook)]
+
+
+@pytest.mark.parametrize("lang", ["ja", "en"])
+def test_solutions_and_their_checks_fold_with_prompts_in_the_page_language(lang):
+    notebook = {"cells": [
+        {"cell_type": "code", "id": "02-001", "metadata": {"tags": ["exercise"]},
+         "source": "predicted = None"},
+        {"cell_type": "code", "id": "02-002", "metadata": {"tags": ["solution"]},
+         "source": "predicted = [3, 3, 1]"},
+        {"cell_type": "code", "id": "02-003", "metadata": {}, "source": "check()"},
+        {"cell_type": "code", "id": "02-004", "metadata": {}, "source": "x = 1"},
+    ]}
+    source = [json.dumps(notebook)]
+    labkit_site.lesson_source(_app(lang), "lessons/02_x", source)
+    cells = json.loads(source[0])["cells"]
+    assert [c["metadata"].get("tags") for c in cells] == [
+        ["exercise"], ["solution", "hide-cell"], ["hide-output"], None]
+    assert cells[1]["metadata"]["mystnb"]["code_prompt_show"] == (
+        labkit_site.TEXT[lang]["show"])
+    assert cells[2]["metadata"]["mystnb"]["code_prompt_show"] == (
+        labkit_site.TEXT[lang]["show_check"])
+
+
+JAPANESE = "勾配を平均\nする。次に、\nGPU\nで all-reduce\nする。"
 
 
 @pytest.mark.parametrize(("lang", "joined"), [
     ("ja", "勾配を平均する。次に、GPU\nで all-reduce\nする。"),  # GPU で: spaced
-    ("en", "勾配を平均\nする。次に、\nGPU\nで all-reduce\nする。"),
+    ("en", JAPANESE),
 ])
 def test_japanese_sentences_lose_their_line_breaks_on_the_japanese_site(lang, joined):
     """A break between two Japanese characters, or after 、 or 。, would show as a
-    space; one before or after a Latin word otherwise stays (the sources space
-    them), and code keeps its lines."""
-    text = "勾配を平均\nする。次に、\nGPU\nで all-reduce\nする。"
-    # as Markdown gives it: each line break a node of its own, and some inline markup
-    lines = [nodes.Text(part) for part in re.split("(\n)", text)]
-    lines[2:3] = [nodes.strong("", "する。"), nodes.Text("次に、")]
-    doctree = nodes.section("", nodes.paragraph("", "", *lines),
-                            nodes.literal_block("", "平均\nする"))
-    app = SimpleNamespace(config=SimpleNamespace(language=lang))
-    labkit_site.join_japanese_lines(app, doctree)
-    assert doctree[0].astext() == joined
-    assert doctree[1].astext() == "平均\nする"
+    space; one before or after a Latin word stays (the sources space them). The
+    same function as the notebooks' build, on a lesson's markdown cells, on a
+    Markdown page, and on a file it includes (the README)."""
+    fence = "\n```{include} ../../README.ja.md\n:start-after: 平均\nする\n```"
+    notebook = {"cells": [
+        {"cell_type": "markdown", "id": "03-001", "metadata": {}, "source": JAPANESE},
+        {"cell_type": "code", "id": "03-002", "metadata": {}, "source": "# 平均\nする"},
+    ]}
+    source = [json.dumps(notebook)]
+    labkit_site.lesson_source(_app(lang), "lessons/03_x", source)
+    cells = json.loads(source[0])["cells"]
+    assert cells[0]["source"] == joined
+    assert cells[1]["source"] == "# 平均\nする"  # code keeps its lines
+    page = [JAPANESE + fence]
+    labkit_site.lesson_source(_app(lang), "index", page)
+    assert page == [joined + fence]  # the directive's lines are left alone
+    included = [JAPANESE]
+    labkit_site.japanese_includes(_app(lang), Path("README.ja.md"), "index", included)
+    assert included == [joined]

@@ -32,6 +32,11 @@ def settings(lang: str) -> dict:
             "use_download_button": True,
             "use_fullscreen_button": False,
             "show_toc_level": 2,
+            # One search box, the sidebar's: the theme's header would add a second
+            # (pydata-sphinx-theme's navbar_persistent, which an empty value in
+            # sphinx-book-theme's theme.conf does not clear). tests/test_site.py
+            # counts them.
+            "navbar_persistent": [],
             # the same page in the other language, beside the theme's buttons
             "article_header_end": ["labkit-twin.html", "article-header-buttons.html"],
         },

@@ -15,8 +15,13 @@ labkit, the packages or Python changed since it ran) stops the build, and
 - every lesson page says how to run it, links its student copy (dist/student,
   written by `make student`), and says which run its outputs come from (the
   commit and the time);
+- each exercise's solution (a cell tagged `solution`) is folded, opened on request,
+  and so is the output of the check after it (the check's verdict on the solution,
+  which often quotes it), so that the page reads as the student copy until a
+  learner asks;
 - Japanese sentences lose the line breaks of their source, which a browser would
-  show as spaces;
+  show as spaces (the function that builds the notebooks so,
+  build_notebooks.join_japanese_lines, applied to every Markdown source);
 - sliders, which need a running kernel, are replaced by a note saying so, and
   progress bars, which tell nothing after their cell ran, are left out.
 """
@@ -40,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
 import executed  # noqa: E402
+from build_notebooks import join_japanese_lines  # noqa: E402
 
 LESSONS = "lessons/"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -50,6 +56,13 @@ TEXT = {
         "run_how": " で JupyterLab を開き、",
         "run_open": " を開きます。",
         "student": "演習の解答を除いた受講者用のコピー: ",
+        "solutions": "このページでは、各演習の解答と、解答を確認した結果を"
+                     "折りたたんでいます。まず自分で解いてから、「解答を表示」"
+                     "で開いてください。",
+        "show": "解答を表示",
+        "hide": "解答を隠す",
+        "show_check": "解答の確認結果を表示",
+        "hide_check": "解答の確認結果を隠す",
         "ran": "このページの出力は、コミット {commit} のレッスンを {when} に"
                "実行した結果です (make test の nbval による実行、{seconds:g} 秒)。",
         "widget": "ここにはスライダー (ipywidgets) があります。カーネルを動かすと"
@@ -60,6 +73,13 @@ TEXT = {
         "run_how": " opens JupyterLab; open ",
         "run_open": ".",
         "student": "The student copy, without the exercises' solutions: ",
+        "solutions": "On this page each exercise's solution is folded away below "
+                     "it, and so is its check's verdict on the solution: try the "
+                     "exercise first, then open it with \"Show the solution\".",
+        "show": "Show the solution",
+        "hide": "Hide the solution",
+        "show_check": "Show the check of the solution",
+        "hide_check": "Hide the check of the solution",
         "ran": "The outputs on this page come from running this lesson at commit "
                "{commit} on {when} (make test's nbval run, {seconds:g} s).",
         "widget": "Here the lesson has sliders (ipywidgets), which need a running "
@@ -95,20 +115,41 @@ def copy_lessons(app: Sphinx, config) -> None:
             shutil.copy2(source, copy)
 
 
-def cell_targets(app: Sphinx, docname: str, source: list[str]) -> None:
-    """Make each heading cell a target named by its cell id, and point the lessons'
-    `#cell-id=` links at those targets (`source-read`: the notebook's JSON)."""
+def lesson_source(app: Sphinx, docname: str, source: list[str]) -> None:
+    """A page's source as the site shows it (`source-read`; a lesson's is its
+    notebook's JSON): each heading cell a target named by its cell id, and the
+    lessons' `#cell-id=` links pointed at those targets; each solution cell folded
+    (myst-nb's `hide-cell`, with the page language's prompt); on the Japanese site,
+    Japanese sentences without their line breaks."""
+    japanese = app.config.language == "ja"
     if not docname.startswith(LESSONS):
+        if japanese:  # a Markdown page, e.g. the home page
+            source[0] = join_japanese_lines(source[0])
         return
     nb = json.loads(source[0])
+    after_solution = False
     for cell in nb["cells"]:
         text = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
             text = _CELL_LINK.sub(r"](\1.ipynb#\2)", text)
+            if japanese:
+                text = join_japanese_lines(text)
             if text.startswith("#") and cell.get("id"):
                 text = f"({cell['id']})=\n{text}"
             cell["source"] = text
+        elif "solution" in cell["metadata"].get("tags", []):
+            _fold(cell, "hide-cell", TEXT[app.config.language], "")
+        elif after_solution:  # its check, run on the solution
+            _fold(cell, "hide-output", TEXT[app.config.language], "_check")
+        after_solution = "solution" in cell["metadata"].get("tags", [])
     source[0] = json.dumps(nb)
+
+
+def _fold(cell: dict, tag: str, text: dict[str, str], what: str) -> None:
+    """Fold a code cell (myst-nb's `tag`), with the page language's prompts."""
+    cell["metadata"]["tags"] = [*cell["metadata"].get("tags", []), tag]
+    cell["metadata"]["mystnb"] = {"code_prompt_show": text[f"show{what}"],
+                                  "code_prompt_hide": text[f"hide{what}"]}
 
 
 def _run_note(app: Sphinx, lang: str, docname: str) -> nodes.Node:
@@ -132,6 +173,9 @@ def _run_note(app: Sphinx, lang: str, docname: str) -> nodes.Node:
             reftarget="/" + os.path.relpath(student, app.srcdir),
             refdoc=docname, refexplicit=True, classes=["labkit-student"])
         box += copy
+    lesson = json.loads((Path(app.srcdir) / f"{docname}.ipynb").read_text("utf-8"))
+    if any("solution" in c["metadata"].get("tags", []) for c in lesson["cells"]):
+        box += nodes.paragraph(text=text["solutions"], classes=["labkit-solutions"])
     ran = executed.facts(Path(app.srcdir) / f"{docname}.ipynb")
     if ran:
         box += nodes.paragraph(text=text["ran"].format(
@@ -151,30 +195,12 @@ def run_note(app: Sphinx, doctree: nodes.document) -> None:
     section.insert(section.index(title) + 1, note)
 
 
-# A line break between two Japanese characters, or after Japanese punctuation: the
-# browser shows it as a space, which Japanese text does not have there (the sources
-# wrap their lines).
-_CJK = "\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef"
-_CJK_PUNCTUATION = "\u3000-\u303f\uff00-\uffef"  # 、。「」（）: no space after
-_CJK_BREAK = re.compile(f"(?<=[{_CJK}])\n(?=[{_CJK}])|(?<=[{_CJK_PUNCTUATION}])\n")
-
-
-def join_japanese_lines(app: Sphinx, doctree: nodes.document) -> None:
-    """Drop the line breaks inside Japanese sentences, on the Japanese site. A
-    paragraph's text is in several nodes (a Markdown line break is a node of its own),
-    so the breaks are found in the paragraph's whole text."""
-    if app.config.language != "ja":
-        return
-    for block in list(doctree.findall(lambda n: isinstance(n, (nodes.paragraph,
-                                                                 nodes.title)))):
-        texts = list(block.findall(nodes.Text))
-        drop = {m.start() for m in _CJK_BREAK.finditer("".join(texts))}
-        offset = 0
-        for text in texts:
-            kept = "".join(c for k, c in enumerate(text) if offset + k not in drop)
-            offset += len(text)
-            if kept != text:
-                text.parent.replace(text, nodes.Text(kept))
+def japanese_includes(app: Sphinx, relative_path: Path, parent_docname: str,
+                      content: list[str]) -> None:
+    """An included file (the README's parts on the home page) as cell_targets
+    treats a page: on the Japanese site, without its Japanese line breaks."""
+    if app.config.language == "ja":
+        content[0] = join_japanese_lines(content[0])
 
 
 def widgets_as_notes(app: Sphinx, doctree: nodes.document) -> None:
@@ -203,10 +229,13 @@ def widgets_as_notes(app: Sphinx, doctree: nodes.document) -> None:
 
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", copy_lessons)
-    app.connect("source-read", cell_targets)
+    app.connect("source-read", lesson_source)
     # before Sphinx's collectors (priority 500), so that the student copy's
     # download link is collected and copied with the page
     app.connect("doctree-read", run_note, priority=400)
-    app.connect("doctree-read", join_japanese_lines)
+    app.connect("include-read", japanese_includes)
     app.connect("doctree-read", widgets_as_notes, priority=400)
-    return {"parallel_read_safe": True, "parallel_write_safe": True}
+    # env_version: bump it when what these functions put in a page changes, so
+    # that a build reads every page again rather than reusing the pages it kept
+    return {"parallel_read_safe": True, "parallel_write_safe": True,
+            "env_version": 2}
