@@ -117,6 +117,9 @@ def test_a_page_showing_a_run_that_went_wrong_is_found(tmp_path, cells, metadata
     ({"output_type": "stream", "name": "stderr", "text":
       "/x/site-packages/jupyter_client/session.py:721: UserWarning: Message "
       "serialization failed"}, "jupyter_client/session.py:721"),
+    ({"output_type": "stream", "name": "stderr", "text":
+      "[W 10:02:11 jupyter_client.session] Message serialization failed"},
+     "jupyter_client.session"),
     ({"output_type": "stream", "name": "stdout", "text": "2 ranks ready"}, None),
     # a warning a lesson shows on purpose (torch's) is the lesson's
     ({"output_type": "stream", "name": "stderr", "text": "torch/amp/grad_scaler.py:"

@@ -150,11 +150,15 @@ def figures(notebook: Path) -> int:
 
 # What the notebook machinery (the kernel, jupyter_client, ipyparallel's engines)
 # logs or warns about itself, which is nothing a lesson shows: e.g. ipykernel's
-# "[IPKernelApp] WARNING | Kernel is running over TCP without encryption", or a
-# warning raised in jupyter_client's modules.
+# "[IPKernelApp] WARNING | Kernel is running over TCP without encryption", a
+# warning raised in jupyter_client's modules (".../jupyter_client/session.py:721:
+# UserWarning"), or a line of its loggers ("jupyter_client.session"). A process the
+# kernel starts (an engine) writes to the kernel's stderr, which ipykernel puts in
+# the output of whichever cell is running.
 _MACHINERY = re.compile(r"\[(IPKernelApp|IPEngine|IPController)[^\]]*\]"
                         r"|Kernel is running over TCP without encryption"
-                        r"|(jupyter_client|ipykernel|ipyparallel|zmq)[/\\]\S+\.py:\d+")
+                        r"|(jupyter_client|ipykernel|ipyparallel|zmq)"
+                        r"([/\\]\S+\.py:\d+|\.[a-z_]+\b)")
 
 
 def _output_text(output: dict) -> str:
