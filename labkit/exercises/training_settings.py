@@ -82,10 +82,10 @@ register({  # key: (ja, en)
         "(0.2 × batch_size / 32)."),
     "ex_lr_after_warmup": (
         "バッチ {batch} の学習率は、ステップ 20 で最大値 {peak:g} に届きますが、"
-        "ステップ {step} では {got:g} です。ヒント: ウォームアップが終わったあとは、"
+        "ステップ {k} では {got:g} です。ヒント: ウォームアップが終わったあとは、"
         "倍率は 1 のままです (`min(step, 20)`)。",
         "Batch {batch} reaches the peak {peak:g} at step 20, but gets {got:g} at step "
-        "{step}. Hint: after the warm-up the factor stays 1 (`min(step, 20)`)."),
+        "{k}. Hint: after the warm-up the factor stays 1 (`min(step, 20)`)."),
     "ex_lr_hint": (
         "ステップ 0 から 20 まで、学習率は直線で上がります。",
         "from step 0 to step 20 the rate rises in a straight line."),
@@ -211,7 +211,7 @@ def grade_warmup_schedule(fn: Callable, batch_sizes=(128, 512, 2048, 80)) -> Non
             step = next(i for i in range(WARMUP_STEPS, steps)
                         if not _close(got[i], peak))
             raise WrongAnswer("ex_lr_after_warmup", batch=batch, peak=peak,
-                              step=step, got=got[step])
+                              k=step, got=got[step])
         if not _close(last, peak):
             key = ("ex_lr_not_scaled" if _close(last, BASE_LR) else "ex_lr_sqrt"
                    if _close(last, BASE_LR * math.sqrt(ratio)) else "ex_lr_floor"

@@ -115,7 +115,7 @@ register({  # key: (ja, en)
         "データセット {total} 個で {got:.4f} を返しました。本物のサンプルを {n} 個"
         "落としています (drop_last=True と同じく、どのランクも total // world_size "
         "個しか数えていません)。ヒント: ランク r の k 番目は、"
-        "`r + k * world_size < total` なら本物です。ランク 0 はほかのランクより"
+        "`r + k * world_size < total` なら本物です。ランク 0 はほかのランクより "
         "1 個多く持つことがあります。",
         "For a data set of {total} you returned {got:.4f}: {n} real sample(s) left "
         "out (as with drop_last=True, every rank counts only total // world_size). "
