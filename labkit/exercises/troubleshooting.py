@@ -77,7 +77,7 @@ register({  # key: (ja, en)
     "ex_join_divide": (
         "エポックは終わり、ランクの重みも一致しましたが、重みは "
         "`Join(..., divide_by_initial_world_size=False)` のものです。ランク 0 の "
-        "5 個目のステップで、勾配を、まだ学習しているランクの数 (1) で割っています。"
+        "5 ステップ目で、勾配を、まだ学習しているランクの数 (1) で割っています。"
         "ヒント: このレッスンの `Join` は既定の divide_by_initial_world_size=True "
         "で、最初の world size (2) で割ります。",
         "The epoch ended and the ranks agree, but the weights are those of "
@@ -112,10 +112,10 @@ register({  # key: (ja, en)
         "samples). Hint: the k-th sample of rank r is padding when "
         "`r + k * world_size >= total`."),
     "ex_exact_dropped": (
-        "データセット {total} 個で {got:.4f} を返しました。本物のサンプルを {n} 個"
-        "落としています (drop_last=True と同じく、どのランクも total // world_size "
+        "サンプル数 {total} のデータセットで {got:.4f} を返しました。水増しでない"
+        "サンプルを {n} 個落としています (drop_last=True と同じく、どのランクも total // world_size "
         "個しか数えていません)。ヒント: ランク r の k 番目は、"
-        "`r + k * world_size < total` なら本物です。ランク 0 はほかのランクより "
+        "`r + k * world_size < total` なら水増しでない実データです。ランク 0 はほかのランクより "
         "1 個多く持つことがあります。",
         "For a data set of {total} you returned {got:.4f}: {n} real sample(s) left "
         "out (as with drop_last=True, every rank counts only total // world_size). "
