@@ -113,10 +113,10 @@ register({  # key: (ja, en)
         "`r + k * world_size >= total`."),
     "ex_exact_dropped": (
         "サンプル数 {total} のデータセットで {got:.4f} を返しました。水増しでない"
-        "サンプルを {n} 個落としています (drop_last=True と同じく、どのランクも total // world_size "
-        "個しか数えていません)。ヒント: ランク r の k 番目は、"
-        "`r + k * world_size < total` なら水増しでない実データです。ランク 0 はほかのランクより "
-        "1 個多く持つことがあります。",
+        "サンプルを {n} 個落としています (drop_last=True と同じく、どのランクも "
+        "total // world_size 個しか数えていません)。ヒント: ランク r の k 番目は、"
+        "`r + k * world_size < total` なら水増しでない実データです。ランク 0 は"
+        "ほかのランクより 1 個多く持つことがあります。",
         "For a data set of {total} you returned {got:.4f}: {n} real sample(s) left "
         "out (as with drop_last=True, every rank counts only total // world_size). "
         "Hint: the k-th sample of rank r is real when `r + k * world_size < total`; "
