@@ -9,21 +9,23 @@
 # ---
 
 # %% [markdown] lang="ja"
-# # 06 no_sync の先へ: DDP を自分で書き、送る量を減らす
+# # 06 no_sync の先へ: DDP を自分で書き、通信量を減らす
 #
 # `no_sync` は、送る回数を減らす方法の 1 つでした (レッスン 04)。このレッスンでは、まず DDP そのものが
-# 1 ステップで何をしているのかを自分で書いて確かめ、次に PyTorch にある、送る量やメモリを減らすほかの
+# 1 ステップで何をしているのかを自分で書いて確かめ、次に PyTorch にある、通信量やメモリを減らすほかの
 # 方法を、同じ仕事で並べて測ります。
 #
 # 1. DDP を 50 行ほどで書く: 勾配のフック、逆順に詰めるバケット、非同期の all-reduce、
-#    `optimizer.step()` の前の待ち合わせ、平均、`no_sync`
+#    `optimizer.step()` の前の完了待ち (`work.wait()`)、平均、`no_sync`
 # 2. torch の DDP と比べる: 勾配が等しいこと、1 ステップの all-reduce の回数が同じこと、
 #    通信が勾配の計算と重なること
 # 3. 圧縮フック: `fp16_compress_hook` と PowerSGD (送るバイト数を予測する演習つき)
-# 4. `ZeroRedundancyOptimizer`: オプティマイザの状態を分けて持つ
+# 4. `ZeroRedundancyOptimizer`: オプティマイザの状態を分割して持つ (シャード)
 # 5. DDP のオプション: `gradient_as_bucket_view`、`static_graph`、`bucket_cap_mb` (バケットの数を予測する
 #    演習つき)
 # 6. すべてを並べて比べ、レッスン 05 の 1 ステップのモデルに圧縮率を入れて予測する
+#
+# コードのセルが表示する出力は英語のままです (図と確認のメッセージは日本語です)。
 
 # %% [markdown] lang="en"
 # # 06 Beyond no_sync: DDP written by hand, and sending less
@@ -43,6 +45,9 @@
 #    exercise predicting the number of buckets)
 # 6. all of them side by side, predicted by lesson 05's step model with a compression
 #    factor
+#
+# The code cells print in English in both editions; figures and checks follow the
+# notebook's language.
 
 # %%
 import labkit
@@ -124,10 +129,10 @@ from torch import nn
 from labkit import from_scratch
 
 # %% [markdown] lang="ja"
-# ### 演習: フックと待ち合わせを書く
+# ### 演習: フックと完了待ちを書く
 #
 # 下のセルの `BucketedDDP` に、`__init__` (配る、バケットに分ける、フックを付ける)、`forward`、
-# `no_sync` が書いてあります。それを受け継ぐ `ScratchDDP` の 2 つのメソッドを書いてください。
+# `no_sync` が書いてあります。それを継承した `ScratchDDP` の 2 つのメソッドを書いてください。
 #
 # - `_grad_ready(p)`: パラメータ `p` の勾配ができるたびに autograd が呼びます。`no_sync()` の中なら
 #   何もしません。そうでなければ、`p` のバケットの残り (`self.pending`) を 1 つ減らし、0 になったら
@@ -136,11 +141,11 @@ from labkit import from_scratch
 # - `finish_sync()`: 送った all-reduce をそれぞれ `work.wait()` で待ち、world size で割り、各パラメータの
 #   `.grad` に書き戻します。最後に、次のステップのために `in_flight` と `pending` を元に戻します。
 #
-# 確認のセルは、あなたの `ScratchDDP` と torch の DDP を、同じモデルと同じデータで 2 つのランクで
+# 確認のセルは、自分で書いた `ScratchDDP` と torch の DDP を、同じモデルと同じデータで 2 つのランクで
 # 動かします。勾配、all-reduce の回数、待つ時点、all-reduce が逆伝播の途中で始まること、`no_sync` の
-# 中で送らないことを確かめ、違えば何が違うかを言います。確かめられないことが 1 つあります。`flat` を `wait()` の
+# 中で送らないことを確かめ、違っていれば、どこが違うかを表示します。確かめられないことが 1 つあります。`flat` を `wait()` の
 # あとで読んでいるかどうかです。all-reduce が先に終わっていれば、前に読んでも値は合います。
-# クラスはランクの上で定義するので、セルは `%%px` です。
+# クラスは各ランク (エンジン) 上で定義するので、セルは `%%px` です。
 
 # %% [markdown] lang="en"
 # ### Exercise: write the hook and the wait
@@ -328,14 +333,14 @@ fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_
                      end_label="sync_finished")
 
 # %% [markdown] lang="ja"
-# ## 送る量を減らす、ほかの 4 つの方法
+# ## 通信量やメモリを減らす、ほかの 4 つの方法
 #
 # `no_sync` は送る**回数**を減らしました。PyTorch には、送る**量**やメモリを減らす仕組みがほかにもあります。
 # どれも DDP に 1 か所だけ手を加えるものです。
 #
 # - **圧縮フック** (`register_comm_hook`): バケットの all-reduce を、圧縮して送るものに置き換えます。
 #   `fp16_compress_hook` (float16 にして送る) と PowerSGD (低ランクの近似を送る)。
-# - **`ZeroRedundancyOptimizer`** (ZeRO の第 1 段階): オプティマイザの状態をランクで分けて持ちます。
+# - **`ZeroRedundancyOptimizer`** (ZeRO-1、ZeRO ステージ 1): オプティマイザの状態をランクで分割して持ちます。
 # - **DDP のオプション**: `gradient_as_bucket_view=True` (勾配をバケットの一部として持つ)、
 #   `static_graph=True` (毎ステップ同じ計算グラフだと約束する)。
 # - **`bucket_cap_mb`**: バケットの大きさ (次の節で数えます)。
@@ -355,7 +360,7 @@ fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_
 # - **compression hooks** (`register_comm_hook`): replace a bucket's all-reduce with one
 #   that sends it compressed: `fp16_compress_hook` (sends float16) and PowerSGD (sends a
 #   low-rank approximation);
-# - **`ZeroRedundancyOptimizer`** (ZeRO's first stage): the ranks share out the optimizer
+# - **`ZeroRedundancyOptimizer`** (ZeRO-1, ZeRO stage 1): the ranks share out the optimizer
 #   state;
 # - **DDP's options**: `gradient_as_bucket_view=True` (gradients live inside the
 #   buckets), `static_graph=True` (a promise that the graph is the same at every step);
@@ -409,7 +414,7 @@ fig = plots.methods_chart({
 # (P は n × r、Q は m × r) で近似し、M の n·m 個の値の代わりに P と Q を all-reduce します。
 #
 # - **ウォームアップ**: 最初の `start_powerSGD_iter` ステップ (ここでは 10) は、ふつうの all-reduce を
-#   します。学習の始めは、勾配の誤差に敏感だからです (PowerSGD の説明にある理由)。
+#   します。学習の始めは、勾配の誤差に敏感だからです (PowerSGD のドキュメントが挙げる理由)。
 # - **誤差のフィードバック** (`use_error_feedback`、既定で有効): このランクの勾配 (前のステップの
 #   誤差を足したもの) から、実際に使われた勾配 (全ランクで平均し、P Qᵀ に戻したもの) を引いた差を
 #   覚えておき、次のステップの勾配に足します (torch の `powerSGD_hook.py`:
@@ -516,7 +521,7 @@ fig = plots.loss_curves({m: by_method[m]["loss"] for m in
 # with the communication model.
 
 # %% [markdown] lang="ja"
-# 誤差のフィードバックが何をするかは、毎ステップ同じ勾配 C (16 × 16 の行列) になる層で見えます。
+# 誤差のフィードバックが何をするかは、毎ステップ同じ勾配 C (16 × 16 の行列) になる層で確かめられます。
 # ランク 1 の近似では、C の大部分が毎回落ちます。下のセルは、ウォームアップのあと k ステップで
 # 実際に使われた勾配の和が、本当の和 k C からどれだけ離れているか (相対誤差) を比べます。
 # フィードバックがなければ落ちた分は失われたままで、あれば次のステップに足されるので、和が追いつきます。

@@ -16,13 +16,15 @@
 # 記事 000 も Apex と Horovod を挙げ、「各 GPU はモデルのパラメータの一部を保持し」と書いています。
 #
 # このレッスンで見ること:
-# 1. `torchrun` で 1 台、そして 2 台のマシン (このマシンの上で模擬) に広げる。本物のクラスタの SLURM スクリプト
+# 1. `torchrun` で 1 台、そして 2 台のマシン (このマシンの上で模擬) に広げる。実機のクラスタの SLURM スクリプト
 # 2. 手動の並列化とは何か
 # 3. PyTorch Lightning と Hugging Face Accelerate の勾配累積は、中で `no_sync` を使っている (両者が
 #    インストールされているときだけ確かめられる。既定の環境では確かめない)
 # 4. Horovod のいま
 # 5. TensorFlow Lattice は分散学習のフレームワークではない
 # 6. パラメータを分割して持つのは FSDP と ZeRO
+#
+# コードのセルが表示する出力は英語のままです (確認のメッセージは日本語です)。
 
 # %% [markdown] lang="en"
 # # 09 Ecosystem and scale-out
@@ -42,6 +44,9 @@
 # 4. Horovod today
 # 5. TensorFlow Lattice is not a distributed-training framework
 # 6. holding part of the parameters is FSDP and ZeRO
+#
+# The code cells print in English in both editions; checks follow the notebook's
+# language.
 
 # %%
 import labkit
@@ -152,11 +157,11 @@ assert two_nodes["allreduce_calls_per_step_nosync"] == 1
 # `torchrun_env(nnodes, nproc_per_node, node_rank)` を書いてください。ノード `node_rank` で動く各プロセスの
 # `{"RANK": ..., "LOCAL_RANK": ..., "WORLD_SIZE": ...}` を、`LOCAL_RANK` の順に並べたリストを返します。
 #
-# 確認のセルは、いくつかの組み合わせ (最大 4 ノード × 8 プロセス) で答えを確かめてから、このマシンで本物の
+# 確認のセルは、いくつかの組み合わせ (最大 4 ノード × 8 プロセス) で答えを確かめてから、このマシンで実際の
 # torchrun (2 ノード × 2 プロセス) を実行し、各プロセスが受け取った環境変数と比べます (数秒かかります)。
 #
 # 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
-# 違っていれば、何が違うかとヒントが表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
+# 違っていれば、どこが違うかがヒントとともに表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
 # ありますが、まず自分で解いてみてください。
 
 # %% [markdown] lang="en"
@@ -201,26 +206,26 @@ def torchrun_env(nnodes, nproc_per_node, node_rank):
 exercises.grade_torchrun_env(torchrun_env)
 
 # %% [markdown] lang="ja"
-# ## 本物のクラスタ: SLURM、PBS、PJM
+# ## 実機のクラスタ: SLURM、PBS、PJM
 #
-# 本物のクラスタでは、ジョブスケジューラがマシン (ノード) を割り当てます。どのスケジューラでも、することは
+# 実機のクラスタでは、ジョブスケジューラがマシン (ノード) を割り当てます。どのスケジューラでも、することは
 # 同じです。ノードごとに torchrun を 1 つ起動し、割り当ての最初のノードを待ち合わせ場所 (c10d の
 # ランデブー) にします。リポジトリには 3 つのスケジューラの例があり、どれもスケジューラの起動コマンドで
 # 各ノードに `labkit/torchrun_node.sh` を 1 回ずつ実行させます。ノード間の通信には nccl バックエンドを
 # 使います。
 #
-# | スケジューラ | 投入 | 例 | ノードの一覧 | ノードごとに 1 回起動 | 使っているところ (例) |
+# | スケジューラ | 投入 | 例 | ノードの一覧 | ノードごとに 1 回起動 | 導入例 |
 # |---|---|---|---|---|---|
 # | SLURM | `sbatch` | `labkit/slurm_example.sh` | `scontrol show hostnames $SLURM_JOB_NODELIST` | `srun` (ノードあたり 1 タスク) | 京都大学のスーパーコンピュータ ([利用の手引き](https://web.kudpc.kyoto-u.ac.jp/manual/en/run/resource)) |
 # | PBS Professional | `qsub` | `labkit/pbs_example.sh` | `$PBS_NODEFILE` | `mpirun -map-by ppr:1:node` | ABCI 3.0 ([ジョブの実行](https://docs.abci.ai/v3/en/job-execution/)) |
 # | 富士通の PJM | `pjsub` | `labkit/pjm_example.sh` | `$PJM_O_NODEINF` | `mpiexec -npernode 1` | 富岳 ([利用手引書](https://www.r-ccs.riken.jp/fugaku/docs/user-guide/sys-use/user-guide-use-1.49/build/en/JobExecution/BulkJob.html))、Wisteria/BDEC-01 (東京大学)、不老 (名古屋大学、[FAQ](https://icts.nagoya-u.ac.jp/ja/sc/faq.html)) |
 #
-# 自分のサイトで変えるのは、スクリプトの冒頭の指定 (キューやリソースグループ、グループ、時間)、
+# 自分の利用する計算機センター (システム) で変えるのは、スクリプトの冒頭の指定 (キューやリソースグループ、グループ、時間)、
 # `module load` の行、ノードあたりのプロセス数 (`PROCS_PER_NODE`、GPU の数) です。`pbs_example.sh` は
 # ABCI 3.0 の、`pjm_example.sh` は Wisteria/BDEC-01 Aquarius の書き方に合わせてあります。富岳のノードには
 # GPU がないので、そこではランクを CPU で動かします (`BACKEND=gloo`)。
 # `tests/test_cluster_scripts.py` は、3 つのスクリプトを、スケジューラの環境 (ノードの一覧、ジョブ ID) と
-# 起動コマンドを偽装して、この 1 台で 2 ノードとして実行し、結果を確かめます。本物のクラスタでは
+# 起動コマンドを模擬して、この 1 台で 2 ノードとして実行し、結果を確かめます。実機のクラスタでは
 # 動かしたことがありません。
 
 # %% [markdown] lang="en"
@@ -310,8 +315,8 @@ assert calls == ["scatter", "replicate", "parallel_apply", "gather"]
 # 確かめます。8 バッチを K = 4 で累積すると、更新は 2 回、`no_sync` に入るのは 8 − 2 = 6 回のはずです。
 #
 # 2 つとも**任意の追加パッケージ**で、このコースの既定の環境には入っていません。入っていなければ、
-# 次のセルは読むソースも動かすものもなく、何も確かめられません。そのときセルは、どれを飛ばしたかと、
-# この実行では「中で `no_sync` を使う」ことを示していないことを表示します。確かめるには
+# 次のセルは読むソースも動かすものもなく、何も確かめられません。そのときセルは、飛ばしたライブラリ名と、
+# この実行では「中で `no_sync` を使う」ことを確かめていない旨を表示します。確かめるには
 # `pip install lightning accelerate` を実行してから、このセルをもう一度実行してください。
 
 # %% [markdown] lang="en"
@@ -358,7 +363,7 @@ print(labkit.t("frameworks_checked", checked=", ".join(checked) or "-",
 # %% [markdown] lang="ja"
 # 記事は「コードを変更することなく、複数の GPU 上でモデルを訓練することができます」と書いていますが、
 # Lightning では学習コードを `LightningModule` の形に書き直し、Accelerate では `accelerator.prepare` と
-# `accelerator.backward` を書き加えます。少ない変更で済む、が正確です。
+# `accelerator.backward` を書き加えます。正確には「少ない変更で済む」です。
 
 # %% [markdown] lang="en"
 # The document says these frameworks train on several GPUs "without changing the code".
@@ -381,10 +386,10 @@ print(labkit.t("frameworks_checked", checked=", ".join(checked) or "-",
 #   ([horovod#3998](https://github.com/horovod/horovod/pull/3998)、C++17 でコンパイル) はリリースに
 #   含まれていません。このマシンの torch 2.13 のヘッダも C++17 を要求します (次のセル)。
 # - Databricks は Horovod と HorovodRunner を非推奨とし、PyTorch には TorchDistributor を勧めています
-#   ([Databricks の文書、フランス語版](https://docs.databricks.com/aws/fr/archive/machine-learning/train-model/horovod))。
+#   ([Databricks のドキュメント、フランス語版](https://docs.databricks.com/aws/fr/archive/machine-learning/train-model/horovod))。
 #
 # このコースでは Horovod をインストールしません。使い方の対応表を載せます。
-# 記事 004 の「モデルを Horovod でラップします」も正確ではありません。包むのは**オプティマイザ**です。
+# 記事 004 の「モデルを Horovod でラップします」も正確ではありません。ラップする (包む) のは**オプティマイザ**です。
 #
 # | Horovod (PyTorch) | PyTorch DDP |
 # |---|---|
@@ -452,7 +457,7 @@ print("horovod installed:", importlib.util.find_spec("horovod") is not None)
 # 記事 004 は「PyTorch Lightning や TensorFlow Lattice などのフレームワークは、分散訓練を自動的に処理する」と
 # 書いていますが、TensorFlow Lattice はそういうものではありません。公式の説明では「柔軟で、制御でき、
 # 解釈できる**格子 (lattice) ベースのモデル**を実装するライブラリ」で、単調性や凸性などの
-# **形状制約** (shape constraints) で領域の知識をモデルに入れるための Keras の層を提供します
+# **形状制約** (shape constraints) でドメイン知識をモデルに組み込むための Keras の層を提供します
 # ([TensorFlow Lattice の概要](https://www.tensorflow.org/lattice/overview)、
 # [tensorflow/lattice](https://github.com/tensorflow/lattice))。もとになった論文は
 # 「Monotonic Calibrated Interpolated Look-Up Tables」(JMLR 2016) です。TensorFlow 用で、PyTorch とも
@@ -481,13 +486,13 @@ print("horovod installed:", importlib.util.find_spec("horovod") is not None)
 # PyTorch の **FSDP** です。
 #
 # - ZeRO-1 はオプティマイザの状態を、ZeRO-2 はさらに勾配を、ZeRO-3 はさらにパラメータそのものを
-#   ランクに分けます。
+#   ランクに分割して持ちます。
 # - FSDP2 (`torch.distributed.fsdp.fully_shard`) は ZeRO-3 と同じく 3 つとも分け、各パラメータを
-#   0 番目の次元でランクの数に切って (`torch.chunk(dim=0)`) 持ちます。順伝播と逆伝播の前に、その層の
-#   パラメータを all-gather で一時的に集め、使い終わったら捨てます
-#   ([fully_shard の文書](https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html))。
+#   0 番目の次元でランク数で分割して (`torch.chunk(dim=0)`) 持ちます。順伝播と逆伝播の前に、その層の
+#   パラメータを all-gather で一時的に集め、使い終わったら解放します
+#   ([fully_shard のドキュメント](https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html))。
 #
-# FSDP2 は gloo の CPU でも動きます。2 ランクで記事 004 のモデルを分割し、各ランクが各パラメータの半分だけを
+# FSDP2 は gloo バックエンドを使えば CPU でも動きます。2 ランクで記事 004 のモデルを分割し、各ランクが各パラメータの半分だけを
 # 持つこと、それでも勾配は 1 プロセスで全体のバッチを使ったものと一致することを確かめます。
 
 # %% [markdown] lang="en"
@@ -537,7 +542,7 @@ assert fsdp["grad_max_abs_diff"] <= 1e-6
 # (レッスン 02 の `scatter` がバッチを切るのと同じ切り方です)。
 #
 # 確認のセルは、このレッスンの 2 ランクで、行数が奇数の MLP (`Linear(10, 5)` と `Linear(5, 1)`) を
-# 本当に `fully_shard` で分けた結果と比べ、さらに記事 004 の MLP を 3 ランクと 8 ランクに分けた場合を
+# 実際に `fully_shard` で分けた結果と比べ、さらに記事 004 の MLP を 3 ランクと 8 ランクに分けた場合を
 # `torch.chunk` と比べます。この関数はカーネルで実行されます。
 
 # %% [markdown] lang="en"
@@ -579,7 +584,7 @@ ranks.stop()
 # 大きなモデルでの差は、ZeRO の論文 (Rajbhandari ら、「ZeRO: Memory Optimizations Toward Training Trillion
 # Parameter Models」、2019) の例で計算できます。混合精度の Adam では、1 パラメータあたり
 # float16 のパラメータ 2 バイト、float16 の勾配 2 バイト、オプティマイザの状態 12 バイト (float32 の
-# パラメータの写し、モーメンタム、分散) を持ちます。75 億パラメータを 64 ランクで学習すると、1 ランクあたり
+# パラメータのコピー (マスターコピー)、モーメンタム、分散) を持ちます。75 億パラメータを 64 ランクで学習すると、1 ランクあたり
 # DDP は 120 GB、ZeRO-1 は 31.4 GB、ZeRO-2 は 16.6 GB、ZeRO-3 (FSDP) は 1.9 GB です (活性値は含みません)。
 
 # %% [markdown] lang="en"
@@ -606,11 +611,11 @@ fig = plots.bar_chart({"7.5B, 64 ranks": {k: v / 1e9 for k, v in per_rank.items(
 # |---|---|
 # | 手動で並列化: まずモデルを GPU に分割 | データ並列はデータを分けてモデルを複製する。部品は `replicate` など (レッスン 02)、プロセスなら集団通信と DDP |
 # | Horovod は使いやすくスケーラブル | 最新リリースは 2023 年の 0.28.1。ソースからのビルドが必要で、PyTorch 2.1 以降に対してはビルドできないと報告されている。PyTorch では `torchrun` と DDP を使う |
-# | Horovod は MPI で通信、モデルを Horovod でラップ | 包むのはオプティマイザ (`hvd.DistributedOptimizer`) |
-# | Lightning や TensorFlow Lattice が分散訓練を自動で | Lightning (と Accelerate) は正しい。中で `no_sync` を使う (インストールされているときだけセルが確かめる。既定の環境では確かめない)。TensorFlow Lattice は形状制約つきの格子モデルのライブラリ |
+# | Horovod は MPI で通信、モデルを Horovod でラップ | ラップする (包む) のはオプティマイザ (`hvd.DistributedOptimizer`) |
+# | Lightning や TensorFlow Lattice が分散訓練を自動で | Lightning (と Accelerate) については正しい。中で `no_sync` を使う (インストールされているときだけセルが確かめる。既定の環境では確かめない)。TensorFlow Lattice は形状制約つきの格子モデルのライブラリ |
 # | コードを変更することなく | 少ない変更で (LightningModule、`accelerator.prepare`) |
 # | 各 GPU はパラメータの一部を保持 | DDP ではなく FSDP / ZeRO-3 |
-# | 1 台を超えて広げる | 各ノードで torchrun、c10d ランデブー。クラスタでは SLURM、PBS、PJM から (`labkit/slurm_example.sh`、`pbs_example.sh`、`pjm_example.sh`) |
+# | 複数台へのスケールアウト | 各ノードで torchrun、c10d ランデブー。クラスタでは SLURM、PBS、PJM から (`labkit/slurm_example.sh`、`pbs_example.sh`、`pjm_example.sh`) |
 
 # %% [markdown] lang="en"
 # ## Summary

@@ -13,7 +13,7 @@
 #
 # DDP を学ぶ人がいちばん困るのは、モデルの包み方ではなく、学習が止まる (ハングする)、エラーになる、
 # 間違った数字を出す、という場面です。このレッスンでは、それぞれの失敗を 2 つのランクでわざと起こし、
-# 見えるエラーを読み、原因を突き止め、直し、直ったことを確かめます。
+# 出たエラーを読み、原因を突き止め、直し、直ったことを確かめます。
 #
 # 1. 一部のランクだけが呼ぶ集団通信 (ハング)
 # 2. ランクごとに食い違う集団通信
@@ -24,8 +24,9 @@
 #
 # ハングを何分も待たなくて済むように、ランクの集団通信は 3 秒で時間切れにします (gloo の既定は 30 分)。
 # 失敗するセルのあとでは、labkit がプロセスグループを作り直すので、次のセルは両方のランクで動きます。
-# 失敗させるセルには `raises-exception` のタグが付いているので、「すべて実行」はそこで止まりません。
-# 次のセルが、どのランクが何で失敗したか (`ranks.last_failure`) を確かめます。
+# 失敗させるセルには `raises-exception` のタグが付いているので、「実行」メニューの「すべてのセルを実行」は
+# そこで止まりません。次のセルが、どのランクが何で失敗したか (`ranks.last_failure`) を確かめます。
+# コードのセルが表示する出力は英語のままです (図と確認のメッセージは日本語です)。
 
 # %% [markdown] lang="en"
 # # 10 When DDP goes wrong: hangs, mismatches, unused parameters, uneven inputs, checkpoints
@@ -45,8 +46,9 @@
 # So that no hang takes minutes, the ranks' collectives time out after 3 s here (gloo's
 # default is 30 minutes). After a cell that fails, labkit makes a new process group, so
 # the next cell runs on both ranks. The cells that fail on purpose are tagged
-# `raises-exception`, so "Run All" does not stop at them; the cell after each checks
-# which rank failed and how (`ranks.last_failure`).
+# `raises-exception`, so Run > "Run All Cells" does not stop at them; the cell after
+# each checks which rank failed and how (`ranks.last_failure`). The code cells print in
+# English in both editions; figures and checks follow the notebook's language.
 
 # %%
 import labkit
@@ -113,9 +115,9 @@ assert loss.item() == 3.0
 # %% [markdown] lang="ja"
 # ### どのランクが来ていないかを知る
 #
-# 本物のコードでは、どの集団通信でどのランクが欠けたのかは、時間切れのメッセージからはわかりません。
+# 実際のコードでは、どの集団通信でどのランクが欠けたのかは、時間切れのメッセージからはわかりません。
 # 疑わしい場所の前に `dist.monitored_barrier` を置くと、ランク 0 が全ランクの到着を確かめ、来なかった
-# ランクを名前で挙げます (gloo だけで使えます。確かめるのはランク 0 です)。
+# ランクの番号を示します (gloo だけで使えます。確かめるのはランク 0 です)。
 
 # %% [markdown] lang="en"
 # ### Which rank is missing
@@ -146,7 +148,8 @@ assert "Rank 1 failed to pass monitoredBarrier in 2000 ms" in ranks.last_failure
 # ランク 0 に向けて実行します。py-spy はほかのプロセスのメモリを読むので、その権限が要ります。macOS と、
 # Yama の ptrace 制限を有効にした Linux (多くのディストリビューションの既定) では `sudo` が必要です
 # ([Python の説明](https://docs.python.org/ja/3/howto/remote_debugging.html#permission-requirements))。
-# 断られたときは、labkit が各ランクに頼んで書き出させたスタック (`stalls.process_stacks`) を代わりに表示します。
+# 権限がなく実行できなかったときは、labkit が各ランクに書き出させたスタック (`stalls.process_stacks`) を
+# 代わりに表示します。
 
 # %% [markdown] lang="en"
 # ### Where each rank waits
@@ -202,10 +205,10 @@ assert sorted(ranks.last_failure) == [0]  # rank 0 timed out; rank 1 saw it in a
 # %% [markdown] lang="ja"
 # ### Flight Recorder: 各ランクが入った集団通信の記録
 #
-# torch は、各ランクが呼んだ集団通信を記録しています (Flight Recorder。torch 2.13 の
-# gloo でも、何も設定しなくても直近の 2,000 件を覚えています)。各ランクの記録の最後を並べると、どのランクが
+# torch は、各ランクが呼んだ集団通信を記録しています (Flight Recorder。torch 2.13 では
+# gloo でも有効で、設定しなくても直近 2,000 件を保持しています)。各ランクの記録の最後を並べると、どのランクが
 # どの集団通信まで来たかがわかります。torch 2.13 で gloo の記録を取り出す関数は非公開
-# (`torch._C._distributed_c10d._dump_fr_trace_json`) なので、名前や形は今後変わるかもしれません。
+# (`torch._C._distributed_c10d._dump_fr_trace_json`) なので、名前や引数・戻り値の形式 (シグネチャ) は今後変わるかもしれません。
 # 下のセルは、上でハングしたあとの記録を各ランクで読みます。
 
 # %% [markdown] lang="en"
@@ -275,7 +278,7 @@ assert any("Timed out" in message for message in ranks.last_failure.values())
 # %% [markdown] lang="ja"
 # もっと悪いのは、エラーにならない食い違いです。ランク 0 が和 (`SUM`)、ランク 1 が最大値 (`MAX`) で
 # `all_reduce` すると、どちらのランクも正しく終わったように見えますが、結果は和でも最大値でもありません。
-# gloo はテンソルを分けて別々のランクで足し合わせるので、半分は和、半分は最大値になります。
+# gloo はテンソルを分けて別々のランクで集約 (リダクション) するので、半分は和、半分は最大値になります。
 
 # %% [markdown] lang="en"
 # Worse are the mismatches that raise nothing. With `SUM` on rank 0 and `MAX` on rank 1,
@@ -295,8 +298,8 @@ assert compare.rank_max_diff(t) == 0  # and both ranks agree on it: nothing look
 # ### `TORCH_DISTRIBUTED_DEBUG=DETAIL`
 #
 # デバッグ用の設定 `TORCH_DISTRIBUTED_DEBUG=DETAIL` では、torch がプロセスグループを包み、集団通信の
-# たびに全ランクの「指紋」(何番目の呼び出しか、種類、テンソルの形と型) を比べます。食い違えば、
-# その場で両方の呼び出しを名前で挙げます。torch はこの環境変数を **import したとき**に読むので、
+# たびに全ランクのフィンガープリント (何番目の呼び出しか、種類、テンソルの形と型) を比べます。
+# 食い違えば、その場で、食い違った両方の呼び出しを具体的に示してエラーにします。torch はこの環境変数を **import したとき**に読むので、
 # すでに動いているランクでは `dist.set_debug_level_from_env()` で読み直させ、プロセスグループを
 # 作り直します (包むのはグループを作るときだからです)。
 
@@ -332,9 +335,9 @@ assert "Detected mismatch between collectives on ranks" in message
 assert "TensorShape=[4]" in message and "TensorShape=[5]" in message
 
 # %% [markdown] lang="ja"
-# 形が違うと、gloo そのものはプロセスを止めます (ランク 0 のプロセスが
+# 形が違うと、素の gloo ではプロセス自体が異常終了します (ランク 0 のプロセスが
 # `terminate called after throwing an instance of 'gloo::EnforceNotMet'` で終わり、ノートブックなら
-# エンジンが死にます)。`DETAIL` では、どちらのランクも名前つきのエラーで止まり、プロセスは生き残ります。
+# エンジンが死にます)。`DETAIL` では、どちらのランクも食い違いを示すエラーで止まり、プロセスは生き残ります。
 # 種類の食い違いも同じです。
 
 # %% [markdown] lang="en"
@@ -357,7 +360,7 @@ print(message[message.index("Detected mismatch"):][:300])
 assert "OpType=ALLREDUCE" in message and "BROADCAST" in message
 
 # %% [markdown] lang="ja"
-# `DETAIL` でも、和と最大値の食い違いは見つかりません。指紋に演算の種類 (`op`) が入っていないからです。
+# `DETAIL` でも、和と最大値の食い違いは見つかりません。フィンガープリントに演算の種類 (`op`) が入っていないからです。
 # 調べ終わったら `DETAIL` を外します。torch 2.13 の CPU では、`DETAIL` のまま DDP のモデルを作ると
 # プロセスが落ちます (セグメンテーション違反。テストで確かめています)。
 
@@ -387,7 +390,7 @@ ranks.reset_process_group()  # a plain group again
 #
 # DDP は、勾配がそろったバケットから all-reduce します (レッスン 05)。順伝播で使われないパラメータには
 # 勾配ができないので、そのパラメータを含むバケットはいつまでもそろわず、all-reduce は終わりません。
-# 次のモデルの `aux` は、作ってあるのに順伝播で使われない頭です (学習の途中で切り替える補助の出力などで
+# 次のモデルの `aux` は、作ってあるのに順伝播で使われない出力ヘッドです (学習の途中で切り替える補助の出力などで
 # よく起きます)。
 
 # %% [markdown] lang="en"
@@ -451,7 +454,8 @@ assert "Parameter indices which did not receive grad for rank 0: 4 5" in message
 
 # %% [markdown] lang="ja"
 # 4 と 5 は `model.parameters()` の中の番号です (`body` の重みとバイアスが 0 と 1、`head` が 2 と 3)。
-# `TORCH_DISTRIBUTED_DEBUG=INFO` にしてから DDP を作ると、名前で挙げます (`DETAIL` と違い、`INFO` では
+# `TORCH_DISTRIBUTED_DEBUG=INFO` にしてから DDP を作ると、エラーメッセージにパラメータ名が表示されます
+# (`DETAIL` と違い、`INFO` では
 # DDP を作れます)。
 
 # %% [markdown] lang="en"
@@ -484,7 +488,7 @@ assert "Parameters which did not receive grad for rank 0: aux.bias, aux.weight" 
 # 確認のセルは、いくつかのモデルで試します。モデルには、前の学習の勾配が残っていることがあります。
 #
 # 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
-# 違っていれば、何が違うかとヒントが表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
+# 違っていれば、どこが違うかがヒントとともに表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
 # ありますが、まず自分で解いてみてください。
 
 # %% [markdown] lang="en"
@@ -682,7 +686,7 @@ assert "backward" in failed[0] and "barrier" in failed[1]  # where each one wait
 # ### 演習: 不揃いなエポックを最後まで回す
 #
 # 関数 `train_epoch(model, optimizer, batches)` を書いてください。DDP のモデル `model` を、このランクの
-# バッチ `batches` (入力と目標の組のリスト) で 1 バッチ 1 ステップずつ学習させます (損失は
+# バッチ `batches` (入力と目標値の組のリスト) で 1 バッチ 1 ステップずつ学習させます (損失は
 # `nn.functional.mse_loss`)。ランクごとにバッチの数が違っても、全ランクで最後まで終わるようにします。
 #
 # 確認のセルは、この関数を両方のランクで実行します。ランク 0 には 5 個、ランク 1 には 4 個のバッチを渡し、
@@ -808,7 +812,7 @@ assert compare.replica_max_diff(model) == 0
 #
 # `DistributedSampler` は、データセットの大きさがランクの数で割り切れないとき、**先頭のサンプルを
 # 繰り返して**全ランクのサンプル数をそろえます。9 サンプルを 2 ランクに分けると、ランク 1 は
-# サンプル 0 をもう一度受け取ります。検証の指標を各ランクで平均してから平均すると、その分だけ
+# サンプル 0 をもう一度受け取ります。検証の指標を各ランクで平均し、さらにランク間で平均すると、その分だけ
 # 正しい値からずれます。
 
 # %% [markdown] lang="en"
@@ -900,9 +904,9 @@ exercises.grade_exact_mean(ranks, exact_mean)
 # %% [markdown] lang="ja"
 # ## DDP でのチェックポイント
 #
-# DDP では全ランクが同じ重みを持つので、書くのは 1 つのランク (ランク 0) だけで十分です。書くのは
-# `model.module.state_dict()` です。DDP そのものの `model.state_dict()` では名前の頭に `module.` が付き、
-# DDP に包んでいないモデルには読み込めません。ほかのランクは `dist.barrier()` で書き終わりを待ってから、
+# DDP では全ランクが同じ重みを持つので、保存するのは 1 つのランク (ランク 0) だけで十分です。保存するのは
+# `model.module.state_dict()` です。DDP そのものの `model.state_dict()` ではキーの先頭に `module.` が付き、
+# DDP に包んでいないモデルには読み込めません。ほかのランクは `dist.barrier()` で保存の終わりを待ってから、
 # `map_location` を付けて読みます (テンソルを置くデバイスを決めます。ここでは CPU)。ランクどうしで
 # 1 つのフォルダを使うので、ランク 0 が作ったフォルダの名前を全ランクに配ります。
 
@@ -958,8 +962,8 @@ with checks.expect_error(RuntimeError, match="Missing key"):
 
 # %% [markdown] lang="ja"
 # `barrier` がないと、ランク 1 がランク 0 より先に読むことがあります。前のチェックポイントがあれば、
-# ランク 1 は**エラーなしに古いほうを**読み、ほかのランクと違う重みから続けます。偶然に起きるその順序を、
-# ここでは `barrier` で作ります。
+# ランク 1 は**エラーなしに古いほうを**読み、ほかのランクと違う重みから続けます。実際の学習では偶然起きるこの順序を、
+# ここでは `barrier` を使って意図的に作ります。
 
 # %% [markdown] lang="en"
 # Without the `barrier`, rank 1 may read before rank 0 has written. With an earlier
@@ -984,7 +988,7 @@ if rank == 1:
 # ## 学習の途中で死ぬランク
 #
 # ランクのプロセスが途中で終わると (メモリ不足、ノードの故障)、ほかのランクは集団通信でエラーになります。
-# labkit はどのランクのプロセスが死んだかを挙げ、次のセルの前にランクを起動し直します。新しいプロセス
+# labkit はどのランクのプロセスが死んだかを示し、次のセルの前にランクを起動し直します。新しいプロセス
 # には、前に作ったものは何も残っていません。続きから学習するには、チェックポイントが要ります。
 
 # %% [markdown] lang="en"
@@ -1014,10 +1018,10 @@ print(f"rank {rank}: a new process, 'model' defined here: {'model' in globals()}
 assert "model" not in globals()
 
 # %% [markdown] lang="ja"
-# 画面のない学習 (クラスタのジョブ) では、torchrun が起動し直します。`--max-restarts N` を付けると、
+# ノートブックを使わない学習 (クラスタのジョブなど) では、torchrun が起動し直します。`--max-restarts N` を付けると、
 # ランクのどれかが失敗したとき、全ランクを止めて N 回まで起動し直します。起動し直したランクは最初から
 # 始まるので、チェックポイントから続けるのはスクリプトの仕事です。`python -m labkit resume` は、
-# 上と同じやり方 (ランク 0 が一時ファイルに書いて名前を変え、全ランクが `barrier` で待つ) で 5 ステップ
+# 上と同じやり方 (ランク 0 が一時ファイルに保存して名前を変え、全ランクが `barrier` で待つ) で 5 ステップ
 # ごとに保存し、起動したときにチェックポイントがあれば読みます。`--die-at 12` では、最初の起動
 # (`TORCHELASTIC_RESTART_COUNT` が 0) でランク 1 がステップ 12 の前に自分を強制終了します。
 # 止まらなかった学習と、止まって起動し直した学習で、最後の重みのハッシュを比べます。
@@ -1101,13 +1105,13 @@ assert b["param_sha256"] == a["param_sha256"]  # bit for bit the same weights
 #
 # | 症状 | 原因 | 調べ方 | 直し方 |
 # |---|---|---|---|
-# | 止まる (時間切れ) | 一部のランクだけが集団通信を呼ぶ | `dist.monitored_barrier` が来ないランクを挙げる。スタックで待っている場所を見る | 集団通信は全ランクで呼び、表示だけをランク 0 に |
-# | 止まる、プロセスが落ちる | ランクごとに違う集団通信 | `TORCH_DISTRIBUTED_DEBUG=DETAIL` が両方の呼び出しを挙げる (演算の種類は見ない) | 全ランクで同じ順に同じ集団通信を |
+# | 止まる (時間切れ) | 一部のランクだけが集団通信を呼ぶ | `dist.monitored_barrier` が来ないランクを示す。スタックで待っている場所を見る | 集団通信は全ランクで呼び、表示だけをランク 0 に |
+# | 止まる、プロセスが落ちる | ランクごとに違う集団通信 | `TORCH_DISTRIBUTED_DEBUG=DETAIL` が両方の呼び出しを示す (演算の種類は見ない) | 全ランクで同じ順に同じ集団通信を |
 # | 2 回目の順伝播でエラー (1 回目は勾配が平均されない) | 順伝播で使われないパラメータ | エラーの番号、`INFO` なら名前。1 プロセスで勾配が `None` のものを探す | `find_unused_parameters=True`、いつも同じなら `static_graph=True` |
 # | エポックの終わりで止まる | ランクごとにバッチの数が違う | 待っている場所 (逆伝播と `barrier`) | `Join` |
 # | 検証の指標がずれる | `DistributedSampler` の水増し | ランクごとのサンプルの番号 | 水増しを除いて和と個数を all-reduce、または `drop_last=True` |
-# | あるランクだけが古いチェックポイントから再開する (エラーなし) | ランク 0 が書き終える前に読む | 読んだチェックポイントのステップ | ランク 0 だけが `model.module.state_dict()` を書き、`barrier` のあとで全ランクが読む |
-# | ランクのプロセスが死ぬ | メモリ不足、ノードの故障 | labkit がランクを挙げる。torchrun は終了コード (-9 など) | チェックポイントから再開 (torchrun の `--max-restarts`) |
+# | あるランクだけが古いチェックポイントから再開する (エラーなし) | ランク 0 が保存し終える前に読む | 読んだチェックポイントのステップ | ランク 0 だけが `model.module.state_dict()` を保存し、`barrier` のあとで全ランクが読む |
+# | ランクのプロセスが死ぬ | メモリ不足、ノードの故障 | labkit がランクを示す。torchrun は終了コード (-9 など) | チェックポイントから再開 (torchrun の `--max-restarts`) |
 
 # %% [markdown] lang="en"
 # ## Summary
