@@ -307,8 +307,10 @@ assert update["calls_in_no_sync"] == 0
 # フックは all-reduce を始めるだけで、逆伝播はその間に次の層の勾配を計算します。下のセルは、
 # 各 all-reduce が終わる前に、逆伝播がほかの勾配をいくつ書いたかを数えます (`overlapped`: 書かれた
 # 勾配が 1 つでもあった all-reduce の数)。フックの中で `work.wait()` を呼ぶと、待つあいだ逆伝播が
-# 止まるので、この数は 0 になります (tests/test_from_scratch.py がそれを確かめます)。図は、レッスン 05 と
-# 同じ描き方で、最後のステップの各 all-reduce の時間を示します。
+# 止まるので、この数は 0 になります (tests/test_from_scratch.py がそれを確かめます)。どの all-reduce も
+# 逆伝播の途中で始まることは毎ステップ確かめます。all-reduce が次の勾配より先に終わるかどうかは
+# マシンの負荷で変わるので、重なりは 3 ステップのどこかで 1 つ以上あることを確かめます。図は、
+# レッスン 05 と同じ描き方で、最後のステップの各 all-reduce の時間を示します。
 
 # %% [markdown] lang="en"
 # ### Does communication overlap the computation?
@@ -318,14 +320,20 @@ assert update["calls_in_no_sync"] == 0
 # gradients the backward pass wrote before it ended (`overlapped`: the all-reduces during
 # which at least one was written). Calling `work.wait()` inside the hook stops the
 # backward pass while it waits, and this count drops to 0 (tests/test_from_scratch.py
-# checks that). The plot shows each all-reduce of the last step, drawn as in lesson 05.
+# checks that). The cell checks that every all-reduce starts during the backward pass, at
+# every step; whether one ends before the next gradient is written depends on the
+# machine's load, so it checks that at least one overlapped in the three steps. The plot
+# shows each all-reduce of the last step, drawn as in lesson 05.
 
 # %%
 # %%px
 for i, s in enumerate(result["steps"], start=1):
     print(f"rank {rank}, step {i}: {s['overlapped']} of {s['calls']} all-reduces ran "
           f"while the backward pass wrote more gradients")
-assert all(s["overlapped"] >= 1 for s in result["steps"])
+# Whether an all-reduce ends before the next gradient is written depends on the
+# machine's load; that each one starts while the backward pass runs does not.
+assert all(s["started_after_grads"] == 0 for s in result["steps"])
+assert sum(s["overlapped"] for s in result["steps"]) >= 1
 assert all(s["waited_before_grads"] == 0 for s in result["steps"])
 
 # %%
