@@ -94,7 +94,7 @@ def _cells() -> dict[str, str]:
     solution = next(c.source for c in cells if "solution" in c.metadata.get("tags", []))
     compare = next(c.source for c in cells
                    if "from_scratch.compare_with_ddp(ScratchDDP)" in c.source)
-    overlap = next(c.source for c in cells if 'assert all(s["overlapped"]' in c.source)
+    overlap = next(c.source for c in cells if 's["overlapped"] for s in' in c.source)
     base = next(c.source for c in cells if "class BucketedDDP" in c.source)
     imports = next(c.source for c in cells if c.cell_type == "code"
                    and "from labkit import from_scratch" in c.source)
