@@ -35,24 +35,26 @@ class CommCounter:
     """
 
     def __init__(self):
-        self.calls = 0
-        self.bytes = 0
         self.sizes: list[int] = []  # each call's bytes, in the order DDP made them
+
+    @property
+    def calls(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes)
 
     def attach(self, model: nn.parallel.DistributedDataParallel) -> CommCounter:
         model.register_comm_hook(self, CommCounter._hook)
         return self
 
     def reset(self) -> None:
-        self.calls = 0
-        self.bytes = 0
         self.sizes = []
 
     @staticmethod
     def _hook(counter, bucket):  # unannotated: DDP rejects string annotations
         buffer = bucket.buffer()
-        counter.calls += 1
-        counter.bytes += buffer.numel() * buffer.element_size()
         counter.sizes.append(buffer.numel() * buffer.element_size())
         return default_hooks.allreduce_hook(None, bucket)
 
