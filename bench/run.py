@@ -229,7 +229,7 @@ def loop_ratio(repeat: int, K: int = 4) -> float:
     import torch
     import torch.distributed as dist
 
-    from labkit import models, nosync, workload
+    from labkit import models, no_sync, workload
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     cfg = workload.Config(accum_steps=K, hidden=512, depth=2, batch_per_rank=256)
@@ -241,7 +241,7 @@ def loop_ratio(repeat: int, K: int = 4) -> float:
 
     def labkit_loop():
         optimizer.zero_grad()
-        nosync.accumulate_no_sync(model, criterion, batches)
+        no_sync.accumulate_no_sync(model, criterion, batches)
         optimizer.step()
 
     def plain_loop():  # the same work, written out as in PyTorch's documentation
@@ -362,15 +362,15 @@ def levers_table(ranks, steps: int) -> dict:
     Adam), and the same ratio predicted by the step model with a compression
     factor (alpha and beta fitted on an all-reduce sweep of this run).
     """
-    from labkit import comm, levers
+    from labkit import comm, send_less
 
-    runs = ranks.run(levers.compare_methods, levers.METHODS, None, steps)[0]
+    runs = ranks.run(send_less.compare_methods, send_less.METHODS, None, steps)[0]
     sizes = [4**k * 1024 for k in range(2, 8)]
     ab = comm.fit_alpha_beta(sizes, ranks.run(comm.allreduce_sweep, sizes, 5)[0], 2)
     table, errors = {}, {}
-    for name in levers.METHODS:
+    for name in send_less.METHODS:
         r, base = runs[name], runs["DDP + Adam" if "Adam" in name else "DDP"]
-        predicted = levers.predicted_step_s(base["step_s"], base["sent"][-1],
+        predicted = send_less.predicted_step_s(base["step_s"], base["sent"][-1],
                                             r["sent"][-1], ab, 2)
         table[name] = {"bytes_per_step": r["bytes"][-1],
                        "step_ratio": r["step_s"] / base["step_s"],

@@ -447,23 +447,23 @@ for n in (2, 3):
     assert out_diff <= 1e-6 and grad_diff <= 1e-6
 
 # %% [markdown] lang="ja"
-# 同じ比較は `dp_compare.dp_experiment()` でも実行でき、結果を辞書で返します。
+# 同じ比較は `dp_experiments.dp_experiment()` でも実行でき、結果を辞書で返します。
 # ターミナルからは `python -m labkit dp --devices 2 --json dp.json` で、同じ結果を JSON に書けます。
 # GPU が 2 台以上あるマシンでは、この関数はモデルとバッチを `cuda:0` に置き、PyTorch 自身の
 # `data_parallel` を実際の GPU で実行します (`"simulated": False`)。なければ CPU での再現です。
 # この GPU の経路は、まだ GPU の上で実行されたことがありません (レッスン 00)。
 
 # %% [markdown] lang="en"
-# `dp_compare.dp_experiment()` runs the same comparison and returns the results as a dict.
+# `dp_experiments.dp_experiment()` runs the same comparison and returns the results as a dict.
 # In a terminal, `python -m labkit dp --devices 2 --json dp.json` writes them as JSON.
 # On a machine with two or more GPUs, the function puts the model and the batch on
 # `cuda:0` and runs PyTorch's own `data_parallel` on the real GPUs (`"simulated": False`);
 # otherwise the simulation on the CPU. That GPU path has never run on a GPU yet (lesson 00).
 
 # %%
-from labkit import dp_compare
+from labkit import dp_experiments
 
-result = dp_compare.dp_experiment(devices=2, batch=100)
+result = dp_experiments.dp_experiment(devices=2, batch=100)
 print(result)
 assert result["simulated"] == (torch.cuda.device_count() < 2)  # real GPUs where present
 assert result["output_max_abs_diff"] <= 1e-6 and result["grad_max_abs_diff"] <= 1e-6

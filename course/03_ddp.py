@@ -157,7 +157,7 @@ assert len(set(pids)) == world_size  # one process per rank
 # %%px
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labkit import checks, compare, ddp, models
+from labkit import checks, comm_counting, compare, data, models
 
 torch.manual_seed(rank)  # different initial weights on each rank, on purpose
 model = models.MLP()
@@ -312,7 +312,7 @@ criterion = models.MyLoss()
 
 torch.manual_seed(1)
 X, y = torch.randn(64, 10), torch.randn(64, 10)  # the same on every rank
-criterion(model(ddp.shard(X, rank, world_size)), ddp.shard(y, rank, world_size)).backward()
+criterion(model(data.shard(X, rank, world_size)), data.shard(y, rank, world_size)).backward()
 criterion(local(X), y).backward()
 grad_diff = compare.max_abs_diff([p.grad for p in model.parameters()],
                                 [p.grad for p in local.parameters()])
@@ -410,8 +410,8 @@ for name, kwargs in ways.items():
     log = buckets.BucketLog().attach(model)
     for step in range(3):
         log.step()
-        criterion(model(ddp.shard(X, rank, world_size)),
-                  ddp.shard(y, rank, world_size)).backward()
+        criterion(model(data.shard(X, rank, world_size)),
+                  data.shard(y, rank, world_size)).backward()
     seen[name] = log.steps
     print(f"rank {rank}, {name}: " + "; ".join(
         f"step {i}: {len(sizes)} all-reduce(s), {sum(sizes)} bytes"
@@ -567,17 +567,17 @@ assert "Can't get attribute 'train'" in lost.text
 
 # %%
 # %%px
-from labkit import dp_compare
+from labkit import dp_experiments
 
 solo = dist.new_group([0])  # a group of rank 0 alone: world size 1
 sizes = [("doc 004 MLP", 100, 1), ("MLP 1024x2", 1024, 2)]
 steppers = {}  # (model, world size): one timed DDP step per call
 counters = {}  # world size 2 only: CommCounter all-reduces over the default group
 for name, hidden, depth in sizes:
-    steppers[name, 2] = dp_compare.ddp_stepper(hidden, depth, 1024)
+    steppers[name, 2] = dp_experiments.ddp_stepper(hidden, depth, 1024)
     if rank == 0:
-        steppers[name, 1] = dp_compare.ddp_stepper(hidden, depth, 1024, group=solo)
-    counters[name] = ddp.CommCounter().attach(steppers[name, 2].model)
+        steppers[name, 1] = dp_experiments.ddp_stepper(hidden, depth, 1024, group=solo)
+    counters[name] = comm_counting.CommCounter().attach(steppers[name, 2].model)
 work = {}  # samples this rank computes, and bytes it all-reduces, in one step
 samples = []  # the batch sizes the model saw
 for (name, world), step in steppers.items():
@@ -677,9 +677,9 @@ fig = plots.bar_chart(step_ms, ylabel="step_time_ms", title="step_time_vs_world"
 from unittest import mock
 
 from labkit import data_parallel as dp
-from labkit import dp_compare
+from labkit import dp_experiments
 
-dp_step = dp_compare.dp_stepper(100, 1, 1024, devices=2)  # doc 004's MLP
+dp_step = dp_experiments.dp_stepper(100, 1, 1024, devices=2)  # doc 004's MLP
 dp_ran = []  # the modules that ran, kept alive so that their ids stay unique
 hook = dp_step.model.register_forward_hook(  # replicas share the original's hooks
     lambda module, args, out: dp_ran.append(module))
@@ -720,8 +720,8 @@ import statistics
 sizes = [("doc 004 MLP", 100, 1), ("MLP 1024x2", 1024, 2)]  # as on the ranks
 rounds = 6  # medians to show, not to assert (see above)
 ways = [labkit.t("one_device"), labkit.t("dp_threads"), labkit.t("ddp_processes")]
-kernel_steps = {name: {ways[0]: dp_compare.dp_stepper(hidden, depth, 1024, devices=1),
-                       ways[1]: dp_compare.dp_stepper(hidden, depth, 1024, devices=2)}
+kernel_steps = {name: {ways[0]: dp_experiments.dp_stepper(hidden, depth, 1024, devices=1),
+                       ways[1]: dp_experiments.dp_stepper(hidden, depth, 1024, devices=2)}
                 for name, hidden, depth in sizes}
 times = {name: {way: [] for way in ways} for name, *_ in sizes}
 for _ in range(rounds + 2):  # two rounds of warm-up

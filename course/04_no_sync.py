@@ -54,7 +54,7 @@ labkit.set_lang("ja")
 # %%
 import torch
 
-from labkit import checks, cluster, exercises, models, nosync, plots, workload
+from labkit import checks, cluster, exercises, models, no_sync, plots, workload
 
 ranks = cluster.start(2, background=True)  # the ranks boot while you read
 
@@ -71,7 +71,7 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 #
 # 各損失は K で割ります。`.grad` には K 個の勾配の**和**がたまるので、割っておくと
 # 大きなバッチの平均損失の勾配になります。
-# 通信フック (`ddp.CommCounter`) で、1 回の更新で何回 all-reduce したかを数えます。
+# 通信フック (`comm_counting.CommCounter`) で、1 回の更新で何回 all-reduce したかを数えます。
 # セルは、`with` の中の K−1 回の逆伝播では 0 回、最後の逆伝播のあとで 1 回であることを確かめます。
 # 同期は止まったのではなく、最後の逆伝播まで先送りされています。
 
@@ -88,7 +88,7 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 #
 # Divide each loss by K: `.grad` accumulates the **sum** of K gradients, and dividing
 # makes it the gradient of the large batch's mean loss. A communication hook
-# (`ddp.CommCounter`) counts the all-reduce calls of one update: the cell asserts none
+# (`comm_counting.CommCounter`) counts the all-reduce calls of one update: the cell asserts none
 # during the K−1 backwards inside the `with`, and one after the last backward.
 # Synchronization was not switched off, only postponed to the last backward.
 
@@ -98,7 +98,7 @@ import copy
 
 import torch
 
-from labkit import checks, compare, ddp, models, nosync, workload
+from labkit import checks, comm, compare, models, no_sync, workload
 
 K = 4
 cfg = workload.Config(accum_steps=K, batch_per_rank=16)
@@ -186,7 +186,7 @@ print("inside no_sync the ranks differ; after the last micro-batch they agree")
 # %%
 # %%px
 optimizer.zero_grad()
-nosync.accumulate_no_sync(model, criterion, batches, scale=False)
+no_sync.accumulate_no_sync(model, criterion, batches, scale=False)
 ratio = [(p.grad / r).mean().item() for p, r in zip(model.parameters(), ref_grads, strict=True)]
 checks.grads_differ([p.grad for p in model.parameters()], ref_grads)
 checks.grads_match([p.grad for p in model.parameters()], [K * g for g in ref_grads],
@@ -231,9 +231,9 @@ def small_net(norm: bool) -> nn.Module:
 
 torch.manual_seed(1)
 X_bn, y_bn = torch.randn(64, 10), torch.randn(64, 10)
-bn_gap = checks.grads_differ(*nosync.accumulated_and_whole_grads(
+bn_gap = checks.grads_differ(*no_sync.accumulated_and_whole_grads(
     small_net(norm=True), nn.MSELoss(), X_bn, y_bn, K=4))
-plain_gap = checks.grads_match(*nosync.accumulated_and_whole_grads(
+plain_gap = checks.grads_match(*no_sync.accumulated_and_whole_grads(
     small_net(norm=False), nn.MSELoss(), X_bn, y_bn, K=4))
 print(f"|accumulated - 64-sample batch gradient|: with BatchNorm {bn_gap:.2e}, "
       f"without {plain_gap:.2e}")
@@ -250,7 +250,7 @@ print(f"|accumulated - 64-sample batch gradient|: with BatchNorm {bn_gap:.2e}, "
 #
 # 直し方: 各マイクロバッチの損失に**そのサンプル数**を掛け、**全ランクのサンプル数の合計** N で割り
 # ます。N は 1 回の更新の初めに all-reduce で求めます。DDP は最後にランクの数で割るので、その分
-# world size を掛けておきます (`nosync.accumulate_by_count`)。これで全サンプルの重みが 1/N になります。
+# world size を掛けておきます (`no_sync.accumulate_by_count`)。これで全サンプルの重みが 1/N になります。
 # ランク 0 の最後のマイクロバッチだけを 4 サンプルにして確かめます。
 
 # %% [markdown] lang="en"
@@ -267,7 +267,7 @@ print(f"|accumulated - 64-sample batch gradient|: with BatchNorm {bn_gap:.2e}, "
 # The fix: multiply each micro-batch's loss by **its sample count** and divide by the
 # **sample count over all ranks**, N, found by an all-reduce at the start of the update.
 # DDP divides by the number of ranks at the end, so multiply by the world size too
-# (`nosync.accumulate_by_count`). Every sample then weighs 1/N. Check it with rank 0's
+# (`no_sync.accumulate_by_count`). Every sample then weighs 1/N. Check it with rank 0's
 # last micro-batch cut to 4 samples.
 
 # %%
@@ -282,12 +282,12 @@ whole_loss = criterion(whole_model(X_whole), y_whole)
 whole_loss.backward()
 whole_grads = [p.grad for p in whole_model.parameters()]
 
-mean_of_means = torch.tensor(nosync.accumulate_no_sync(uneven_model, criterion, uneven))
+mean_of_means = torch.tensor(no_sync.accumulate_no_sync(uneven_model, criterion, uneven))
 dist.all_reduce(mean_of_means)
 mean_of_means = mean_of_means.item() / world_size  # averaged as DDP averages
 naive_gap = checks.grads_differ([p.grad for p in uneven_model.parameters()], whole_grads)
 uneven_model.zero_grad()
-weighted_loss = nosync.accumulate_by_count(uneven_model, criterion, uneven)
+weighted_loss = no_sync.accumulate_by_count(uneven_model, criterion, uneven)
 fixed_gap = checks.grads_match([p.grad for p in uneven_model.parameters()], whole_grads)
 print(f"rank {rank}: loss of the 116 samples {whole_loss.item():.6f}, "
       f"mean of means {mean_of_means:.6f}, weighted by count {weighted_loss:.6f}; "
@@ -381,7 +381,7 @@ for step in range(15):  # the misuse: every rank steps on its own gradient
     param_diff.append(compare.replica_max_diff(model))
 for step in range(15, 30):  # back to correct, synchronized accumulation
     optimizer.zero_grad()
-    nosync.accumulate_no_sync(
+    no_sync.accumulate_no_sync(
         model, criterion, workload.micro_batches(dataset, cfg, step, rank, world_size))
     optimizer.step()
     param_diff.append(compare.replica_max_diff(model))
@@ -459,7 +459,7 @@ exercises.grade_accumulation(ranks, accumulation_step)
 # ## 演習: レプリカがずれる原因を探す
 #
 # 次の `train` は、2 回の更新ごとに学習率を半分にするスケジューラ (`StepLR`) を使い、勾配累積で学習
-# します。`no_sync` は正しく使っています (`nosync.accumulate_no_sync`)。それなのに、学習が進むと
+# します。`no_sync` は正しく使っています (`no_sync.accumulate_no_sync`)。それなのに、学習が進むと
 # ランクのパラメータがずれていきます。原因の行を見つけて直してください。
 #
 # 確認のセルは、両方のランクでこの関数に 6 回更新させ、ランクの学習率とパラメータを比べ、1 プロセスで
@@ -470,7 +470,7 @@ exercises.grade_accumulation(ranks, accumulation_step)
 #
 # `train` below accumulates gradients with a scheduler (`StepLR`) that halves the
 # learning rate every 2 updates. It uses `no_sync` correctly
-# (`nosync.accumulate_no_sync`), and yet the ranks' parameters drift apart as training
+# (`no_sync.accumulate_no_sync`), and yet the ranks' parameters drift apart as training
 # goes on. Find the line responsible and fix it.
 #
 # The check has the function make 6 updates on both ranks, compares the ranks' learning
@@ -482,7 +482,7 @@ def train(model, optimizer, scheduler, criterion, updates, rank):
     losses = []
     for batches in updates:
         optimizer.zero_grad()
-        loss = nosync.accumulate_no_sync(model, criterion, batches)
+        loss = no_sync.accumulate_no_sync(model, criterion, batches)
         optimizer.step()
         if rank == 0:  # report from one rank only
             losses.append(loss)
@@ -495,7 +495,7 @@ def train(model, optimizer, scheduler, criterion, updates, rank):
     losses = []
     for batches in updates:
         optimizer.zero_grad()
-        loss = nosync.accumulate_no_sync(model, criterion, batches)
+        loss = no_sync.accumulate_no_sync(model, criterion, batches)
         optimizer.step()
         scheduler.step()  # on every rank: the learning rate is part of the update
         if rank == 0:  # only what changes no parameter: logs, checkpoints
@@ -552,11 +552,11 @@ assert params["doc 004 MLP"] == 2110
 # %%px
 import statistics
 
-costs = {}  # model -> nosync.update_costs(...) and "allreduce": seconds of one
+costs = {}  # model -> no_sync.update_costs(...) and "allreduce": seconds of one
 for name, (hidden, depth) in {"doc 004 MLP": (100, 1), "MLP 1024x3": (1024, 3)}.items():
     c = workload.Config(hidden=hidden, depth=depth, repeat=5)
-    costs[name] = nosync.update_costs(rank, world_size, c, ks=(1, 2, 4, 8))
-    costs[name]["allreduce"] = ddp.allreduce_time(costs[name]["params"])
+    costs[name] = no_sync.update_costs(rank, world_size, c, ks=(1, 2, 4, 8))
+    costs[name]["allreduce"] = comm.allreduce_time(costs[name]["params"])
     print(name, {k: f"sync {statistics.median(a) * 1e3:.1f} ms, "
                     f"no_sync {statistics.median(b) * 1e3:.1f} ms"
                  for k, (a, b) in costs[name]["seconds"].items()})
@@ -594,7 +594,7 @@ asserted = {("doc 004 MLP", 8), ("MLP 1024x3", 4), ("MLP 1024x3", 8)}
 series = {}
 for name, c in costs.items():
     ks = sorted(c["seconds"])
-    med = {k: nosync.SyncPair(*map(statistics.median, c["seconds"][k])) for k in ks}
+    med = {k: no_sync.SyncPair(*map(statistics.median, c["seconds"][k])) for k in ks}
     series[f"{name}, sync"] = (ks, [med[k].sync * 1e3 for k in ks])
     series[f"{name}, no_sync"] = (ks, [med[k].no_sync * 1e3 for k in ks])
     t_ar = c["allreduce"]
@@ -663,7 +663,7 @@ fig = plots.line_chart(series, xlabel="accum_k", ylabel="step_time_ms",
 # %%px
 c = workload.Config(accum_steps=4, hidden=1024, depth=3, steps=30, lr=0.05,
                     momentum=0.9)
-runs = {mode: nosync.convergence(rank, world_size, c, use_no_sync=mode == "no_sync")
+runs = {mode: no_sync.convergence(rank, world_size, c, use_no_sync=mode == "no_sync")
         for mode in ("sync", "no_sync")}
 print(f"rank {rank}: final loss sync {runs['sync']['losses'][-1]:.4f}, "
       f"no_sync {runs['no_sync']['losses'][-1]:.4f}; time sync "

@@ -355,7 +355,7 @@ fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_
 #
 # 同じ仕事 (レッスン 05 の大きな MLP: 幅 1024、3 層、210 万パラメータ、勾配 8,482,856 バイト) で、
 # 各方法を 1 ステップずつ順番に 25 ステップ動かします (レッスン 04 と同じく、交互に測ります)。
-# バイト数は、`dist.all_reduce` と `dist.broadcast` に渡されたテンソルを `levers.CollectiveBytes` が
+# バイト数は、`dist.all_reduce` と `dist.broadcast` に渡されたテンソルを `send_less.CollectiveBytes` が
 # 数えます。そのため、ふつうの DDP も、既定の動作を Python で書いた torch のフック
 # (`default_hooks.allreduce_hook`。計算は既定と同じ) を通します。10 秒ほどかかります。
 
@@ -376,16 +376,16 @@ fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_
 #
 # On one workload (lesson 05's large MLP: width 1024, 3 layers, 2.1 million parameters,
 # 8,482,856 bytes of gradients), each method runs one step in turn, for 25 steps
-# (timed alternately, as in lesson 04). `levers.CollectiveBytes` counts the bytes of the
+# (timed alternately, as in lesson 04). `send_less.CollectiveBytes` counts the bytes of the
 # tensors handed to `dist.all_reduce` and `dist.broadcast`; so plain DDP too goes
 # through torch's hook that writes its default in Python (`default_hooks.allreduce_hook`,
 # the same computation). It takes about 10 s.
 
 # %%
 # %%px
-from labkit import levers
+from labkit import send_less
 
-runs = levers.compare_methods(steps=25)
+runs = send_less.compare_methods(steps=25)
 if rank == 0:
     print(f"{'method':24} {'bytes/step':>10} {'calls':>5} {'ms/step':>7} {'loss':>7}"
           f" {'grad+state MiB':>14}")
@@ -395,10 +395,10 @@ if rank == 0:
               f"{(r['grad_bytes'] + r['state_bytes']) / 2**20:>14.1f}")
 
 # %%
-from labkit import levers
+from labkit import send_less
 
 runs = ranks.pull("runs")
-by_method = {m: runs[0][m] for m in levers.METHODS}  # rank 0's, in the table's order
+by_method = {m: runs[0][m] for m in send_less.METHODS}  # rank 0's, in the table's order
 fig = plots.methods_chart({
     "sent_per_step": {m: r["bytes"][-1] for m, r in by_method.items()},
     "step_ms_median": {m: r["step_s"] * 1e3 for m, r in by_method.items()},
@@ -543,8 +543,8 @@ fig = plots.loss_curves({m: by_method[m]["loss"] for m in
 
 # %%
 # %%px
-without = levers.error_feedback_trial(use_error_feedback=False)
-with_feedback = levers.error_feedback_trial(use_error_feedback=True)
+without = send_less.error_feedback_trial(use_error_feedback=False)
+with_feedback = send_less.error_feedback_trial(use_error_feedback=True)
 for k in (1, 10, len(without)):
     print(f"rank {rank}, after {k:>2} steps: sum off by {without[k - 1]:.0%} without "
           f"error feedback, {with_feedback[k - 1]:.0%} with it")
@@ -769,7 +769,7 @@ assert static["calls"][0] == plain["calls"][0] == 1  # step 1: one bucket (lesso
 
 # %%
 # %%px
-counts = levers.bucket_counts([None, 0.01, 0.25, 1, 4, 25, 100])
+counts = send_less.bucket_counts([None, 0.01, 0.25, 1, 4, 25, 100])
 if rank == 0:
     for cap, calls in counts.items():
         print(f"bucket_cap_mb={cap}: all-reduces per step {calls}")
@@ -838,7 +838,7 @@ for cap, calls in ranks.pull("cap_calls")[0]:
 #
 # レッスン 05 の 1 ステップのモデルに、送るバイト数の割合 (圧縮率) を入れます。DDP の 1 ステップの
 # 実測から、DDP の通信の時間 (α–β モデル) を引き、その方法が送るバイト数と回数での通信の時間を
-# 足したものを、その方法の予測とします (`levers.predicted_step_s`。Adam を使う 2 つは DDP + Adam を
+# 足したものを、その方法の予測とします (`send_less.predicted_step_s`。Adam を使う 2 つは DDP + Adam を
 # 基にします)。all-reduce はリングの時間で、ZeRO の broadcast は送り元が 1 回送る時間 (2 ランクでは
 # α + S/β) で数えます。α と β は、ここで all-reduce を測って当てはめます。
 
@@ -848,7 +848,7 @@ for cap, calls in ranks.pull("cap_calls")[0]:
 # Put the share of bytes sent (the compression) into lesson 05's step model: a method's
 # predicted step is DDP's measured step, minus DDP's communication time (the alpha-beta
 # model), plus the communication time of the bytes and calls the method sends
-# (`levers.predicted_step_s`; the two with Adam start from DDP + Adam). All-reduces are
+# (`send_less.predicted_step_s`; the two with Adam start from DDP + Adam). All-reduces are
 # priced as a ring, ZeRO's broadcasts as the source sending once (α + S/β on 2 ranks).
 # Alpha and beta are fitted here on timed all-reduces.
 
@@ -868,7 +868,7 @@ errors = {}
 print(f"{'method':24} {'sent':>10} {'measured':>9} {'predicted':>9} {'error':>7}")
 for name, r in by_method.items():
     base = by_method["DDP + Adam" if "Adam" in name else "DDP"]  # the same optimizer
-    predicted = levers.predicted_step_s(base["step_s"], base["sent"][-1], r["sent"][-1],
+    predicted = send_less.predicted_step_s(base["step_s"], base["sent"][-1], r["sent"][-1],
                                         ab, 2)
     errors[name] = (predicted - r["step_s"]) / r["step_s"]
     print(f"{name:24} {r['bytes'][-1]:>10,} {r['step_s'] * 1e3:>7.1f}ms "

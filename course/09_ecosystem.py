@@ -61,7 +61,8 @@ from pathlib import Path
 
 import torch
 
-from labkit import doctor, ecosystem, exercises, plots, sharding, torchrun
+from labkit import doctor, ecosystem, exercises, plots, sharding
+from labkit.cluster import torchrun
 
 # %% [markdown] lang="ja"
 # ## 1 台のマシンで torchrun
@@ -211,14 +212,14 @@ exercises.grade_torchrun_env(torchrun_env)
 # 実機のクラスタでは、ジョブスケジューラがマシン (ノード) を割り当てます。どのスケジューラでも、することは
 # 同じです。ノードごとに torchrun を 1 つ起動し、割り当ての最初のノードを待ち合わせ場所 (c10d の
 # ランデブー) にします。リポジトリには 3 つのスケジューラの例があり、どれもスケジューラの起動コマンドで
-# 各ノードに `labkit/torchrun_node.sh` を 1 回ずつ実行させます。ノード間の通信には nccl バックエンドを
+# 各ノードに `labkit/cluster/torchrun_node.sh` を 1 回ずつ実行させます。ノード間の通信には nccl バックエンドを
 # 使います。
 #
 # | スケジューラ | 投入 | 例 | ノードの一覧 | ノードごとに 1 回起動 | 導入例 |
 # |---|---|---|---|---|---|
-# | SLURM | `sbatch` | `labkit/slurm_example.sh` | `scontrol show hostnames $SLURM_JOB_NODELIST` | `srun` (ノードあたり 1 タスク) | 京都大学のスーパーコンピュータ ([利用の手引き](https://web.kudpc.kyoto-u.ac.jp/manual/en/run/resource)) |
-# | PBS Professional | `qsub` | `labkit/pbs_example.sh` | `$PBS_NODEFILE` | `mpirun -map-by ppr:1:node` | ABCI 3.0 ([ジョブの実行](https://docs.abci.ai/v3/en/job-execution/)) |
-# | 富士通の PJM | `pjsub` | `labkit/pjm_example.sh` | `$PJM_O_NODEINF` | `mpiexec -npernode 1` | 富岳 ([利用手引書](https://www.r-ccs.riken.jp/fugaku/docs/user-guide/sys-use/user-guide-use-1.49/build/en/JobExecution/BulkJob.html))、Wisteria/BDEC-01 (東京大学)、不老 (名古屋大学、[FAQ](https://icts.nagoya-u.ac.jp/ja/sc/faq.html)) |
+# | SLURM | `sbatch` | `labkit/cluster/slurm_example.sh` | `scontrol show hostnames $SLURM_JOB_NODELIST` | `srun` (ノードあたり 1 タスク) | 京都大学のスーパーコンピュータ ([利用の手引き](https://web.kudpc.kyoto-u.ac.jp/manual/en/run/resource)) |
+# | PBS Professional | `qsub` | `labkit/cluster/pbs_example.sh` | `$PBS_NODEFILE` | `mpirun -map-by ppr:1:node` | ABCI 3.0 ([ジョブの実行](https://docs.abci.ai/v3/en/job-execution/)) |
+# | 富士通の PJM | `pjsub` | `labkit/cluster/pjm_example.sh` | `$PJM_O_NODEINF` | `mpiexec -npernode 1` | 富岳 ([利用手引書](https://www.r-ccs.riken.jp/fugaku/docs/user-guide/sys-use/user-guide-use-1.49/build/en/JobExecution/BulkJob.html))、Wisteria/BDEC-01 (東京大学)、不老 (名古屋大学、[FAQ](https://icts.nagoya-u.ac.jp/ja/sc/faq.html)) |
 #
 # 自分の利用する計算機センター (システム) で変えるのは、スクリプトの冒頭の指定 (キューやリソースグループ、グループ、時間)、
 # `module load` の行、ノードあたりのプロセス数 (`PROCS_PER_NODE`、GPU の数) です。`pbs_example.sh` は
@@ -234,14 +235,14 @@ exercises.grade_torchrun_env(torchrun_env)
 # On a real cluster a job scheduler hands out the machines (nodes). Whatever the
 # scheduler, the job does the same: start one torchrun per node, and use the allocation's
 # first node as the meeting point (the c10d rendezvous). The repository has an example for
-# three schedulers; each has the scheduler's launcher run `labkit/torchrun_node.sh` once on
+# three schedulers; each has the scheduler's launcher run `labkit/cluster/torchrun_node.sh` once on
 # every node. Between nodes, use the nccl backend.
 #
 # | scheduler | submit | example | node list | once per node | used at (examples) |
 # |---|---|---|---|---|---|
-# | SLURM | `sbatch` | `labkit/slurm_example.sh` | `scontrol show hostnames $SLURM_JOB_NODELIST` | `srun` (one task per node) | Kyoto University's supercomputers ([guide](https://web.kudpc.kyoto-u.ac.jp/manual/en/run/resource)) |
-# | PBS Professional | `qsub` | `labkit/pbs_example.sh` | `$PBS_NODEFILE` | `mpirun -map-by ppr:1:node` | ABCI 3.0 ([job execution](https://docs.abci.ai/v3/en/job-execution/)) |
-# | Fujitsu's PJM | `pjsub` | `labkit/pjm_example.sh` | `$PJM_O_NODEINF` | `mpiexec -npernode 1` | Fugaku ([user guide](https://www.r-ccs.riken.jp/fugaku/docs/user-guide/sys-use/user-guide-use-1.49/build/en/JobExecution/BulkJob.html)), Wisteria/BDEC-01 (University of Tokyo), Flow (Nagoya University, [FAQ](https://icts.nagoya-u.ac.jp/ja/sc/faq.html)) |
+# | SLURM | `sbatch` | `labkit/cluster/slurm_example.sh` | `scontrol show hostnames $SLURM_JOB_NODELIST` | `srun` (one task per node) | Kyoto University's supercomputers ([guide](https://web.kudpc.kyoto-u.ac.jp/manual/en/run/resource)) |
+# | PBS Professional | `qsub` | `labkit/cluster/pbs_example.sh` | `$PBS_NODEFILE` | `mpirun -map-by ppr:1:node` | ABCI 3.0 ([job execution](https://docs.abci.ai/v3/en/job-execution/)) |
+# | Fujitsu's PJM | `pjsub` | `labkit/cluster/pjm_example.sh` | `$PJM_O_NODEINF` | `mpiexec -npernode 1` | Fugaku ([user guide](https://www.r-ccs.riken.jp/fugaku/docs/user-guide/sys-use/user-guide-use-1.49/build/en/JobExecution/BulkJob.html)), Wisteria/BDEC-01 (University of Tokyo), Flow (Nagoya University, [FAQ](https://icts.nagoya-u.ac.jp/ja/sc/faq.html)) |
 #
 # What to change for your site: the directives at the top (queue or resource group,
 # group, time), the `module load` line, and the processes per node (`PROCS_PER_NODE`, the
@@ -261,7 +262,7 @@ for scheduler, path in torchrun.JOB_SCRIPTS.items():
         ("#SBATCH", "#PBS", "#PJM", "srun", "mpirun", "mpiexec", "head_node", "nnodes",
          "    "))))
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
-    assert '"$PWD/labkit/torchrun_node.sh"' in script  # one node's part, the same for all
+    assert '"$PWD/labkit/cluster/torchrun_node.sh"' in script  # one node's part, the same for all
 node = torchrun.NODE_SCRIPT.read_text()
 assert "--rdzv-backend c10d" in node and '--nnodes "$nnodes"' in node
 
@@ -615,7 +616,7 @@ fig = plots.bar_chart({"7.5B, 64 ranks": {k: v / 1e9 for k, v in per_rank.items(
 # | Lightning や TensorFlow Lattice が分散訓練を自動で | Lightning (と Accelerate) については正しい。中で `no_sync` を使う (インストールされているときだけセルが確かめる。既定の環境では確かめない)。TensorFlow Lattice は形状制約つきの格子モデルのライブラリ |
 # | コードを変更することなく | 少ない変更で (LightningModule、`accelerator.prepare`) |
 # | 各 GPU はパラメータの一部を保持 | DDP ではなく FSDP / ZeRO-3 |
-# | 複数台へのスケールアウト | 各ノードで torchrun、c10d ランデブー。クラスタでは SLURM、PBS、PJM から (`labkit/slurm_example.sh`、`pbs_example.sh`、`pjm_example.sh`) |
+# | 複数台へのスケールアウト | 各ノードで torchrun、c10d ランデブー。クラスタでは SLURM、PBS、PJM から (`labkit/cluster/slurm_example.sh`、`pbs_example.sh`、`pjm_example.sh`) |
 
 # %% [markdown] lang="en"
 # ## Summary
@@ -628,4 +629,4 @@ fig = plots.bar_chart({"7.5B, 64 ranks": {k: v / 1e9 for k, v in per_rank.items(
 # | Lightning and TensorFlow Lattice handle distribution | right for Lightning (and Accelerate), which use `no_sync` underneath (the cell checks it only where they are installed, not in the default environment); TensorFlow Lattice is a library of shape-constrained lattice models |
 # | without changing the code | with few changes (a LightningModule, `accelerator.prepare`) |
 # | each GPU holds part of the parameters | not DDP: FSDP / ZeRO-3 |
-# | beyond one machine | one torchrun per node, c10d rendezvous; on clusters from SLURM, PBS or PJM (`labkit/slurm_example.sh`, `pbs_example.sh`, `pjm_example.sh`) |
+# | beyond one machine | one torchrun per node, c10d rendezvous; on clusters from SLURM, PBS or PJM (`labkit/cluster/slurm_example.sh`, `pbs_example.sh`, `pjm_example.sh`) |

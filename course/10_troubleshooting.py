@@ -545,13 +545,13 @@ exercises.grade_unused_parameters(unused_parameters)
 
 # %%
 # %%px
-from labkit import ddp
+from labkit import comm_counting
 
 os.environ.pop("TORCH_DISTRIBUTED_DEBUG")
 dist.set_debug_level_from_env()
 torch.manual_seed(0)
 model = DDP(TwoHeads(), find_unused_parameters=True)
-counter = ddp.CommCounter().attach(model)
+counter = comm_counting.CommCounter().attach(model)
 for _ in range(2):  # the second step is where it failed before
     model.zero_grad()
     counter.reset()
@@ -1025,13 +1025,13 @@ assert "model" not in globals()
 # ごとに保存し、起動したときにチェックポイントがあれば読みます。`--die-at 12` では、最初の起動
 # (`TORCHELASTIC_RESTART_COUNT` が 0) でランク 1 がステップ 12 の前に自分を強制終了します。
 # 止まらなかった学習と、止まって起動し直した学習で、最後の重みのハッシュを比べます。
-# 止まらない学習は、同じ関数 (`experiments.resumable_training`) をこのノートブックの 2 つのランクで
+# 止まらない学習は、同じ関数 (`cli_experiments.resumable_training`) をこのノートブックの 2 つのランクで
 # 実行し、止まる学習だけを torchrun で実行します。ランクのスレッドは torchrun のワーカーと同じ 1 つにします
 # (`OMP_NUM_THREADS=1`)。足し算をいくつのスレッドに分けるかで、結果の最後のビットが変わりうるからです。
 #
-# `labkit.torchrun` は、起動し直すときには `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` を設定します。
+# `labkit.cluster.torchrun` は、起動し直すときには `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` を設定します。
 # torch 2.13 の torchrun は、起動し直したランクが前のランクの接続先を読んでしまうことがあるからです
-# (理由は `labkit/torchrun.py` のコメントにあります)。
+# (理由は `labkit/cluster/torchrun.py` のコメントにあります)。
 
 # %% [markdown] lang="en"
 # A run without a notebook (a job on a cluster) is restarted by torchrun. With
@@ -1042,14 +1042,14 @@ assert "model" not in globals()
 # loads the checkpoint if there is one when it starts. With `--die-at 12`, rank 1 kills
 # itself before step 12 on the first attempt (`TORCHELASTIC_RESTART_COUNT` 0). Compare
 # the final weights' hash of a run that never stopped with one that died and restarted.
-# The run that never stops is the same function (`experiments.resumable_training`) on
+# The run that never stops is the same function (`cli_experiments.resumable_training`) on
 # this notebook's two ranks; only the one that dies runs under torchrun. The ranks use
 # one thread each, as torchrun's workers do (`OMP_NUM_THREADS=1`): how a sum is split
 # among threads can change its last bits.
 #
-# `labkit.torchrun` sets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` when it restarts: torch
+# `labkit.cluster.torchrun` sets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` when it restarts: torch
 # 2.13's torchrun can let restarted ranks read the dead ones' addresses (why: the
-# comment in `labkit/torchrun.py`).
+# comment in `labkit/cluster/torchrun.py`).
 
 # %%
 # %%px
@@ -1060,13 +1060,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from labkit import experiments, workload
+from labkit import cli_experiments, workload
 
 torch.set_num_threads(1)  # as torchrun's workers: the same bits need the same threads
 folder = [tempfile.mkdtemp(prefix="labkit-10-") if rank == 0 else None]
 dist.broadcast_object_list(folder, src=0)
 # What the command below runs: 20 steps, K = 1, a checkpoint every 5 steps.
-straight = experiments.resumable_training(
+straight = cli_experiments.resumable_training(
     rank, world_size, workload.Config(steps=20, accum_steps=1),
     checkpoint=str(Path(folder[0]) / "a.pt"), every=5)
 if rank == 0:  # every rank passed the last checkpoint's barrier
@@ -1077,7 +1077,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from labkit import torchrun
+from labkit.cluster import torchrun
 
 a = ranks.pull("straight")[0]
 ranks.stop()

@@ -33,7 +33,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _experiment(args: argparse.Namespace) -> int:
-    from . import experiments, workload
+    from . import cli_experiments, workload
     from .cluster import launch, rendezvous
 
     cfg = workload.Config(
@@ -50,9 +50,9 @@ def _experiment(args: argparse.Namespace) -> int:
     cfg.check()
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be > 0, got {args.timeout}")
-    fn = {"nosync": experiments.nosync_experiment,
-          "misuse": experiments.misuse_experiment,
-          "resume": experiments.resumable_training}[args.command]
+    fn = {"nosync": cli_experiments.nosync_experiment,
+          "misuse": cli_experiments.misuse_experiment,
+          "resume": cli_experiments.resumable_training}[args.command]
     kwargs = {"cfg": cfg}
     if args.command == "resume":
         if not args.checkpoint:
@@ -98,9 +98,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _dp(args: argparse.Namespace) -> int:
-    from . import dp_compare
+    from . import dp_experiments
 
-    result = dp_compare.dp_experiment(devices=args.devices, batch=args.batch,
+    result = dp_experiments.dp_experiment(devices=args.devices, batch=args.batch,
                                       seed=args.seed)
     for key, value in result.items():
         print(f"{key}: {value}")

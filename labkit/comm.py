@@ -23,13 +23,14 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from . import ddp, i18n, nosync, workload
+from . import i18n, no_sync, timing, workload
 
 __all__ = [
     "LINKS",
     "AlphaBeta",
     "StepModel",
     "allreduce_sweep",
+    "allreduce_time",
     "bandwidths",
     "bytes_written",
     "can_count_bytes_written",
@@ -87,7 +88,7 @@ def ring_steps(world_size: int) -> int:
 
 def allreduce_sweep(sizes: Sequence[int], repeat: int = 10) -> list[float]:
     """Median seconds of one all-reduce per message size in bytes (collective)."""
-    return [ddp.allreduce_time(max(1, nbytes // 4), repeat) for nbytes in sizes]
+    return [allreduce_time(max(1, nbytes // 4), repeat) for nbytes in sizes]
 
 
 def bandwidths(nbytes: float, seconds: float, world_size: int) -> tuple[float, float]:
@@ -259,7 +260,7 @@ def step_times_by_k(rank: int, world_size: int, hidden: int, depth: int,
     """Measured (sync, no_sync) seconds of one optimizer step for each K.
 
     One model for every K, timed in turn over `repeat` rounds
-    (nosync.interleaved_step_times).
+    (no_sync.interleaved_step_times).
     """
     cfg = workload.Config(accum_steps=max(ks), hidden=hidden, depth=depth,
                           repeat=repeat, bucket_cap_mb=bucket_cap_mb)
@@ -267,7 +268,7 @@ def step_times_by_k(rank: int, world_size: int, hidden: int, depth: int,
     model, _ = workload.wrap(cfg)
     dataset = workload.make_dataset(cfg)
     batches = workload.micro_batches(dataset, cfg, 1, rank, world_size)
-    return nosync.interleaved_step_times(model, workload.make_optimizer(model, cfg),
+    return no_sync.interleaved_step_times(model, workload.make_optimizer(model, cfg),
                                          batches, ks, repeat)
 
 
@@ -303,3 +304,16 @@ def predicted_speedup(world_size: int, K: int, no_sync: bool,
         overhead_s if world_size > 1 else 0.0)
     step = StepModel(compute_s, sync_s, 0.0).predict(K, no_sync)
     return world_size * K * compute_s / step
+
+
+def allreduce_time(numel: int, repeat: int = 10, group=None) -> float:
+    """Median seconds of one all-reduce of `numel` float32 values (collective)."""
+    x = torch.ones(numel)
+    if dist.get_backend(group) == "nccl":
+        x = x.cuda()
+
+    def run():
+        dist.all_reduce(x, group=group)
+
+    dist.barrier(group=group)
+    return timing.median_time(run, repeat=repeat, warmup=2, device=x.device)

@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from . import i18n
 
-__all__ = ["MyDataset", "TeacherDataset", "make_loader"]
+__all__ = ["MyDataset", "TeacherDataset", "make_loader", "shard"]
 
 i18n.register({
     "target_variance": {
@@ -77,3 +77,20 @@ def make_loader(dataset: Dataset, batch_size: int = 64, shuffle: bool = True,
     g = torch.Generator().manual_seed(seed)
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=g,
                       **kwargs)
+
+
+def shard(X: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank `rank`'s equal, contiguous share of the batch `X` (dimension 0).
+
+    Equal shares matter: DDP averages the ranks' gradients with equal weight,
+    which equals the whole batch's gradient only when every rank has as many
+    samples.
+    """
+    n = X.shape[0]
+    if n < world_size:
+        raise ValueError(f"a batch of {n} cannot be shared by {world_size} ranks")
+    if n % world_size:
+        raise ValueError(f"a batch of {n} does not split evenly over {world_size} "
+                         "ranks; use a multiple of the world size")
+    per = n // world_size
+    return X[rank * per : (rank + 1) * per]

@@ -163,7 +163,7 @@ def _train_lightning(dataset, accum_steps: int, world: int) -> tuple[int, int, s
 
 def run_counted(name: str, world_size: int = 2, timeout_s: float = 180.0) -> list[dict]:
     """`count_no_sync(name)` on `world_size` ranks under torchrun; results by rank."""
-    from . import torchrun
+    from .cluster import torchrun
 
     if name not in FRAMEWORKS:
         raise ValueError(f"unknown framework {name!r}: choose one of "

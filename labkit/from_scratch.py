@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import buckets, compare, ddp, i18n, models, workload
+from . import buckets, comm_counting, compare, i18n, models, workload
 
 __all__ = ["AllReduceLog", "compare_with_ddp", "scratch_config"]
 
@@ -166,7 +166,7 @@ def compare_with_ddp(scratch_cls: Callable, cfg: workload.Config | None = None,
     batches = workload.micro_batches(dataset, cfg, 0, rank, world_size)
     criterion = models.MyLoss()
     reference = DDP(workload.make_model(cfg), bucket_cap_mb=cfg.bucket_cap_mb)
-    counter = ddp.CommCounter().attach(reference)
+    counter = comm_counting.CommCounter().attach(reference)
     local = workload.make_model(cfg)  # no synchronization at all
     mine = scratch_cls(workload.make_model(cfg), bucket_cap_mb=cfg.bucket_cap_mb)
     out = {"steps": [], "update": {}}
@@ -205,7 +205,7 @@ def compare_with_ddp(scratch_cls: Callable, cfg: workload.Config | None = None,
     return out
 
 
-def _step_summary(record: dict, counter: ddp.CommCounter, reference: DDP,
+def _step_summary(record: dict, counter: comm_counting.CommCounter, reference: DDP,
                   local: nn.Module, mine: nn.Module) -> dict:
     want, got = _grads(reference.module), _grads(_inner(mine))
     own = _grads(local)

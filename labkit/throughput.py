@@ -2,7 +2,7 @@
 by batch size (lesson 07), on doc 004's WideMLP with SGD.
 
 Every way of timing a step starts from timed_problem, so that one process,
-DataParallel and DDP (labkit.dp_compare), or two widths, are timed on the same
+DataParallel and DDP (labkit.dp_experiments), or two widths, are timed on the same
 weights and data.
 """
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import data, ddp, models
+from . import comm_counting, data, models
 
 __all__ = [
     "Config",
@@ -98,8 +98,8 @@ def micro_batches(dataset, cfg: Config, step: int, rank: int, world_size: int,
     out = []
     for i in range(cfg.accum_steps):
         part = slice(i * per_micro, (i + 1) * per_micro)
-        out.append((ddp.shard(X[part], rank, world_size),
-                    ddp.shard(y[part], rank, world_size)))
+        out.append((data.shard(X[part], rank, world_size),
+                    data.shard(y[part], rank, world_size)))
     return out
 
 def uneven_micro_batches(dataset, sizes: Sequence[Sequence[int]], rank: int
@@ -123,9 +123,9 @@ def uneven_micro_batches(dataset, sizes: Sequence[Sequence[int]], rank: int
     total = sum(sum(s) for s in sizes)
     return out, (dataset.data[:total], dataset.target[:total])
 
-def wrap(cfg: Config) -> tuple[DDP, ddp.CommCounter]:
+def wrap(cfg: Config) -> tuple[DDP, comm_counting.CommCounter]:
     """A DDP model (same initial weights on every rank) with an all-reduce counter."""
     where = device()
     model = DDP(make_model(cfg), bucket_cap_mb=cfg.bucket_cap_mb,
                 device_ids=[where] if where.type == "cuda" else None)
-    return model, ddp.CommCounter().attach(model)
+    return model, comm_counting.CommCounter().attach(model)

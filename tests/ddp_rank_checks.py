@@ -11,7 +11,16 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labkit import checks, compare, ddp, experiments, models, nosync, workload
+from labkit import (
+    checks,
+    cli_experiments,
+    comm_counting,
+    compare,
+    data,
+    models,
+    no_sync,
+    workload,
+)
 
 TINY_BUCKET_MB = 0.002  # about 2 KB: doc 004's model (8 KB of gradients) gets several
 
@@ -47,7 +56,7 @@ def accumulate_gradients_no_sync(num_iters=3, K=4):
     """Runs on every rank; raises on the first mismatch."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     local, model, opt_local, opt_ddp = _local_and_ddp()
-    counter = ddp.CommCounter().attach(model)
+    counter = comm_counting.CommCounter().attach(model)
     criterion = models.MyLoss()
     buckets = None
     for it in range(num_iters):
@@ -57,7 +66,7 @@ def accumulate_gradients_no_sync(num_iters=3, K=4):
         counter.reset()
         for i, (X, y) in enumerate(batches):
             (criterion(local(X), y) / K).backward()
-            Xr, yr = ddp.shard(X, rank, world_size), ddp.shard(y, rank, world_size)
+            Xr, yr = data.shard(X, rank, world_size), data.shard(y, rank, world_size)
             if i < K - 1:
                 with model.no_sync():
                     (criterion(model(Xr), yr) / K).backward()
@@ -85,8 +94,8 @@ def ddp_niter(num_iters=5):
     for it in range(num_iters):
         X, y = _global_batch(100 + it)
         for opt, m, Xb, yb in ((opt_local, local, X, y),
-                               (opt_ddp, model, ddp.shard(X, rank, world_size),
-                                ddp.shard(y, rank, world_size))):
+                               (opt_ddp, model, data.shard(X, rank, world_size),
+                                data.shard(y, rank, world_size))):
             opt.zero_grad()
             criterion(m(Xb), yb).backward()
             opt.step()
@@ -103,12 +112,12 @@ def count_misuses(K=4):
                                      dist.get_world_size())
 
     def calls(run):
-        calls, _, grads = nosync.counted_update(cfg, criterion, batches, run)
+        calls, _, grads = no_sync.counted_update(cfg, criterion, batches, run)
         return calls, grads
 
     def bare(model):
         model.no_sync()
-        nosync.accumulate_no_sync(model, criterion, batches, use_no_sync=False)
+        no_sync.accumulate_no_sync(model, criterion, batches, use_no_sync=False)
 
     def forward_outside(model):
         for i, (X, y) in enumerate(batches):
@@ -117,8 +126,8 @@ def count_misuses(K=4):
                 loss.backward()
 
     out = {
-        "correct": calls(lambda m: nosync.accumulate_no_sync(m, criterion, batches)),
-        "sync": calls(lambda m: nosync.accumulate_no_sync(m, criterion, batches,
+        "correct": calls(lambda m: no_sync.accumulate_no_sync(m, criterion, batches)),
+        "sync": calls(lambda m: no_sync.accumulate_no_sync(m, criterion, batches,
                                                           use_no_sync=False)),
         "bare": calls(bare),
         "forward_outside": calls(forward_outside),
@@ -132,12 +141,14 @@ def count_misuses(K=4):
 def nosync_experiment_small():
     cfg = workload.Config(accum_steps=4, steps=3, repeat=1,
                           bucket_cap_mb=TINY_BUCKET_MB)
-    return experiments.nosync_experiment(dist.get_rank(), dist.get_world_size(), cfg)
+    return cli_experiments.nosync_experiment(dist.get_rank(), dist.get_world_size(),
+                                             cfg)
 
 
 def misuse_experiment_small():
     cfg = workload.Config(accum_steps=4, steps=5)
-    return experiments.misuse_experiment(dist.get_rank(), dist.get_world_size(), cfg)
+    return cli_experiments.misuse_experiment(dist.get_rank(), dist.get_world_size(),
+                                             cfg)
 
 
 def my_rank(rank, world_size):
@@ -160,7 +171,7 @@ def my_rank_once_seen(rank, world_size, seen_flag, timeout_s=60.0):
 def convergence_twice():
     """The DDP loss curve of lesson 04, run twice with the same seed."""
     cfg = workload.Config(accum_steps=2, steps=6, momentum=0.9)
-    runs = [nosync.convergence(dist.get_rank(), dist.get_world_size(), cfg, True)
+    runs = [no_sync.convergence(dist.get_rank(), dist.get_world_size(), cfg, True)
             for _ in range(2)]
     return [r["losses"] for r in runs]
 
@@ -196,7 +207,7 @@ def accumulation_matches_large_batch(K, batch_per_rank, hidden, seed):
     (X, y), = workload.micro_batches(dataset, cfg, 0, rank, world_size, whole=True)
     models.MyLoss()(local(X), y).backward()
     batches = workload.micro_batches(dataset, cfg, 0, rank, world_size)
-    nosync.accumulate_no_sync(model, models.MyLoss(), batches)
+    no_sync.accumulate_no_sync(model, models.MyLoss(), batches)
     calls = counter.calls
     for p, q in zip(model.parameters(), local.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
@@ -224,7 +235,7 @@ def one_over_k(K=4):
     out = {}
     for scale in (True, False):
         model.zero_grad()
-        nosync.accumulate_no_sync(model, models.MyLoss(), batches, scale=scale)
+        no_sync.accumulate_no_sync(model, models.MyLoss(), batches, scale=scale)
         grads = [p.grad for p in model.parameters()]
         out[scale] = (_fails(checks.grads_match, grads, reference),
                       _fails(checks.grads_match, grads, [K * g for g in reference],
@@ -259,16 +270,16 @@ def lesson_checks_on_variants(K=4):
     reference = [p.grad for p in local.parameters()]
 
     def counted(run):
-        return nosync.counted_update(cfg, criterion, batches, run)
+        return no_sync.counted_update(cfg, criterion, batches, run)
 
     def correct(model):
-        nosync.accumulate_no_sync(model, criterion, batches)
+        no_sync.accumulate_no_sync(model, criterion, batches)
 
     def no_sync_removed(model):
-        nosync.accumulate_no_sync(model, criterion, batches, use_no_sync=False)
+        no_sync.accumulate_no_sync(model, criterion, batches, use_no_sync=False)
 
     def not_divided(model):
-        nosync.accumulate_no_sync(model, criterion, batches, scale=False)
+        no_sync.accumulate_no_sync(model, criterion, batches, scale=False)
 
     def bare_call(model):  # lesson 04, misuse 1
         model.no_sync()
@@ -330,7 +341,7 @@ def lesson_checks_on_variants(K=4):
             steps = workload.micro_batches(dataset, cfg, step, rank, world_size)
             if name == "correct":
                 optimizer.zero_grad()
-                nosync.accumulate_no_sync(model, criterion, steps)
+                no_sync.accumulate_no_sync(model, criterion, steps)
                 optimizer.step()
             else:
                 for Xi, yi in steps:
@@ -364,7 +375,7 @@ def lesson_checks_on_variants(K=4):
     criterion(local(Xw), yw).backward()
     whole_grads = [p.grad for p in local.parameters()]
     fixed = {}
-    for accumulate in (nosync.accumulate_by_count, nosync.accumulate_no_sync):
+    for accumulate in (no_sync.accumulate_by_count, no_sync.accumulate_no_sync):
         model, _ = workload.wrap(cfg)
         accumulate(model, criterion, uneven)
         fixed[accumulate.__name__] = _fails(
@@ -462,7 +473,7 @@ def interleaved_times_small(ks=(1, 2, 3), rounds=2):
     model, counter = workload.wrap(cfg)
     batches = workload.micro_batches(workload.make_dataset(cfg), cfg, 1,
                                      dist.get_rank(), dist.get_world_size())
-    times = nosync.interleaved_step_times(model, workload.make_optimizer(model, cfg),
+    times = no_sync.interleaved_step_times(model, workload.make_optimizer(model, cfg),
                                           batches, ks, rounds, block_s=0.0)
     return times, counter.calls
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from labkit import data_parallel as dp
-from labkit import models, nosync
+from labkit import models, no_sync
 
 # 01: doc 004's model with view(-1) fixed
 
@@ -386,7 +386,7 @@ def accumulation_step_on_rank_0(model, optimizer, criterion, batches):
 def train(model, optimizer, scheduler, criterion, updates, rank):
     for batches in updates:
         optimizer.zero_grad()
-        nosync.accumulate_no_sync(model, criterion, batches)
+        no_sync.accumulate_no_sync(model, criterion, batches)
         optimizer.step()
         scheduler.step()
 
@@ -394,7 +394,7 @@ def train(model, optimizer, scheduler, criterion, updates, rank):
 def train_scheduler_on_rank_0(model, optimizer, scheduler, criterion, updates, rank):
     for batches in updates:
         optimizer.zero_grad()
-        nosync.accumulate_no_sync(model, criterion, batches)
+        no_sync.accumulate_no_sync(model, criterion, batches)
         optimizer.step()
         if rank == 0:
             scheduler.step()
@@ -403,14 +403,14 @@ def train_scheduler_on_rank_0(model, optimizer, scheduler, criterion, updates, r
 def train_no_scheduler(model, optimizer, scheduler, criterion, updates, rank):
     for batches in updates:
         optimizer.zero_grad()
-        nosync.accumulate_no_sync(model, criterion, batches)
+        no_sync.accumulate_no_sync(model, criterion, batches)
         optimizer.step()
 
 
 def train_step_on_rank_0(model, optimizer, scheduler, criterion, updates, rank):
     for batches in updates:
         optimizer.zero_grad()
-        nosync.accumulate_no_sync(model, criterion, batches)
+        no_sync.accumulate_no_sync(model, criterion, batches)
         if rank == 0:
             optimizer.step()
         scheduler.step()
@@ -420,7 +420,7 @@ def train_scheduler_first(model, optimizer, scheduler, criterion, updates, rank)
     """On every rank, but before the update it should follow."""
     for batches in updates:
         optimizer.zero_grad()
-        nosync.accumulate_no_sync(model, criterion, batches)
+        no_sync.accumulate_no_sync(model, criterion, batches)
         scheduler.step()
         optimizer.step()
 

@@ -1,6 +1,6 @@
 """The cluster examples run here, each under its scheduler faked.
 
-labkit/slurm_example.sh, pbs_example.sh and pjm_example.sh are the job scripts a
+labkit/cluster/slurm_example.sh, pbs_example.sh and pjm_example.sh are the job scripts a
 learner submits with sbatch, qsub or pjsub. Here each runs with the environment
 its scheduler would give it (node list, job id, working folder) describing two
 "nodes" that are this machine's loopback addresses, and with a fake of the
@@ -23,7 +23,7 @@ import psutil
 import pytest
 from conftest import child_processes, leftovers
 
-from labkit import torchrun
+from labkit.cluster import torchrun
 
 pytestmark = pytest.mark.procs  # every test here starts processes
 
@@ -189,8 +189,8 @@ def test_the_job_script_asks_its_launcher_for_the_node_script_on_each_node(
     assert returncode == 0, output[-6000:]
     _launched(tmp_path, scheduler, env)
     asked = (tmp_path / "asked").read_text().splitlines()
-    assert asked == ["nodes 2", f"cwd {job}", f"{job}/labkit/torchrun_node.sh", "2",
-                     f"{NODES[0]}:{env['RDZV_PORT']}", f"4242.{scheduler}", "1",
+    assert asked == ["nodes 2", f"cwd {job}", f"{job}/labkit/cluster/torchrun_node.sh",
+                     "2", f"{NODES[0]}:{env['RDZV_PORT']}", f"4242.{scheduler}", "1",
                      "gloo", "127.0.0.1"]
 
 

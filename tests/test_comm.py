@@ -15,7 +15,7 @@ from ddp_rank_checks import (
     timelines,
 )
 
-from labkit import buckets, comm, nosync, workload
+from labkit import buckets, comm, no_sync, workload
 from labkit.cluster import launch
 
 
@@ -180,9 +180,9 @@ def test_interleaved_step_times_refuse_bad_arguments():
     cfg = workload.Config()
     model = workload.make_model(cfg)
     with pytest.raises(ValueError, match="rounds must be >= 1"):
-        nosync.interleaved_step_times(model, None, [], (1,), 0)
+        no_sync.interleaved_step_times(model, None, [], (1,), 0)
     with pytest.raises(ValueError, match="K = 4 needs 4 micro-batches, got 2"):
-        nosync.interleaved_step_times(model, None, [None, None], (1, 4), 3)
+        no_sync.interleaved_step_times(model, None, [None, None], (1, 4), 3)
 
 
 @pytest.mark.parametrize("beta", list(comm.LINKS.values()) + [1e9])

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from labkit import compare, dp_compare, models
+from labkit import compare, dp_experiments, models
 from labkit import data_parallel as dp
 
 # The simulation runs on CPU tensors; a model on the CPU selects it even with CUDA.
@@ -256,14 +256,14 @@ def test_default_is_two_simulated_devices():
 
 
 def test_dp_experiment_fields():
-    result = dp_compare.dp_experiment(devices=3, batch=100, seed=1)
+    result = dp_experiments.dp_experiment(devices=3, batch=100, seed=1)
     assert result["devices"] == 3 and result["batch"] == 100
     assert result["output_max_abs_diff"] <= 1e-6
     assert result["grad_max_abs_diff"] <= 1e-6
     if result["simulated"]:
         assert result["chunk_sizes"] == [34, 34, 32] and result["replicas_used"] == 3
     with pytest.raises(ValueError, match="devices and batch must be >= 1"):
-        dp_compare.dp_experiment(devices=0)
+        dp_experiments.dp_experiment(devices=0)
 
 
 @settings(max_examples=50, deadline=None)
@@ -334,7 +334,7 @@ def _replications_in(steps, run_step):
 
 
 def test_dataparallel_replicates_at_every_step():
-    step = dp_compare.dp_stepper(100, 1, 64, devices=2)
+    step = dp_experiments.dp_stepper(100, 1, 64, devices=2)
     before = [p.detach().clone() for p in step.model.parameters()]
     assert _replications_in(3, step) == 3
     assert compare.max_abs_diff(list(step.model.parameters()), before) > 0  # it trained
@@ -355,16 +355,16 @@ def test_the_replication_count_catches_replicas_built_once():
 
 def test_dp_stepper_times_a_step_and_restores_threads():
     threads = torch.get_num_threads()
-    step = dp_compare.dp_stepper(100, 1, 64, devices=2, threads=1)
+    step = dp_experiments.dp_stepper(100, 1, 64, devices=2, threads=1)
     assert step() > 0 and torch.get_num_threads() == threads
     with pytest.raises(ValueError, match="threads must be >= 1"):
-        dp_compare.dp_stepper(100, 1, 64, threads=0)
+        dp_experiments.dp_stepper(100, 1, 64, threads=0)
 
 
 def test_ddp_stepper_shards_the_batch_and_keeps_replicas_equal(ranks):
     ranks.execute(
-        "from labkit import compare, dp_compare\n"
-        "step = dp_compare.ddp_stepper(100, 1, 64)\n"
+        "from labkit import compare, dp_experiments\n"
+        "step = dp_experiments.ddp_stepper(100, 1, 64)\n"
         "seen = []\n"
         "hook = step.model.module.register_forward_hook(\n"
         "    lambda module, args, out: seen.append(len(args[0])))\n"

@@ -19,7 +19,7 @@ from ddp_rank_checks import (
 )
 from torch import nn
 
-from labkit import checks, ddp, nosync
+from labkit import checks, data, no_sync
 
 
 def test_accumulate_gradients_no_sync(ranks):
@@ -99,8 +99,8 @@ def test_batchnorm_breaks_the_large_batch_equality():
                              nn.BatchNorm1d(32) if norm else nn.Identity(),
                              nn.ReLU(), nn.Linear(32, 10))
 
-    with_bn = nosync.accumulated_and_whole_grads(net(True), nn.MSELoss(), X, y, 4)
-    without = nosync.accumulated_and_whole_grads(net(False), nn.MSELoss(), X, y, 4)
+    with_bn = no_sync.accumulated_and_whole_grads(net(True), nn.MSELoss(), X, y, 4)
+    without = no_sync.accumulated_and_whole_grads(net(False), nn.MSELoss(), X, y, 4)
     checks.grads_differ(*with_bn)
     checks.grads_match(*without)
     with pytest.raises(AssertionError, match="differ from the reference by only"):
@@ -130,11 +130,11 @@ def test_one_sync_per_update_and_call_counts_reject_wrong_counts():
 
 def test_shard_refuses_uneven_or_too_small_batches():
     X = torch.arange(10.0)
-    assert ddp.shard(X, 1, 2).tolist() == [5.0, 6, 7, 8, 9]
+    assert data.shard(X, 1, 2).tolist() == [5.0, 6, 7, 8, 9]
     with pytest.raises(ValueError, match="cannot be shared by 4 ranks"):
-        ddp.shard(X[:3], 0, 4)
+        data.shard(X[:3], 0, 4)
     with pytest.raises(ValueError, match="does not split evenly over 3"):
-        ddp.shard(X, 0, 3)
+        data.shard(X, 0, 3)
 
 
 def test_ddp_loss_curves_are_identical_run_to_run(ranks):

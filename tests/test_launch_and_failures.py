@@ -11,9 +11,9 @@ import pytest
 import torch.distributed as dist
 from conftest import alive, child_processes, two_rank_scripts
 
-from labkit import cluster, torchrun
+from labkit import cluster
 from labkit.__main__ import main
-from labkit.cluster import rendezvous, stalls
+from labkit.cluster import rendezvous, stalls, torchrun
 
 
 def _fail_on_rank_1():

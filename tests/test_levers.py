@@ -1,4 +1,4 @@
-"""labkit.levers: what each way to send less sends, holds and costs, and its check.
+"""labkit.send_less: what each way to send less sends, holds and costs, and its check.
 
 The lesson asserts the measured relations (fp16 half, ZeRO's state shared out,
 one gradient copy saved); these tests show the counting they rest on can tell
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from labkit import comm, exercises, levers
+from labkit import comm, exercises, send_less
 
 
 @pytest.fixture
@@ -23,13 +23,13 @@ def one_rank():
 
 
 def test_collective_bytes_counts_tensors_passed_by_position_or_by_name(one_rank):
-    with levers.CollectiveBytes() as sent:
+    with send_less.CollectiveBytes() as sent:
         dist.all_reduce(torch.ones(10))
         dist.broadcast(tensor=torch.ones(3, dtype=torch.float16), src=0)  # as ZeRO does
     assert sent.calls == {"all_reduce": 1, "broadcast": 1}
     assert sent.bytes == {"all_reduce": 40, "broadcast": 6}
     assert dist.all_reduce is not sent._counted  # restored on leaving
-    with levers.CollectiveBytes() as again:
+    with send_less.CollectiveBytes() as again:
         pass
     assert again.total_bytes == 0
 
@@ -39,10 +39,10 @@ def test_storage_bytes_counts_a_shared_storage_once():
     flat = torch.zeros(10)
     model.weight.grad = flat[:8].view(2, 4)  # views into one bucket-like buffer
     model.bias.grad = flat[8:]
-    assert levers.storage_bytes(model) == 40
-    assert levers.storage_bytes(model, {flat.untyped_storage().data_ptr(): 40}) == 40
+    assert send_less.storage_bytes(model) == 40
+    assert send_less.storage_bytes(model, {flat.untyped_storage().data_ptr(): 40}) == 40
     model.bias.grad = torch.zeros(2)  # a storage of its own: counted too
-    assert levers.storage_bytes(model) == 48
+    assert send_less.storage_bytes(model) == 48
 
 
 def test_optimizer_state_bytes_of_adam_are_twice_the_parameters():
@@ -51,26 +51,26 @@ def test_optimizer_state_bytes_of_adam_are_twice_the_parameters():
     model(torch.ones(1, 4)).sum().backward()
     optimizer.step()
     # exp_avg and exp_avg_sq per parameter, and a step count per parameter
-    state = levers.optimizer_state_bytes(optimizer)
+    state = send_less.optimizer_state_bytes(optimizer)
     assert state >= 2 * 40 and state - 2 * 40 <= 2 * 8
 
 
 def test_the_step_model_with_a_compression_factor():
     ab = comm.AlphaBeta(alpha=1e-4, beta=1e9)
     plain = (8_000_000, 2)
-    same = levers.predicted_step_s(0.02, plain, plain, ab, 2)
+    same = send_less.predicted_step_s(0.02, plain, plain, ab, 2)
     assert same == pytest.approx(0.02)
-    half = levers.predicted_step_s(0.02, plain, (4_000_000, 2), ab, 2)
+    half = send_less.predicted_step_s(0.02, plain, (4_000_000, 2), ab, 2)
     saved = 2 * (ab.time(4e6, 2) - ab.time(2e6, 2))
     assert half == pytest.approx(0.02 - saved)
-    assert levers.predicted_step_s(0.02, plain, (0, 0), ab, 2) < half
+    assert send_less.predicted_step_s(0.02, plain, (0, 0), ab, 2) < half
 
 
 def test_the_step_model_prices_a_broadcast_as_one_source_sending():
     ab = comm.AlphaBeta(alpha=1e-4, beta=1e9)
-    plain = levers.Sent(8_000_000, 2)
-    zero = levers.Sent(8_000_000, 2, broadcast_bytes=8_000_000, broadcast_calls=8)
-    step = levers.predicted_step_s(0.02, plain, zero, ab, 2)
+    plain = send_less.Sent(8_000_000, 2)
+    zero = send_less.Sent(8_000_000, 2, broadcast_bytes=8_000_000, broadcast_calls=8)
+    step = send_less.predicted_step_s(0.02, plain, zero, ab, 2)
     # On 2 ranks: 8 messages of 1 MB, one latency each; not 8 ring all-reduces.
     assert step == pytest.approx(0.02 + 8 * (1e-4 + 1e6 / 1e9))
     assert ab.broadcast_time(1e6, 2) < ab.time(1e6, 2)  # one latency step, not two
@@ -104,21 +104,21 @@ def test_gradient_as_bucket_view_still_copies_with_set_to_none(one_rank):
 
 def test_build_names_the_methods_it_knows():
     with pytest.raises(ValueError, match="unknown method 'bf16'.*PowerSGD r=1"):
-        levers.build("bf16", levers.large_config())
+        send_less.build("bf16", send_less.large_config())
 
 
 def test_a_run_too_short_for_powersgds_warm_up_is_refused():
     with pytest.raises(ValueError, match="steps must be at least 12"):
-        levers.compare_methods(steps=11)  # before any process group is needed
+        send_less.compare_methods(steps=11)  # before any process group is needed
 
 
 def test_small_run_of_every_method(ranks):
     """Every method on a small MLP: the relations lesson 06 asserts on the large one."""
-    cfg = levers.large_config(hidden=64, depth=2)
-    runs = ranks.run(levers.compare_methods, levers.METHODS, cfg, 12)
+    cfg = send_less.large_config(hidden=64, depth=2)
+    runs = ranks.run(send_less.compare_methods, send_less.METHODS, cfg, 12)
     by = runs[0]
     plain = by["DDP"]["bytes"][-1]
-    assert plain == 4 * sum(p.numel() for p in levers.workload.make_model(cfg)
+    assert plain == 4 * sum(p.numel() for p in send_less.workload.make_model(cfg)
                             .parameters())
     assert 2 * by["fp16"]["bytes"][-1] == plain
     assert all(by[f"PowerSGD r={r}"]["bytes"][0] == plain for r in (1, 2, 4))
@@ -219,7 +219,7 @@ def _powersgd_callers() -> list[tuple[int, str]]:
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = DDP(torch.nn.Linear(64, 64), bucket_cap_mb=levers.ONE_BUCKET_MB)
+    model = DDP(torch.nn.Linear(64, 64), bucket_cap_mb=send_less.ONE_BUCKET_MB)
     model.register_comm_hook(ps.PowerSGDState(None, start_powerSGD_iter=2),
                              ps.powerSGD_hook)
     calls, original = [], dist.all_reduce

@@ -74,7 +74,7 @@ def test_an_installed_wheel_imports_every_module_and_runs_doctor(wheel, tmp_path
         "names = [m.name for m in pkgutil.walk_packages(labkit.__path__, 'labkit.')]\n"
         "for name in names:\n"
         "    importlib.import_module(name)\n"
-        "from labkit import torchrun\n"
+        "from labkit.cluster import torchrun\n"
         "for script in [*torchrun.JOB_SCRIPTS.values(), torchrun.NODE_SCRIPT]:\n"
         "    assert script.is_file(), script\n"
         "print(*names)\n"

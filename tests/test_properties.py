@@ -5,7 +5,7 @@ from ddp_rank_checks import accumulation_matches_large_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labkit import ddp, models
+from labkit import data, models
 
 
 @settings(max_examples=60, deadline=None)
@@ -32,8 +32,8 @@ def test_averaged_accumulated_gradients_equal_the_large_batch(world_size, K,
     for rank in range(world_size):
         model.zero_grad()
         for i in range(K):
-            Xi = ddp.shard(X[i * per_micro:(i + 1) * per_micro], rank, world_size)
-            yi = ddp.shard(y[i * per_micro:(i + 1) * per_micro], rank, world_size)
+            Xi = data.shard(X[i * per_micro:(i + 1) * per_micro], rank, world_size)
+            yi = data.shard(y[i * per_micro:(i + 1) * per_micro], rank, world_size)
             (models.MyLoss()(model(Xi), yi) / K).backward()
         for a, p in zip(averaged, model.parameters(), strict=True):
             a += p.grad / world_size  # what the all-reduce (sum / world size) makes

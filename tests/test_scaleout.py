@@ -7,8 +7,8 @@ import sys
 import pytest
 from conftest import child_processes, leftovers
 
-from labkit import batchnorm, doctor, ecosystem, sharding, torchrun
-from labkit.cluster import launch
+from labkit import batchnorm, doctor, ecosystem, sharding
+from labkit.cluster import launch, torchrun
 
 
 @pytest.mark.procs

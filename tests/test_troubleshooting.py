@@ -201,7 +201,7 @@ def test_the_lesson_tags_each_failure_it_shows_on_purpose():
 @pytest.mark.procs
 @pytest.mark.timeout(300)
 def test_torchrun_restarts_a_killed_rank_and_the_run_ends_bit_for_bit(tmp_path):
-    from labkit import torchrun
+    from labkit.cluster import torchrun
 
     resume = ["-m", "labkit", "resume", "--steps", "12", "--accum", "1",
               "--checkpoint-every", "4"]
@@ -228,8 +228,8 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_ends_bit_for_bit(tmp_path):
 
 
 def test_resume_needs_a_checkpoint_and_restarts_are_counted_from_zero(capsys):
-    from labkit import torchrun
     from labkit.__main__ import main
+    from labkit.cluster import torchrun
 
     with pytest.raises(SystemExit) as exited:
         main(["resume", "--steps", "2"])
@@ -270,12 +270,12 @@ def test_find_unused_parameters_adds_an_all_reduce_a_comm_hook_does_not_see():
     from torch._C import _distributed_c10d as c10d
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from labkit import ddp
+    from labkit import comm_counting
 
     def collectives_of_a_step(find_unused):
         model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)),
                     find_unused_parameters=find_unused)
-        counter = ddp.CommCounter().attach(model)
+        counter = comm_counting.CommCounter().attach(model)
         for _ in range(3):  # past the bucket rebuild of step 2
             counter.reset()
             before = len(json.loads(c10d._dump_fr_trace_json())["entries"])

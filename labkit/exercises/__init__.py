@@ -5,26 +5,26 @@ A grader prints its verdict in the lesson's language when the answer is right,
 and raises WrongAnswer (an AssertionError) naming the mistake and a hint when
 it is not; graders that take `ranks` run the learner's function on every rank.
 Each lesson's graders, with their messages, live in the module named after the
-lesson (lesson 04, `course/04_no_sync.py`: `labkit/exercises/no_sync.py`).
+lesson (lesson 04, `course/04_no_sync.py`: `labkit/exercises/l04_no_sync.py`).
 """
 
 from __future__ import annotations
 
-from .beyond_no_sync import (
+from .feedback import WrongAnswer
+from .l01_models import grade_keeps_batch, grade_train_step
+from .l02_data_parallel import grade_chunk_sizes, grade_manual_data_parallel
+from .l03_ddp import grade_average_gradients, grade_set_epoch
+from .l04_no_sync import grade_accumulation, grade_replicas_agree
+from .l05_communication import grade_allreduce_prediction, grade_step_prediction
+from .l06_beyond_no_sync import (
     grade_bucket_count,
     grade_powersgd_bytes,
     grade_scratch_ddp,
 )
-from .communication import grade_allreduce_prediction, grade_step_prediction
-from .data_parallel import grade_chunk_sizes, grade_manual_data_parallel
-from .ddp import grade_average_gradients, grade_set_epoch
-from .ecosystem import grade_shard_sizes, grade_torchrun_env
-from .feedback import WrongAnswer
-from .models import grade_keeps_batch, grade_train_step
-from .no_sync import grade_accumulation, grade_replicas_agree
-from .speedups import grade_evaluation, grade_saved_activations
-from .training_settings import grade_global_statistics, grade_warmup_schedule
-from .troubleshooting import (
+from .l07_speedups import grade_evaluation, grade_saved_activations
+from .l08_training_settings import grade_global_statistics, grade_warmup_schedule
+from .l09_ecosystem import grade_shard_sizes, grade_torchrun_env
+from .l10_troubleshooting import (
     grade_exact_mean,
     grade_uneven_epoch,
     grade_unused_parameters,

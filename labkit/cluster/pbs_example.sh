@@ -2,11 +2,11 @@
 # Lesson 09: the course's experiment under PBS Professional, in the style of
 # ABCI 3.0 (AIST): two whole nodes (resource type rt_HF, 8 GPUs each).
 #
-# mpirun starts labkit/torchrun_node.sh once per node (-map-by ppr:1:node, as
+# mpirun starts labkit/cluster/torchrun_node.sh once per node (-map-by ppr:1:node, as
 # ABCI's MPI guide starts one process per node); the first node listed in
 # $PBS_NODEFILE hosts the rendezvous.
 #
-#   qsub labkit/pbs_example.sh        (from the course's folder, after make lab)
+#   qsub labkit/cluster/pbs_example.sh        (from the course's folder, after make lab)
 #
 # To change for your site: -P (your ABCI group), -q (the resource type),
 # walltime, the module line (ABCI 3.0's module names), and PROCS_PER_NODE.
@@ -39,5 +39,5 @@ nnodes=$(awk '!seen[$0]++' "$PBS_NODEFILE" | wc -l)
 head_node=$(head -n 1 "$PBS_NODEFILE")
 
 mpirun -np "$nnodes" -map-by ppr:1:node -hostfile "$PBS_NODEFILE" \
-    "$PWD/labkit/torchrun_node.sh" "$nnodes" "$head_node:$rdzv_port" "$PBS_JOBID" \
+    "$PWD/labkit/cluster/torchrun_node.sh" "$nnodes" "$head_node:$rdzv_port" "$PBS_JOBID" \
     "$procs_per_node" "$backend" ${LOCAL_ADDR:+"$LOCAL_ADDR"}

@@ -25,7 +25,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import comm, ddp, i18n, models, workload
+from . import comm, comm_counting, i18n, models, workload
 
 __all__ = ["METHODS", "CollectiveBytes", "Sent", "bucket_counts", "build",
            "compare_methods", "error_feedback_trial", "large_config",
@@ -259,7 +259,7 @@ def bucket_counts(caps: Sequence[float | None], cfg: workload.Config | None = No
     out = {}
     for cap in caps:
         model = DDP(workload.make_model(cfg), bucket_cap_mb=cap)
-        counter = ddp.CommCounter().attach(model)
+        counter = comm_counting.CommCounter().attach(model)
         out[cap] = []
         for _ in range(steps):
             counter.reset()

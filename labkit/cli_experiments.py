@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from . import compare, models, training, workload
-from .nosync import accumulate_no_sync, counted_update, step_times
+from .no_sync import accumulate_no_sync, counted_update, step_times
 
 __all__ = ["misuse_experiment", "nosync_experiment", "resumable_training"]
 

@@ -2,10 +2,10 @@
 # Lesson 09: the course's experiment under Fujitsu's PJM (pjsub), in the style
 # of Wisteria/BDEC-01 Aquarius (University of Tokyo): two GPU nodes, 8 GPUs each.
 #
-# mpiexec starts labkit/torchrun_node.sh once per node (-npernode 1); the first
+# mpiexec starts labkit/cluster/torchrun_node.sh once per node (-npernode 1); the first
 # node listed in $PJM_O_NODEINF hosts the rendezvous.
 #
-#   pjsub labkit/pjm_example.sh       (from the course's folder, after make lab)
+#   pjsub labkit/cluster/pjm_example.sh       (from the course's folder, after make lab)
 #
 # To change for your site: -g (your group), rscgrp (the resource group, e.g.
 # short-a or regular-a on Aquarius), elapse, the module line, and PROCS_PER_NODE.
@@ -35,5 +35,5 @@ nnodes=$(awk '!seen[$0]++' "$PJM_O_NODEINF" | wc -l)
 head_node=$(head -n 1 "$PJM_O_NODEINF")
 
 mpiexec -machinefile "$PJM_O_NODEINF" -n "$nnodes" -npernode 1 \
-    "$PWD/labkit/torchrun_node.sh" "$nnodes" "$head_node:$rdzv_port" "$PJM_JOBID" \
+    "$PWD/labkit/cluster/torchrun_node.sh" "$nnodes" "$head_node:$rdzv_port" "$PJM_JOBID" \
     "$procs_per_node" "$backend" ${LOCAL_ADDR:+"$LOCAL_ADDR"}

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .. import models, torchrun
+from .. import models
+from ..cluster import torchrun
 from .feedback import WrongAnswer, register, right
 
 if TYPE_CHECKING:

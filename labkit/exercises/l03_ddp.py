@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .. import compare, ddp, models
+from .. import compare, models
 from .. import data as datasets
 from .feedback import WrongAnswer, off, register, right
 
@@ -107,8 +107,8 @@ def _average_trial(fn: Callable) -> dict:
     local, criterion = copy.deepcopy(model), models.MyLoss()
     g = torch.Generator().manual_seed(1)
     X, y = torch.randn(64, 10, generator=g), torch.randn(64, 10, generator=g)
-    criterion(model(ddp.shard(X, rank, world_size)),
-              ddp.shard(y, rank, world_size)).backward()
+    criterion(model(datasets.shard(X, rank, world_size)),
+              datasets.shard(y, rank, world_size)).backward()
     fn(model, world_size)
     criterion(local(X), y).backward()
     grad, want = compare.flat(compare.grads(model)), compare.flat(compare.grads(local))

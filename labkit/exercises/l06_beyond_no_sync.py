@@ -290,7 +290,7 @@ register({  # key: (ja, en)
 })
 
 _MLP = [(1024, 10), (1024,), (1024, 1024), (1024,), (1024, 1024), (1024,), (10, 1024),
-        (10,)]  # lesson 06's large MLP (levers.large_config)
+        (10,)]  # lesson 06's large MLP (send_less.large_config)
 # Each case adds one rule to the ones before it, so the first that fails names it.
 _CASES = [
     ("ex_psgd_hint_matrix", "1024 × 1024", [(1024, 1024)], 1),
@@ -322,7 +322,7 @@ def _powersgd_trial(shapes, r: int) -> int:
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ..levers import ONE_BUCKET_MB, CollectiveBytes
+    from ..send_less import ONE_BUCKET_MB, CollectiveBytes
 
     torch.manual_seed(dist.get_rank())
     model = DDP(_Layers(shapes), bucket_cap_mb=ONE_BUCKET_MB)
@@ -449,7 +449,7 @@ def _bucket_trial(param_bytes, cap_mb) -> int:
     """Runs on every rank: DDP's all-reduces in step 3, after its rebuild."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ..ddp import CommCounter
+    from ..comm_counting import CommCounter
 
     model = DDP(_Chain(param_bytes), bucket_cap_mb=cap_mb)
     counter = CommCounter().attach(model)

@@ -21,6 +21,11 @@ from .data_parallel import data_parallel
 __all__ = ["ddp_stepper", "dp_experiment", "dp_stepper"]
 
 i18n.register({
+    # lesson 03's plot of step time by world size
+    "step_time_vs_world": {
+        "ja": "world size ごとの 1 ステップの時間 (全体バッチ 1024)",
+        "en": "Step time by world size (global batch 1024)",
+    },
     "one_device": {"ja": "1 デバイス", "en": "1 device"},
     "dp_threads": {"ja": "DP ×2\nスレッド", "en": "DP ×2\nthreads"},
     "ddp_processes": {"ja": "DDP ×2\nプロセス", "en": "DDP ×2\nprocesses"},
@@ -110,7 +115,7 @@ def ddp_stepper(hidden: int, depth: int, global_batch: int,
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from .ddp import shard
+    from .data import shard
 
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     model, optimizer, X, y = throughput.timed_problem(hidden, depth, global_batch)
