@@ -13,10 +13,11 @@ import signal
 from contextlib import nullcontext
 from dataclasses import asdict
 
-import torch
 import torch.distributed as dist
 
 from . import compare, models, training, workload
+from .checkpoint import load as load_checkpoint
+from .checkpoint import save as save_checkpoint
 from .no_sync import accumulate_no_sync, counted_update, step_times
 
 __all__ = ["misuse_experiment", "nosync_experiment", "resumable_training"]
@@ -133,11 +134,12 @@ def resumable_training(rank: int, world_size: int, cfg: workload.Config,
     """DDP training that checkpoints on rank 0 and resumes from `checkpoint`.
 
     Lesson 10's pattern: rank 0 saves `model.module`'s and the optimizer's state
-    to a temporary file and renames it over `checkpoint` every `every` steps,
-    and every rank waits at a barrier, so no rank reads a file half written or
-    one step old. A run that finds `checkpoint` loads it (map_location="cpu")
-    and goes on from its step. The workload's batches are a function of the step
-    (workload.micro_batches), so the step is all the data order needs.
+    every `every` steps with labkit.checkpoint (a temporary file renamed over
+    `checkpoint`), and every rank waits at a barrier, so no rank reads a file
+    half written or one step old. A run that finds `checkpoint` loads it (on the
+    CPU, tensors and plain values only) and goes on from its step. The
+    workload's batches are a function of the step (workload.micro_batches), so
+    the step is all the data order needs.
 
     `die_at`: on torchrun's first attempt (TORCHELASTIC_RESTART_COUNT 0), rank 1
     kills itself with SIGKILL before that step, as a crashed node would.
@@ -151,7 +153,7 @@ def resumable_training(rank: int, world_size: int, cfg: workload.Config,
     optimizer = workload.make_optimizer(model, cfg)
     start = 0
     if os.path.exists(checkpoint):
-        state = torch.load(checkpoint, map_location="cpu")
+        state = load_checkpoint(checkpoint)
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"]
@@ -165,10 +167,9 @@ def resumable_training(rank: int, world_size: int, cfg: workload.Config,
         optimizer.step()
         if (step + 1) % every == 0 or step + 1 == cfg.steps:
             if rank == 0:
-                torch.save({"model": model.module.state_dict(),
-                            "optimizer": optimizer.state_dict(), "step": step + 1},
-                           checkpoint + ".tmp")
-                os.replace(checkpoint + ".tmp", checkpoint)
+                save_checkpoint({"model": model.module.state_dict(),
+                                 "optimizer": optimizer.state_dict(),
+                                 "step": step + 1}, checkpoint)
             dist.barrier()  # nobody reads it before rank 0 is done
     return {"rank": rank, "world_size": world_size, "config": asdict(cfg),
             "attempt": attempt, "resumed_from": start,
