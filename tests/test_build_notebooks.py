@@ -264,3 +264,15 @@ def test_notebooks_hold_what_the_kernel_reports_about_itself():
         assert (nb.metadata.kernelspec, nb.metadata.language_info) == (
             bn.KERNELSPEC, bn.LANGUAGE_INFO), path
         assert (nb.nbformat, nb.nbformat_minor) == (4, 5), path
+
+
+def test_a_cell_is_named_by_its_heading_not_by_a_comment_in_its_code_block():
+    """A `# comment` inside fenced code is no heading: the cell's id comes from the
+    heading after it, the heading tools/links.py lands links on."""
+    import links
+
+    cell = nbformat.v4.new_markdown_cell(
+        "```python\n# run this first\nx = 1\n```\n\n## Correct `use`\n\nText.")
+    plain = nbformat.v4.new_markdown_cell("No heading, only text.")
+    assert bn.cell_ids("04", [cell, plain]) == ["04-correct-use", "04-001"]
+    assert links._cell_headings(cell.source) == ["Correct-use"]

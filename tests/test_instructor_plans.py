@@ -118,3 +118,28 @@ def test_reading_units_count_words_in_english_and_characters_in_japanese():
     assert lesson_time.prose_units("Two ranks, one `all_reduce`.", "en") == 4
     # 8 kana/kanji, plus two Latin words
     assert lesson_time.prose_units("ランクは DDP の all_reduce", "ja") == 7
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(180)
+def test_a_timed_run_starts_in_the_notebooks_folder_and_fails_on_an_error(tmp_path):
+    """`--run` times a notebook as a learner runs it (tools/execute.py): in its own
+    folder, and a cell that raises is an error, not a time."""
+    import execute
+    import nbformat
+    from nbclient.exceptions import CellExecutionError
+
+    folder = tmp_path / "lessons"
+    folder.mkdir()
+    (folder / "data.txt").write_text("here")
+    path = folder / "demo.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "assert open('data.txt').read() == 'here'")])
+    nbformat.write(nb, path)
+    # the cell's assert is the check of the folder: run_s comes only if it held
+    assert lesson_time.measure(path, "en", run=True).run_s is not None
+    nb.cells.append(nbformat.v4.new_code_cell("raise ValueError('a wrong answer')"))
+    nbformat.write(nb, path)
+    with pytest.raises(CellExecutionError, match="a wrong answer"):
+        execute.run(path)
+    assert execute.main([str(path)]) == 1

@@ -65,3 +65,16 @@ def test_a_rerun_removes_lessons_that_are_gone(tmp_path):
     stale.write_text("{}", encoding="utf-8")
     assert student_copies.main(["--out", str(tmp_path)]) == 0
     assert not stale.exists()
+
+
+def test_cell_tags_are_read_from_the_notebook_and_from_plain_json():
+    import nbcells
+
+    solution = nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["solution"]})
+    exercise = {"cell_type": "code", "metadata": {"tags": ["exercise", "other"]}}
+    assert nbcells.tags(exercise) == ["exercise", "other"]
+    assert nbcells.is_solution(solution) and not nbcells.is_exercise(solution)
+    assert nbcells.is_exercise(exercise) and not nbcells.is_solution(exercise)
+    # untagged, and a tag that only looks alike
+    assert nbcells.tags({"cell_type": "code"}) == []
+    assert not nbcells.is_solution({"metadata": {"tags": ["solutions"]}})

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import jupytext
+import nbcells
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,9 +158,6 @@ def _clean(cell: nbformat.NotebookNode, cell_id: str) -> nbformat.NotebookNode:
     return new
 
 
-_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*)$", re.MULTILINE)
-
-
 def cell_ids(lesson: str, cells: list[nbformat.NotebookNode]) -> list[str]:
     """The id of each cell: "04-correct-use" for a cell whose English heading is
     "Correct use", else its position ("04-017").
@@ -170,8 +168,10 @@ def cell_ids(lesson: str, cells: list[nbformat.NotebookNode]) -> list[str]:
     """
     ids: list[str] = []
     for n, cell in enumerate(cells):
-        m = _HEADING.search(cell.source) if cell.cell_type == "markdown" else None
-        slug = re.sub(r"[^a-z0-9]+", "-", m.group(1).lower()).strip("-") if m else ""
+        found = (nbcells.heading_lines(cell.source) if cell.cell_type == "markdown"
+                 else [])
+        text = nbcells.HEADING.match(found[0]).group(1) if found else ""
+        slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
         cell_id = f"{lesson}-{slug}"[:64].rstrip("-")
         if not slug or cell_id in ids:
             cell_id = f"{lesson}-{n:03d}"

@@ -127,16 +127,26 @@ def stale(paths: list[Path], folder: Path = FOLDER) -> dict[Path, str]:
     return {p: why for p in paths if (why := why_stale(p, folder)) is not None}
 
 
+def nbval_args(folder: Path = FOLDER) -> list[str]:
+    """pytest's arguments that run lessons as make test does, with the recording
+    plugin keeping each run in `folder`; the plugin needs tools_env()."""
+    return ["-p", "nbval_record", *NBVAL, f"--executed-dir={folder}"]
+
+
+def tools_env() -> dict[str, str]:
+    """This process's environment with tools/ first on PYTHONPATH (where pytest
+    finds the nbval_record plugin)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT / "tools"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
 def execute(paths: list[Path], folder: Path = FOLDER) -> int:
     """Run `paths` under nbval with the recording plugin, as make test does; the
     exit status of pytest."""
     if not paths:
         return 0
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT / "tools"), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    cmd = [sys.executable, "-m", "pytest", "-p", "nbval_record", *NBVAL,
-           f"--executed-dir={folder}", *map(str, paths)]
-    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+    cmd = [sys.executable, "-m", "pytest", *nbval_args(folder), *map(str, paths)]
+    return subprocess.run(cmd, cwd=ROOT, env=tools_env()).returncode
 
 
 def refresh(paths: list[Path], folder: Path = FOLDER) -> tuple[list[Path], int]:

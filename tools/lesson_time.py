@@ -8,7 +8,7 @@ Reading speed is an assumption, not a measurement, and is printed with the table
 prose at READ_RATE units a minute (English words; Japanese characters), code at
 CODE_LINES_PER_MIN lines a minute, EXERCISE_MIN minutes for each exercise (its
 attempt and the check). `--run` adds the seconds the notebook takes to execute
-here, measured with nbclient; without it that column is empty. The instructor
+here (tools/execute.py); without it that column is empty. The instructor
 guides' plans are built from this table.
 """
 
@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import execute
+import nbcells
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,30 +57,17 @@ def prose_units(text: str, lang: str) -> int:
     return len(re.findall(r"[A-Za-z0-9][A-Za-z0-9_'.-]*", text))
 
 
-def _tags(cell: nbformat.NotebookNode) -> list[str]:
-    return cell.get("metadata", {}).get("tags", [])
-
-
 def measure(path: Path, lang: str, run: bool) -> LessonTime:
     """The reading, code and exercises of one notebook; its run time if `run`."""
     nb = nbformat.read(path, as_version=4)
     prose = sum(prose_units(c.source, lang)
                 for c in nb.cells if c.cell_type == "markdown")
     # A learner reads the code they run; solutions are hidden in the student copy.
-    code = [c for c in nb.cells if c.cell_type == "code" and "solution" not in _tags(c)]
+    code = [c for c in nb.cells if c.cell_type == "code" and not nbcells.is_solution(c)]
     lines = sum(1 for c in code for line in c.source.splitlines() if line.strip())
-    exercises = sum("exercise" in _tags(c) for c in nb.cells)
-    run_s = _run_seconds(nb, path.parent) if run else None
+    exercises = sum(map(nbcells.is_exercise, nb.cells))
+    run_s = execute.run(path) if run else None
     return LessonTime(path.stem, prose, lines, exercises, run_s)
-
-
-def _run_seconds(nb: nbformat.NotebookNode, cwd: Path) -> float:
-    from nbclient import NotebookClient
-
-    start = time.perf_counter()
-    resources = {"metadata": {"path": str(cwd)}}
-    NotebookClient(nb, timeout=600, resources=resources).execute()
-    return time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,8 @@ import re
 import sys
 from pathlib import Path
 
+import nbcells
+
 __all__ = ["CELL_ID", "LINK", "broken_links", "heading_anchor", "heading_cells",
            "headings", "land", "links", "notebook_cells", "section_code"]
 
@@ -46,8 +48,6 @@ __all__ = ["CELL_ID", "LINK", "broken_links", "heading_anchor", "heading_cells",
 LINK = re.compile(r"\[((?:[^\[\]]|\[[^\[\]]*\])*)\]"
                   r"\((\d\d_[A-Za-z0-9_]+\.ipynb)#((?:[^()\s]|\([^()\s]*\))+)\)")
 CELL_ID = "cell-id="
-_FENCE = re.compile(r"^(```|~~~)")
-_HEADING = re.compile(r"^\s{0,3}#{1,6}\s")
 
 
 def _inline_text(markdown: str) -> str:
@@ -67,7 +67,9 @@ def _inline_text(markdown: str) -> str:
 
 def heading_anchor(heading: str) -> str:
     """JupyterLab's anchor for a Markdown heading line or text ("## A `b` c")."""
-    text = re.sub(r"^\s{0,3}#{1,6}\s+", "", heading.strip())
+    heading = heading.strip()
+    line = nbcells.HEADING.match(heading)
+    text = line.group(1) if line else heading
     text = re.sub(r"\s+#+\s*$", "", text)  # closing hashes are not text
     return _inline_text(text).replace(" ", "-")
 
@@ -88,13 +90,7 @@ def _markdown_cells(path: Path) -> list[tuple[str, str]]:
 
 def _cell_headings(source: str) -> list[str]:
     """Anchors of the headings of one Markdown cell, fenced code left out."""
-    anchors, fenced = [], False
-    for line in source.splitlines():
-        if _FENCE.match(line.strip()):
-            fenced = not fenced
-        elif not fenced and _HEADING.match(line):
-            anchors.append(heading_anchor(line))
-    return anchors
+    return [heading_anchor(line) for line in nbcells.heading_lines(source)]
 
 
 def heading_cells(path: Path) -> dict[str, list[str]]:

@@ -28,6 +28,8 @@ import os
 import sys
 from pathlib import Path
 
+import execute
+import nbcells
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,13 +45,9 @@ c.CourseDirectory.db_url = "sqlite:///{root}/gradebook.db"
 # The student's version of an answer is the exercise as handed out: nothing is
 # put where the reference solution was.
 c.ClearSolutions.code_stub = {{"python": ""}}
-# A lesson with ranks takes about a minute; a check runs on both ranks.
-c.ExecutePreprocessor.timeout = 600
+# Seconds a cell may take, as when a lesson runs headless (tools/execute.py).
+c.ExecutePreprocessor.timeout = {timeout}
 '''
-
-
-def _tags(cell: nbformat.NotebookNode) -> list[str]:
-    return cell.get("metadata", {}).get("tags", [])
 
 
 def _nbgrader(cell, grade_id: str, *, solution=False, grade=False, locked=False):
@@ -79,9 +77,9 @@ def instructor_version(nb: nbformat.NotebookNode, lesson: str) -> nbformat.Noteb
     i = 0
     while i < len(cells):
         cell = cells[i]
-        if "exercise" in _tags(cell):
+        if nbcells.is_exercise(cell):
             solution, check = cells[i + 1], cells[i + 2]
-            if ("solution" not in _tags(solution)
+            if (not nbcells.is_solution(solution)
                     or "exercises.grade_" not in check.source):
                 raise ValueError(f"{lesson}, cell {i + 1}: an exercise is followed by "
                                  "its solution, then its check")
@@ -94,7 +92,7 @@ def instructor_version(nb: nbformat.NotebookNode, lesson: str) -> nbformat.Noteb
                                  locked=True))
             i += 3
             continue
-        if "solution" in _tags(cell):
+        if nbcells.is_solution(cell):
             raise ValueError(f"{lesson}, cell {i + 1}: a solution without its exercise")
         out.append(_nbgrader(cell, f"{lesson}-{cell.id}", locked=True))
         i += 1
@@ -111,7 +109,7 @@ def assignments(notebooks: Path) -> dict[str, Path]:
     for lang in LANGS:
         for path in sorted((notebooks / lang).glob("*.ipynb")):
             nb = nbformat.read(path, as_version=4)
-            if any("exercise" in _tags(c) for c in nb.cells):
+            if any(map(nbcells.is_exercise, nb.cells)):
                 found[f"{lang}-{path.stem}"] = path
     return found
 
@@ -120,7 +118,8 @@ def write_course(course: Path, notebooks: Path = ROOT / "notebooks") -> list[str
     """nbgrader_config.py and source/ in `course`; the assignment ids."""
     course = course.resolve()
     course.mkdir(parents=True, exist_ok=True)
-    (course / "nbgrader_config.py").write_text(CONFIG.format(root=str(course)))
+    config = CONFIG.format(root=str(course), timeout=execute.TIMEOUT_S)
+    (course / "nbgrader_config.py").write_text(config)
     found = assignments(notebooks)
     for assignment, path in found.items():
         target = course / "source" / assignment / path.name

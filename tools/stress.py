@@ -2,9 +2,10 @@
 
 A failure that comes once in four runs needs many runs to be seen, and each
 one's whole output to be explained. This script repeats what CI runs
-(`pytest tests`, and nbval over each lesson notebook on its own), keeps the
-full output of every failed run, and prints the distribution: pass rate, and
-the median and worst time of each test and each notebook.
+(`pytest tests`, and nbval over each lesson notebook on its own, with the
+checks of tools/nbval_record.py, as tools/executed.py runs it), keeps the full
+output of every failed run, and prints the distribution: pass rate, and the
+median and worst time of each test and each notebook.
 
     python tools/stress.py unit --runs 10
     python tools/stress.py lessons --runs 5 --busy 1
@@ -31,8 +32,9 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import executed
+
 ROOT = Path(__file__).resolve().parent.parent
-NBVAL = ["--nbval-lax", "--nbval-current-env", "--nbval-cell-timeout=300"]
 
 
 def _spin() -> None:
@@ -65,8 +67,8 @@ def _run_once(label: str, args: list[str], out: Path, index: int,
     cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", f"--junitxml={junit}", *args]
     start = time.monotonic()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                              timeout=timeout_s)
+        proc = subprocess.run(cmd, cwd=ROOT, env=executed.tools_env(),
+                              capture_output=True, text=True, timeout=timeout_s)
         rc, output = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as err:
         rc = "timeout"
@@ -166,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         notebooks = args.only or sorted(str(p.relative_to(ROOT)) for p in
                                         (ROOT / "notebooks").glob("*/*.ipynb"))
-        targets = [(nb, [*NBVAL, nb]) for nb in notebooks]
+        # as make test runs them, each run's copies kept here, not in build/executed
+        targets = [(nb, [*executed.nbval_args(out / "executed"), nb])
+                   for nb in notebooks]
     (out / "settings.json").write_text(json.dumps(
         {**vars(args), "summarize": None, "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,

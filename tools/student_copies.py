@@ -13,21 +13,17 @@ import argparse
 import sys
 from pathlib import Path
 
+import nbcells
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 LANGS = ("ja", "en")
 
 
-def is_solution(cell: nbformat.NotebookNode) -> bool:
-    """Whether `cell` holds a reference answer."""
-    return "solution" in cell.get("metadata", {}).get("tags", [])
-
-
 def student_copy(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """A copy of `nb` without solution cells, and without outputs."""
     nb = nbformat.from_dict(nb)
-    nb.cells = [cell for cell in nb.cells if not is_solution(cell)]
+    nb.cells = [cell for cell in nb.cells if not nbcells.is_solution(cell)]
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
