@@ -714,6 +714,8 @@ import importlib.util
 
 import torch.distributed as dist
 
+from labkit import doctor  # registers the message below
+
 print("torch.device('xla'):", torch.device("xla"))  # a device type torch knows
 print("backend names torch knows:", dist.Backend.backend_list)
 if importlib.util.find_spec("torch_xla") is None:
