@@ -130,7 +130,8 @@ def _run_job(cmd, cwd, env, timeout_s=240):
         return None, output + f"\n[stopped after {timeout_s} s]"
 
 
-SCRIPTS = {scheduler: path.name for scheduler, path in torchrun.JOB_SCRIPTS.items()}
+# The scripts where the package keeps them (labkit/cluster/), as a learner copies them.
+SCRIPTS = torchrun.JOB_SCRIPTS
 LAUNCHER = {"slurm": "srun", "pbs": "mpirun", "pjm": "mpiexec"}
 
 
@@ -165,7 +166,7 @@ def test_the_slurm_job_script_runs_two_nodes_under_its_faked_scheduler(tmp_path)
     job = _job_folder(tmp_path)
     env = _job_env(tmp_path, job, "slurm")
     before = {p.pid for p in child_processes()}
-    returncode, output = _run_job(["bash", str(LABKIT / SCRIPTS["slurm"])], job, env)
+    returncode, output = _run_job(["bash", str(SCRIPTS["slurm"])], job, env)
     assert returncode == 0, output[-6000:]
     assert leftovers(before) == set()
     _launched(tmp_path, "slurm", env)
@@ -185,7 +186,7 @@ def test_the_job_script_asks_its_launcher_for_the_node_script_on_each_node(
     job = _job_folder(tmp_path)
     env = _job_env(tmp_path, job, scheduler)
     env["FAKE_DRY"] = str(tmp_path / "asked")
-    returncode, output = _run_job(["bash", str(LABKIT / SCRIPTS[scheduler])], job, env)
+    returncode, output = _run_job(["bash", str(SCRIPTS[scheduler])], job, env)
     assert returncode == 0, output[-6000:]
     _launched(tmp_path, scheduler, env)
     asked = (tmp_path / "asked").read_text().splitlines()
@@ -195,7 +196,7 @@ def test_the_job_script_asks_its_launcher_for_the_node_script_on_each_node(
 
 
 def test_the_node_script_says_how_to_call_it():
-    done = subprocess.run(["bash", str(LABKIT / "torchrun_node.sh"), "2"],
+    done = subprocess.run(["bash", str(torchrun.NODE_SCRIPT), "2"],
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert "usage:" in done.stderr and "HEAD_NODE:PORT JOB_ID" in done.stderr
@@ -204,7 +205,7 @@ def test_the_node_script_says_how_to_call_it():
 @pytest.mark.parametrize("scheduler", SCRIPTS)
 def test_a_job_script_without_its_scheduler_stops_at_once(tmp_path, scheduler):
     """Run by hand (no scheduler), a script names the variable it misses."""
-    done = subprocess.run(["bash", str(LABKIT / SCRIPTS[scheduler])], cwd=tmp_path,
+    done = subprocess.run(["bash", str(SCRIPTS[scheduler])], cwd=tmp_path,
                           env={"PATH": "/usr/bin:/bin"}, capture_output=True,
                           text=True, timeout=30)
     assert done.returncode != 0
