@@ -12,7 +12,7 @@ from conftest import alive
 
 from labkit.cluster import forkserver
 
-pytestmark = pytest.mark.procs  # every test here starts processes
+procs = pytest.mark.procs  # every test here starts processes
 
 REPORT = """
 import json, os, sys
@@ -35,6 +35,7 @@ def _wait_for(path, timeout_s: float = 60) -> str:
     raise AssertionError(f"{path} was not written")
 
 
+@procs
 def test_a_fork_runs_a_module_as_python_m_would(tmp_path, monkeypatch):
     (tmp_path / "labkit_report.py").write_text(REPORT)
     out = tmp_path / "out.log"
@@ -58,6 +59,7 @@ def test_a_fork_runs_a_module_as_python_m_would(tmp_path, monkeypatch):
     assert not alive(pid)
 
 
+@procs
 def test_the_server_is_replaced_when_the_environment_changes(monkeypatch):
     first = forkserver.server()
     assert forkserver.server() is first
@@ -67,6 +69,7 @@ def test_the_server_is_replaced_when_the_environment_changes(monkeypatch):
     first.process.wait(10)  # the old one ended
 
 
+@procs
 def test_a_server_that_cannot_start_says_why(tmp_path):
     (tmp_path / "torch.py").write_text("raise ImportError('a broken torch')\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
@@ -82,6 +85,7 @@ def test_a_server_that_cannot_start_says_why(tmp_path):
                            "process: ImportError: a broken torch"):
             server.fork("labkit.cluster.engine", [], env, str(tmp_path),
                         str(tmp_path / "engine.log"))
+        assert not server.alive()  # the next start tries a new one
     finally:
         server.stop()
 
@@ -94,6 +98,7 @@ sys.stdin.read()  # wait to be killed
 """
 
 
+@procs
 def test_the_server_ends_when_its_parent_is_killed():
     import subprocess
 
@@ -111,15 +116,140 @@ def test_the_server_ends_when_its_parent_is_killed():
     assert not alive(server)
 
 
+@procs
 def test_a_fork_of_the_kernel_leaves_the_kernels_server_alone():
     """A DataLoader worker or a fork launcher's rank inherits the server's handle."""
     server = forkserver.server()
     child = os.fork()
     if child == 0:  # a fork of this process: the server is not its own
         code = 0 if forkserver.pid() is None else 1
-        forkserver._stop_server()  # what its exit would run
+        forkserver.client._stop_server()  # what its exit would run
         os._exit(code)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert server.alive() and forkserver.server() is server
-    assert os.path.exists(server._log.name)
+    assert os.path.exists(server.log_path)
+
+
+def _on_path(tmp_path, monkeypatch) -> None:
+    """Pythons started from now on in this test import modules from `tmp_path`."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
+def _run_first_in_new_pythons(tmp_path, monkeypatch, code: str) -> None:
+    """Pythons started from now on in this test run `code` first (a sitecustomize)."""
+    (tmp_path / "sitecustomize.py").write_text(code)
+    _on_path(tmp_path, monkeypatch)
+
+
+def _report(server, tmp_path, name: str = "out.log") -> dict:
+    """What a fork of `server` running REPORT saw."""
+    (tmp_path / "labkit_report.py").write_text(REPORT)
+    out = tmp_path / name
+    pid = server.fork("labkit_report", [], dict(os.environ), str(tmp_path), str(out))
+    report = json.loads(_wait_for(out))
+    assert report["pid"] == pid
+    return report
+
+
+@procs
+def test_a_server_that_does_not_answer_fails_clearly_and_is_replaced(tmp_path,
+                                                                      monkeypatch):
+    with monkeypatch.context() as patch:  # the next server is a plain one
+        patch.setattr(forkserver.client, "ANSWER_TIMEOUT_S", 2.0)
+        _run_first_in_new_pythons(tmp_path, patch, "import time\ntime.sleep(600)\n")
+        stuck = forkserver.server()
+        with pytest.raises(forkserver.ForkServerError,
+                           match="it did not answer within 2 s"):
+            _report(stuck, tmp_path)
+    assert not stuck.alive()
+    assert forkserver.pid() is None  # not the kernel's server any more
+    stuck.stop()  # again: nothing left to do
+    server = forkserver.server()
+    assert server is not stuck
+    assert _report(server, tmp_path, "next.log")["torch"]
+
+
+@procs
+def test_a_line_printed_in_the_server_goes_to_its_log(tmp_path, monkeypatch):
+    """Its answers have a pipe of their own: a library that prints when imported
+    (here, the server's first import) cannot garble them."""
+    _run_first_in_new_pythons(tmp_path, monkeypatch,
+                              "print('a line from an import', flush=True)\n")
+    server = forkserver.Server()
+    try:
+        assert _report(server, tmp_path)["torch"]
+        with open(server.log_path) as log:
+            assert "a line from an import" in log.read()
+    finally:
+        server.stop()
+
+
+@procs
+def test_a_server_with_a_thread_refuses_to_fork(tmp_path, monkeypatch):
+    """A fork copies only the thread that forks: a lock another thread holds
+    stays held in the fork forever."""
+    _run_first_in_new_pythons(tmp_path, monkeypatch, (
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(600,), name='a library thread',"
+        " daemon=True).start()\n"))
+    server = forkserver.Server()
+    try:
+        with pytest.raises(forkserver.ForkServerError,
+                           match=r"it has 2 Python threads \(MainThread, a library "
+                                 r"thread; \d+ threads in all\), and a fork copies "
+                                 r"only the thread that forks"):
+            _report(server, tmp_path)
+        assert server.alive()  # it refuses, and goes on refusing
+        with pytest.raises(forkserver.ForkServerError, match="2 Python threads"):
+            _report(server, tmp_path)
+    finally:
+        server.stop()
+
+
+@procs
+def test_a_variable_read_after_the_imports_reaches_the_fork_from_the_same_server(
+        tmp_path, monkeypatch):
+    """ipyparallel's launcher sends the kernel's environment, as it is when it
+    asks, with each request: only what is read at import time needs a new server."""
+    first = forkserver.server()
+    monkeypatch.setenv("LABKIT_TEST_VAR", "changed")
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")  # torch's, at CUDA's start
+    assert forkserver.server() is first
+    (tmp_path / "labkit_report.py").write_text(REPORT)
+    launcher = forkserver.ControllerLauncher(
+        work_dir=str(tmp_path), output_file=str(tmp_path / "out.log"),
+        controller_cmd=[sys.executable, "-m", "labkit_report"], controller_args=[])
+    launcher.start()
+    try:
+        report = json.loads(_wait_for(tmp_path / "out.log"))
+    finally:
+        launcher._stop_waiting.set()
+    assert report["pid"] == launcher.pid
+    assert report["var"] == "changed"
+    assert forkserver.server() is first
+
+
+CHILD = """
+import subprocess, sys
+CODE = subprocess.run([sys.executable, "-c", "raise SystemExit(3)"]).returncode
+"""
+
+
+@procs
+def test_a_subprocess_an_import_runs_in_the_server_gets_its_return_code(tmp_path,
+                                                                       monkeypatch):
+    """SIGCHLD ignored while the server imports would make it 0 (ECHILD)."""
+    (tmp_path / "labkit_child.py").write_text(CHILD)
+    (tmp_path / "labkit_child_code.py").write_text(
+        "import sys\nprint(sys.modules['labkit_child'].CODE, flush=True)\n")
+    _on_path(tmp_path, monkeypatch)
+    server = forkserver.Server(preload=(*forkserver.client.PRELOAD, "labkit_child"))
+    try:
+        out = tmp_path / "out.log"
+        server.fork("labkit_child_code", [], dict(os.environ), str(tmp_path), str(out))
+        assert _wait_for(out) == "3\n"
+    finally:
+        server.stop()
+

@@ -63,19 +63,18 @@ def main() -> None:
     # the engine registers later.
     from ipyparallel.engine import app
 
-    from . import forkserver
+    from .forkserver import serve
 
-    if forkserver.NANNY_FDS in os.environ:  # forked, its nanny beside it
-        app.start_nanny = forkserver.nanny_from_fds
+    if serve.NANNY_FDS in os.environ:  # forked, its nanny beside it
+        app.start_nanny = serve.nanny_from_fds
     threading.Thread(target=__import__, args=("torch",), name="labkit-import-torch",
                      daemon=True).start()
     app.main()
 
 
-
 def setup_rank(rank: int, world_size: int, backend: str, port: int, prefix: str,
-                  timeout_s: float, threads: int, kernel: tuple[int, float],
-                  controller_pid: int | None) -> int:
+               timeout_s: float, threads: int, kernel: tuple[int, float],
+               controller_pid: int | None) -> int:
     """Runs on an engine: join the group and give the notebook's names to its code.
 
     Returns the engine's pid, which the kernel watches (labkit.cluster.stalls).
