@@ -12,7 +12,7 @@ from conftest import alive
 
 from labkit.cluster import forkserver
 
-procs = pytest.mark.procs  # every test here starts processes
+procs = pytest.mark.procs  # every test here but the last two starts processes
 
 REPORT = """
 import json, os, sys
@@ -253,3 +253,67 @@ def test_a_subprocess_an_import_runs_in_the_server_gets_its_return_code(tmp_path
     finally:
         server.stop()
 
+
+# ipyparallel's code that labkit copies, replaces or talks to, with what to
+# re-check in labkit when it changes (ipyparallel~=9.2 in pyproject.toml).
+PINNED = {
+    "ipyparallel.cluster.launcher:LocalProcessLauncher.start": (
+        "27114e85bf6c0400", "forkserver.launchers._Forked.start is a copy of it, "
+        "with a fork of the server in place of Popen"),
+    "ipyparallel.cluster.launcher:LocalProcessLauncher._start_waiting": (
+        "293aaf4999eaa259", "forkserver.launchers._Forked.start calls it"),
+    "ipyparallel.cluster.launcher:LocalProcessLauncher._start_streaming": (
+        "c1df912b928d3e5b", "forkserver.launchers._Forked.start calls it"),
+    "ipyparallel.cluster.launcher:BaseLauncher.notify_start": (
+        "f2b6ea7ff1f9ab1a", "forkserver.launchers._Forked.start calls it"),
+    "ipyparallel.cluster.launcher:LocalEngineSetLauncher.start": (
+        "5290ab3d61158454", "forkserver.launchers.EngineSetLauncher sets its "
+        "launcher_class and delay"),
+    "ipyparallel.engine.app:IPEngine.start_nanny": (
+        "98775c367dd3c256", "labkit.cluster.engine.main replaces the start_nanny "
+        "it calls with forkserver.serve.nanny_from_fds"),
+    "ipyparallel.engine.nanny:start_nanny": (
+        "cd75f853335b6079", "forkserver.serve.nanny_from_fds does its job on the "
+        "pipes the server made"),
+    "ipyparallel.engine.nanny:main": (
+        "db62e170597e3a8e", "forkserver.serve._fork_with_nanny gives the nanny its "
+        "arguments on stdin and takes its address from stdout"),
+    "ipyparallel.engine.nanny:KernelNanny.start": (
+        "eeebb29f1b3427b3", "forkserver.serve._fork_with_nanny expects the address "
+        "as a line on stdout, and the nanny to end when that pipe closes"),
+}
+
+
+def _source_hash(target: str) -> str:
+    import hashlib
+    import importlib
+    import inspect
+
+    module, qualname = target.split(":")
+    found = importlib.import_module(module)
+    for name in qualname.split("."):
+        found = getattr(found, name)
+    return hashlib.sha256(inspect.getsource(found).encode()).hexdigest()[:16]
+
+
+def _changed(pinned: dict[str, tuple[str, str]]) -> list[str]:
+    from importlib.metadata import version
+
+    return [f"ipyparallel {version('ipyparallel')} changed {target}: {what}. "
+            "Re-check that, then update its hash in tests/test_forkserver.py"
+            for target, (digest, what) in pinned.items()
+            if _source_hash(target) != digest]
+
+
+def test_the_ipyparallel_code_labkit_relies_on_is_as_it_was():
+    changed = _changed(PINNED)
+    assert not changed, "\n".join(changed)
+
+
+def test_a_change_in_pinned_code_names_the_function_and_what_to_check():
+    target = "ipyparallel.engine.nanny:start_nanny"
+    wrong = {**PINNED, target: ("0" * 16, "what labkit does with it")}
+    assert _changed(wrong) == [
+        f"ipyparallel {__import__('ipyparallel').__version__} changed {target}: "
+        "what labkit does with it. Re-check that, then update its hash in "
+        "tests/test_forkserver.py"]
