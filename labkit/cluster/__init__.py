@@ -1,14 +1,25 @@
 """The ranks: processes that each run one rank of a process group.
 
+Which launcher, for what:
+
+=======================  ======================================================
+module                   starts the ranks
+=======================  ======================================================
+``cluster/ranks.py``     in a notebook, as ipyparallel engines: ``%%px`` cells
+                         run on every rank
+``cluster/launch.py``    from the command line, with torch's elastic launcher,
+                         or joins the ranks torchrun started
+``cluster/torchrun.py``  as torchrun nodes, several simulated on one machine;
+                         and the job scripts that run torchrun on a cluster
+=======================  ======================================================
+
 In a notebook, `cluster.start(2)` launches two ipyparallel engines on
 127.0.0.1, makes engine i rank i and joins them in one gloo process group:
 `%%px` cells then run on every rank, and `ranks.run(fn)` calls a function on
 every rank (labkit.cluster.ranks). The controller and the engines are forked
-from a process that imported torch once (labkit.cluster.forkserver). From the
-command line, labkit.cluster.launch starts the ranks with torch's elastic
-launcher, or joins the ones torchrun started. Both meet through
-labkit.cluster.rendezvous, watch for stalls with labkit.cluster.stalls, and
-report failures with labkit.cluster.failures.
+from a process that imported torch once (labkit.cluster.forkserver). The
+ranks meet through labkit.cluster.rendezvous, watch for stalls with
+labkit.cluster.stalls, and report failures with labkit.cluster.failures.
 """
 
 from __future__ import annotations
