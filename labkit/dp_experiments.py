@@ -2,20 +2,20 @@
 
 labkit.data_parallel is the mechanism (scatter, replicate, parallel_apply,
 gather); this module measures it. The steppers time one training step per
-call, so that a lesson can interleave the ways it compares (one device,
-DataParallel, DDP at world size 1 and 2): the slow moments of a shared machine
+call (timing.timed), so that a lesson can interleave the ways it compares (one
+device, DataParallel, DDP at world size 1 and 2) with
+`timing.interleaved(..., clock=False)`: the slow moments of a shared machine
 then fall on all of them alike.
 """
 
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable
 
 import torch
 
-from . import compare, i18n, models, throughput
+from . import compare, i18n, models, throughput, timing
 from .data_parallel import data_parallel
 
 __all__ = ["ddp_stepper", "dp_experiment", "dp_stepper"]
@@ -87,15 +87,16 @@ def dp_stepper(hidden: int, depth: int, global_batch: int, devices: int = 2,
     model, optimizer, X, y = throughput.timed_problem(hidden, depth, global_batch)
     device_ids = list(range(devices))
 
+    def run() -> None:
+        optimizer.zero_grad()
+        models.MyLoss()(data_parallel(model, X, device_ids), y).backward()
+        optimizer.step()
+
     def step() -> float:
         saved = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            t0 = time.perf_counter()
-            optimizer.zero_grad()
-            models.MyLoss()(data_parallel(model, X, device_ids), y).backward()
-            optimizer.step()
-            return time.perf_counter() - t0
+            return timing.timed(run)
         finally:
             torch.set_num_threads(saved)
 
@@ -122,13 +123,14 @@ def ddp_stepper(hidden: int, depth: int, global_batch: int,
     model = DDP(model, process_group=group)
     X, y = shard(X, rank, size), shard(y, rank, size)
 
-    def step() -> float:
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
+    def run() -> None:
         optimizer.zero_grad()
         models.MyLoss()(model(X), y).backward()
         optimizer.step()
-        return time.perf_counter() - t0
+
+    def step() -> float:
+        dist.barrier(group=group)
+        return timing.timed(run)
 
     step.model = model
     return step

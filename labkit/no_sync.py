@@ -7,6 +7,7 @@ process group: on the notebook's engines, under torchrun, or under
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Sequence
@@ -179,32 +180,29 @@ def interleaved_step_samples(model: DDP, optimizer, batches: list, ks: Sequence[
     criterion = models.MyLoss()
     modes = [(k, use_no_sync) for k in ks for use_no_sync in (False, True)]
 
-    def block(k: int, use_no_sync: bool, steps: int) -> float:
-        dist.barrier()  # start together, outside the timed part
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            optimizer.zero_grad()
-            accumulate_no_sync(model, criterion, batches[:k], use_no_sync=use_no_sync)
-            optimizer.step()
-        timing.sync(workload.device())
-        return (time.perf_counter() - t0) / steps
+    def update(k: int, use_no_sync: bool) -> None:
+        optimizer.zero_grad()
+        accumulate_no_sync(model, criterion, batches[:k], use_no_sync=use_no_sync)
+        optimizer.step()
 
-    for mode in modes:  # warm-up: DDP's first iterations rebuild its buckets
-        block(*mode, 1)
+    updates = {mode: functools.partial(update, *mode) for mode in modes}
+    turns = {"device": workload.device(), "warmup": 0,
+             "before": lambda mode: dist.barrier()}  # start together, untimed
+    # Warm-up, one update of each mode, its times dropped: DDP's first
+    # iterations rebuild its buckets.
+    timing.interleaved(updates, rounds=1, **turns)
     # Both modes of a K run as many steps per block as last about block_s
     # synchronized: a block's length (steps after one barrier) changes its
     # mean a little, so the two modes get the same. The slowest rank's step
     # sets it, so all ranks run the same steps (a synchronized step on one
     # rank alone would wait forever).
-    first = torch.tensor([block(k, False, 1) for k in ks], dtype=torch.float64)
-    dist.all_reduce(first, op=dist.ReduceOp.MAX)
+    first = timing.interleaved({k: updates[k, False] for k in ks}, rounds=1, **turns)
+    slowest = torch.tensor([first[k][0] for k in ks], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     steps_of = {k: max(1, min(50, round(block_s / t)))
-                for k, t in zip(ks, first.tolist(), strict=True)}
-    steps = [steps_of[k] for k, _ in modes]
-    times: dict[tuple[int, bool], list[float]] = {mode: [] for mode in modes}
-    for _ in range(rounds):
-        for mode, n in zip(modes, steps, strict=True):
-            times[mode].append(block(*mode, n))
+                for k, t in zip(ks, slowest.tolist(), strict=True)}
+    times = timing.interleaved(updates, rounds, repeat={(k, m): steps_of[k]
+                                                        for k, m in modes}, **turns)
     return {k: SyncPair(times[k, False], times[k, True]) for k in ks}
 
 def update_costs(rank: int, world_size: int, cfg: workload.Config,
