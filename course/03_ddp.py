@@ -373,11 +373,11 @@ exercises.grade_average_gradients(ranks, average_gradients)
 # - 2 ステップ目の前: 1 ステップ目で勾配がそろった順にバケットを作り直す。最初のバケットは 1 MiB、
 #   残りは 25 MiB に達した時点で閉じる (`bucket_cap_mb` を渡すと、最初のバケットもその値)
 #
-# 通信フック (`buckets.BucketLog`) で、ステップごとに送られたバケットのバイト数を記録します。
-# 1 ステップで送るのは全パラメータの勾配 1 回分 (float32 で 2110 × 4 = 8440 バイト) で、1 MiB より
-# ずっと小さいので、`DDP(model)` では毎ステップ 1 つのバケットです。`bucket_cap_mb` を約 2 KB に
-# すると、2 ステップ目からバケットが増えます。回数が増えても、バイト数の合計は同じです。
-# 大きなモデルでの様子はレッスン 05 で見ます。
+# 通信フック (`comm_counting.CommCounter`) で、ステップごとに送られたバケットのバイト数を
+# 記録します。1 ステップで送るのは全パラメータの勾配 1 回分 (float32 で 2110 × 4 = 8440
+# バイト) で、1 MiB よりずっと小さいので、`DDP(model)` では毎ステップ 1 つのバケットです。
+# `bucket_cap_mb` を約 2 KB にすると、2 ステップ目からバケットが増えます。回数が増えても、
+# バイト数の合計は同じです。大きなモデルでの様子はレッスン 05 で見ます。
 
 # %% [markdown] lang="en"
 # ## What is communicated, and when
@@ -392,22 +392,20 @@ exercises.grade_average_gradients(ranks, average_gradients)
 #   first closes once it reaches 1 MiB, the others at 25 MiB (passing `bucket_cap_mb`
 #   sets the first one's limit too)
 #
-# A communication hook (`buckets.BucketLog`) records the bytes of the buckets sent in each
-# step. One step sends every parameter's gradient once (float32: 2110 × 4 = 8440 bytes),
-# far below 1 MiB, so `DDP(model)` sends one bucket every step. With `bucket_cap_mb` at
-# about 2 KB, there are more buckets from step 2 on: more calls, the same bytes. Lesson
-# 05 shows a larger model.
+# A communication hook (`comm_counting.CommCounter`) records the bytes of the buckets
+# sent in each step. One step sends every parameter's gradient once (float32: 2110 × 4 =
+# 8440 bytes), far below 1 MiB, so `DDP(model)` sends one bucket every step. With
+# `bucket_cap_mb` at about 2 KB, there are more buckets from step 2 on: more calls, the
+# same bytes. Lesson 05 shows a larger model.
 
 # %%
 # %%px
-from labkit import buckets
-
 seen = {}
 ways = {"DDP(model)": {}, "bucket_cap_mb=0.002": {"bucket_cap_mb": 0.002}}
 for name, kwargs in ways.items():
     torch.manual_seed(0)
     model = DDP(models.MLP(), **kwargs)
-    log = buckets.BucketLog().attach(model)
+    log = comm_counting.CommCounter(per_step=True).attach(model)
     for step in range(3):
         log.step()
         criterion(model(data.shard(X, rank, world_size)),
@@ -626,12 +624,13 @@ for (name, world), (n_samples, nbytes) in work.items():
 # %%px
 import statistics
 
+from labkit import timing
+
 rounds = 6  # medians to show, not to assert (see above)
-times = {key: [] for key in steppers}
-for _ in range(rounds + 2):  # two rounds of warm-up
-    for key, step in steppers.items():  # in turns: world size 2, then 1 (rank 0)
-        times[key].append(step())
-step_ms = {name: {f"world size {world}": statistics.median(times[name, world][2:]) * 1e3
+# In turns (world size 2, then 1 on rank 0) after two rounds of warm-up; each
+# stepper waits for its group's ranks, then returns its own step's seconds.
+times = timing.interleaved(steppers, rounds=rounds, warmup=2, clock=False)
+step_ms = {name: {f"world size {world}": statistics.median(times[name, world]) * 1e3
                   for world in (1, 2) if (name, world) in times}
            for name, *_ in sizes}
 print(f"rank {rank}:", step_ms)
@@ -717,21 +716,27 @@ assert counter.calls == 3 and counter.bytes == 3 * 2110 * 4  # one bucket per st
 # %%
 import statistics
 
+from labkit import timing
+
 sizes = [("doc 004 MLP", 100, 1), ("MLP 1024x2", 1024, 2)]  # as on the ranks
 rounds = 6  # medians to show, not to assert (see above)
 ways = [labkit.t("one_device"), labkit.t("dp_threads"), labkit.t("ddp_processes")]
-kernel_steps = {name: {ways[0]: dp_experiments.dp_stepper(hidden, depth, 1024, devices=1),
-                       ways[1]: dp_experiments.dp_stepper(hidden, depth, 1024, devices=2)}
-                for name, hidden, depth in sizes}
-times = {name: {way: [] for way in ways} for name, *_ in sizes}
-for _ in range(rounds + 2):  # two rounds of warm-up
-    for name, *_ in sizes:
-        for way, step in kernel_steps[name].items():
-            times[name][way].append(step())
-        ranks.execute(f"t = steppers[{name!r}, 2]()")  # a DDP step on both ranks
-        times[name][ways[2]].append(max(ranks.pull("t")))
-step_ms = {name: {way: statistics.median(ts[2:]) * 1e3 for way, ts in by_way.items()}
-           for name, by_way in times.items()}
+
+
+def ddp_step(name):
+    """A DDP step on both ranks, timed there: it lasts as long as the slower rank's."""
+    ranks.execute(f"t = steppers[{name!r}, 2]()")
+    return max(ranks.pull("t"))
+
+
+steps = {}  # (model, way): one step per call, returning its seconds
+for name, hidden, depth in sizes:
+    steps[name, ways[0]] = dp_experiments.dp_stepper(hidden, depth, 1024, devices=1)
+    steps[name, ways[1]] = dp_experiments.dp_stepper(hidden, depth, 1024, devices=2)
+    steps[name, ways[2]] = lambda name=name: ddp_step(name)
+times = timing.interleaved(steps, rounds=rounds, warmup=2, clock=False)
+step_ms = {name: {way: statistics.median(times[name, way]) * 1e3 for way in ways}
+           for name, *_ in sizes}
 for name, ms in step_ms.items():
     order = sorted(ms, key=ms.get)
     print(f"{name}, on this run, fastest first:",

@@ -221,8 +221,9 @@ exercises.grade_allreduce_prediction(ab, n_params, 8, allreduce_s)
 # DDP は勾配を 1 つずつ送らず、**バケット**にまとめ、バケットの勾配がそろうたびに all-reduce を
 # 1 回実行します。torch のドキュメントは `bucket_cap_mb` の既定値を 25 としていますが、`DDP(model)` は
 # `DDP(model, bucket_cap_mb=25)` と同じではありません。約 210 万パラメータ (2,120,714 個 × 4 バイト
-# = 8.09 MiB) の MLP を両方で包み、送られたバケットの大きさを通信フック (`buckets.BucketLog`) で
-# ステップごとに記録します (単位の MB は、torch の中では MiB = 2^20 バイトです)。
+# = 8.09 MiB) の MLP を両方で包み、送られたバケットの大きさを通信フック
+# (`comm_counting.CommCounter`) でステップごとに記録します (単位の MB は、torch の中では
+# MiB = 2^20 バイトです)。
 
 # %% [markdown] lang="en"
 # ## Buckets: what `DDP(model)` really sends
@@ -232,20 +233,20 @@ exercises.grade_allreduce_prediction(ab, n_params, 8, allreduce_s)
 # default of `bucket_cap_mb`, yet `DDP(model)` is not `DDP(model, bucket_cap_mb=25)`.
 # Wrap the MLP of about 2.1 million parameters (2,120,714 × 4 bytes = 8.09 MiB) both ways
 # and record the size of every bucket sent, step by step, with a communication hook
-# (`buckets.BucketLog`). (Inside torch, "MB" means MiB, 2^20 bytes.)
+# (`comm_counting.CommCounter`). (Inside torch, "MB" means MiB, 2^20 bytes.)
 
 # %%
 # %%px
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labkit import buckets, models, workload
+from labkit import buckets, comm_counting, models, workload
 
 
 def log_buckets(cfg, steps=3, **ddp_kwargs):
     """Bytes of each bucket DDP sent, per step, on this rank's first micro-batch."""
     model = DDP(workload.make_model(cfg), **ddp_kwargs)
-    log = buckets.BucketLog().attach(model)
+    log = comm_counting.CommCounter(per_step=True).attach(model)
     X, y = workload.micro_batches(workload.make_dataset(cfg), cfg, 0, rank, world_size)[0]
     for _ in range(steps):
         log.step()

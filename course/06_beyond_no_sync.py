@@ -355,9 +355,10 @@ fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_
 #
 # 同じ仕事 (レッスン 05 の大きな MLP: 幅 1024、3 層、210 万パラメータ、勾配 8,482,856 バイト) で、
 # 各方法を 1 ステップずつ順番に 25 ステップ動かします (レッスン 04 と同じく、交互に測ります)。
-# バイト数は、`dist.all_reduce` と `dist.broadcast` に渡されたテンソルを `send_less.CollectiveBytes` が
-# 数えます。そのため、ふつうの DDP も、既定の動作を Python で書いた torch のフック
-# (`default_hooks.allreduce_hook`。計算は既定と同じ) を通します。10 秒ほどかかります。
+# バイト数は、`dist.all_reduce` と `dist.broadcast` に渡されたテンソルを
+# `comm_counting.CollectiveLog` が数えます。そのため、ふつうの DDP も、既定の動作を Python で
+# 書いた torch のフック (`default_hooks.allreduce_hook`。計算は既定と同じ) を通します。
+# 10 秒ほどかかります。
 
 # %% [markdown] lang="en"
 # ## Four more ways to send less
@@ -376,8 +377,8 @@ fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_
 #
 # On one workload (lesson 05's large MLP: width 1024, 3 layers, 2.1 million parameters,
 # 8,482,856 bytes of gradients), each method runs one step in turn, for 25 steps
-# (timed alternately, as in lesson 04). `send_less.CollectiveBytes` counts the bytes of the
-# tensors handed to `dist.all_reduce` and `dist.broadcast`; so plain DDP too goes
+# (timed alternately, as in lesson 04). `comm_counting.CollectiveLog` counts the bytes of
+# the tensors handed to `dist.all_reduce` and `dist.broadcast`; so plain DDP too goes
 # through torch's hook that writes its default in Python (`default_hooks.allreduce_hook`,
 # the same computation). It takes about 10 s.
 

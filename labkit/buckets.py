@@ -2,27 +2,26 @@
 
 DDP all-reduces gradients in buckets of about `bucket_cap_mb`, each as soon as
 all of its gradients are computed, so communication overlaps the rest of the
-backward pass. A BucketLog (a comm hook) records the bytes of every bucket; a
-Timeline records when each bucket's all-reduce starts and ends against the end
-of the gradient computation. The first step runs one bucket with every
+backward pass. A comm_counting.CommCounter records the bytes of every bucket; a
+Timeline records when each all-reduce starts and ends against the end of the
+gradient computation. The first step runs one bucket with every
 gradient: DDP then rebuilds its buckets in the order the gradients arrived.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import i18n, models, workload
+from . import comm_counting, i18n, models, workload
 
-__all__ = ["BucketLog", "Timeline", "bucket_timeline", "check_buckets_rebuilt",
-           "check_overlap", "split_at"]
+__all__ = ["Timeline", "bucket_timeline", "check_buckets_rebuilt", "check_overlap",
+           "split_at"]
 
 # Lesson 05's plot of the overlap.
 i18n.register({
@@ -33,33 +32,8 @@ i18n.register({
 })
 
 
-class BucketLog:
-    """A DDP comm hook that records the bytes of every bucket, step by step.
-
-    It all-reduces as DDP's default does (sum, then divide by the world size),
-    so training is unchanged. Call `step()` before each step's backward.
-    """
-
-    def __init__(self):
-        self.steps: list[list[int]] = []
-
-    def attach(self, model: DDP) -> BucketLog:
-        model.register_comm_hook(self, BucketLog._hook)
-        return self
-
-    def step(self) -> None:
-        self.steps.append([])
-
-    @staticmethod
-    def _hook(log, bucket):  # unannotated: DDP rejects string annotations
-        if not log.steps:
-            raise RuntimeError("BucketLog.step() must be called before the backward")
-        buffer = bucket.buffer()
-        log.steps[-1].append(buffer.numel() * buffer.element_size())
-        return default_hooks.allreduce_hook(None, bucket)
-
 def check_buckets_rebuilt(steps: Sequence[Sequence[int]], param_bytes: int) -> None:
-    """Assert what a BucketLog saw of DDP(model): one bucket, then a rebuilt split.
+    """Assert a per-step CommCounter's sizes of DDP(model): one bucket, then a split.
 
     Step 1 all-reduces every gradient in one bucket; from step 2 on, the
     buckets DDP rebuilt in the order the gradients arrived: more than one,
@@ -105,56 +79,87 @@ def split_at(spans: Sequence[tuple[float, float]], t: float) -> tuple[float, flo
 class Timeline:
     """When each all-reduce runs, against the end of the gradient computation.
 
-    A post-accumulate-grad hook on every parameter stamps the time its
-    gradient is complete; the last stamp of a step is the end of the gradient
-    computation. `loss.backward()` returns later: DDP waits there for every
-    bucket's all-reduce. A comm hook all-reduces through `allreduce`, which
-    stamps when each all-reduce is handed to the process group and when it
-    completes (one may queue behind another: the union of the spans is the
-    time some communication was under way). Times are seconds from the
-    start of the step's backward. `comm_hook(timeline, bucket)` is the DDP
-    comm hook to register: lesson 05 writes it out.
+    Between `step()` and `end_step()` a comm_counting.CollectiveLog records
+    every `dist.all_reduce` of this process: when it was handed to the process
+    group, completed and was waited for (one may queue behind another: the
+    union of the spans is the time some communication was under way). A
+    post-accumulate-grad hook on every parameter stamps when its gradient is
+    written; the last stamp of a step is the end of the gradient computation.
+    DDP's `loss.backward()` returns later: it waits there for every bucket's
+    all-reduce. Times are seconds from the step's start.
+
+    Each step's record holds "calls" (CollectiveLog's), "grad_times",
+    "grad_end", "end", "backward_end" (the same: what plots.timeline marks),
+    "events" (the calls' spans, sorted), and "hidden_s" and "exposed_s" (the
+    seconds of communication before and after grad_end). `comm_hook`, if given,
+    is registered on the DDP `model` with the timeline as its state:
+    `comm_hook(timeline, bucket)`, which lesson 05 writes out, all-reduces
+    through `timeline.allreduce`. The gradient hooks go on after the model's
+    own, so make the timeline after the model; `with` removes them at the end.
     """
 
-    def __init__(self, model: DDP, comm_hook: Callable):
+    def __init__(self, model: nn.Module, comm_hook: Callable | None = None):
         self.steps: list[dict] = []
-        self._t0 = 0.0
+        self._log = comm_counting.CollectiveLog(("all_reduce",))
+        self._open = False
         self._world_size = dist.get_world_size()
-        for p in model.parameters():
-            if p.requires_grad:
-                p.register_post_accumulate_grad_hook(self._grad_done)
-        model.register_comm_hook(self, comm_hook)
+        self._handles = [p.register_post_accumulate_grad_hook(self._grad_done)
+                         for p in model.parameters() if p.requires_grad]
+        if comm_hook is not None:
+            model.register_comm_hook(self, comm_hook)
 
-    def _now(self) -> float:
-        return time.perf_counter() - self._t0
+    def __enter__(self) -> Timeline:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._open:
+            self._log.__exit__()
+            self._open = False
+        for handle in self._handles:
+            handle.remove()
 
     def _grad_done(self, param) -> None:
-        self.steps[-1]["grad_end"] = self._now()
+        if self._open:
+            now = self._log.now()
+            self.steps[-1]["grad_end"] = now
+            self.steps[-1]["grad_times"].append(now)
 
     def allreduce(self, tensor: torch.Tensor) -> torch.futures.Future:
-        """DDP's default all-reduce (sum, then mean), stamped at start and end."""
-        span = [self._now(), math.nan]
-        self.steps[-1]["events"].append(span)
+        """DDP's default all-reduce (sum, then mean), for a comm hook to return."""
         tensor.div_(self._world_size)
         fut = dist.all_reduce(tensor, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
 
-        def done(f):
-            span[1] = self._now()
-            return f.value()[0]
+    def step(self) -> None:
+        """Start a step: the times that follow count from now."""
+        if self._open:
+            raise RuntimeError("end_step() must end the step before the next starts")
+        self._log.reset()
+        self.steps.append({"calls": self._log.calls, "grad_times": [],
+                           "grad_end": math.nan, "end": math.nan})
+        self._open = True
+        self._log.__enter__()
 
-        return fut.then(done)
+    def end_step(self) -> dict:
+        """End the step once its gradients are synchronized; return its record."""
+        step = self.steps[-1]
+        step["end"] = self._log.now()
+        self._log.__exit__()
+        self._open = False
+        for call in step["calls"]:  # every all-reduce is complete by now
+            if math.isnan(call["end"]):
+                call["end"] = step["end"]
+        step["events"] = sorted((c["start"], c["end"]) for c in step["calls"])
+        step["backward_end"] = step["end"]
+        step["hidden_s"], step["exposed_s"] = split_at(step["events"], step["grad_end"])
+        return step
 
     def backward(self, loss: torch.Tensor) -> dict:
         """Run one step's backward on every rank at once and return its record."""
         dist.barrier()  # the ranks start together, so waits are not counted
-        self.steps.append({"events": [], "grad_end": math.nan})
-        self._t0 = time.perf_counter()
+        self.step()
         loss.backward()
-        step = self.steps[-1]
-        step["backward_end"] = self._now()
-        step["events"] = sorted(tuple(span) for span in step["events"])
-        step["hidden_s"], step["exposed_s"] = split_at(step["events"], step["grad_end"])
-        return step
+        return self.end_step()
 
 def bucket_timeline(rank: int, world_size: int, cfg: workload.Config,
                     comm_hook: Callable, steps: int = 4) -> list[dict]:
@@ -168,12 +173,12 @@ def bucket_timeline(rank: int, world_size: int, cfg: workload.Config,
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     model = DDP(workload.make_model(cfg), bucket_cap_mb=cfg.bucket_cap_mb)
-    timeline = Timeline(model, comm_hook)
     X, y = _first_micro_batch(cfg, rank, world_size)
     criterion = models.MyLoss()
-    for _ in range(steps):
-        model.zero_grad()
-        timeline.backward(criterion(model(X), y))
+    with Timeline(model, comm_hook) as timeline:
+        for _ in range(steps):
+            model.zero_grad()
+            timeline.backward(criterion(model(X), y))
     return timeline.steps
 
 def check_overlap(steps: Sequence[dict], skip: int = 1) -> None:

@@ -288,8 +288,8 @@ def predicted_speedup(world_size: int, K: int, no_sync: bool,
 
     Each rank computes K micro-batches of its own (compute_s each); every
     synchronization all-reduces `bucket_bytes` (the buckets DDP sent, as a
-    BucketLog saw them), one after the other with no overlap, plus DDP's own
-    `overhead_s`. One rank needs no communication at all.
+    comm_counting.CommCounter saw them), one after the other with no overlap,
+    plus DDP's own `overhead_s`. One rank needs no communication at all.
     """
     _check_world_size(world_size)
     if K < 1:

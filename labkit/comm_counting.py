@@ -1,22 +1,50 @@
-"""Counting what DDP sends: its gradient buckets' all-reduces and their bytes."""
+"""Counting what is sent: DDP's gradient buckets, and torch.distributed's collectives.
+
+Two mechanisms, one for each place a collective can be watched from:
+
+- `CommCounter` is a DDP communication hook: DDP hands it every bucket of
+  gradients, so it records each gradient all-reduce and its bytes (step by
+  step when asked). It sees nothing else DDP sends: not the all-reduce of the
+  map of used parameters that `find_unused_parameters=True` adds at every step,
+  not the broadcasts of parameters when DDP is built and of buffers before each
+  forward pass, and nothing an optimizer sends (ZeroRedundancyOptimizer
+  broadcasts its updated shards).
+- `CollectiveLog` replaces `dist.all_reduce` and `dist.broadcast` while it is
+  active and records every call made through them: a comm hook's all-reduces,
+  ZeRO's broadcasts, a DDP written by hand; each with its bytes and when it
+  started, completed and was waited for. DDP's own C++ code calls the process
+  group directly, so the map of used parameters and DDP's broadcasts pass it by
+  as well: torch's Flight Recorder records those (lesson 10).
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
+import math
+import time
+
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-__all__ = ["CommCounter"]
+__all__ = ["CollectiveLog", "CommCounter"]
 
 
 class CommCounter:
-    """A DDP communication hook that counts all-reduce calls and bytes.
+    """A DDP communication hook that records the bytes of each all-reduce it makes.
 
-    It then all-reduces exactly as DDP's default does (sum, divide by world
-    size), so training is unchanged. Attach before the first forward pass.
+    It all-reduces exactly as DDP's default does (sum, divide by world size),
+    so training is unchanged. Attach before the first forward pass. With
+    `per_step=True`, call `step()` before each step's backward: `steps` then
+    holds each step's sizes apart.
     """
 
-    def __init__(self):
+    def __init__(self, per_step: bool = False):
+        self.per_step = per_step
         self.sizes: list[int] = []  # each call's bytes, in the order DDP made them
+        self.steps: list[list[int]] = []  # the same, one list per step()
 
     @property
     def calls(self) -> int:
@@ -30,11 +58,113 @@ class CommCounter:
         model.register_comm_hook(self, CommCounter._hook)
         return self
 
+    def step(self) -> None:
+        """Start a step: the calls that follow are this step's."""
+        self.steps.append([])
+
     def reset(self) -> None:
         self.sizes = []
+        self.steps = []
 
     @staticmethod
     def _hook(counter, bucket):  # unannotated: DDP rejects string annotations
+        if counter.per_step and not counter.steps:
+            raise RuntimeError("CommCounter.step() must be called before the backward")
         buffer = bucket.buffer()
-        counter.sizes.append(buffer.numel() * buffer.element_size())
+        size = buffer.numel() * buffer.element_size()
+        counter.sizes.append(size)
+        if counter.steps:
+            counter.steps[-1].append(size)
         return default_hooks.allreduce_hook(None, bucket)
+
+
+class _Work:
+    """A collective's handle as the caller sees it, noting when it is waited for."""
+
+    def __init__(self, work, call: dict, log: CollectiveLog):
+        self._work, self._call, self._log = work, call, log
+
+    def wait(self, *args, **kwargs):
+        if math.isnan(self._call["waited"]):  # the first wait is the one that blocks
+            self._call["waited"] = self._log.now()
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+class CollectiveLog:
+    """Every call of `dist.all_reduce` and `dist.broadcast` while active.
+
+    `with CollectiveLog() as log:` replaces them (the ones in `ops`) in
+    torch.distributed and puts them back on leaving. Each call appends to
+    `calls` a dict: "op", "bytes" (of the tensor handed over), "async",
+    "start", "end" (when it completed; NaN while an asynchronous one runs)
+    and "waited" (when its handle was first waited for; a blocking call at
+    once), in seconds from the last `reset()`.
+    """
+
+    OPS = ("all_reduce", "broadcast")
+
+    def __init__(self, ops: tuple[str, ...] = OPS):
+        if not ops or set(ops) - set(self.OPS):
+            raise ValueError(f"ops must be some of {self.OPS}, got {ops}")
+        self.ops = tuple(ops)
+        self.calls: list[dict] = []
+        self._t0 = time.perf_counter()
+        self._originals: dict = {}
+
+    def __enter__(self) -> CollectiveLog:
+        if self._originals:
+            raise RuntimeError("this CollectiveLog is already active")
+        for op in self.ops:
+            self._originals[op] = original = getattr(dist, op)
+            setattr(dist, op, self._recorded(op, original))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for op, original in self._originals.items():
+            setattr(dist, op, original)
+        self._originals = {}
+
+    def now(self) -> float:
+        """Seconds since the last reset: the clock of the calls' times."""
+        return time.perf_counter() - self._t0
+
+    def reset(self) -> None:
+        """Forget the calls so far (a new list) and restart the clock."""
+        self.calls = []
+        self._t0 = time.perf_counter()
+
+    def count(self, op: str) -> int:
+        """Calls of `op` so far."""
+        return sum(c["op"] == op for c in self.calls)
+
+    def nbytes(self, op: str | None = None) -> int:
+        """Bytes handed to `op` so far, or to every op when None."""
+        return sum(c["bytes"] for c in self.calls if op is None or c["op"] == op)
+
+    def _recorded(self, op: str, original):
+        # tensor and async_op may come by position or by name
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def recorded(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs).arguments
+            tensor, async_op = bound["tensor"], bool(bound.get("async_op", False))
+            call = {"op": op, "bytes": tensor.numel() * tensor.element_size(),
+                    "async": async_op, "start": self.now(), "end": math.nan,
+                    "waited": math.nan}
+            self.calls.append(call)
+            work = original(*args, **kwargs)
+            if not async_op:
+                call["end"] = call["waited"] = self.now()
+                return work
+
+            def done(fut: torch.futures.Future) -> None:
+                call["end"] = self.now()
+
+            work.get_future().then(done)
+            return _Work(work, call, self)
+
+        return recorded

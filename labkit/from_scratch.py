@@ -1,17 +1,16 @@
 """A DDP written from scratch, watched and compared with torch's.
 
 Lesson 06 writes the DDP itself in its cells; this module only watches it.
-`AllReduceLog` records every `dist.all_reduce` this process makes while it is
-active (bytes, asynchronous or not, when it started, completed and was waited
-for) and when the gradient computation ended, step by step. `compare_with_ddp`
-runs a DDP class written by hand and torch's DDP side by side on the same model
-and data, on every rank, and returns what each did.
+`compare_with_ddp` runs a DDP class written by hand and torch's DDP side by
+side on the same model and data, on every rank, and returns what each did: the
+hand-made one watched by a buckets.Timeline (every `dist.all_reduce` it makes,
+its bytes, when it started, completed and was waited for, against when each
+gradient was written), torch's counted by a comm_counting.CommCounter.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 import torch
@@ -21,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import buckets, comm_counting, compare, i18n, models, workload
 
-__all__ = ["AllReduceLog", "compare_with_ddp", "scratch_config"]
+__all__ = ["compare_with_ddp", "scratch_config"]
 
 # Lesson 06's plot of the hand-made DDP's all-reduces (plots.timeline).
 i18n.register({
@@ -31,107 +30,6 @@ i18n.register({
     },
     "sync_finished": {"ja": "finish_sync() が戻る", "en": "finish_sync() returns"},
 })
-
-
-class _Work:
-    """An all-reduce's handle as the caller sees it, noting when it is waited for."""
-
-    def __init__(self, work, call: dict, log: AllReduceLog):
-        self._work, self._call, self._log = work, call, log
-
-    def wait(self, *args, **kwargs):
-        if math.isnan(self._call["waited"]):  # the first wait is the one that blocks
-            self._call["waited"] = self._log._now()
-        return self._work.wait(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._work, name)
-
-
-class AllReduceLog:
-    """Every `dist.all_reduce` of this process within a step, step by step.
-
-    `with AllReduceLog(model) as log:`, then `log.step()` before each step's
-    backward and `log.end_step()` once its gradients are synchronized; calls
-    outside a step are not recorded. Each step records its calls ({"bytes",
-    "async", "start", "end", "waited", "overlapped"}: seconds from the step's
-    start, "end" when the all-reduce completed, "overlapped" the gradients
-    written meanwhile), "grad_times" (when each gradient was written),
-    "grad_end" (the last), "end" and, as buckets.Timeline does, "events",
-    "hidden_s" and "exposed_s". The log's gradient hooks go on after the
-    model's own, so it must be made after the DDP it watches.
-    """
-
-    def __init__(self, model: nn.Module):
-        self.steps: list[dict] = []
-        self._open = False
-        self._t0 = 0.0
-        self._original = None
-        self._handles = [p.register_post_accumulate_grad_hook(self._grad_done)
-                         for p in model.parameters() if p.requires_grad]
-
-    def __enter__(self) -> AllReduceLog:
-        self._original = dist.all_reduce
-        dist.all_reduce = self._all_reduce
-        return self
-
-    def __exit__(self, *exc) -> None:
-        dist.all_reduce = self._original
-        for handle in self._handles:
-            handle.remove()
-
-    def _now(self) -> float:
-        return time.perf_counter() - self._t0
-
-    def _grad_done(self, param) -> None:
-        if self._open:
-            now = self._now()
-            self.steps[-1]["grad_end"] = now
-            self.steps[-1]["grad_times"].append(now)
-
-    def _all_reduce(self, tensor, *args, async_op: bool = False, **kwargs):
-        call = {"bytes": tensor.numel() * tensor.element_size(), "async": async_op,
-                "start": self._now(), "end": math.nan, "waited": math.nan}
-        if self._open:
-            self.steps[-1]["calls"].append(call)
-        work = self._original(tensor, *args, async_op=async_op, **kwargs)
-        if not async_op:
-            call["end"] = call["waited"] = self._now()
-            return work
-
-        def done(fut):
-            call["end"] = self._now()
-            return fut.value()
-
-        work.get_future().then(done)
-        return _Work(work, call, self)
-
-    def step(self) -> None:
-        """Start a step: the times that follow count from now."""
-        self.steps.append({"calls": [], "grad_times": [], "grad_end": math.nan,
-                           "end": math.nan})
-        self._open = True
-        self._t0 = time.perf_counter()
-
-    def end_step(self) -> dict:
-        """End the step once its gradients are synchronized, and return its record."""
-        step = self.steps[-1]
-        step["end"] = self._now()
-        self._open = False
-        for call in step["calls"]:  # every all-reduce is complete by now
-            if math.isnan(call["end"]):
-                call["end"] = step["end"]
-        for call in step["calls"]:
-            # Gradients written while it was under way. The first stamp after its
-            # start is the gradient whose hook started it (hooks run in the order
-            # they were registered, the DDP's before this log's): not one more.
-            written = sum(call["start"] < g < call["end"] for g in step["grad_times"])
-            call["overlapped"] = max(0, written - 1)
-        step["events"] = sorted((c["start"], c["end"]) for c in step["calls"])
-        step["backward_end"] = step["end"]  # what plots.timeline marks
-        step["hidden_s"], step["exposed_s"] = buckets.split_at(step["events"],
-                                                                step["grad_end"])
-        return step
 
 
 def scratch_config(bucket_cap_mb: float = 1.0) -> workload.Config:
@@ -152,13 +50,13 @@ def compare_with_ddp(scratch_cls: Callable, cfg: workload.Config | None = None,
     Both wrap the same initial model and see this rank's same micro-batches.
     For each of `steps` steps, one synchronized backward each; then one update
     of K micro-batches with the first K - 1 inside `no_sync()`. The hand-made
-    DDP is watched by an AllReduceLog (its `finish_sync()` ends each step);
+    DDP is watched by a buckets.Timeline (its `finish_sync()` ends each step);
     torch's all-reduces are counted by a comm hook. Returns, all as plain
     numbers: per step the calls and bytes of each, and the largest gradient
     difference; the same for the accumulated update, with the calls made
     inside `no_sync`; and the local (unsynchronized) gradients' difference,
-    which tells a bucket never sent. "records" holds the AllReduceLog records
-    of the synchronized steps (plots.timeline draws them).
+    which tells a bucket never sent. "records" holds the Timeline records of
+    the synchronized steps (plots.timeline draws them).
     """
     cfg = cfg or scratch_config()
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -171,7 +69,7 @@ def compare_with_ddp(scratch_cls: Callable, cfg: workload.Config | None = None,
     mine = scratch_cls(workload.make_model(cfg), bucket_cap_mb=cfg.bucket_cap_mb)
     out = {"steps": [], "update": {}}
     X, y = batches[0]
-    with AllReduceLog(mine) as log:
+    with buckets.Timeline(mine) as log:
         for _ in range(steps):
             for model in (reference, local, mine):
                 model.zero_grad()
@@ -224,7 +122,8 @@ def _step_summary(record: dict, counter: comm_counting.CommCounter, reference: D
         "started_after_grads": sum(c["start"] > record["grad_end"]
                                    for c in record["calls"]),
         "hidden_s": record["hidden_s"], "exposed_s": record["exposed_s"],
-        "overlapped": sum(c["overlapped"] > 0 for c in record["calls"]),
+        "overlapped": sum(_overlapped(c, record["grad_times"]) > 0
+                          for c in record["calls"]),
         "missing_grads": missing,
         "max_diff": max((compare.max_abs_diff(got[n], want[n]) for n in common),
                         default=math.inf),
@@ -234,6 +133,17 @@ def _step_summary(record: dict, counter: comm_counting.CommCounter, reference: D
             torch.allclose(got[n], want[n] * dist.get_world_size(), atol=1e-7)
             for n in common),
     }
+
+
+def _overlapped(call: dict, grad_times: list[float]) -> int:
+    """Gradients written while the all-reduce `call` was under way.
+
+    The first stamp after its start is the gradient whose hook started it
+    (hooks run in the order they were registered, the hand-made DDP's before
+    the Timeline's): not one more.
+    """
+    written = sum(call["start"] < g < call["end"] for g in grad_times)
+    return max(0, written - 1)
 
 
 def _inner(model: nn.Module) -> nn.Module:

@@ -3,8 +3,8 @@
 Each method is DDP on the same model and data with one change: a comm hook
 that compresses (fp16, PowerSGD at rank r), ZeroRedundancyOptimizer, or one of
 DDP's switches. Every method's gradients go through a Python comm hook (plain
-DDP through torch's default hook in its Python form, `allreduce_hook`), so
-`CollectiveBytes` sees every byte handed to `dist.all_reduce` and
+DDP through torch's default hook in its Python form, `allreduce_hook`), so a
+comm_counting.CollectiveLog sees every byte handed to `dist.all_reduce` and
 `dist.broadcast`. `compare_methods` trains the methods in turn, one step of
 each at a time, and returns what each sent, how long its steps took, its loss
 and the memory its gradients and optimizer state hold.
@@ -12,8 +12,8 @@ and the memory its gradients and optimizer state hold.
 
 from __future__ import annotations
 
+import functools
 import statistics
-import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -25,9 +25,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import comm, comm_counting, i18n, models, workload
+from . import comm, comm_counting, i18n, models, timing, workload
 
-__all__ = ["METHODS", "CollectiveBytes", "Sent", "bucket_counts", "build",
+__all__ = ["METHODS", "Sent", "bucket_counts", "build",
            "compare_methods", "error_feedback_trial", "large_config",
            "optimizer_state_bytes", "predicted_step_s", "storage_bytes"]
 
@@ -71,47 +71,11 @@ class Sent(NamedTuple):
     broadcast_bytes: int = 0
     broadcast_calls: int = 0
 
-
-class CollectiveBytes:
-    """Bytes and calls handed to `dist.all_reduce` and `dist.broadcast` while active."""
-
-    NAMES = ("all_reduce", "broadcast")
-
-    def __init__(self):
-        self.calls = dict.fromkeys(self.NAMES, 0)
-        self.bytes = dict.fromkeys(self.NAMES, 0)
-        self._originals: dict = {}
-
-    def __enter__(self) -> CollectiveBytes:
-        for name in self.NAMES:
-            self._originals[name] = original = getattr(dist, name)
-            setattr(dist, name, self._counted(name, original))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for name, original in self._originals.items():
-            setattr(dist, name, original)
-
-    def _counted(self, name: str, original):
-        def counted(*args, **kwargs):
-            tensor = kwargs["tensor"] if "tensor" in kwargs else args[0]
-            self.calls[name] += 1
-            self.bytes[name] += tensor.numel() * tensor.element_size()
-            return original(*args, **kwargs)
-        return counted
-
-    def reset(self) -> None:
-        for name in self.NAMES:
-            self.calls[name] = self.bytes[name] = 0
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.bytes.values())
-
-    def sent(self) -> Sent:
-        """The counts so far, all-reduces and broadcasts apart."""
-        return Sent(self.bytes["all_reduce"], self.calls["all_reduce"],
-                    self.bytes["broadcast"], self.calls["broadcast"])
+    @classmethod
+    def of(cls, log: comm_counting.CollectiveLog) -> Sent:
+        """What `log` has recorded since its last reset."""
+        return cls(log.nbytes("all_reduce"), log.count("all_reduce"),
+                   log.nbytes("broadcast"), log.count("broadcast"))
 
 
 class _Buffers:
@@ -201,33 +165,43 @@ def compare_methods(names: Sequence[str] = METHODS, cfg: workload.Config | None 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     dataset = workload.make_dataset(cfg)
     criterion = models.MyLoss()
+    # Each step's micro-batch, the same for every method; made before the clock runs.
+    batches = [workload.micro_batches(dataset, cfg, step, rank, world_size)[0]
+               for step in range(steps)]
     runs = {}
     for name in names:
         model, optimizer, buffers = build(name, cfg)
         runs[name] = {"model": model, "optimizer": optimizer, "buffers": buffers,
-                      "bytes": [], "calls": [], "sent": [], "wire": [], "times": [],
-                      "loss": []}
+                      "bytes": [], "calls": [], "sent": [], "wire": [], "loss": []}
     counts_wire = comm.can_count_bytes_written()
-    with CollectiveBytes() as sent:
-        for step in range(steps):
-            X, y = workload.micro_batches(dataset, cfg, step, rank, world_size)[0]
-            for run in runs.values():
-                dist.barrier()
-                sent.reset()
-                run["buffers"].storages.clear()  # DDP rebuilds its buckets after step 1
-                written = comm.bytes_written() if counts_wire else 0
-                start = time.perf_counter()
-                run["optimizer"].zero_grad()
-                loss = criterion(run["model"](X), y)
-                loss.backward()
-                run["optimizer"].step()
-                run["times"].append(time.perf_counter() - start)
-                run["wire"].append(comm.bytes_written() - written if counts_wire
-                                   else None)
-                run["bytes"].append(sent.total_bytes)
-                run["calls"].append(sum(sent.calls.values()))
-                run["sent"].append(sent.sent())
-                run["loss"].append(loss.item())
+    sent = comm_counting.CollectiveLog()
+
+    def train_step(run: dict) -> None:
+        X, y = batches[len(run["loss"])]  # the loss list grows by one per step
+        run["optimizer"].zero_grad()
+        run["last_loss"] = loss = criterion(run["model"](X), y)
+        loss.backward()
+        run["optimizer"].step()
+
+    def before(name: str) -> None:
+        dist.barrier()
+        sent.reset()
+        runs[name]["buffers"].storages.clear()  # DDP rebuilds its buckets after step 1
+        runs[name]["written"] = comm.bytes_written() if counts_wire else 0
+
+    def after(name: str) -> None:
+        run = runs[name]
+        run["wire"].append(comm.bytes_written() - run["written"] if counts_wire
+                           else None)
+        run["bytes"].append(sent.nbytes())
+        run["calls"].append(len(sent.calls))
+        run["sent"].append(Sent.of(sent))
+        run["loss"].append(run["last_loss"].item())
+
+    with sent:
+        times = timing.interleaved(
+            {name: functools.partial(train_step, run) for name, run in runs.items()},
+            rounds=steps, warmup=0, before=before, after=after)
     out = {}
     for name, run in runs.items():
         losses = torch.tensor(run["loss"])
@@ -237,7 +211,7 @@ def compare_methods(names: Sequence[str] = METHODS, cfg: workload.Config | None 
         out[name] = {
             "bytes": run["bytes"], "calls": run["calls"], "sent": run["sent"],
             "wire": run["wire"],
-            "step_s": statistics.median(run["times"][POWERSGD_WARMUP + 1:]),
+            "step_s": statistics.median(times[name][POWERSGD_WARMUP + 1:]),
             "loss": (losses / world_size).tolist(), "final_loss": final,
             "grad_bytes": storage_bytes(run["model"], run["buffers"].storages),
             "state_bytes": optimizer_state_bytes(run["optimizer"]),

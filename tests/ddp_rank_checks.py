@@ -386,13 +386,11 @@ def lesson_checks_on_variants(K=4):
 
 
 def bucket_logs(caps=(None, 25, 1), steps=3):
-    """Bytes of each bucket per step of lesson 05's MLP, as a BucketLog saw them.
+    """Bytes of each bucket per step of lesson 05's MLP, as a CommCounter saw them.
 
     A cap of None builds DDP(model) without bucket_cap_mb (DDP's own default).
     Also returns the model's gradient bytes.
     """
-    from labkit import buckets
-
     out = {}
     cfg = workload.Config(hidden=1024, depth=3, accum_steps=1)
     X, y = workload.micro_batches(workload.make_dataset(cfg), cfg, 0, dist.get_rank(),
@@ -400,7 +398,7 @@ def bucket_logs(caps=(None, 25, 1), steps=3):
     for cap in caps:
         kwargs = {} if cap is None else {"bucket_cap_mb": cap}
         model = DDP(workload.make_model(cfg), **kwargs)
-        log = buckets.BucketLog().attach(model)
+        log = comm_counting.CommCounter(per_step=True).attach(model)
         for _ in range(steps):
             log.step()
             models.MyLoss()(model(X), y).backward()

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from labkit import comm, exercises, send_less
+from labkit import comm, comm_counting, exercises, send_less
 
 
 @pytest.fixture
@@ -22,16 +22,15 @@ def one_rank():
     dist.destroy_process_group()
 
 
-def test_collective_bytes_counts_tensors_passed_by_position_or_by_name(one_rank):
-    with send_less.CollectiveBytes() as sent:
+def test_sent_keeps_all_reduces_and_broadcasts_apart(one_rank):
+    # Counting itself: tests/test_comm_counting.py.
+    with comm_counting.CollectiveLog() as sent:
         dist.all_reduce(torch.ones(10))
         dist.broadcast(tensor=torch.ones(3, dtype=torch.float16), src=0)  # as ZeRO does
-    assert sent.calls == {"all_reduce": 1, "broadcast": 1}
-    assert sent.bytes == {"all_reduce": 40, "broadcast": 6}
-    assert dist.all_reduce is not sent._counted  # restored on leaving
-    with send_less.CollectiveBytes() as again:
-        pass
-    assert again.total_bytes == 0
+        dist.broadcast(torch.ones(2), 0)
+    assert send_less.Sent.of(sent) == send_less.Sent(40, 1, 14, 2)
+    sent.reset()
+    assert send_less.Sent.of(sent) == send_less.Sent(0, 0, 0, 0)
 
 
 def test_storage_bytes_counts_a_shared_storage_once():

@@ -156,7 +156,7 @@ _TOLERANCE = 1e-6
 def _judge(where: str, s: dict, world_size: int, check_count: bool,
            record: dict | None = None) -> None:
     """Raise WrongAnswer for the first mistake one step's summary shows; `record`,
-    the step's AllReduceLog record, tells an all-reduce never waited for."""
+    the step's buckets.Timeline record, tells an all-reduce never waited for."""
     if s["waited_before_grads"]:  # a blocking all-reduce counts as waited at once
         raise WrongAnswer("ex_scratch_early", step=where, n=s["waited_before_grads"])
     if s["started_after_grads"]:
@@ -322,18 +322,19 @@ def _powersgd_trial(shapes, r: int) -> int:
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ..send_less import ONE_BUCKET_MB, CollectiveBytes
+    from ..comm_counting import CollectiveLog
+    from ..send_less import ONE_BUCKET_MB
 
     torch.manual_seed(dist.get_rank())
     model = DDP(_Layers(shapes), bucket_cap_mb=ONE_BUCKET_MB)
     state = powersgd.PowerSGDState(None, matrix_approximation_rank=r,
                                    start_powerSGD_iter=2)
     model.register_comm_hook(state, powersgd.powerSGD_hook)
-    with CollectiveBytes() as sent:
+    with CollectiveLog() as sent:
         for _ in range(4):
             sent.reset()
             model(torch.ones(())).backward()
-    return sent.bytes["all_reduce"]
+    return sent.nbytes("all_reduce")
 
 
 def grade_powersgd_bytes(ranks: Ranks, fn) -> None:
