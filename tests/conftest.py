@@ -318,3 +318,37 @@ def fake_gpus(monkeypatch):
         monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
 
     return fake
+
+
+# --- what a test needs from the machine: a skip that says so, or a failure ---
+#
+# A test that cannot run here (no browser, no way to cut the network off, an
+# extra not installed) is skipped, and its reason says what is missing and how
+# to get it. Where CI provides the thing, it sets the variable that requires it
+# (.ci/run: LABKIT_REQUIRE_BROWSER, LABKIT_REQUIRE_NETNS; make ecosystem-check:
+# LABKIT_REQUIRE_ECOSYSTEM), and the same test fails instead of passing unseen.
+
+
+def unavailable(reason: str, required_by: str, *, module: bool = False):
+    """Skip for `reason` (what is missing, how to get it), or fail where the
+    environment variable `required_by` is "1". `module`: at a module's top."""
+    import os
+
+    if os.environ.get(required_by) == "1":
+        pytest.fail(f"{reason} ({required_by}=1 requires it)", pytrace=False)
+    pytest.skip(f"{reason} ({required_by}=1 makes this a failure)",
+                allow_module_level=module)
+
+
+def netns_missing() -> list[str]:
+    """What `unshare -n` with loopback up needs and this machine lacks, each
+    with how to get it; [] when the network can be cut off here."""
+    import os
+    import shutil
+
+    missing = [] if os.geteuid() == 0 else [
+        "root (unshare -n makes a network namespace; .ci/run runs as root)"]
+    missing += [f"{tool} (apt-get install {package})"
+                for tool, package in (("unshare", "util-linux"), ("ip", "iproute2"))
+                if shutil.which(tool) is None]
+    return missing

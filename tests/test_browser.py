@@ -4,8 +4,8 @@ follows the errata's links to the cells that prove them. Whole lessons are run
 once per `make test`, by nbval: these tests run a few of their cells only.
 
 Uses Debian's chromium (/usr/bin/chromium) driven by Playwright; no browser is
-downloaded. Skipped, saying why, where chromium is not installed, unless
-LABKIT_REQUIRE_BROWSER=1 (CI sets it) makes that a failure. Screenshots (the
+downloaded. Skipped, saying why, where chromium or playwright is missing, unless
+LABKIT_REQUIRE_BROWSER=1 (.ci/run sets it) makes that a failure. Screenshots (the
 lesson run, and each link that misses) are kept in build/e2e/ as artifacts.
 """
 
@@ -20,19 +20,22 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Found on PATH, as a learner's shell finds it (Debian puts it in /usr/bin).
+CHROMIUM = shutil.which("chromium")
 ARTIFACTS = ROOT / "build" / "e2e"
 
-if not Path(CHROMIUM).exists():
-    reason = ("needs Debian's chromium for the browser test "
-              "(apt-get install chromium); CI installs it")
-    if os.environ.get("LABKIT_REQUIRE_BROWSER") == "1":
-        raise RuntimeError(reason)
-    pytest.skip(reason, allow_module_level=True)
-
-playwright = pytest.importorskip("playwright.sync_api", reason="needs playwright")
+if CHROMIUM is None:
+    unavailable("the browser tests need Debian's chromium on PATH "
+                "(apt-get install chromium; .ci/run installs it as root)",
+                "LABKIT_REQUIRE_BROWSER", module=True)
+try:
+    from playwright import sync_api as playwright
+except ImportError:
+    unavailable("the browser tests need playwright (the dev extra: make setup)",
+                "LABKIT_REQUIRE_BROWSER", module=True)
 
 
 KERNEL_IDLE = """() => {
