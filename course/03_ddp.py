@@ -636,6 +636,8 @@ step_ms = {name: {f"world size {world}": statistics.median(times[name, world]) *
 print(f"rank {rank}:", step_ms)
 
 # %%
+from labkit import dp_experiments  # registers the chart's title
+
 step_ms = ranks.pull("step_ms")[0]  # rank 0 timed both world sizes
 for name, ms in step_ms.items():
     ratio = ms["world size 2"] / ms["world size 1"]
