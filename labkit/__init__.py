@@ -1,10 +1,11 @@
 """labkit: the package behind the PyTorch data-parallelism course."""
 
 import re
+import sys
 import warnings
 
-from . import i18n
-from .i18n import get_lang, set_lang, t
+from . import fonts, i18n
+from .i18n import get_lang, t
 
 __all__ = ["CHECKED_TORCH", "TorchVersionWarning", "__version__", "get_lang", "require",
            "set_lang", "t", "torch_note"]
@@ -40,6 +41,22 @@ def _parse(version: str) -> tuple[int, ...]:
     """(major, minor, micro) of a version: "2.13.0+cpu" and "2.14.0a0+git1" too."""
     return tuple(int(re.match(r"\d*", part).group() or 0)
                  for part in version.split("+")[0].split(".")[:3])
+
+
+def set_lang(lang: str) -> str:
+    """Set the language of plots and messages ("ja" or "en"); returns it.
+
+    matplotlib draws Japanese from the first labkit figure on (plots sets the
+    font up), or from now on if matplotlib is already imported.
+    """
+    i18n.set_lang(lang)
+    # Importing matplotlib costs about 0.2 s of CPU, and most processes that set
+    # a language draw nothing (every rank torchrun starts runs `python -m labkit`).
+    # Where matplotlib is already in use, a figure drawn with it directly or an
+    # rc_context entered next must see the font now, as before.
+    if "matplotlib" in sys.modules:
+        fonts.setup_japanese_font()
+    return lang
 
 
 def torch_note(have: str | None = None) -> str | None:

@@ -1,15 +1,15 @@
 """The language of learner-facing text: every message in Japanese and English.
 
 Each module registers the messages it prints or draws, beside the code that
-uses them; `t(key)` gives one in the current language. labkit.fonts makes
-matplotlib draw Japanese.
+uses them, when it is imported; `t(key)` gives one in the current language. This
+module is the bottom of labkit: it imports nothing of it (nor anything beyond the
+standard library), so every module can register here. `labkit.set_lang` also sets
+matplotlib's font up (labkit.fonts).
 """
 
 from __future__ import annotations
 
-import sys
-
-__all__ = ["LANGS", "get_lang", "import_all", "register", "set_lang", "t"]
+__all__ = ["LANGS", "get_lang", "register", "set_lang", "t"]
 
 LANGS = ("ja", "en")
 
@@ -25,24 +25,12 @@ def get_lang() -> str:
 
 
 def set_lang(lang: str) -> str:
-    """Set the language of plots and messages ("ja" or "en"); returns it.
-
-    matplotlib draws Japanese from the first labkit figure on (plots sets the
-    font up), or from now on if matplotlib is already imported.
-    """
+    """Set the language of messages ("ja" or "en"); returns it."""
     if lang not in LANGS:
         raise ValueError(
             f"unknown language {lang!r}: choose one of {', '.join(LANGS)}"
         )
     _state["lang"] = lang
-    # Importing matplotlib costs about 0.2 s of CPU, and most processes that set
-    # a language draw nothing (every rank torchrun starts runs `python -m labkit`).
-    # Where matplotlib is already in use, a figure drawn with it directly or an
-    # rc_context entered next must see the font now, as before.
-    if "matplotlib" in sys.modules:
-        from .fonts import setup_japanese_font  # fonts imports this module
-
-        setup_japanese_font()
     return lang
 
 
@@ -58,24 +46,16 @@ def register(messages: dict[str, dict[str, str]]) -> None:
 
 
 def t(key: str, **fields: object) -> str:
-    """The message `key` in the current language, formatted with `fields`."""
-    if key not in MESSAGES:
-        # Registered by a module not imported yet (a cell run out of order).
-        import_all()
+    """The message `key` in the current language, formatted with `fields`.
+
+    A module registers its messages when it is imported: a key no imported module
+    registered is a KeyError (a typo, or a cell run before the one that imports
+    the module using it).
+    """
+    lang = _state["lang"]
     try:
         entry = MESSAGES[key]
     except KeyError:
-        raise KeyError(f"no message {key!r} in any labkit module") from None
-    return entry[_state["lang"]].format(**fields)
-
-
-def import_all() -> None:
-    """Import every labkit module, so that every message is registered."""
-    import importlib
-    import pkgutil
-
-    import labkit
-
-    for module in pkgutil.walk_packages(labkit.__path__, "labkit."):
-        if not module.name.endswith("__main__"):
-            importlib.import_module(module.name)
+        raise KeyError(f"no message {key!r} in {lang!r}: no labkit module imported "
+                       "so far registers it") from None
+    return entry[lang].format(**fields)
