@@ -11,7 +11,7 @@ from .fonts import MissingGlyphError, checked_glyphs, setup_japanese_font
 from .i18n import t
 
 # Importing plots means drawing: Japanese from here on, also in figures a lesson
-# draws with plt directly (i18n.set_lang leaves matplotlib alone in processes that
+# draws with plt directly (labkit.set_lang leaves matplotlib alone in processes that
 # never import it).
 setup_japanese_font()
 
