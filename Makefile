@@ -17,7 +17,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.labkit-installed
 GRADING := $(VENV)/.labkit-grading
 
-.PHONY: setup lab course test check lint unit notebooks check-notebooks nbval executed student site site-check nbgrader nbgrader-check clean-venv
+.PHONY: setup lab course test check lint unit notebooks check-notebooks nbval executed student site site-check nbgrader nbgrader-check ecosystem-check clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,7 +54,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check labkit tests tools bench course website
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -rs tests
 
 ## Every lesson of both languages run by nbval, once: a cell that raises fails, and
 ## so does a cell tagged raises-exception that no longer raises, or a process left
@@ -106,9 +106,31 @@ nbgrader-check: $(GRADING)
 nbgrader-check-all: $(GRADING)
 	LABKIT_NBGRADER=all $(BIN)/python -m pytest tests/test_nbgrader.py
 
+## Lesson 09's optional frameworks (pyproject's ecosystem extra: Lightning and
+## Accelerate), checked where they are installed: the sections the errata's rows
+## link to that assert only with the extra run, and must assert
+## (LABKIT_REQUIRE_ECOSYSTEM=1 makes a missing framework a failure). The extra goes
+## into a venv of its own, build/ecosystem-venv, that sees .venv's packages (a .pth
+## file): the same torch and labkit, and .venv stays as a learner's, so the lesson
+## runs kept in build/executed stay fresh. About a minute here, the first time.
+ECO_VENV := build/ecosystem-venv
+ECO_STAMP := $(ECO_VENV)/.labkit-installed
+PURELIB := import sysconfig; print(sysconfig.get_paths()["purelib"])
+
+$(ECO_STAMP): pyproject.toml $(STAMP)
+	test -x $(ECO_VENV)/bin/python || $(BIN)/python -m venv $(ECO_VENV)
+	echo "$$($(BIN)/python -c '$(PURELIB)')" > "$$($(ECO_VENV)/bin/python -c '$(PURELIB)')/labkit-venv.pth"
+	$(ECO_VENV)/bin/python -m pip install --quiet -e ".[ecosystem]"
+	touch $@
+
+ecosystem-check: $(ECO_STAMP)
+	LABKIT_REQUIRE_ECOSYSTEM=1 $(ECO_VENV)/bin/python -m pytest -rs \
+	    tests/test_claims_ledger.py::test_sections_asserted_only_with_the_ecosystem_extra_assert_there \
+	    tests/test_scaleout.py::test_frameworks_call_no_sync_where_they_accumulate
+
 ## Everything CI checks, step by step; each step's time is printed as it ends,
 ## and all of them at the end (also in build/test-times.txt).
-TEST_STEPS := lint check-notebooks unit nbval site-check nbgrader-check
+TEST_STEPS := lint check-notebooks unit ecosystem-check nbval site-check nbgrader-check
 test: $(STAMP)
 	@mkdir -p build && : > build/test-times.txt; \
 	for step in $(TEST_STEPS); do \

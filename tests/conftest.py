@@ -334,6 +334,8 @@ def unavailable(reason: str, required_by: str, *, module: bool = False):
     environment variable `required_by` is "1". `module`: at a module's top."""
     import os
 
+    __tracebackhide__ = True  # the report names the test that called this
+
     if os.environ.get(required_by) == "1":
         pytest.fail(f"{reason} ({required_by}=1 requires it)", pytrace=False)
     pytest.skip(f"{reason} ({required_by}=1 makes this a failure)",

@@ -6,13 +6,17 @@ the list may only shrink: a gap that gets its assertion fails until it is remove
 """
 
 import json
+import subprocess
 from pathlib import Path
 
 import ledger
+import links
 import pytest
 import torch
+from conftest import unavailable
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
 
 # Rows whose linked section asserts nothing today, and the assertion it needs.
 KNOWN_GAPS = {
@@ -21,10 +25,111 @@ KNOWN_GAPS = {
     "004-29": "07 TensorFlow Lattice: cited, not demonstrated",
 }
 
+# Rows whose section asserts only where the ecosystem extra (Lightning and
+# Accelerate) is installed: lesson 09's cell skips a framework it cannot import,
+# so the lessons' run in .venv asserts nothing there. make ecosystem-check, a step
+# of make test, installs the extra and runs these sections
+# (test_sections_asserted_only_with_the_ecosystem_extra_assert_there).
+ECOSYSTEM_ROWS = {"004-14", "004-30"}
+
 
 @pytest.mark.parametrize("lang", ["ja", "en"])
 def test_every_row_links_to_a_cell_that_asserts(lang):
     assert ledger.ledger_problems(NOTEBOOKS / lang, known_gaps=KNOWN_GAPS) == []
+
+
+def _asserts_only_if_installed(code: list[str]) -> bool:
+    """Whether a section's assertions run only where an optional package is:
+    a cell that asserts also asks labkit.doctor whether a package is installed."""
+    return any(ledger.asserts(c) and "doctor.version(" in c for c in code)
+
+
+def _sections(lang: str, ids) -> list[tuple[str, str, list[str]]]:
+    """(notebook, fragment, code cells) of the sections the rows `ids` link to."""
+    rows = ledger.ledger(NOTEBOOKS / lang / "11_errata.ipynb")
+    targets = sorted({(t, f) for i, t, f in rows if i in ids and t is not None})
+    return [(t, f, links.section_code(NOTEBOOKS / lang / t, f)) for t, f in targets]
+
+
+@pytest.mark.parametrize("lang", ["ja", "en"])
+def test_rows_that_assert_only_with_an_extra_are_the_ecosystem_check_s(lang):
+    """A row counted as asserted whose section asserts only where an optional
+    package is installed must be one that make ecosystem-check runs."""
+    rows = ledger.ledger(NOTEBOOKS / lang / "11_errata.ipynb")
+    optional = {i for i, target, fragment in rows if target is not None
+                and _asserts_only_if_installed(
+                    links.section_code(NOTEBOOKS / lang / target, fragment) or [])}
+    assert optional == ECOSYSTEM_ROWS
+
+
+@pytest.mark.parametrize(("code", "optional"), [
+    (["if doctor.version('x'):\n    assert x.works()"], True),
+    (["installed = doctor.version('x')", "assert installed is None"], False),
+    (["assert 1 + 1 == 2"], False),
+])
+def test_what_counts_as_asserting_only_if_installed(code, optional):
+    assert _asserts_only_if_installed(code) is optional
+
+
+def _make(*args: str) -> str:
+    done = subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.procs
+def test_make_test_runs_the_ecosystem_rows_and_requires_the_frameworks():
+    """make test's steps, as make reads them, include ecosystem-check, which runs
+    the test below with a missing framework made a failure."""
+    steps = _make("--eval=print-steps: ; @echo $(TEST_STEPS)", "print-steps").split()
+    assert "ecosystem-check" in steps and "unit" in steps
+    # -n: what the step would run, run here by no one; -W: as if pyproject.toml
+    # had changed, so that the set-up of its venv shows too
+    commands = _make("-n", "-W", "pyproject.toml", "ecosystem-check").replace(
+        "\\\n", " ").splitlines()
+    (pytest_line,) = [c for c in commands if " -m pytest " in c]
+    assert pytest_line.startswith("LABKIT_REQUIRE_ECOSYSTEM=1 build/ecosystem-venv/")
+    assert ("tests/test_claims_ledger.py::"
+            "test_sections_asserted_only_with_the_ecosystem_extra_assert_there"
+            in pytest_line)
+    assert any(c.startswith("build/ecosystem-venv/bin/python -m pip install")
+               and '".[ecosystem]"' in c for c in commands), commands
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(600)  # each framework trains on two ranks under torchrun
+def test_sections_asserted_only_with_the_ecosystem_extra_assert_there(
+        monkeypatch, capsys):
+    """The cells of the ECOSYSTEM_ROWS' sections, run as the lesson runs them:
+    each framework accumulates under DDP, entering no_sync() between updates."""
+    import labkit
+    from labkit import doctor, ecosystem
+
+    missing = [name for name in ecosystem.FRAMEWORKS if doctor.version(name) is None]
+    if missing:
+        unavailable(f"{', '.join(missing)} not installed: pyproject's ecosystem extra "
+                    "(make ecosystem-check installs it in build/ecosystem-venv)",
+                    "LABKIT_REQUIRE_ECOSYSTEM")
+    runs = []  # each run_counted call's results, as the cell got them
+    real = ecosystem.run_counted
+    monkeypatch.setattr(ecosystem, "run_counted",
+                        lambda name, **kw: runs.append(real(name, **kw)) or runs[-1])
+    (section,) = _sections("en", ECOSYSTEM_ROWS)  # the code is shared by ja and en
+    target, fragment, code = section
+    assert any(map(ledger.asserts, code)), section
+    for n, source in enumerate(code):
+        exec(compile(source, f"{target}#{fragment} code cell {n}", "exec"),
+             {"labkit": labkit, "doctor": doctor, "ecosystem": ecosystem})
+    shown = capsys.readouterr().out
+    assert labkit.t("frameworks_checked", checked=", ".join(ecosystem.FRAMEWORKS),
+                    skipped="-") in shown, shown
+    assert [[r["framework"] for r in run] for run in runs] == [
+        [name, name] for name in ecosystem.FRAMEWORKS]  # both ranks of each
+    for r in (r for run in runs for r in run):
+        assert r["wrapped_in"] == "DistributedDataParallel"
+        assert (r["batches"], r["accum_steps"]) == (8, 4)
+        assert r["optimizer_steps"] == 2 and r["no_sync_entries"] == 6
 
 
 def test_both_languages_have_the_same_rows_and_targets():

@@ -2,10 +2,11 @@
 nodes, FSDP shards, ZeRO arithmetic, BatchNorm under DDP, optional frameworks."""
 
 import json
+import re
 import sys
 
 import pytest
-from conftest import child_processes, leftovers
+from conftest import child_processes, leftovers, unavailable
 
 from labkit import batchnorm, doctor, ecosystem, sharding
 from labkit.cluster import launch, torchrun
@@ -106,13 +107,17 @@ def test_frameworks_are_optional():
 
 
 @pytest.mark.parametrize("name", list(ecosystem.FRAMEWORKS))
-def test_frameworks_accumulate_with_no_sync(name):
+def test_frameworks_call_no_sync_where_they_accumulate(name):
+    """Their source; that they enter it, counted, is lesson 09's cell, run by
+    tests/test_claims_ledger.py where they are installed (make ecosystem-check)."""
     if doctor.version(name) is None:
-        pytest.skip(f"{name} is not installed (optional)")
-    assert any("no_sync" in line for line in ecosystem.no_sync_lines(name))
-    for r in ecosystem.run_counted(name):
-        assert r["wrapped_in"] == "DistributedDataParallel"
-        assert r["optimizer_steps"] == 2 and r["no_sync_entries"] == 6
+        unavailable(f"{name} is not installed: pyproject's ecosystem extra (make "
+                    "ecosystem-check installs it in build/ecosystem-venv)",
+                    "LABKIT_REQUIRE_ECOSYSTEM")
+    # a call of a model's no_sync(), not only a line that names it
+    calls = [line for line in ecosystem.no_sync_lines(name)
+             if re.search(r"\.no_sync\(", line.partition(": ")[2])]
+    assert calls, ecosystem.no_sync_lines(name)
 
 
 def test_the_no_sync_counter_counts_and_puts_no_sync_back_after_an_error():
