@@ -354,3 +354,27 @@ def netns_missing() -> list[str]:
                 for tool, package in (("unshare", "util-linux"), ("ip", "iproute2"))
                 if shutil.which(tool) is None]
     return missing
+
+
+def step_time_problems(result: dict, *, accum_steps: int, repeat: int,
+                       within_s: float | None = None) -> list[str]:
+    """What is wrong with a no_sync experiment's step times (labkit nosync's
+    step_s_sync and step_s_nosync), one line each; [] when they stand for what
+    they say: seconds of one optimizer step of K micro-batches in each mode,
+    measured (finite, > 0) with the K and rounds asked for, and, as parts of a
+    run that lasted `within_s` seconds, shorter than it together."""
+    import math
+
+    problems = []
+    times = {key: result.get(key) for key in ("step_s_sync", "step_s_nosync")}
+    for key, value in times.items():
+        if not isinstance(value, float) or not math.isfinite(value) or value <= 0:
+            problems.append(f"{key} is {value!r}, not a measured time in seconds")
+    config = result.get("config", {})
+    asked = {"accum_steps": accum_steps, "repeat": repeat}
+    problems += [f"measured with {key}={config.get(key)!r}, asked {want}"
+                 for key, want in asked.items() if config.get(key) != want]
+    if within_s is not None and not problems and sum(times.values()) >= within_s:
+        problems.append(f"one step of each mode, {sum(times.values()):.3g} s, is not "
+                        f"a part of the {within_s:.3g} s run that timed it")
+    return problems

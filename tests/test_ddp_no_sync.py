@@ -45,7 +45,9 @@ def test_nosync_experiment_reports_equivalence_and_counts(ranks):
     calls_per_sync = result["allreduce_calls_per_step_nosync"]
     assert calls_per_sync > 1
     assert result["allreduce_calls_per_step_sync"] == 4 * calls_per_sync
-    assert result["step_s_sync"] > 0 and result["step_s_nosync"] > 0
+    from conftest import step_time_problems  # seconds of one step, as configured
+
+    assert step_time_problems(result, accum_steps=4, repeat=1) == []
 
 
 def test_stepping_inside_no_sync_diverges_and_stays_apart(ranks):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch.distributed as dist
-from conftest import alive, child_processes, two_rank_scripts
+from conftest import alive, child_processes, step_time_problems, two_rank_scripts
 
 from labkit import cluster
 from labkit.__main__ import main
@@ -158,13 +158,41 @@ def _json_of(cmd, tmp_path):
 
 @pytest.mark.procs
 def test_cli_nosync_writes_its_figures(tmp_path):
+    started = time.monotonic()
     result = _json_of([sys.executable, "-m", "labkit", "nosync", "--world-size", "2",
                        "--accum", "4", "--steps", "3", "--repeat", "1"], tmp_path)
+    took_s = time.monotonic() - started
     assert result["grad_max_abs_diff"] <= 1e-6
     assert result["replica_max_param_diff"] == 0.0
     assert result["allreduce_calls_per_step_sync"] == 4
     assert result["allreduce_calls_per_step_nosync"] == 1
-    assert result["step_s_sync"] > 0 and result["step_s_nosync"] > 0
+    assert step_time_problems(result, accum_steps=4, repeat=1, within_s=took_s) == []
+
+
+GOOD = {"step_s_sync": 0.02, "step_s_nosync": 0.01,
+        "config": {"accum_steps": 4, "repeat": 1}}
+
+
+@pytest.mark.parametrize(("changed", "problem"), [
+    ({}, None),
+    ({"step_s_sync": float("nan")}, "step_s_sync is nan"),
+    ({"step_s_nosync": float("inf")}, "step_s_nosync is inf"),
+    ({"step_s_sync": 0.0}, "step_s_sync is 0.0"),
+    ({"step_s_nosync": -0.01}, "step_s_nosync is -0.01"),
+    ({"step_s_sync": None}, "step_s_sync is None"),
+    ({"step_s_sync": "0.02"}, "step_s_sync is '0.02'"),
+    ({"config": {"accum_steps": 1, "repeat": 1}}, "accum_steps=1, asked 4"),
+    ({"config": {"accum_steps": 4}}, "repeat=None, asked 1"),
+    # milliseconds, or a whole run's total, read as one step's seconds
+    ({"step_s_sync": 20.0}, "is not a part of the 5 s run"),
+])
+def test_step_times_problems_name_what_a_wrong_report_gets_wrong(changed, problem):
+    problems = step_time_problems(GOOD | changed, accum_steps=4, repeat=1,
+                                  within_s=5.0)
+    if problem is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problem in problems[0], problems
 
 
 @pytest.mark.procs
