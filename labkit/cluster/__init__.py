@@ -25,6 +25,7 @@ labkit.cluster.stalls, and report failures with labkit.cluster.failures.
 from __future__ import annotations
 
 import importlib
+import sys
 
 __all__ = ["ENGINE_BACKEND", "RankError", "Ranks", "current", "start"]
 
@@ -36,11 +37,19 @@ _HOMES = {"ENGINE_BACKEND": "ranks", "Ranks": "ranks", "current": "ranks",
           "start": "ranks", "RankError": "failures"}
 
 
-def __getattr__(name: str):
-    if name in _HOMES:
-        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def lazy_names(package: str, homes: dict[str, str]):
+    """A package's `__getattr__` and `__dir__` for names that load on first use:
+    `homes` maps each name to the submodule of `package` that defines it."""
+
+    def __getattr__(name: str):
+        if name in homes:
+            return getattr(importlib.import_module(f"{package}.{homes[name]}"), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted([*vars(sys.modules[package]), *homes])
+
+    return __getattr__, __dir__
 
 
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOMES])
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)

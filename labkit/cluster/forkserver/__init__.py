@@ -35,8 +35,7 @@ forks.
 
 from __future__ import annotations
 
-import importlib
-
+from .. import lazy_names
 from .client import ForkServerError, Server, pid, server
 
 __all__ = ["ControllerLauncher", "EngineLauncher", "EngineSetLauncher",
@@ -48,11 +47,4 @@ __all__ = ["ControllerLauncher", "EngineLauncher", "EngineSetLauncher",
 _LAUNCHERS = ("ControllerLauncher", "EngineLauncher", "EngineSetLauncher")
 
 
-def __getattr__(name: str):
-    if name in _LAUNCHERS:
-        return getattr(importlib.import_module(f"{__name__}.launchers"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAUNCHERS])
+__getattr__, __dir__ = lazy_names(__name__, dict.fromkeys(_LAUNCHERS, "launchers"))
