@@ -18,7 +18,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -381,18 +380,13 @@ def levers_table(ranks, steps: int) -> dict:
 
 
 def course_exec_s(lang: str) -> dict[str, float]:
-    """Seconds to execute each notebook of one language, as `make course` does."""
-    notebooks = sorted((ROOT / "notebooks" / lang).glob("*.ipynb"))
-    jupyter = Path(sys.executable).with_name("jupyter")
-    seconds = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for notebook in notebooks:
-            t0 = time.perf_counter()
-            subprocess.run([str(jupyter), "execute", "--timeout=600", str(notebook)],
-                           check=True, cwd=tmp, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-            seconds[notebook.stem] = time.perf_counter() - t0
-    return seconds
+    """Seconds to execute each notebook of one language, as `make course` does
+    (tools/execute.py: the notebook's folder, its kernel, the same cell timeout)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import execute
+
+    return {notebook.stem: execute.run(notebook)
+            for notebook in sorted((ROOT / "notebooks" / lang).glob("*.ipynb"))}
 
 
 def course_results() -> dict:
