@@ -89,10 +89,12 @@ site: $(STAMP) student executed
 site-check: site
 	LABKIT_SITE=build/site $(BIN)/python -m pytest tests/test_site.py
 
-## The course for nbgrader in build/nbgrader: each lesson with exercises, in each
-## language, an assignment (source/ with the solutions, release/ without).
+## The course for nbgrader in build/nbgrader (or NBGRADER_OUT=folder): each lesson
+## with exercises, in each language, an assignment (source/ with the solutions,
+## release/ without).
+NBGRADER_OUT ?= build/nbgrader
 nbgrader: $(GRADING)
-	$(BIN)/python tools/nbgrader_course.py
+	$(BIN)/python tools/nbgrader_course.py --out $(NBGRADER_OUT)
 
 ## nbgrader's round trip on a sample (tests/test_nbgrader.py's SAMPLE: lessons 02 in
 ## Japanese and 06 in English): validate, autograde (full marks for the reference

@@ -331,13 +331,14 @@ def fake_gpus(monkeypatch):
 
 def unavailable(reason: str, required_by: str, *, module: bool = False):
     """Skip for `reason` (what is missing, how to get it), or fail where the
-    environment variable `required_by` is "1". `module`: at a module's top."""
+    environment variable `required_by` is set, to anything but "0" (LABKIT_NBGRADER
+    is "1" or "all"). `module`: at a module's top."""
     import os
 
     __tracebackhide__ = True  # the report names the test that called this
 
-    if os.environ.get(required_by) == "1":
-        pytest.fail(f"{reason} ({required_by}=1 requires it)", pytrace=False)
+    if (value := os.environ.get(required_by, "0")) not in ("", "0"):
+        pytest.fail(f"{reason} ({required_by}={value} requires it)", pytrace=False)
     pytest.skip(f"{reason} ({required_by}=1 makes this a failure)",
                 allow_module_level=module)
 
