@@ -374,11 +374,15 @@ import sys, time
 import torch, torch.distributed as dist
 from labkit.cluster import rendezvous
 rank, port = int(sys.argv[1]), int(sys.argv[2])
-if rank == 1:
-    time.sleep(4)  # still importing, on a busy machine: late, not lost
-rendezvous.init_rank(rank, 2, "gloo", port, "late", timeout_s=2)
-print("joined", flush=True)
 store = dist.TCPStore("127.0.0.1", port, is_master=False)
+if rank == 0:
+    store.set("late/rank 0 joining", "1")
+else:  # still importing, on a busy machine: later than the 2 s, and not lost
+    store.wait(["late/rank 0 joining"])
+    time.sleep(2.5)
+t0 = time.perf_counter()
+rendezvous.init_rank(rank, 2, "gloo", port, "late", timeout_s=2)
+print(f"joined after {time.perf_counter() - t0:.1f} s", flush=True)
 if rank == 0:  # a collective rank 1 never joins: the 2 s timeout, not the join's
     t0 = time.perf_counter()
     try:
@@ -395,6 +399,9 @@ else:  # alive until then: rank 0 waits on a live peer, not a closed one
 def test_a_late_rank_joins_and_collectives_keep_their_short_timeout():
     out = [r.stdout for r in two_rank_scripts(_LATE_RANK)]
     assert all("joined" in o for o in out), out
+    # rank 0 waited for the late one longer than a collective may
+    waited = re.search(r"joined after ([\d.]+) s", out[0])
+    assert waited and float(waited.group(1)) > 2, out[0]
     timed_out = re.search(r"timed out after ([\d.]+) s: .*Timed out waiting 2000ms",
                           out[0])
     assert timed_out, out[0]
