@@ -40,6 +40,9 @@ def test_a_run_past_its_timeout_is_stopped_with_its_workers():
     nodes = torchrun.run_nodes(["-m", "labkit", "misuse", "--steps", "100000"],
                                 nnodes=2, nproc_per_node=1, timeout_s=8)
     assert all(n.returncode != 0 and "stopped after 8 s" in n.output for n in nodes)
+    # each agent had its worker running, and stopped it: not stopped before it began
+    assert all("closing signal SIGTERM" in n.output for n in nodes), \
+        [n.output[-2000:] for n in nodes]
     assert leftovers(before) == set()
 
 
