@@ -22,7 +22,7 @@ fi
 nnodes=$1 endpoint=$2 job_id=$3 procs_per_node=$4 backend=$5 local_addr=${6:-}
 
 # The course's environment, made once with `make lab` (see README), two folders up.
-course=$(cd "$(dirname "$0")/.." && pwd)
+course=$(cd "$(dirname "$0")/../.." && pwd)
 
 exec "$course/.venv/bin/python" -m torch.distributed.run \
     --nnodes "$nnodes" \
