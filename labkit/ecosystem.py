@@ -182,4 +182,6 @@ def run_counted(name: str, world_size: int = 2, timeout_s: float = 180.0) -> lis
 if __name__ == "__main__":  # python -m labkit.ecosystem lightning|accelerate
     # One write per result, so that two ranks' results never interleave.
     sys.stdout.write("LABKIT_RESULT " + json.dumps(count_no_sync(sys.argv[1])) + "\n")
-    sys.stdout.flush()
+    from .cluster import launch
+
+    launch.exit_now(0)  # flushed, and no abort in gloo's threads at exit: see exit_now
