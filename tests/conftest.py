@@ -71,7 +71,6 @@ def pytest_timeout_cancel_timer(item):
 # module (None) or the tests named.
 PROCS_TESTS = {
     "test_browser": None, "test_site": None, "test_nbgrader": None,
-    "test_build_notebooks": {"test_committed_notebooks_are_in_sync"},
     "test_troubleshooting": {
         "test_the_stack_cell_shows_labkit_s_dump_where_py_spy_is_refused"},
     "test_environments": {"test_the_dev_container_sets_up_with_the_readme_s_command",
