@@ -87,7 +87,12 @@ class _Work:
     def wait(self, *args, **kwargs):
         if math.isnan(self._call["waited"]):  # the first wait is the one that blocks
             self._call["waited"] = self._log.now()
-        return self._work.wait(*args, **kwargs)
+        result = self._work.wait(*args, **kwargs)
+        # Done by now at the latest: the future's callback, which notes the end,
+        # may run on gloo's thread after wait() has returned.
+        if math.isnan(self._call["end"]):
+            self._call["end"] = self._log.now()
+        return result
 
     def __getattr__(self, name):
         return getattr(self._work, name)
@@ -162,7 +167,8 @@ class CollectiveLog:
                 return work
 
             def done(fut: torch.futures.Future) -> None:
-                call["end"] = self.now()
+                if math.isnan(call["end"]):  # not noted already by a wait
+                    call["end"] = self.now()
 
             work.get_future().then(done)
             return _Work(work, call, self)
