@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--port", type=int, default=0,
                        help="rendezvous port on 127.0.0.1 (default 0: any free one)")
         p.add_argument("--fault", choices=("raise", "kill", "hang", "stop"),
-                       help="make one rank fail on purpose, to see what it looks like")
+                       help="make one rank fail on purpose, to see what it looks "
+                            "like (stop needs SIGSTOP, which Windows lacks)")
         p.add_argument("--fault-rank", type=int, default=1, metavar="R",
                        help="the rank that fails (default 1)")
         p.add_argument("--json", metavar="FILE", help="write the results as JSON")
@@ -172,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="save every N steps (and at the end)")
             p.add_argument("--die-at", type=int, default=None, metavar="STEP",
                            help="rank 1 kills itself before STEP on torchrun's "
-                                "first attempt")
+                                "first attempt (SIGKILL; os._exit on Windows)")
         p.set_defaults(func=_experiment)
     p = sub.add_parser("dp", help="data_parallel against one device: outputs and "
                        "gradients (simulated devices without GPUs)")

@@ -2,7 +2,10 @@
 
 A checkpoint is written to a temporary file in the same folder, flushed and
 fsynced, then moved over the old one with os.replace, which is atomic: a
-process killed while saving leaves the previous checkpoint whole. Loading uses
+process killed while saving leaves the previous checkpoint whole. The folder is
+fsynced too, so that the rename survives a power cut; Windows cannot open a
+folder as a file (os.open raises PermissionError), and there that step is
+skipped: the rename is still atomic, only not forced to disk. Loading uses
 torch.load(weights_only=True), which refuses arbitrary pickled objects, so
 every value saved here is a tensor or a plain Python value.
 """
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CheckpointError", "load", "save"]
+__all__ = ["CheckpointError", "can_sync_folder", "load", "save"]
 
 
 class CheckpointError(RuntimeError):
@@ -39,12 +42,26 @@ def save(state: dict, path: str | os.PathLike) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    dir_fd = os.open(folder, os.O_RDONLY)
+    _sync_folder(folder)  # and so is the rename, where the system allows it
+    return path
+
+
+def _sync_folder(folder: Path) -> bool:
+    """fsync `folder`; False where the system cannot open a folder (Windows)."""
     try:
-        os.fsync(dir_fd)  # and so is the rename
+        dir_fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # PermissionError on Windows; an fsync error still raises
+        return False
+    try:
+        os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    return path
+    return True
+
+
+def can_sync_folder(folder: str | os.PathLike = ".") -> bool:
+    """Whether `save` can force its rename to disk here (not on Windows)."""
+    return _sync_folder(Path(folder))
 
 
 def load(path: str | os.PathLike) -> dict:

@@ -9,7 +9,6 @@ initialized process group.
 from __future__ import annotations
 
 import os
-import signal
 from contextlib import nullcontext
 from dataclasses import asdict
 
@@ -18,6 +17,7 @@ import torch.distributed as dist
 from . import compare, models, training, workload
 from .checkpoint import load as load_checkpoint
 from .checkpoint import save as save_checkpoint
+from .cluster.launch import crash
 from .no_sync import accumulate_no_sync, counted_update, step_times
 
 __all__ = ["misuse_experiment", "nosync_experiment", "resumable_training"]
@@ -142,7 +142,8 @@ def resumable_training(rank: int, world_size: int, cfg: workload.Config,
     the step is all the data order needs.
 
     `die_at`: on torchrun's first attempt (TORCHELASTIC_RESTART_COUNT 0), rank 1
-    kills itself with SIGKILL before that step, as a crashed node would.
+    kills itself with SIGKILL before that step, as a crashed node would
+    (cluster.launch.crash: os._exit where there is no SIGKILL, on Windows).
     """
     cfg.check()
     if every < 1:
@@ -160,7 +161,7 @@ def resumable_training(rank: int, world_size: int, cfg: workload.Config,
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     for step in range(start, cfg.steps):
         if step == die_at and attempt == 0 and rank == 1:
-            os.kill(os.getpid(), signal.SIGKILL)
+            crash()
         optimizer.zero_grad()
         accumulate_no_sync(model, criterion,
                            workload.micro_batches(dataset, cfg, step, rank, world_size))

@@ -65,6 +65,21 @@ i18n.register({
         "ja": "モデルによる予測 (測定ではありません)",
         "en": "Predicted by the model (not a measurement)",
     },
+    # Lessons 05 and 06 where /proc/self/io is missing (macOS, Windows).
+    "bytes_sent_not_counted": {
+        "ja": "この OS には /proc/self/io がない (Linux のものです) ため、"
+              "各ランクが送ったバイト数は数えられません。2(n−1)/n の比はここでは"
+              "確かめず、Linux で tests/test_comm.py が確かめます",
+        "en": "This system has no /proc/self/io (it is Linux's): the bytes each rank "
+              "sent cannot be counted, so the 2(n−1)/n share is not checked here; "
+              "tests/test_comm.py checks it on Linux",
+    },
+    "bytes_written_not_counted": {
+        "ja": "この OS には /proc/self/io がないため、ソケットに書き込んだバイト数は"
+              "数えられません。集団通信に渡したバイト数 (上の数) は確かめました",
+        "en": "This system has no /proc/self/io: the bytes written to sockets cannot "
+              "be counted here; the bytes handed to collectives (above) are checked",
+    },
 })
 
 
@@ -104,7 +119,11 @@ def bandwidths(nbytes: float, seconds: float, world_size: int) -> tuple[float, f
 
 
 def can_count_bytes_written() -> bool:
-    """Whether this system tells the bytes a process wrote (Linux's /proc/self/io)."""
+    """Whether this system tells the bytes a process wrote (Linux's /proc/self/io).
+
+    macOS and Windows have no /proc: lessons 05 and 06 then say what they do not
+    count (the messages above) and assert the rest.
+    """
     return os.path.exists("/proc/self/io")
 
 

@@ -202,6 +202,11 @@ def test_the_site_builds_without_a_network(tmp_path):
     executed, from build/executed: the site runs none)."""
     import subprocess
 
+    if not sys.platform.startswith("linux"):
+        # Network namespaces are Linux's; netns_missing's hints (root, apt-get)
+        # would mislead on macOS, and os.geteuid is not on Windows.
+        unavailable("the offline build needs Linux's network namespaces (unshare "
+                    f"-n); this system is {sys.platform}", "LABKIT_REQUIRE_NETNS")
     if missing := netns_missing():
         unavailable("the offline build needs " + ", ".join(missing),
                     "LABKIT_REQUIRE_NETNS")

@@ -22,9 +22,25 @@ from collections.abc import Callable
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from .. import i18n
 from . import rendezvous, stalls
 
-__all__ = ["StoppedRankError", "exit_now", "run", "under_torchrun"]
+__all__ = ["StoppedRankError", "crash", "exit_now", "run", "under_torchrun"]
+
+i18n.register({
+    "fault_needs_signal": {
+        "ja": "--fault {fault} には {signal} が要りますが、この OS にはありません "
+              "(Windows)。ここで試せる故障は {faults} です",
+        "en": "--fault {fault} needs {signal}, which this system does not have "
+              "(Windows); the faults it can show are {faults}",
+    },
+    "crash_without_sigkill": {
+        "ja": "pid {pid}: この OS には SIGKILL がないため、os._exit({code}) で"
+              "同じようにすぐ終わります",
+        "en": "pid {pid}: this system has no SIGKILL; os._exit({code}) ends the "
+              "process at once all the same",
+    },
+})
 
 
 def under_torchrun() -> bool:
@@ -33,6 +49,33 @@ def under_torchrun() -> bool:
 
 
 FAULTS = ("raise", "kill", "hang", "stop")
+# The signal a fault needs, where the system may lack it: a stopped rank is one
+# that got SIGSTOP, which Windows does not have. ("kill" needs none: see crash.)
+_FAULT_SIGNALS = {"stop": "SIGSTOP"}
+# What a process killed by SIGKILL exits with in a shell: 128 + 9.
+CRASH_CODE = 137
+
+
+def _faults_here() -> tuple[str, ...]:
+    """The faults this system can inject."""
+    return tuple(f for f in FAULTS
+                 if f not in _FAULT_SIGNALS or hasattr(signal, _FAULT_SIGNALS[f]))
+
+
+def crash() -> None:
+    """End this process at once, as a crash would: no cleanup, no exception.
+
+    SIGKILL where the system has it (Linux, macOS). Windows has none; there
+    the process says so on stderr and ends with os._exit(CRASH_CODE), which
+    runs no handler either. (Not run on Windows here: the fallback is tested
+    on Linux by taking SIGKILL away.)
+    """
+    if hasattr(signal, "SIGKILL"):
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # the signal may arrive a moment after the call returns
+    print(i18n.t("crash_without_sigkill", pid=os.getpid(), code=CRASH_CODE),
+          file=sys.stderr, flush=True)
+    os._exit(CRASH_CODE)
 
 
 def _inject(fault: tuple[str, int] | None, rank: int, where: str) -> None:
@@ -46,7 +89,7 @@ def _inject(fault: tuple[str, int] | None, rank: int, where: str) -> None:
         raise RuntimeError(f"fault injected on rank {rank}: raise")
     elif kind == "kill" and where == "run":
         # SIGKILL a moment later, in the middle of whatever step is running then.
-        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        threading.Timer(0.3, crash).start()
     elif kind == "stop" and where == "run":
         # SIGSTOP a moment later: alive but frozen, as under a debugger or Ctrl-Z.
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGSTOP)).start()
@@ -128,6 +171,10 @@ def run(fn: Callable, kwargs: dict, world_size: int, backend: str = "gloo",
     if fault is not None and (fault[0] not in FAULTS or not 0 <= fault[1] < world_size):
         raise ValueError(f"fault must be one of {', '.join(FAULTS)} on a rank in "
                          f"0..{world_size - 1}, got {fault}")
+    if fault is not None and fault[0] not in _faults_here():
+        raise ValueError(i18n.t("fault_needs_signal", fault=fault[0],
+                                signal=_FAULT_SIGNALS[fault[0]],
+                                faults=", ".join(_faults_here())))
     # Every store is ours, on 127.0.0.1 only and a port the OS picked. Left to
     # itself the agent would host two that listen on every interface: one for
     # the rendezvous and one it shares with the workers (disabled below; the

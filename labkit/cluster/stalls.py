@@ -9,7 +9,10 @@ the rank is blocked inside a C++ collective. faulthandler needs no rights over
 another process; py-spy needs ptrace rights (root on macOS, a relaxed
 ptrace_scope on most Linux desktops) and cannot read a stopped process either.
 A process that never called `enable_dumps` is never signalled: SIGUSR1 would
-end it.
+end it. Windows has neither SIGUSR1 nor faulthandler.register: there no rank
+can be asked for its stacks, `enable_dumps` does nothing, and a report says so
+in place of each rank's stacks (py-spy, which reads them from outside, works
+there without extra rights).
 
 `stacks_report` gathers the stacks of this process and of the ranks it started;
 a `Watchdog` calls it when something takes far longer than it should;
@@ -33,19 +36,49 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["Watchdog", "dump_file", "enable_dumps", "labelled_children",
-           "process_stacks", "py_spy_dump", "stacks_report", "state",
-           "this_process_stacks"]
+from .. import i18n
+
+__all__ = ["Watchdog", "can_dump_stacks", "dump_file", "enable_dumps",
+           "labelled_children", "process_stacks", "py_spy_dump", "stacks_report",
+           "state", "this_process_stacks"]
+
+i18n.register({
+    "no_stack_dumps": {
+        "ja": "(スタックなし: この OS には SIGUSR1 と faulthandler.register がないため "
+              "(Windows)、ランクにスタックを書き出させることができません。"
+              "py-spy dump --pid {pid} なら外から読めます)",
+        "en": "(no stacks: this system has no SIGUSR1 and no faulthandler.register "
+              "(Windows), so a rank cannot be asked to write its stacks; "
+              "py-spy dump --pid {pid} reads them from outside)",
+    },
+})
 
 # Where the dumps go: one file per process that enabled them. Children inherit
 # the variable, so a test run can keep its own.
 DIR_ENV = "LABKIT_STACKS_DIR"
-_DUMP_SIGNAL = getattr(signal, "SIGUSR1", None)  # not on Windows
 _enabled: dict[str, object] = {}
 
 
+def _dump_signal() -> int | None:
+    """The signal that asks a process for its stacks, or None where there is none.
+
+    Looked up at each call, not at import, so that a test can take it away.
+    """
+    if not hasattr(faulthandler, "register"):  # Windows
+        return None
+    return getattr(signal, "SIGUSR1", None)  # Windows has no SIGUSR1 either
+
+
+def can_dump_stacks() -> bool:
+    """Whether a rank can be asked for its stacks here (SIGUSR1: not on Windows)."""
+    return _dump_signal() is not None
+
+
 def _dir() -> Path:
-    default = Path(tempfile.gettempdir()) / f"labkit-stacks-{os.getuid()}"
+    # One folder per user where the temporary folder is shared (/tmp); Windows
+    # has no os.getuid, and its temporary folder is the user's own already.
+    user = f"-{os.getuid()}" if hasattr(os, "getuid") else ""
+    default = Path(tempfile.gettempdir()) / f"labkit-stacks{user}"
     return Path(os.environ.get(DIR_ENV) or default)
 
 
@@ -70,9 +103,11 @@ def enable_dumps(label: str) -> Path | None:
     """From now on, SIGUSR1 writes this process's stacks to its dump file.
 
     `label` says what the process is ("rank 1"); it heads the file. Calling
-    again only changes the label.
+    again only changes the label. Where there is no such signal (Windows),
+    does nothing and returns None.
     """
-    if _DUMP_SIGNAL is None:
+    dump_signal = _dump_signal()
+    if dump_signal is None:
         return None
     folder = _dir()
     folder.mkdir(parents=True, exist_ok=True)
@@ -82,7 +117,7 @@ def enable_dumps(label: str) -> Path | None:
     file = open(path, "w")  # noqa: SIM115 - faulthandler writes to it until exit
     file.write(f"# {label}\n")
     file.flush()
-    faulthandler.register(_DUMP_SIGNAL, file=file, all_threads=True, chain=False)
+    faulthandler.register(dump_signal, file=file, all_threads=True, chain=False)
     _enabled["file"] = file
     if old is not None:
         old.close()
@@ -114,13 +149,20 @@ def labelled_children(contains: str = "") -> dict[str, int]:
 
 
 def state(pid: int) -> str:
-    """What the OS says the process is doing, in words a report can use."""
+    """What the OS says the process is doing, in words a report can use.
+
+    psutil reads "stopped" on Linux and macOS (SIGSTOP, Ctrl-Z, a debugger)
+    and on Windows (every thread suspended). Where the OS does not let it read
+    the state, "unknown": such a rank is never taken for a stopped one.
+    """
     import psutil
 
     try:
         status = psutil.Process(pid).status()
     except psutil.NoSuchProcess:
         return "exited"
+    except psutil.AccessDenied:
+        return "unknown"
     return {psutil.STATUS_STOPPED: "stopped",
             psutil.STATUS_TRACING_STOP: "stopped",
             psutil.STATUS_ZOMBIE: "exited",
@@ -129,12 +171,13 @@ def state(pid: int) -> str:
 
 def process_stacks(pid: int, wait_s: float = 2.0) -> str | None:
     """Ask a process that enabled dumps for its stacks; None if it cannot answer."""
+    dump_signal = _dump_signal()
     path = dump_file(pid)
-    if path is None or state(pid) in ("stopped", "exited"):
+    if dump_signal is None or path is None or state(pid) in ("stopped", "exited"):
         return None
     start = path.stat().st_size
     try:
-        os.kill(pid, _DUMP_SIGNAL)
+        os.kill(pid, dump_signal)
     except ProcessLookupError:  # it ended after the question above
         return None
     deadline = time.monotonic() + wait_s
@@ -202,9 +245,19 @@ def stacks_report(pids: dict[str, int] | None = None, *, me: str | None = None) 
             parts.append(f"=== {label} (pid {pid}) has exited ===")
             continue
         stacks = process_stacks(pid)
-        parts.append(f"=== {label} (pid {pid}, {now}) ===\n"
-                     + (stacks or "(no stacks: it did not answer SIGUSR1)"))
+        missing = ("(no stacks: it did not answer SIGUSR1)" if can_dump_stacks()
+                   else i18n.t("no_stack_dumps", pid=pid))
+        parts.append(f"=== {label} (pid {pid}, {now}) ===\n" + (stacks or missing))
     return "\n".join(parts)
+
+
+def _kill(pid: int) -> None:
+    """End the process at once: SIGKILL on Linux and macOS, TerminateProcess on
+    Windows (which has no SIGKILL), both through psutil."""
+    import psutil
+
+    with contextlib.suppress(psutil.NoSuchProcess):
+        psutil.Process(pid).kill()
 
 
 class Watchdog:
@@ -242,8 +295,7 @@ class Watchdog:
                 for label, pid in ranks.items():
                     if pid in stopped and pid in stopped_before:
                         stacks = stacks_report(ranks)
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGKILL)
+                        _kill(pid)
                         if self.on_stopped is not None:
                             self.on_stopped(label, pid, stacks)
                         return

@@ -76,6 +76,8 @@ def run_nodes(args: list[str], nnodes: int = 2, nproc_per_node: int = 1,
     Output goes to files, not pipes, so a talkative node never blocks. On a
     timeout every agent gets SIGTERM (it then stops its workers, which run in
     sessions of their own), and whatever is still alive seconds later, SIGKILL.
+    Windows has neither sessions nor SIGKILL: there SIGTERM already ends an
+    agent at once (TerminateProcess), and its workers are ended one by one.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -92,6 +94,8 @@ def run_nodes(args: list[str], nnodes: int = 2, nproc_per_node: int = 1,
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         logs = [open(Path(tmp) / f"node{i}.log", "w+") for i in range(nnodes)]
+        # A session (and process group) per agent, so that one killpg ends it
+        # and its workers; Popen ignores start_new_session on Windows.
         procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
                                   env=env, start_new_session=True) for log in logs]
         deadline = time.monotonic() + timeout_s
@@ -122,6 +126,10 @@ def _descendants(pid: int) -> list:
         return []
 
 
+# Seconds an agent is given to stop its workers after SIGTERM.
+GRACE_S = 10.0
+
+
 def _stop(procs: list[subprocess.Popen]) -> None:
     """SIGTERM agents still running, then SIGKILL them and any worker left."""
     alive = [p for p in procs if p.poll() is None]
@@ -130,9 +138,12 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         proc.send_signal(signal.SIGTERM)  # the agent stops its workers
     for proc in alive:
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=GRACE_S)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            if hasattr(os, "killpg"):
+                os.killpg(proc.pid, signal.SIGKILL)  # the agent's whole session
+            else:  # Windows: no process groups; the workers are ended below
+                proc.kill()
             proc.wait()
     for worker in workers:
         try:
