@@ -1,17 +1,24 @@
-"""What this machine can run: CPU, torch build, GPUs, backends, font, widgets."""
+"""What this machine can run: CPU, torch build, GPUs, backends, font, widgets,
+and the system features (signals, /proc) the course uses where it has them."""
 
 from __future__ import annotations
 
 import os
 import platform
+import shutil
+import signal
+import sys
+import tempfile
 import unicodedata
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 
 import torch
 import torch.distributed as dist
 
-from . import fonts, i18n
+from . import checkpoint, comm, fonts, i18n
+from .cluster import stalls
 from .i18n import t
 
 __all__ = ["Report", "collect", "format_report", "version"]
@@ -66,7 +73,72 @@ i18n.register({
         "ja": "float16 と GradScaler による混合精度 (GPU)",
         "en": "float16 mixed precision with GradScaler (GPU)",
     },
+    "lacks_title": {
+        "ja": "この OS にないもの (コースの代わりの動き)",
+        "en": "Missing on this system (what the course does instead)",
+    },
+    # One per feature the course uses where the system has it; each says what
+    # is missing, then what labkit and the lessons do without it.
+    "lacks_stack_dumps": {
+        "ja": "SIGUSR1 (Windows にはありません): ランクにスタックを書き出させる"
+              "ことができません。止まったときの報告はそう書き、"
+              "py-spy dump --pid PID を示します",
+        "en": "SIGUSR1 (not on Windows): a rank cannot be asked for its stacks; a "
+              "stall report says so and names py-spy dump --pid PID instead",
+    },
+    "lacks_proc_io": {
+        "ja": "/proc/self/io (Linux のものです): レッスン 05 と 06 はソケットに送った"
+              "バイト数を数えず、そう表示します。集団通信に渡したバイト数は数えて確かめます",
+        "en": "/proc/self/io (Linux's): lessons 05 and 06 do not count the bytes "
+              "sent on sockets, and say so; they still count and check the bytes "
+              "handed to collectives",
+    },
+    "lacks_sigkill": {
+        "ja": "SIGKILL: --fault kill と --die-at のランクは os._exit で終わります "
+              "(同じくすぐに、後始末なしで)。labkit がプロセスを終わらせるときは "
+              "TerminateProcess を使います",
+        "en": "SIGKILL: --fault kill and --die-at end the rank with os._exit (as "
+              "abruptly, with no cleanup); labkit ends other processes with "
+              "TerminateProcess",
+    },
+    "lacks_sigstop": {
+        "ja": "SIGSTOP: --fault stop は使えず、そう表示します。全スレッドが一時停止した"
+              "ランク (デバッガなど) は、止まったランクとして見つけて終わらせます",
+        "en": "SIGSTOP: --fault stop is refused with a message; a rank whose threads "
+              "are all suspended (a debugger) is still found and ended as stopped",
+    },
+    "lacks_killpg": {
+        "ja": "os.killpg (プロセスグループ): torchrun のノードを止めるとき、"
+              "エージェントとワーカーを 1 つずつ終わらせます",
+        "en": "os.killpg (process groups): stopping torchrun's nodes ends each agent "
+              "and worker one by one",
+    },
+    "lacks_folder_fsync": {
+        "ja": "フォルダの fsync (Windows ではフォルダを開けません): チェックポイントの"
+              "置き換えはアトミックなままですが、停電に備えたディスクへの書き出しはしません",
+        "en": "fsync of a folder (Windows cannot open one): a checkpoint is still "
+              "replaced atomically, but the rename is not forced to disk against a "
+              "power cut",
+    },
+    "lacks_netns": {
+        "ja": "unshare -n (Linux のネットワーク名前空間): サイトがネットワークなしで"
+              "作れることの確認 (tests/test_site.py) は飛ばされます",
+        "en": "unshare -n (Linux's network namespaces): the check that the site "
+              "builds without a network (tests/test_site.py) is skipped",
+    },
 })
+
+# What each feature's absence looks like here; looked up when `collect` runs.
+LACKS: dict[str, Callable[[], bool]] = {
+    "lacks_stack_dumps": lambda: not stalls.can_dump_stacks(),
+    "lacks_proc_io": lambda: not comm.can_count_bytes_written(),
+    "lacks_sigkill": lambda: not hasattr(signal, "SIGKILL"),
+    "lacks_sigstop": lambda: not hasattr(signal, "SIGSTOP"),
+    "lacks_killpg": lambda: not hasattr(os, "killpg"),
+    "lacks_folder_fsync": lambda: not checkpoint.can_sync_folder(tempfile.gettempdir()),
+    "lacks_netns": lambda: (not sys.platform.startswith("linux")
+                            or shutil.which("unshare") is None),
+}
 
 
 @dataclass
@@ -84,6 +156,7 @@ class Report:
     ipywidgets: str | None
     can_run: list[str] = field(default_factory=list)
     cannot_run: list[str] = field(default_factory=list)
+    lacks: list[str] = field(default_factory=list)  # keys of LACKS
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -134,6 +207,7 @@ def collect() -> Report:
         ipywidgets=version("ipywidgets"),
         can_run=[k for k, ok in capabilities.items() if ok],
         cannot_run=[k for k, ok in capabilities.items() if not ok],
+        lacks=[k for k, missing in LACKS.items() if missing()],
     )
 
 
@@ -166,4 +240,6 @@ def format_report(report: Report) -> str:
     lines += [f"  ✓ {t(k)}" for k in report.can_run]
     lines.append(f"{t('cannot_run')}:")
     lines += [f"  ✗ {t(k)}" for k in report.cannot_run] or [f"  ({t('none')})"]
+    lines.append(f"{t('lacks_title')}:")
+    lines += [f"  - {t(k)}" for k in report.lacks] or [f"  ({t('none')})"]
     return "\n".join(lines)

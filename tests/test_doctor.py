@@ -56,3 +56,49 @@ def test_gpus_serve_the_command_line_and_dataparallel_never_the_engines(fake_gpu
         assert len(nccl) == (gpus >= 1)
         gloo = [line for line in runs if "DDP" in line and "gloo" in line]
         assert len(gloo) == 1 and "nccl" not in gloo[0]
+
+
+def test_this_linux_lacks_none_of_the_posix_features():
+    lacks = doctor.collect().lacks
+    assert set(lacks) <= {"lacks_netns"}, lacks  # unshare is a package away
+
+
+def test_each_missing_feature_is_listed_with_what_the_course_does_instead(
+        monkeypatch):
+    """As on Windows, where every one is missing: taken away here one by one."""
+    import os
+    import shutil
+    import signal
+
+    for name in ("SIGUSR1", "SIGKILL", "SIGSTOP"):
+        monkeypatch.delattr(signal, name)
+    monkeypatch.delattr(os, "killpg")
+    exists, open_, which = os.path.exists, os.open, shutil.which
+    monkeypatch.setattr(os.path, "exists",
+                        lambda p: str(p) != "/proc/self/io" and exists(p))
+
+    def no_folders(path, *args, **kwargs):
+        if os.path.isdir(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return open_(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_folders)
+    monkeypatch.setattr(shutil, "which", lambda cmd, *a, **k:
+                        None if cmd == "unshare" else which(cmd, *a, **k))
+    report = doctor.collect()
+    assert report.lacks == list(doctor.LACKS)
+    for lang, words in (("en", ["SIGUSR1 (not on Windows)", "/proc/self/io",
+                                "os._exit", "--fault stop is refused",
+                                "os.killpg", "fsync of a folder", "unshare -n"]),
+                        ("ja", ["SIGUSR1 (Windows にはありません)", "/proc/self/io",
+                                "os._exit", "--fault stop は使えず", "os.killpg",
+                                "フォルダの fsync", "unshare -n"])):
+        labkit.set_lang(lang)
+        text = doctor.format_report(report)
+        listed = text.split(labkit.t("lacks_title"))[1].splitlines()[1:]
+        assert len(listed) == len(doctor.LACKS)
+        for line, word in zip(listed, words, strict=True):
+            assert line.startswith("  - ") and word in line, (line, word)
+    labkit.set_lang("en")
+    assert doctor.format_report(doctor.Report(**{**report.as_dict(), "lacks": []})
+                                ).endswith(f"{labkit.t('lacks_title')}:\n  (none)")
