@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+import course
+
 pytestmark = pytest.mark.procs  # every test here starts processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,8 +60,10 @@ def test_the_wheel_holds_every_module_and_data_file(wheel):
 def test_an_installed_wheel_imports_every_module_and_runs_doctor(wheel, tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=False)
-    python = env_dir / "bin" / "python"
-    site, = env_dir.glob("lib/python*/site-packages")
+    # where a venv keeps them on each system (Windows: Scripts, Lib), as the
+    # workflow for three systems needs; only Linux has run this
+    python = course.python_in(env_dir)
+    site = course.purelib(python)
     # torch and the rest come from this environment's site-packages, added as a
     # plain path: its .pth files (among them the editable labkit) are not run.
     deps, = (p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
