@@ -10,11 +10,13 @@ None runs on macOS or Windows here: what those systems do with the fallback
 
 import faulthandler
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -24,6 +26,8 @@ import labkit
 from labkit import checkpoint, comm, i18n
 from labkit.__main__ import main
 from labkit.cluster import launch, stalls, torchrun
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
 @pytest.fixture
@@ -116,6 +120,34 @@ def test_the_watchdog_ends_a_stopped_rank_without_naming_sigkill():
         child.wait()
 
 
+@pytest.mark.procs
+@pytest.mark.timeout(180)
+def test_lesson_10s_stack_cell_says_what_it_cannot_show_without_sigusr1(
+        tmp_path, monkeypatch):
+    """Lesson 10's py-spy cell as on Windows where py-spy fails: no SIGUSR1 to
+    ask rank 0 with either, so rank 1 says so and asserts nothing about a stack;
+    rank 0's collective still times out, as the cell's tag says."""
+    import nbformat
+    from conftest import two_rank_scripts
+    from test_troubleshooting import _REFUSING_PY_SPY, _SPY_RANK, LESSON
+
+    fake = tmp_path / "py-spy"
+    fake.write_text(_REFUSING_PY_SPY)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    (cell,) = [c for c in nbformat.read(LESSON, as_version=4).cells
+               if c.cell_type == "code" and "stalls.py_spy_dump" in c.source]
+    windows = "import signal\ndel signal.SIGUSR1  # as on Windows\n" + _SPY_RANK
+    rank0, rank1 = two_rank_scripts(windows, cell.source.removeprefix("%%px\n"),
+                                    timeout_s=120)
+    assert rank0.returncode == 3 and "raised:" in rank0.stdout, rank0.stdout[-2000:]
+    shown = rank1.stdout
+    assert rank1.returncode == 0, shown[-3000:]
+    assert "Permission Denied" in shown and "labkit's own stack dump" not in shown
+    assert "this system has no SIGUSR1" in shown, shown
+    assert re.search(r"py-spy dump --pid \d+ reads them", shown), shown
+
+
 # --- /proc/self/io (Linux only) ---
 
 
@@ -150,6 +182,41 @@ def test_without_proc_io_the_lessons_say_what_they_do_not_count(no_proc_io, lang
         for key in ("bytes_sent_not_counted", "bytes_written_not_counted"):
             assert words in i18n.t(key)
     assert "tests/test_comm.py" in i18n.t("bytes_sent_not_counted")
+
+
+def test_lesson_05s_cells_say_what_they_do_not_count_without_proc_io(
+        no_proc_io, capsys, lang):
+    """Its rank cell and the kernel's cell after it, with /proc/self/io taken
+    away: no rank counts (nor calls a collective), the kernel says so in the
+    lesson's language; then a rank that counted where the kernel cannot fails."""
+    import nbformat
+
+    for code in ("ja", "en"):
+        nb = nbformat.read(NOTEBOOKS / code / "05_communication.ipynb", as_version=4)
+        (i,) = [i for i, c in enumerate(nb.cells)
+                if "comm.can_count_bytes_written()" in c.source
+                and c.source.startswith("%%px")]
+        rank_cell = nb.cells[i].source.removeprefix("%%px\n")
+        kernel_cell = nb.cells[i + 1].source
+        lang(code)
+        shares = []
+        for rank in (0, 1):
+            ns = {"comm": comm, "rank": rank}
+            exec(rank_cell, ns)
+            shares.append(ns["share"])
+        assert shares == [None, None] and capsys.readouterr().out == ""
+        _run_kernel_cell(kernel_cell, shares)
+        assert capsys.readouterr().out == i18n.t("bytes_sent_not_counted") + "\n"
+        with pytest.raises(AssertionError):
+            _run_kernel_cell(kernel_cell, [1.0, None])
+
+
+def _run_kernel_cell(source: str, shares: list) -> None:
+    """Run a kernel cell whose ranks.pull gives `shares`."""
+    from types import SimpleNamespace
+
+    exec(source, {"comm": comm, "labkit": labkit,
+                  "ranks": SimpleNamespace(pull=lambda name: shares)})
 
 
 def test_without_proc_io_send_less_reports_no_wire_bytes(no_proc_io):
@@ -286,6 +353,15 @@ def test_every_fault_is_offered_where_the_signals_exist():
     assert launch._faults_here() == launch.FAULTS
 
 
+def test_the_agents_signals_are_those_the_system_has(monkeypatch):
+    """launch.run gives the caller's handlers back for these after the agent."""
+    assert launch._agent_signals() == (signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
+                                       signal.SIGQUIT)
+    monkeypatch.delattr(signal, "SIGHUP")  # as on Windows
+    monkeypatch.delattr(signal, "SIGQUIT")
+    assert launch._agent_signals() == (signal.SIGTERM, signal.SIGINT)
+
+
 # --- process groups: os.killpg (not on Windows) ---
 
 AGENT = textwrap.dedent("""
@@ -319,7 +395,6 @@ def test_stopping_nodes_ends_agents_and_workers_with_or_without_killpg(
 @pytest.mark.procs  # the site's modules ask pandoc its version when imported
 def test_the_offline_site_check_names_linux_elsewhere(monkeypatch, tmp_path):
     import importlib.util
-    from pathlib import Path
 
     # Loaded under a name of its own: the test_site that pytest collects (and
     # skips without a built site) stays as it is.

@@ -140,10 +140,12 @@ class StoppedRankError(RuntimeError):
     """A rank was stopped (SIGSTOP) while the others waited for it."""
 
 
-# The signals torch's elastic agent handles by default (TORCHELASTIC_SIGNALS_TO_HANDLE).
-_AGENT_SIGNALS = tuple(getattr(signal, name) for name in
-                       ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
-                       if hasattr(signal, name))
+def _agent_signals() -> tuple[signal.Signals, ...]:
+    """The signals torch's elastic agent handles by default
+    (TORCHELASTIC_SIGNALS_TO_HANDLE) that this system has: Windows has no
+    SIGHUP and no SIGQUIT."""
+    return tuple(getattr(signal, name) for name in
+                 ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, name))
 
 
 def run(fn: Callable, kwargs: dict, world_size: int, backend: str = "gloo",
@@ -204,7 +206,7 @@ def run(fn: Callable, kwargs: dict, world_size: int, backend: str = "gloo",
     # Ctrl-C stops the workers) and leaves its handler installed: give the
     # caller's back, or a later Ctrl-C in the same kernel or test process would
     # no longer be a KeyboardInterrupt.
-    handlers = ({sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
+    handlers = ({sig: signal.getsignal(sig) for sig in _agent_signals()}
                 if threading.current_thread() is threading.main_thread() else {})
     stopped = {}
     watchdog = stalls.Watchdog(
