@@ -635,7 +635,8 @@ for r in (1, 2, 4):
 # そのため集団通信に渡すバイト数 (表の数) は、勾配の all-reduce にパラメータの broadcast が加わって
 # 2 倍になります。ただし broadcast で送るのは送り元のランクだけで、各ランクが送り元になるのは自分の
 # 担当分だけです。各ランクがソケットに書き込むバイト数は、2 ランクでは 1.5 倍です (下のセルが
-# `/proc/self/io` で数えます)。この増え方は torch の `ZeroRedundancyOptimizer` の作り (勾配は DDP の
+# `/proc/self/io` で数えます。`/proc` のない macOS と Windows では、そう表示して数えません)。
+# この増え方は torch の `ZeroRedundancyOptimizer` の作り (勾配は DDP の
 # all-reduce で全部そろえ、更新したパラメータを broadcast する) によるものです。ZeRO の論文の
 # ステージ 1 は、勾配を reduce-scatter し、パラメータを all-gather するので、通信量は DDP と同じです
 # (論文の 7 節)。勾配とパラメータは全ランクが全部持ったままです。それも分割して持つのが FSDP
@@ -652,7 +653,8 @@ for r in (1, 2, 4):
 # collectives (what the table counts) double: the gradients' all-reduce plus the
 # parameters' broadcast. But in a broadcast only the source sends, and each rank is the
 # source of its own share only: the bytes each rank writes to its sockets grow 1.5× on 2
-# ranks (the cell below counts them through `/proc/self/io`). That growth comes from the
+# ranks (the cell below counts them through `/proc/self/io`; on macOS and Windows, which
+# have no `/proc`, it says so and counts nothing). That growth comes from the
 # design of torch's `ZeroRedundancyOptimizer` (the gradients all-reduced whole by DDP,
 # then the updated parameters broadcast); stage 1 as the ZeRO paper describes it
 # reduce-scatters the gradients and all-gathers the parameters, the same volume as DDP
@@ -676,8 +678,8 @@ if all(r["DDP + Adam"]["wire"][-1] is not None for r in runs):
     print(f"written to sockets, both ranks: DDP + Adam {wire['DDP + Adam']:,}, "
           f"ZeRO + Adam {wire['ZeRO + Adam']:,} ({wire['ZeRO + Adam'] / wire['DDP + Adam']:.2f}x)")
     assert 1.4 < wire["ZeRO + Adam"] / wire["DDP + Adam"] < 1.6  # not 2x: one source
-else:
-    print("no /proc/self/io here: the bytes on the wire are not counted")
+else:  # macOS, Windows: no /proc/self/io
+    print(labkit.t("bytes_written_not_counted"))
 assert zero["loss"] == adam["loss"]  # the same training, bit for bit
 
 # %% [markdown] lang="ja"

@@ -149,7 +149,8 @@ assert "Rank 1 failed to pass monitoredBarrier in 2000 ms" in ranks.last_failure
 # Yama の ptrace 制限を有効にした Linux (多くのディストリビューションの既定) では `sudo` が必要です
 # ([Python の説明](https://docs.python.org/ja/3/howto/remote_debugging.html#permission-requirements))。
 # 権限がなく実行できなかったときは、labkit が各ランクに書き出させたスタック (`stalls.process_stacks`) を
-# 代わりに表示します。
+# 代わりに表示します。Windows にはそのための SIGUSR1 がないので、py-spy も使えなければ、スタックを
+# 表示できないことだけを表示します。
 
 # %% [markdown] lang="en"
 # ### Where each rank waits
@@ -162,13 +163,15 @@ assert "Rank 1 failed to pass monitoredBarrier in 2000 ms" in ranks.last_failure
 # distributions), it needs `sudo`
 # ([Python's guide](https://docs.python.org/3/howto/remote_debugging.html#permission-requirements)).
 # Where it is refused, the cell shows instead the stacks labkit asks each rank to write
-# out (`stalls.process_stacks`).
+# out (`stalls.process_stacks`). Windows has no SIGUSR1 to ask with: there, if py-spy
+# fails too, the cell only says that it cannot show the stack.
 
 # %% tags=["raises-exception"]
 # %%px
 import os
 import time
 
+import labkit
 from labkit.cluster import stalls
 
 pids = [None] * world_size
@@ -183,12 +186,17 @@ else:
             break
     if spy.returncode == 0:
         stack = spy.stdout  # the main thread comes first
-    else:  # refused (no right to read rank 0's memory), or py-spy not installed
+    elif stalls.can_dump_stacks():  # py-spy refused (no right to read rank 0's
+        # memory) or not installed
         print(spy.stderr.strip(), "\n-> labkit's own stack dump instead:\n")
         stack = stalls.process_stacks(pids[0], wait_s=1.0) or ""
         stack = stack[stack.index("Current thread"):]  # the main thread
-    print(stack[:stack.index("\n", stack.index("<module>"))])  # down to the cell's line
-    assert "all_reduce" in stack.split("<module>")[0]
+    else:  # and no SIGUSR1 to ask rank 0 with (Windows)
+        print(spy.stderr.strip(), "\n->", labkit.t("no_stack_dumps", pid=pids[0]))
+        stack = None
+    if stack is not None:
+        print(stack[:stack.index("\n", stack.index("<module>"))])  # down to the cell's line
+        assert "all_reduce" in stack.split("<module>")[0]
 
 # %%
 print(sorted(ranks.last_failure))
@@ -1004,7 +1012,10 @@ if rank == 1:
 import signal
 
 if rank == 1:
-    os.kill(os.getpid(), signal.SIGKILL)  # a crash
+    if hasattr(signal, "SIGKILL"):
+        os.kill(os.getpid(), signal.SIGKILL)  # a crash
+    else:  # Windows has no SIGKILL; this ends the process as abruptly
+        os._exit(137)
 dist.all_reduce(torch.ones(1))
 
 # %%
