@@ -1,10 +1,13 @@
 """Where a cold start of 2 ranks spends its time, phase by phase.
 
     python bench/start_phases.py [--defaults]
+    LABKIT_FORKSERVER=0 python bench/start_phases.py
 
 Starts the controller and the engines as labkit.cluster does, twice: first
 with the fork server starting (a kernel's first start), then from the warm
-server (every later start). With --defaults, as plain ipyparallel does (new
+server (every later start). With LABKIT_FORKSERVER=0, as labkit does where it
+does not fork (Windows, macOS): new processes, ipyparallel's launchers with
+labkit's settings, twice. With --defaults, as plain ipyparallel does (new
 processes, 1 s between the controller and the engines, a 3 s heartbeat).
 Prints the seconds at which each phase ends. Run it with `py-spy record
 --subprocesses` or `python -X importtime` to look inside a phase.
@@ -68,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{time.perf_counter() - t0:6.2f} s  labkit imported (torch with it; "
           "a lesson has imported it already)", flush=True)
+    if not args.defaults:
+        from labkit.cluster import forkserver
+
+        why = forkserver.usable()
+        print("ranks forked from the fork server" if why is None else
+              f"ranks as new processes ({forkserver.VARIABLE}: {why})", flush=True)
     for start in ("first start", "second start") if not args.defaults else ("start",):
         print(f"-- {start}", flush=True)
         phases(args.defaults)

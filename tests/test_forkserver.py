@@ -12,7 +12,18 @@ from conftest import alive
 
 from labkit.cluster import forkserver
 
-procs = pytest.mark.procs  # every test here but the last two starts processes
+
+def procs(test):
+    """Every test here but the last two starts processes, forked by a server: they
+    run where labkit forks its ranks by default (not on Windows, which has no
+    os.fork, nor on macOS: forkserver.usable). Not tried on either."""
+    skip = pytest.mark.skipif(
+        not hasattr(os, "fork") or sys.platform == "darwin",
+        reason=f"labkit does not fork its ranks on {sys.platform} "
+               "(forkserver.usable); tests/test_ranks_without_fork.py tests the "
+               "launchers it uses there")
+    return pytest.mark.procs(skip(test))
+
 
 REPORT = """
 import json, os, sys
@@ -268,7 +279,8 @@ PINNED = {
         "f2b6ea7ff1f9ab1a", "forkserver.launchers._Forked.start calls it"),
     "ipyparallel.cluster.launcher:LocalEngineSetLauncher.start": (
         "5290ab3d61158454", "forkserver.launchers.EngineSetLauncher sets its "
-        "launcher_class and delay"),
+        "launcher_class; labkit.cluster.engine.config its delay and engine_cmd, "
+        "for ipyparallel's own launcher too"),
     "ipyparallel.engine.app:IPEngine.start_nanny": (
         "98775c367dd3c256", "labkit.cluster.engine.main replaces the start_nanny "
         "it calls with forkserver.serve.nanny_from_fds"),

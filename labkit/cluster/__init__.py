@@ -16,10 +16,27 @@ module                   starts the ranks
 In a notebook, `cluster.start(2)` launches two ipyparallel engines on
 127.0.0.1, makes engine i rank i and joins them in one gloo process group:
 `%%px` cells then run on every rank, and `ranks.run(fn)` calls a function on
-every rank (labkit.cluster.ranks). The controller and the engines are forked
-from a process that imported torch once (labkit.cluster.forkserver). The
-ranks meet through labkit.cluster.rendezvous, watch for stalls with
-labkit.cluster.stalls, and report failures with labkit.cluster.failures.
+every rank (labkit.cluster.ranks). The ranks meet through
+labkit.cluster.rendezvous, watch for stalls with labkit.cluster.stalls, and
+report failures with labkit.cluster.failures.
+
+The controller and the engines start one of two ways (forkserver.usable
+decides; the first start without forks says why, in the lesson's language):
+
+- forked from a process that imported torch once (labkit.cluster.forkserver),
+  on Linux and wherever labkit may fork;
+- as new processes, by ipyparallel's own launchers (LocalControllerLauncher,
+  LocalEngineSetLauncher), each importing torch itself: on Windows (no
+  os.fork), on macOS (where a fork is not reliable; LABKIT_FORKSERVER=1 forks
+  there anyway), and anywhere with LABKIT_FORKSERVER=0.
+
+What each costs, from the start asked for to a DDP model built on 2 ranks
+(bench/start_phases.py, both ways, on this project's 2-core Linux machine):
+forked, 4.5-6 s for a kernel's first start (the fork server imports torch)
+and 1-2 s for each later one, a restart after a failure too; as new
+processes, 9-13 s every time, each engine importing torch, then torch._dynamo
+at its first DDP model (run twice each way, in turns, 2026-12-03). Only Linux
+has run either here.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ other processes.
 
 Every rank needs torch, and importing it takes about 2 s here. labkit's
 engines are forked from labkit.cluster.forkserver, which has imported it
-already; an engine started as a new process imports it in a thread once
+already, wherever `forkserver.usable()` allows; elsewhere (Windows, macOS,
+LABKIT_FORKSERVER=0) ipyparallel's own launchers start them as new processes.
+An engine started as a new process imports torch in a thread once
 ipyparallel's engine is imported, so that the import overlaps the engine's
 registration with the controller instead of following it.
 """
@@ -36,21 +38,33 @@ def config():  # -> traitlets.config.Config
     from traitlets.config import Config
 
     config = Config()
+    # Also read by forkserver.EngineSetLauncher, a subclass.
     config.LocalEngineSetLauncher.engine_cmd = [sys.executable, "-m",
                                                 "labkit.cluster.engine"]
+    # ipyparallel waits 0.1 s between engines to help them take their ids in
+    # order; labkit orders the ranks by engine id, whatever the order.
+    config.LocalEngineSetLauncher.delay = 0.0
     return config
 
 
 def new_cluster(n: int):  # -> ipyparallel.Cluster
     """An ipyparallel cluster of `n` engines on 127.0.0.1, started as labkit starts
-    them: forked from the fork server, with the settings above."""
+    them, with the settings above: forked from the fork server where
+    `forkserver.usable()` allows it, else as new processes by ipyparallel's own
+    local launchers."""
     import ipyparallel as ipp
+    from ipyparallel.cluster import launcher
 
     from . import forkserver
 
+    if forkserver.usable() is None:
+        controller = forkserver.ControllerLauncher
+        engines = forkserver.EngineSetLauncher
+    else:
+        controller = launcher.LocalControllerLauncher
+        engines = launcher.LocalEngineSetLauncher
     return ipp.Cluster(n=n, controller_ip="127.0.0.1", log_level=40,
-                       controller=forkserver.ControllerLauncher,
-                       engines=forkserver.EngineSetLauncher,
+                       controller=controller, engines=engines,
                        # not 1 s between the controller and the engines: they
                        # wait for its connection file anyway
                        delay=0, controller_args=CONTROLLER_ARGS, config=config())
@@ -63,9 +77,11 @@ def main() -> None:
     # the engine registers later.
     from ipyparallel.engine import app
 
-    from .forkserver import serve
+    from .forkserver import serve  # the standard library only: any system
 
-    if serve.NANNY_FDS in os.environ:  # forked, its nanny beside it
+    # Forked by the server, with its nanny forked beside it. Started as a new
+    # process, the engine starts its nanny itself, as ipyparallel's engines do.
+    if serve.NANNY_FDS in os.environ:
         app.start_nanny = serve.nanny_from_fds
     threading.Thread(target=__import__, args=("torch",), name="labkit-import-torch",
                      daemon=True).start()

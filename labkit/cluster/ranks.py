@@ -8,21 +8,79 @@ In the notebook, `%%px` cells then run on every rank and show each rank's
 output and traceback; from Python, `ranks.run(fn, ...)` calls a function on
 every rank and returns the results in rank order. Engines stop with the
 kernel, or with `ranks.stop()`.
+
+The engines are forked from labkit's fork server where it can be used, or
+started as new processes (labkit.cluster.forkserver.usable says which; the
+first start without it says why, and what it costs).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import traceback
 from dataclasses import dataclass, field
 
-from . import engine, failures, notebook, rendezvous
+from .. import i18n
+from ..i18n import t
+from . import engine, failures, forkserver, notebook, rendezvous
 from .failures import RankError
 from .watch import RankWatch
 
 __all__ = ["ENGINE_BACKEND", "RankError", "Ranks", "current", "start"]
+
+i18n.register({
+    # Said once, at the first start without the fork server. The seconds are
+    # bench/start_phases.py's, run both ways here, twice each in turns
+    # (Linux, 2 cores, 2026-12-03; others' jobs running).
+    "ranks_new_processes": {
+        "ja": "labkit: ランクは fork サーバーから fork せず、新しいプロセスとして"
+              "起動します ({why})。各ランクが torch を読み込み直すので、起動のたびに"
+              "時間がかかります (2 コアの Linux マシンで、2 ランクが DDP のモデルを"
+              "作れるまで毎回 9〜13 秒。fork サーバーではカーネルで最初の起動が "
+              "4.5〜6 秒、2 回目からは 1〜2 秒)。",
+        "en": "labkit: the ranks start as new processes, not forked from the fork "
+              "server ({why}). Every start takes longer, since each rank imports "
+              "torch anew (on a 2-core Linux machine, 9–13 s each time until 2 ranks "
+              "have built a DDP model; with the fork server, 4.5–6 s for a kernel's "
+              "first start and 1–2 s for each later one).",
+    },
+    "ranks_why_off": {
+        "ja": "LABKIT_FORKSERVER=0 が設定されています",
+        "en": "LABKIT_FORKSERVER=0 is set",
+    },
+    "ranks_why_no_fork": {
+        "ja": "このシステム ({system}) には os.fork がありません",
+        "en": "this system ({system}) has no os.fork",
+    },
+    "ranks_why_macos": {
+        "ja": "macOS では fork したプロセスで実行するコードが確実には動きません。"
+              "LABKIT_FORKSERVER=1 にすると、それでも fork します",
+        "en": "on macOS, code run in a forked process is not reliable; "
+              "LABKIT_FORKSERVER=1 forks anyway",
+    },
+})
+
+# Whether this process has said why its ranks are new processes.
+_said_why = False
+
+
+def _say_why_not_forked(why: str) -> None:
+    """Print, once in this process, why the ranks start as new processes and what
+    that costs (forkserver.usable's reason `why`)."""
+    global _said_why
+    if _said_why:
+        return
+    _said_why = True
+    if why == forkserver.OFF:
+        reason = t("ranks_why_off")
+    elif why == forkserver.NO_FORK:
+        reason = t("ranks_why_no_fork", system=sys.platform)
+    else:
+        reason = t("ranks_why_macos")
+    print(t("ranks_new_processes", why=reason), flush=True)
 
 
 # The backend of the notebooks' ranks, also on a machine with GPUs: the lessons'
@@ -349,6 +407,10 @@ def start(world_size: int = 2, backend: str = ENGINE_BACKEND, *,
         threads_per_rank = max(1, _usable_cores() // world_size)
     if threads_per_rank < 1:
         raise ValueError(f"threads_per_rank must be >= 1, got {threads_per_rank}")
+    # A wrong LABKIT_FORKSERVER fails here, before any process starts.
+    why = forkserver.usable()
+    if why is not None:
+        _say_why_not_forked(why)
     if _current is not None:
         _current.stop()
     ranks = Ranks(world_size, backend, timeout_s, threads_per_rank, task_timeout_s,

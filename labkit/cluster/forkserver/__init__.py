@@ -30,16 +30,60 @@ at a fork and starts it again when needed. Seen here: a process with numpy had
 
 Three modules: `serve` is the server's own process, `client` the kernel's
 handle on it (`server()`), `launchers` ipyparallel's launchers that ask it for
-forks.
+forks. `usable()`, below, says where the server is not used: there
+labkit.cluster.engine starts the ranks with ipyparallel's own launchers, as new
+processes.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+
 from .. import lazy_names
 from .client import ForkServerError, Server, pid, server
 
-__all__ = ["ControllerLauncher", "EngineLauncher", "EngineSetLauncher",
-           "ForkServerError", "Server", "pid", "server"]
+__all__ = ["MACOS", "NO_FORK", "OFF", "VARIABLE", "ControllerLauncher",
+           "EngineLauncher", "EngineSetLauncher", "ForkServerError", "Server", "pid",
+           "server", "usable"]
+
+# "0": start the ranks as new processes, on any system; "1": fork them, macOS
+# too; unset: fork them wherever `usable()` finds nothing against it.
+VARIABLE = "LABKIT_FORKSERVER"
+
+# usable()'s answers: why the ranks start as new processes.
+OFF, NO_FORK, MACOS = "off", "no-fork", "macos"
+
+
+def usable() -> str | None:
+    """Why labkit must start its ranks as new processes here; None where the fork
+    server may fork them.
+
+    OFF: LABKIT_FORKSERVER=0 asks for new processes. NO_FORK: this system has
+    no os.fork (Windows). MACOS: macOS, where running code in a fork "is no
+    longer reliable since macOS 10.14", as Python's multiprocessing says
+    (bpo-33725) in choosing spawn as its default there; the server's forks run
+    torch. LABKIT_FORKSERVER=1 forks there anyway (not tried: no Mac has run
+    this course's tests). A value other than 0 or 1 raises ValueError; 1 where
+    there is no os.fork raises ForkServerError.
+    """
+    value = os.environ.get(VARIABLE, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(
+            f"{VARIABLE}={value!r}: set it to 0 (start the ranks as new processes) "
+            "or 1 (fork them from labkit's fork server), or leave it unset")
+    if value == "0":
+        return OFF
+    if not hasattr(os, "fork"):
+        if value == "1":
+            raise ForkServerError(
+                f"{VARIABLE}=1 asks labkit to fork its ranks, but this system "
+                f"({sys.platform}) has no os.fork: unset {VARIABLE} or set it to 0, "
+                "and the ranks start as new processes")
+        return NO_FORK
+    if sys.platform == "darwin" and value != "1":
+        return MACOS
+    return None
 
 # ipyparallel's launchers load on first use: the server's own process, which
 # imports this package first, imports nothing but the standard library before

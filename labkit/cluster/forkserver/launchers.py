@@ -12,7 +12,6 @@ import os
 import sys
 
 from ipyparallel.cluster import launcher as _ipp
-from traitlets import default
 
 from .client import server
 
@@ -64,12 +63,7 @@ class EngineLauncher(_Forked, _ipp.LocalEngineLauncher):
 
 
 class EngineSetLauncher(_ipp.LocalEngineSetLauncher):
-    """ipyparallel's local engines, each forked from the server."""
+    """ipyparallel's local engines, each forked from the server (with no delay
+    between them: labkit.cluster.engine.config)."""
 
     launcher_class = EngineLauncher
-
-    @default("delay")
-    def _no_delay(self) -> float:
-        # ipyparallel waits 0.1 s between engines to help them take their ids in
-        # order; labkit orders the ranks by engine id, whatever the order.
-        return 0.0
