@@ -165,6 +165,22 @@ def test_the_steps_run_with_the_venv_s_python_on_each_system(monkeypatch, tmp_pa
     assert "--allow-root" not in plan.ran[-1]
 
 
+def test_every_step_s_pytest_lists_its_skips(tmp_path):
+    """A test skipped for a missing tool says so in the step's own summary (-rs):
+    on macOS and Windows, where there is no unshare, that is how the step says
+    what it did not check. A dry run writes nothing (a real run's times stay)."""
+    plan = course.Course(tmp_path / ".venv", dry_run=True)
+    root = tmp_path / "repo"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(course, "ROOT", root)
+        plan.test()
+        plan.check()
+    assert not root.exists()
+    runs = [cmd for cmd in plan.ran if cmd[1:3] == ["-m", "pytest"]]
+    assert len(runs) == len(["unit", "ecosystem", "nbval", "site", "nbgrader", "check"])
+    assert [cmd for cmd in runs if "-rs" not in cmd] == []
+
+
 def test_the_workflow_for_three_systems_calls_steps_and_files_that_exist():
     """It has never run (README): here, that it parses and that what it runs
     exists; a step or a notebook renamed fails this."""
