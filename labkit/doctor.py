@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, comm, fonts, i18n
-from .cluster import stalls
+from .cluster import forkserver, stalls
 from .i18n import t
 
 __all__ = ["Report", "collect", "format_report", "version"]
@@ -79,6 +79,15 @@ i18n.register({
     },
     # One per feature the course uses where the system has it; each says what
     # is missing, then what labkit and the lessons do without it.
+    "lacks_fork": {
+        "ja": "os.fork (Windows にはありません。macOS では torch を読み込んだ"
+              "プロセスの fork が安全ではありません): ランクは ipyparallel の"
+              "起動方法で新しいプロセスとして起動します。fork より起動に時間が"
+              "かかります",
+        "en": "os.fork (not on Windows; on macOS, forking a process that imported "
+              "torch is unsafe): the ranks start as new processes, through "
+              "ipyparallel's launchers, which takes longer than forking",
+    },
     "lacks_stack_dumps": {
         "ja": "SIGUSR1 (Windows にはありません): ランクにスタックを書き出させる"
               "ことができません。止まったときの報告はそう書き、"
@@ -129,7 +138,16 @@ i18n.register({
 })
 
 # What each feature's absence looks like here; looked up when `collect` runs.
+def _no_fork() -> bool:
+    """Whether the ranks cannot be forked here (not: LABKIT_FORKSERVER=0 chose so)."""
+    try:
+        return forkserver.usable() in (forkserver.NO_FORK, forkserver.MACOS)
+    except (ValueError, forkserver.ForkServerError):  # a bad LABKIT_FORKSERVER:
+        return not hasattr(os, "fork")  # the ranks' start says so itself
+
+
 LACKS: dict[str, Callable[[], bool]] = {
+    "lacks_fork": _no_fork,
     "lacks_stack_dumps": lambda: not stalls.can_dump_stacks(),
     "lacks_proc_io": lambda: not comm.can_count_bytes_written(),
     "lacks_sigkill": lambda: not hasattr(signal, "SIGKILL"),

@@ -73,6 +73,8 @@ def test_each_missing_feature_is_listed_with_what_the_course_does_instead(
     for name in ("SIGUSR1", "SIGKILL", "SIGSTOP"):
         monkeypatch.delattr(signal, name)
     monkeypatch.delattr(os, "killpg")
+    monkeypatch.delattr(os, "fork")
+    monkeypatch.delenv("LABKIT_FORKSERVER", raising=False)
     exists, open_, which = os.path.exists, os.open, shutil.which
     monkeypatch.setattr(os.path, "exists",
                         lambda p: str(p) != "/proc/self/io" and exists(p))
@@ -87,10 +89,12 @@ def test_each_missing_feature_is_listed_with_what_the_course_does_instead(
                         None if cmd == "unshare" else which(cmd, *a, **k))
     report = doctor.collect()
     assert report.lacks == list(doctor.LACKS)
-    for lang, words in (("en", ["SIGUSR1 (not on Windows)", "/proc/self/io",
+    for lang, words in (("en", ["os.fork (not on Windows", "SIGUSR1 (not on Windows)",
+                                "/proc/self/io",
                                 "os._exit", "--fault stop is refused",
                                 "os.killpg", "fsync of a folder", "unshare -n"]),
-                        ("ja", ["SIGUSR1 (Windows にはありません)", "/proc/self/io",
+                        ("ja", ["os.fork (Windows にはありません",
+                                "SIGUSR1 (Windows にはありません)", "/proc/self/io",
                                 "os._exit", "--fault stop は使えず", "os.killpg",
                                 "フォルダの fsync", "unshare -n"])):
         labkit.set_lang(lang)
@@ -102,3 +106,14 @@ def test_each_missing_feature_is_listed_with_what_the_course_does_instead(
     labkit.set_lang("en")
     assert doctor.format_report(doctor.Report(**{**report.as_dict(), "lacks": []})
                                 ).endswith(f"{labkit.t('lacks_title')}:\n  (none)")
+
+
+@pytest.mark.parametrize(("platform", "variable", "listed"), [
+    ("linux", "", False), ("linux", "0", False),  # forked, or new processes by choice
+    ("darwin", "", True), ("darwin", "1", False),  # macOS: forks only when asked
+])
+def test_fork_is_listed_where_the_ranks_cannot_be_forked(monkeypatch, platform,
+                                                         variable, listed):
+    monkeypatch.setattr("sys.platform", platform)
+    monkeypatch.setenv("LABKIT_FORKSERVER", variable)
+    assert ("lacks_fork" in doctor.collect().lacks) == listed
