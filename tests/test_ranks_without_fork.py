@@ -137,14 +137,14 @@ def test_the_notice_says_why_and_what_it_costs_once_in_the_lesson_s_language(
     monkeypatch.setattr(sys, "platform", platform)
     monkeypatch.setattr(ranks, "_said_why", False)
     ranks._say_why_not_forked(why)
-    said = capsys.readouterr().out
+    said = capsys.readouterr().err
     assert REASONS[why][lang] in said
     assert ("new processes" if lang == "en" else "新しいプロセス") in said
     assert ("takes longer" if lang == "en" else "時間がかかります") in said
     # what it costs, both ways: three ranges of seconds
     assert len(re.findall(r"\d(?:\.\d)?(?:–|〜)\d+ (?:s|秒)", said)) == 3, said
     ranks._say_why_not_forked(why)
-    assert capsys.readouterr().out == ""  # once
+    assert capsys.readouterr() == ("", "")  # once
 
 
 def test_a_wrong_variable_fails_the_start_before_any_process(system):
@@ -174,7 +174,7 @@ def test_ranks_as_new_processes_train_fail_and_are_repaired(monkeypatch, capfd):
     server = forkserver.pid()
     group = cluster.start(2, timeout_s=3, task_timeout_s=10, activate=False)
     try:
-        assert "LABKIT_FORKSERVER=0 is set" in capfd.readouterr().out
+        assert "LABKIT_FORKSERVER=0 is set" in capfd.readouterr().err
         _add_tests_to_path(group)
         pids = group.run(os.getpid)
         # started by this process (ipyparallel's Popen), not forked by a server
@@ -200,7 +200,7 @@ def test_ranks_as_new_processes_train_fail_and_are_repaired(monkeypatch, capfd):
         assert "rank 1 did not finish within 10 s" in err.value.failures[1]
         assert group.run(abs, -2) == [2, 2]  # the group was reset and works
         assert group.run(os.getpid) == fresh  # reset, not restarted
-        assert capfd.readouterr().out.count("new processes") == 0  # said once
+        assert "new processes" not in capfd.readouterr().err  # said once
     finally:
         group.stop()
     assert leftovers(before) == set()

@@ -80,7 +80,9 @@ def _say_why_not_forked(why: str) -> None:
         reason = t("ranks_why_no_fork", system=sys.platform)
     else:
         reason = t("ranks_why_macos")
-    print(t("ranks_new_processes", why=reason), flush=True)
+    # stderr, as labkit's other notes on the ranks: a program's output (a
+    # script that prints JSON) stays its own
+    print(t("ranks_new_processes", why=reason), file=sys.stderr, flush=True)
 
 
 # The backend of the notebooks' ranks, also on a machine with GPUs: the lessons'
