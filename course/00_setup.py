@@ -282,8 +282,11 @@ assert saved["torch_version"] == torch.__version__
 # `%pip install -e ".[lab]"` を実行し、セッションを再起動してからレッスンを開きます。labkit は torch 2.4
 # 以上なら受け付けるので、この行は Colab の torch を入れ替えません。
 #
-# この講座の事実は torch 2.13.0 で確かめてあります。ほかの版の torch では、どのレッスンも最初のセルの
-# `labkit.require` がそう警告します (`TorchVersionWarning`)。Colab の torch なら次のとおりです。
+# この講座の事実は torch 2.13.0 と 2.14.1 で確かめてあります (`make lab` が入れるのは 2.13.0 です。2.14.1 は
+# PyPI から入る CUDA 版を、GPU のないマシンで動かしました)。2 つの版で事実が違うところは、どちらの版で
+# 何が起きるかをレッスンに書いてあります (レッスン 09: torch のヘッダが要求する C++ の規格)。ほかの版の
+# torch では、どのレッスンも最初のセルの `labkit.require` がそう警告します (`TorchVersionWarning`)。
+# Colab の torch なら次のとおりです。
 
 # %% [markdown] lang="en"
 # ## Running on Colab
@@ -294,12 +297,16 @@ assert saved["torch_version"] == torch.__version__
 # or uploaded), run `%pip install -e ".[lab]"`, restart the session, then open a lesson.
 # labkit accepts torch 2.4 or newer, so that line leaves Colab's torch in place.
 #
-# The course's facts were checked with torch 2.13.0. With another torch, every lesson's
-# first cell warns so (`labkit.require`, a `TorchVersionWarning`). With Colab's torch it
-# reads:
+# The course's facts were checked with torch 2.13.0 and 2.14.1 (`make lab` installs
+# 2.13.0; 2.14.1 ran as PyPI's CUDA build, on a machine without a GPU). Where a fact
+# differs between the two, the lesson says which shows what (lesson 09: the C++ standard
+# torch's headers require). With another torch, every lesson's first cell warns so
+# (`labkit.require`, a `TorchVersionWarning`). With Colab's torch it reads:
 
 # %%
 colab_note = labkit.torch_note("2.11.0+cpu")  # what require() warns with Colab's torch
 print(colab_note)
+# every version checked is named; labkit.CHECKED_TORCH is the one make lab pins
 assert "2.11.0+cpu" in colab_note and labkit.CHECKED_TORCH in colab_note
-print(labkit.torch_note() or f"here: torch {torch.__version__}, the version checked")
+assert all(checked in colab_note for checked in labkit.CHECKED_TORCH_VERSIONS)
+print(labkit.torch_note() or f"here: torch {torch.__version__}, a version checked")

@@ -7,8 +7,8 @@ import warnings
 from . import fonts, i18n
 from .i18n import get_lang, t
 
-__all__ = ["CHECKED_TORCH", "TorchVersionWarning", "__version__", "get_lang", "require",
-           "set_lang", "t", "torch_note"]
+__all__ = ["CHECKED_TORCH", "CHECKED_TORCH_VERSIONS", "TorchVersionWarning",
+           "__version__", "get_lang", "require", "set_lang", "t", "torch_note"]
 
 i18n.register({
     "version_too_old": {
@@ -25,16 +25,24 @@ i18n.register({
         "The lessons' figures and torch's behaviour (what the errata says too) may "
         "differ.",
     },
+    # How the message above lists the checked versions: "2.12.0, 2.13.0 and 2.14.1"
+    "torch_list_sep": {"ja": "、", "en": ", "},
+    "torch_and": {"ja": " と ", "en": " and "},
 })
 
 __version__ = "0.1.0"
-# The torch the course's facts were checked with: the Makefile's pin, and the
-# one-click environments' (tests/test_environments.py keeps them equal).
-CHECKED_TORCH = "2.13.0"
+# The torch versions the course's facts were checked with: the unit tests and
+# every lesson of both languages ran under each. The first is the pin: the
+# Makefile's and the one-click environments' (tests/test_environments.py keeps
+# them equal). 2.14.1 ran as the CUDA 13.0 build PyPI installs on Linux, on a
+# machine without a GPU; where a lesson's fact differs between versions, the
+# lesson says which shows what.
+CHECKED_TORCH_VERSIONS = ("2.13.0", "2.14.1")
+CHECKED_TORCH = CHECKED_TORCH_VERSIONS[0]
 
 
 class TorchVersionWarning(UserWarning):
-    """The torch here is not the one the course was checked with."""
+    """The torch here is none of those the course was checked with."""
 
 
 def _parse(version: str) -> tuple[int, ...]:
@@ -60,21 +68,24 @@ def set_lang(lang: str) -> str:
 
 
 def torch_note(have: str | None = None) -> str | None:
-    """What the lessons say about torch `have` (this one by default): nothing for the
-    version the course was checked with (any build of it), else a note that
-    figures and behaviour may differ (on Colab, whose torch is its own)."""
+    """What the lessons say about torch `have` (this one by default): nothing for a
+    version the course was checked with (any build of it), else a note naming
+    them, that figures and behaviour may differ (on Colab, whose torch is its own)."""
     if have is None:
         import torch
 
         have = torch.__version__
-    if _parse(have) == _parse(CHECKED_TORCH):
+    if _parse(have) in {_parse(checked) for checked in CHECKED_TORCH_VERSIONS}:
         return None
-    return t("torch_differs", checked=CHECKED_TORCH, have=have)
+    *others, last = CHECKED_TORCH_VERSIONS
+    checked = t("torch_and").join(
+        [t("torch_list_sep").join(others), last] if others else [last])
+    return t("torch_differs", checked=checked, have=have)
 
 
 def require(version: str) -> str:
     """Fail early, in the lesson's language, if labkit is older than `version`;
-    warn if torch is not the version the course was checked with."""
+    warn if torch is none of the versions the course was checked with."""
     if _parse(__version__) < _parse(version):
         raise RuntimeError(t("version_too_old", have=__version__, need=version))
     note = torch_note()

@@ -1,4 +1,5 @@
 import math
+import warnings
 
 import pytest
 import torch
@@ -54,6 +55,41 @@ def test_require_names_both_versions():
     assert labkit.require("0.0.1") == labkit.__version__
     with pytest.raises(RuntimeError, match="needs 99.0 or newer"):
         labkit.require("99.0")
+
+
+@pytest.mark.parametrize("lang", ["ja", "en"])
+def test_require_is_silent_for_each_checked_torch_and_names_them_for_another(
+        monkeypatch, lang):
+    labkit.set_lang(lang)
+    assert labkit.CHECKED_TORCH_VERSIONS == ("2.13.0", "2.14.1")
+    # any build of a checked version: the CPU wheel, PyPI's CUDA one, a source build
+    for have in ("2.13.0+cpu", "2.14.1+cu130", "2.14.1", "2.13.0a0+git1"):
+        monkeypatch.setattr(torch, "__version__", have)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert labkit.require("0.1.0") == labkit.__version__
+    # a version between, after, or before them: each checked one named
+    for have in ("2.14.0+cpu", "2.15.0", "2.11.0+cpu"):
+        monkeypatch.setattr(torch, "__version__", have)
+        with pytest.warns(labkit.TorchVersionWarning) as caught:
+            labkit.require("0.1.0")
+        message = str(caught[0].message)
+        expected = {
+            "ja": f"torch 2.13.0 と 2.14.1 で確かめてあります。"
+                  f"ここの torch は {have} です",
+            "en": f"checked with torch 2.13.0 and 2.14.1; this is torch {have}."}
+        assert expected[lang] in message, message
+    labkit.set_lang("en")
+
+
+def test_torch_note_lists_three_checked_versions_in_each_language(monkeypatch):
+    monkeypatch.setattr(labkit, "CHECKED_TORCH_VERSIONS",
+                        ("2.12.0", "2.13.0", "2.14.1"))
+    assert labkit.torch_note("2.12.0+cpu") is None
+    labkit.set_lang("ja")
+    assert "torch 2.12.0、2.13.0 と 2.14.1 で" in labkit.torch_note("2.11.0")
+    labkit.set_lang("en")
+    assert "torch 2.12.0, 2.13.0 and 2.14.1;" in labkit.torch_note("2.11.0")
 
 
 def test_a_nan_anywhere_is_a_nan_difference_and_fails_the_checks():
