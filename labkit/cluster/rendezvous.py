@@ -156,9 +156,13 @@ def set_collective_timeout(timeout_s: float) -> None:
     torch 2.13 has no public way to change a group's timeout after it is made;
     its private `_set_pg_timeout` does it for gloo and nccl (measured here on
     gloo: a group joined with 30 s, then set to 2 s, timed out a lone all_reduce
-    after 2.0 s). Without that function the group keeps the join's timeout.
+    after 2.0 s). torch 2.14 made it public, `dist.set_timeout(timeout, group)`,
+    and its `_set_pg_timeout` now only calls that with a FutureWarning (read in
+    2.14.1's distributed_c10d.py). Without either the group keeps the join's
+    timeout.
     """
-    set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    set_timeout = (getattr(dist, "set_timeout", None)
+                   or getattr(dist.distributed_c10d, "_set_pg_timeout", None))
     if set_timeout is not None:
         set_timeout(datetime.timedelta(seconds=timeout_s))
 
