@@ -125,20 +125,36 @@ def _guarded(what: str, real):
     return guard
 
 
-def _install_guards() -> None:
-    import _posixsubprocess
+def _start_points() -> list[tuple[tuple, str, str]]:
+    """(owners, name, what) of every function a process start goes through here.
+
+    On POSIX, subprocess and multiprocessing's spawn go through _posixsubprocess;
+    on Windows, which has none, both go through _winapi.CreateProcess (read in
+    CPython's subprocess.py and multiprocessing/popen_spawn_win32.py; never run
+    on Windows here)."""
     import os
     import subprocess
 
-    targets = [((subprocess,), "_fork_exec", "subprocess"),
-               ((_posixsubprocess,), "fork_exec", "multiprocessing's spawn")]
+    try:
+        import _posixsubprocess
+    except ImportError:
+        import _winapi
+
+        targets = [((_winapi,), "CreateProcess", "subprocess or multiprocessing")]
+    else:
+        targets = [((subprocess,), "_fork_exec", "subprocess"),
+                   ((_posixsubprocess,), "fork_exec", "multiprocessing's spawn")]
     targets += [((os, os.sys.modules[os.name]), name, f"os.{name}")
                 for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp",
                              "system")]
     forkserver = sys.modules.get("labkit.cluster.forkserver")
     if forkserver is not None:
         targets.append(((forkserver.Server,), "fork", "a fork of labkit's fork server"))
-    for owners, name, what in targets:
+    return targets
+
+
+def _install_guards() -> None:
+    for owners, name, what in _start_points():
         real = getattr(owners[0], name, None)
         if real is not None and not getattr(real, "labkit_guard", False):
             guard = _guarded(what, real)

@@ -83,3 +83,21 @@ def test_an_unmarked_test_that_starts_a_process_fails_by_name(tmp_path):
         assert f"test_starts.py::{name} started a process (" in out, (name, out)
     assert "test_starts.py::test_fork started a process (os.fork)" in out
     assert "not marked procs" in out
+
+
+def test_without_posixsubprocess_the_guard_watches_windows_process_creation(
+        monkeypatch):
+    """Windows has no _posixsubprocess: the guard watches _winapi.CreateProcess,
+    where subprocess and multiprocessing start processes there."""
+    import types
+
+    import conftest
+
+    winapi = types.ModuleType("_winapi")
+    winapi.CreateProcess = lambda *args: None
+    monkeypatch.setitem(sys.modules, "_posixsubprocess", None)  # import fails
+    monkeypatch.setitem(sys.modules, "_winapi", winapi)
+    watched = {(owners[0].__name__, name)
+               for owners, name, _ in conftest._start_points()}
+    assert ("_winapi", "CreateProcess") in watched
+    assert ("subprocess", "_fork_exec") not in watched
