@@ -272,3 +272,18 @@ def test_set_lang_leaves_matplotlib_alone_and_plots_draw_japanese():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "after set_lang: False" in out.stdout
     assert "family: IPAexGothic" in out.stdout and "drawn" in out.stdout
+
+
+def test_ranks_speak_the_kernels_language(ranks):
+    """What labkit prints on a rank (a stall's report, a grader's trial) reads in
+    the lesson's language: each rank takes the kernel's when it joins."""
+    from labkit import i18n
+
+    assert ranks.run(i18n.get_lang) == ["en", "en"]
+    i18n.set_lang("ja")
+    try:
+        ranks.reset_process_group()  # the ranks join again, as after a repair
+        assert ranks.run(i18n.get_lang) == ["ja", "ja"]
+    finally:
+        i18n.set_lang("en")
+        ranks.reset_process_group()

@@ -90,8 +90,11 @@ def main() -> None:
 
 def setup_rank(rank: int, world_size: int, backend: str, port: int, prefix: str,
                timeout_s: float, threads: int, kernel: tuple[int, float],
-               controller_pid: int | None) -> int:
+               controller_pid: int | None, lang: str = "en") -> int:
     """Runs on an engine: join the group and give the notebook's names to its code.
+
+    `lang` is the kernel's language: what labkit prints on a rank (a stall's
+    report, a grader's trial) reads as the lesson does.
 
     Returns the engine's pid, which the kernel watches (labkit.cluster.stalls).
     """
@@ -99,9 +102,11 @@ def setup_rank(rank: int, world_size: int, backend: str, port: int, prefix: str,
 
     from IPython import get_ipython
 
+    import labkit
     from labkit.cluster import rendezvous as rdzv
     from labkit.cluster import stalls
 
+    labkit.set_lang(lang)
     if not any(t.name == "labkit-watch-kernel" for t in threading.enumerate()):
         threading.Thread(target=end_with_kernel, args=(kernel, controller_pid),
                          name="labkit-watch-kernel", daemon=True).start()

@@ -250,7 +250,8 @@ class Ranks:
         pending = [
             self.client[eid].apply_async(
                 engine.setup_rank, rank, self.world_size, self.backend, port,
-                prefix, self.timeout_s, self.threads_per_rank, kernel, controller)
+                prefix, self.timeout_s, self.threads_per_rank, kernel, controller,
+                i18n.get_lang())
             for rank, eid in enumerate(self.view.targets)
         ]
         found, pids = {}, []
