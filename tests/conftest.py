@@ -364,7 +364,8 @@ def netns_missing() -> list[str]:
     import os
     import shutil
 
-    missing = [] if os.geteuid() == 0 else [
+    # Windows has no os.geteuid, and no network namespaces either
+    missing = [] if getattr(os, "geteuid", lambda: -1)() == 0 else [
         "root (unshare -n makes a network namespace; .ci/run runs as root)"]
     missing += [f"{tool} (apt-get install {package})"
                 for tool, package in (("unshare", "util-linux"), ("ip", "iproute2"))

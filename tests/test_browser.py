@@ -85,7 +85,7 @@ def _serve_lab(tmp_path, settings, *args):
            f"--ServerApp.root_dir={tmp_path / 'notebooks'}",
            f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
            "--LabApp.expose_app_in_browser=True", *args]  # window.jupyterapp: commands
-    if os.geteuid() == 0:
+    if getattr(os, "geteuid", lambda: -1)() == 0:  # none on Windows
         cmd.append("--allow-root")
     env = os.environ | {"JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
                         "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces")}
