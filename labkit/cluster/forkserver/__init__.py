@@ -85,6 +85,7 @@ def usable() -> str | None:
         return MACOS
     return None
 
+
 # ipyparallel's launchers load on first use: the server's own process, which
 # imports this package first, imports nothing but the standard library before
 # its first module.
