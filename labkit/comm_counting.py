@@ -9,10 +9,12 @@ Two mechanisms, one for each place a collective can be watched from:
   not the broadcasts of parameters when DDP is built and of buffers before each
   forward pass, and nothing an optimizer sends (ZeroRedundancyOptimizer
   broadcasts its updated shards).
-- `CollectiveLog` replaces `dist.all_reduce` and `dist.broadcast` while it is
-  active and records every call made through them: a comm hook's all-reduces,
-  ZeRO's broadcasts, a DDP written by hand; each with its bytes and when it
-  started, completed and was waited for. DDP's own C++ code calls the process
+- `CollectiveLog` replaces `dist.all_reduce`, `dist.broadcast`, the
+  reduce-scatter and the all-gather into one tensor while it is active and
+  records every call made through them: a comm hook's all-reduces, ZeRO's
+  broadcasts, a DDP or a ZeRO written by hand, FSDP2's gathers and
+  reduce-scatters; each with its bytes and when it started, completed and was
+  waited for. DDP's own C++ code calls the process
   group directly, so the map of used parameters and DDP's broadcasts pass it by
   as well: torch's Flight Recorder records those (lesson 10).
 """
@@ -99,17 +101,33 @@ class _Work:
 
 
 class CollectiveLog:
-    """Every call of `dist.all_reduce` and `dist.broadcast` while active.
+    """Every call of the collectives in `ops` while active.
 
-    `with CollectiveLog() as log:` replaces them (the ones in `ops`) in
-    torch.distributed and puts them back on leaving. Each call appends to
-    `calls` a dict: "op", "bytes" (of the tensor handed over), "async",
-    "start", "end" (when it completed; NaN while an asynchronous one runs)
-    and "waited" (when its handle was first waited for; a blocking call at
-    once), in seconds from the last `reset()`.
+    `with CollectiveLog() as log:` replaces them in torch.distributed and puts
+    them back on leaving. Each call appends to `calls` a dict: "op", "bytes",
+    "async", "start", "end" (when it completed; NaN while an asynchronous one
+    runs) and "waited" (when its handle was first waited for; a blocking call
+    at once), in seconds from the last `reset()`.
+
+    "bytes" is the size of the whole buffer the collective works on, the same
+    on every rank: the tensor of an all-reduce or a broadcast, the input of a
+    reduce-scatter (each rank keeps 1/N of it), the output of an all-gather
+    (each rank gives 1/N of it). So an all-reduce of S bytes and the
+    reduce-scatter plus all-gather that make it up are S bytes each.
     """
 
-    OPS = ("all_reduce", "broadcast")
+    OPS = ("all_reduce", "broadcast", "reduce_scatter", "all_gather")
+    # op -> (the names torch.distributed calls it by, the argument that is the
+    # whole buffer). torch 2.13 renamed the one-tensor forms `*_single`; the old
+    # names stay as deprecated wrappers that call the new ones inside
+    # distributed_c10d, past the patched attribute, so no call is counted twice.
+    _TORCH_NAMES = {
+        "all_reduce": (("all_reduce",), "tensor"),
+        "broadcast": (("broadcast",), "tensor"),
+        "reduce_scatter": (("reduce_scatter_single", "reduce_scatter_tensor"), "input"),
+        "all_gather": (("all_gather_single", "all_gather_into_tensor"),
+                       "output_tensor"),
+    }
 
     def __init__(self, ops: tuple[str, ...] = OPS):
         if not ops or set(ops) - set(self.OPS):
@@ -123,8 +141,12 @@ class CollectiveLog:
         if self._originals:
             raise RuntimeError("this CollectiveLog is already active")
         for op in self.ops:
-            self._originals[op] = original = getattr(dist, op)
-            setattr(dist, op, self._recorded(op, original))
+            names, buffer = self._TORCH_NAMES[op]
+            for name in names:
+                original = getattr(dist, name, None)
+                if original is not None:  # the older torch has one name only
+                    self._originals[name] = original
+                    setattr(dist, name, self._recorded(op, original, buffer))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -149,14 +171,14 @@ class CollectiveLog:
         """Bytes handed to `op` so far, or to every op when None."""
         return sum(c["bytes"] for c in self.calls if op is None or c["op"] == op)
 
-    def _recorded(self, op: str, original):
-        # tensor and async_op may come by position or by name
+    def _recorded(self, op: str, original, buffer: str):
+        # tensors and async_op may come by position or by name
         signature = inspect.signature(original)
 
         @functools.wraps(original)
         def recorded(*args, **kwargs):
             bound = signature.bind(*args, **kwargs).arguments
-            tensor, async_op = bound["tensor"], bool(bound.get("async_op", False))
+            tensor, async_op = bound[buffer], bool(bound.get("async_op", False))
             call = {"op": op, "bytes": tensor.numel() * tensor.element_size(),
                     "async": async_op, "start": self.now(), "end": math.nan,
                     "waited": math.nan}

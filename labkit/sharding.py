@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from . import i18n, models
 
-__all__ = ["STAGES", "fsdp_experiment", "memory_per_rank"]
+__all__ = ["STAGES", "fsdp_experiment", "held_bytes", "memory_per_rank"]
 
 STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 
@@ -40,6 +40,28 @@ def memory_per_rank(params: float, world_size: int, param_bytes: int = 2,
     n = world_size
     return {"DDP": p + g + o, "ZeRO-1": p + g + o / n, "ZeRO-2": p + (g + o) / n,
             "ZeRO-3": (p + g + o) / n}
+
+
+def held_bytes(tensors) -> int:
+    """Bytes of memory the tensors hold: each storage counted once.
+
+    A tensor's storage is the memory it owns (`untyped_storage().nbytes()`),
+    so a view, a tied weight or a shard's view of a flat buffer is counted with
+    its storage, once; a storage resized to 0 (freed) counts 0. A DTensor counts
+    its local part, which is what this rank holds. None entries are skipped.
+    """
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None:
+            continue
+        if hasattr(t, "to_local"):  # a DTensor: what this rank holds
+            t = t.to_local()
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes(), t.device)
+        if storage.nbytes() and key not in seen:
+            seen.add(key)
+            total += storage.nbytes()
+    return total
 
 
 def fsdp_experiment(rank: int, world_size: int, seed: int = 0) -> dict:

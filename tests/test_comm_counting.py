@@ -7,6 +7,7 @@ collective the process group ran, the independent witness of what was sent.
 
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -135,7 +136,7 @@ def test_the_log_puts_torch_back_after_an_error_and_refuses_to_nest_itself(one_r
         log.__enter__()
     assert dist.broadcast is original
     with pytest.raises(ValueError, match="ops must be some of"):
-        comm_counting.CollectiveLog(("all_gather",))
+        comm_counting.CollectiveLog(("all_to_all",))
 
 
 def test_neither_sees_what_ddp_sends_from_cpp_but_the_flight_recorder_does(one_rank):
@@ -182,3 +183,26 @@ def test_a_timeline_records_each_all_reduce_against_the_gradients(one_rank):
         assert r["hidden_s"] + r["exposed_s"] > 0
     # Its gradient hooks are gone with the block.
     assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
+
+
+def test_reduce_scatter_and_all_gather_count_the_whole_buffer_once(one_rank):
+    """Both names torch has for each (the deprecated ones call the new ones
+    inside distributed_c10d) give one record, sized by the whole buffer."""
+    whole, shard = torch.ones(6), torch.empty(6)  # one rank: the shard is whole
+    names = [n for n in ("reduce_scatter_single", "reduce_scatter_tensor",
+                         "all_gather_single", "all_gather_into_tensor")
+             if hasattr(dist, n)]
+    assert names, "this torch has neither name for the reduce-scatter"
+    before = {n: getattr(dist, n) for n in names}
+    with comm_counting.CollectiveLog() as log, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the old names, in 2.13
+        for name in names:
+            if name.startswith("reduce_scatter"):
+                getattr(dist, name)(shard, whole)
+            else:
+                getattr(dist, name)(whole, shard)
+    assert [(c["op"], c["bytes"]) for c in log.calls] == [
+        ("reduce_scatter" if n.startswith("reduce") else "all_gather", 24)
+        for n in names]
+    assert log.nbytes("all_gather") == 24 * sum(n.startswith("all_g") for n in names)
+    assert {n: getattr(dist, n) for n in names} == before  # put back
