@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown] lang="ja"
-# # 11 正誤表
+# # 12 正誤表
 #
 # 出発点の 2 つの記事 (記事 000: `no_sync` と高速化の方法、記事 004: `data_parallel`、Horovod、
 # フレームワーク) の記述とコードを 1 つずつ取り上げ、判定、正しい内容、それを確かめるセルへのリンクを
@@ -30,7 +30,7 @@
 # コードのセルが表示する出力は英語のままです (確認のメッセージは日本語です)。
 
 # %% [markdown] lang="en"
-# # 11 Errata
+# # 12 Errata
 #
 # Every statement and code snippet of the two source articles (doc 000: `no_sync` and
 # speed-up tips; doc 004: `data_parallel`, Horovod, frameworks), with a verdict, the
@@ -78,7 +78,7 @@ labkit.set_lang("ja")
 # | 000-12 | コード `ddp_model.no_sync()` (1 行だけ) | 誤り | 何も起きない。`with model.no_sync():` の中で順伝播と逆伝播 | [04: 誤用 1: ddp_model.no_sync() と 1 行書く](04_no_sync.ipynb#cell-id=04-misuse-1-writing-ddp-model-no-sync-on-its-own-line) |
 # | 000-13 | コード「# 訓練コード」で同期あり/なしを比較 | 誤り | 比較のコードがない。同じ条件で比べると曲線は重なり、no_sync は時間が短い | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
 # | 000-14 | コード「モデルを 2 つ (4 つ) の GPU に分散」`MyModel().cuda()` | 誤解を招く | `.cuda()` は 1 台の GPU に置くだけ。DDP は 1 GPU に 1 プロセスを起動する | [03: ランクを起動する](03_ddp.ipynb#cell-id=03-start-the-ranks) |
-# | 000-15 | コード `for epoch in range(10):` の次がコメント「# 訓練コード」だけ | 誤り | 本体のない `for` は構文エラー (IndentationError)。2 つ目と 3 つ目のコード例は実行すら始まらない | [11: 記事 000 の本体のない for 文](11_errata.ipynb#cell-id=11-doc-000-s-for-loops-without-a-body) |
+# | 000-15 | コード `for epoch in range(10):` の次がコメント「# 訓練コード」だけ | 誤り | 本体のない `for` は構文エラー (IndentationError)。2 つ目と 3 つ目のコード例は実行すら始まらない | [12: 記事 000 の本体のない for 文](12_errata.ipynb#cell-id=12-doc-000-s-for-loops-without-a-body) |
 # | 000-16 | コード `DistributedDataParallel(model, dim=1)` | 誤解を招く | 1 プロセス 1 デバイスでは DDP は入力を分けないので `dim` は何もしない | [08: 記事の DistributedDataParallel(model, dim=1)](08_training_settings.ipynb#cell-id=08-the-document-s-distributeddataparallel-model-dim-1) |
 # | 000-17 | 「データローダーのワーカー数を増やす」 | 正しい | 読み込みが重いときに効く (ワーカー 2 つでエポックの時間の中央値が 0.9 倍未満になることをセルが確かめる)。データは変わらない | [07: DataLoader のワーカー数](07_speedups.ipynb#cell-id=07-dataloader-workers) |
 # | 000-18 | 「バッチサイズを増やす」 | 誤解を招く | 処理速度は上がるが、収束には学習率の調整とウォームアップが要る | [08: 大きなバッチと学習率](08_training_settings.ipynb#cell-id=08-large-batches-and-the-learning-rate) |
@@ -88,7 +88,7 @@ labkit.set_lang("ja")
 # | 000-22 | 「学習率を調整」「オプティマイザーを変更」「スケジューラーを使用」 | 誤解を招く | 1 ステップは速くならない。少ないステップで収束させるためのもの | [08: 学習率、オプティマイザ、スケジューラ](08_training_settings.ipynb#cell-id=08-learning-rate-optimizer-and-scheduler) |
 # | 000-23 | 「チェックポイントを活用する」(保存の意味で) | 誤解を招く | 速くはならない。止まっても再開でき、結果は 1 ビットも違わない | [08: チェックポイント: 学習状態を保存して再開する](08_training_settings.ipynb#cell-id=08-checkpoints-save-and-resume-the-training-state) |
 # | 000-24 | 「チェックポイントを活用する」(活性化チェックポイントの意味で) | 誤解を招く | 速くする方法ではない。メモリを減らす代わりに、1 ステップで順伝播をもう 1 回計算する (セルが数える)。時間はこの実行での値 (`on this run`) として示す | [07: 活性化チェックポイント](07_speedups.ipynb#cell-id=07-activation-checkpointing) |
-# | 000-25 | 「より高速な GPU」「TPU などの専用ハードウェア」 | 誤解を招く | 速い GPU は予算の話で、コードは同じ (`nccl`)。TPU は違う: `nccl` は使えず (CUDA 専用)、PyTorch だけではテンソルを置けない。torch_xla が要り、XLA デバイス、専用のデータローダー、ステップごとの同期の呼び出し、`xla` バックエンドを使うようにコードを書き換える | [11: TPU には torch_xla が要る](11_errata.ipynb#cell-id=11-a-tpu-needs-torch-xla) |
+# | 000-25 | 「より高速な GPU」「TPU などの専用ハードウェア」 | 誤解を招く | 速い GPU は予算の話で、コードは同じ (`nccl`)。TPU は違う: `nccl` は使えず (CUDA 専用)、PyTorch だけではテンソルを置けない。torch_xla が要り、XLA デバイス、専用のデータローダー、ステップごとの同期の呼び出し、`xla` バックエンドを使うようにコードを書き換える | [12: TPU には torch_xla が要る](12_errata.ipynb#cell-id=12-a-tpu-needs-torch-xla) |
 # | 000-26 | 「Apex」 | 古い | `torch.autocast` と `torch.amp.GradScaler`。`torch.cuda.amp` も非推奨 | [07: 混合精度 (torch.autocast)](07_speedups.ipynb#cell-id=07-mixed-precision-torch-autocast) |
 # | 000-27 | 「Horovod」 | 古い | 最新リリースは 2023 年の 0.28.1。PyTorch では torchrun と DDP | [09: Horovod のいま](09_ecosystem.ipynb#cell-id=09-horovod-today) |
 # | 000-28 | 「これらの方法は no_sync() と組み合わせることでさらに速くなる」 | 誤解を招く | `no_sync` は勾配累積のときだけの話。ほかの方法とは独立 | [04: いつ使うか (記事のリストの書き直し)](04_no_sync.ipynb#cell-id=04-when-to-use-it-the-document-s-lists-rewritten) |
@@ -113,7 +113,7 @@ labkit.set_lang("ja")
 # | 000-12 | code `ddp_model.no_sync()` (on its own line) | wrong | does nothing; forward and backward inside `with model.no_sync():` | [04: Misuse 1: writing ddp_model.no_sync() on its own line](04_no_sync.ipynb#cell-id=04-misuse-1-writing-ddp-model-no-sync-on-its-own-line) |
 # | 000-13 | code "# training code" comparing sync and no_sync | wrong | no code; compared properly the curves coincide and no_sync takes less time | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
 # | 000-14 | code "spread the model over 2 (4) GPUs" `MyModel().cuda()` | misleading | `.cuda()` puts it on one GPU; DDP runs one process per GPU | [03: Start the ranks](03_ddp.ipynb#cell-id=03-start-the-ranks) |
-# | 000-15 | code `for epoch in range(10):` followed only by the comment "# training code" | wrong | a `for` without a body is a syntax error (IndentationError): the second and third examples do not even start | [11: Doc 000's for loops without a body](11_errata.ipynb#cell-id=11-doc-000-s-for-loops-without-a-body) |
+# | 000-15 | code `for epoch in range(10):` followed only by the comment "# training code" | wrong | a `for` without a body is a syntax error (IndentationError): the second and third examples do not even start | [12: Doc 000's for loops without a body](12_errata.ipynb#cell-id=12-doc-000-s-for-loops-without-a-body) |
 # | 000-16 | code `DistributedDataParallel(model, dim=1)` | misleading | with one device per process DDP splits no input, so `dim` does nothing | [08: The document's DistributedDataParallel(model, dim=1)](08_training_settings.ipynb#cell-id=08-the-document-s-distributeddataparallel-model-dim-1) |
 # | 000-17 | "more data-loader workers" | correct | helps when loading is slow (the cell asserts that two workers bring the median epoch under 0.9 times); the data does not change | [07: DataLoader workers](07_speedups.ipynb#cell-id=07-dataloader-workers) |
 # | 000-18 | "increase the batch size" | misleading | more samples per second, but convergence needs the learning rate scaled and warm-up | [08: Large batches and the learning rate](08_training_settings.ipynb#cell-id=08-large-batches-and-the-learning-rate) |
@@ -123,7 +123,7 @@ labkit.set_lang("ja")
 # | 000-22 | "tune the learning rate", "change the optimizer", "use a scheduler" | misleading | a step is no faster; they converge in fewer steps | [08: Learning rate, optimizer and scheduler](08_training_settings.ipynb#cell-id=08-learning-rate-optimizer-and-scheduler) |
 # | 000-23 | "use checkpoints" (saving state) | misleading | no faster; it lets you resume, bit-identically | [08: Checkpoints: save and resume the training state](08_training_settings.ipynb#cell-id=08-checkpoints-save-and-resume-the-training-state) |
 # | 000-24 | "use checkpoints" (activation checkpointing) | misleading | not a speed-up: it saves memory and computes the forward once more every step (the cell counts it); the time is shown as this run's | [07: Activation checkpointing](07_speedups.ipynb#cell-id=07-activation-checkpointing) |
-# | 000-25 | "a faster GPU", "special hardware such as TPUs" | misleading | a faster GPU is a matter of budget, with the same code (`nccl`); a TPU is not: `nccl` does not work there (CUDA only) and PyTorch alone cannot put a tensor on it; it takes torch_xla and a code change: XLA devices, its data loaders, a sync call every step, the `xla` backend | [11: A TPU needs torch_xla](11_errata.ipynb#cell-id=11-a-tpu-needs-torch-xla) |
+# | 000-25 | "a faster GPU", "special hardware such as TPUs" | misleading | a faster GPU is a matter of budget, with the same code (`nccl`); a TPU is not: `nccl` does not work there (CUDA only) and PyTorch alone cannot put a tensor on it; it takes torch_xla and a code change: XLA devices, its data loaders, a sync call every step, the `xla` backend | [12: A TPU needs torch_xla](12_errata.ipynb#cell-id=12-a-tpu-needs-torch-xla) |
 # | 000-26 | "Apex" | outdated | `torch.autocast` and `torch.amp.GradScaler`; `torch.cuda.amp` is deprecated too | [07: Mixed precision (torch.autocast)](07_speedups.ipynb#cell-id=07-mixed-precision-torch-autocast) |
 # | 000-27 | "Horovod" | outdated | latest release 0.28.1 (2023); with PyTorch use torchrun and DDP | [09: Horovod today](09_ecosystem.ipynb#cell-id=09-horovod-today) |
 # | 000-28 | "combined with no_sync() these methods speed training up further" | misleading | `no_sync` matters only with gradient accumulation, independently of the rest | [04: When to use it (the document's lists, rewritten)](04_no_sync.ipynb#cell-id=04-when-to-use-it-the-document-s-lists-rewritten) |
@@ -140,9 +140,9 @@ labkit.set_lang("ja")
 # | 004-4 | 「特に、大規模なデータセットや複雑なモデルを扱う場合に有効」 | 誤解を招く | 決めるのは 1 ステップの計算と通信の比。データセットの大きさはステップ数を変えるだけ。大きなモデルは計算も増えるが、呼び出しごとの複製と勾配の集約も増える | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
 # | 004-5 | 「コードの変更を最小限に抑えながら」 | 正しい | 包むだけで使える。ただし推奨は DDP | [02: PyTorch が DDP を勧める理由](02_data_parallel.ipynb#cell-id=02-why-pytorch-recommends-ddp) |
 # | 004-6 | 「使い方」: DataParallel で包み、入力を分け、data_parallel に渡す | 誤り | クラスか関数のどちらか一方に、バッチ全体を渡す | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
-# | 004-7 | 最初のコード例: `forward` のない `MyModel` と `torch.randn(100, 1024)` | 誤り | `forward` がないので呼ぶと NotImplementedError | [11: 記事 004 の最初のコード例](11_errata.ipynb#cell-id=11-doc-004-s-first-code-example) |
-# | 004-8 | コード `nn.DataParallel(MyModel())` (3 つの例。モデルは CPU のまま、入力だけ `.cuda()`) | 誤り | GPU が 2 台以上あると、呼んだ時点で RuntimeError「module must have its parameters and buffers on device cuda:0」。1 台なら DataParallel が自分でモデルを移す。`nn.DataParallel(MyModel().cuda())` と書く | [11: GPU のあるマシンでの記事 004 の DataParallel](11_errata.ipynb#cell-id=11-doc-004-s-dataparallel-on-a-machine-with-gpus) |
-# | 004-9 | コメント「入力データを GPU に分散」「データを GPU に分散」と `.cuda()` | 誤解を招く | `.cuda()` はバッチ全体を 1 台の GPU (いまのデバイス、ふつうは cuda:0) に置くだけ。GPU ごとに分けるのは DataParallel の `forward` の中の `scatter` | [11: GPU のあるマシンでの記事 004 の DataParallel](11_errata.ipynb#cell-id=11-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-7 | 最初のコード例: `forward` のない `MyModel` と `torch.randn(100, 1024)` | 誤り | `forward` がないので呼ぶと NotImplementedError | [12: 記事 004 の最初のコード例](12_errata.ipynb#cell-id=12-doc-004-s-first-code-example) |
+# | 004-8 | コード `nn.DataParallel(MyModel())` (3 つの例。モデルは CPU のまま、入力だけ `.cuda()`) | 誤り | GPU が 2 台以上あると、呼んだ時点で RuntimeError「module must have its parameters and buffers on device cuda:0」。1 台なら DataParallel が自分でモデルを移す。`nn.DataParallel(MyModel().cuda())` と書く | [12: GPU のあるマシンでの記事 004 の DataParallel](12_errata.ipynb#cell-id=12-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-9 | コメント「入力データを GPU に分散」「データを GPU に分散」と `.cuda()` | 誤解を招く | `.cuda()` はバッチ全体を 1 台の GPU (いまのデバイス、ふつうは cuda:0) に置くだけ。GPU ごとに分けるのは DataParallel の `forward` の中の `scatter` | [12: GPU のあるマシンでの記事 004 の DataParallel](12_errata.ipynb#cell-id=12-doc-004-s-dataparallel-on-a-machine-with-gpus) |
 # | 004-10 | 「モデルのすべての層が GPU で実行できる必要」 | 正しい | レプリカは各 GPU で丸ごと動く | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
 # | 004-11 | 「モデルのパラメータはすべての GPU に同期されている必要」 | 誤り | 呼び出しのたびに複製し直すので、利用者がそろえる必要はない。必要なのはモデルを `device_ids[0]` に置くこと (004-8) | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
 # | 004-12 | 「データバッチサイズは GPU のメモリ容量に収まる必要」 | 誤解を招く | 各 GPU には分けた一部が載る。出力はデバイス 0 に集まる | [02: 4. gather: 出力を集める](02_data_parallel.ipynb#cell-id=02-4-gather-collect-the-outputs) |
@@ -176,9 +176,9 @@ labkit.set_lang("ja")
 # | 004-4 | "especially effective for large data sets and complex models" | misleading | a step's computation against its communication decides; a larger data set only means more steps; a larger model computes more, but also copies and reduces more at every call | [03: Time per step with world size 1 and 2](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
 # | 004-5 | "with minimal code changes" | correct | just wrap the model; but PyTorch recommends DDP | [02: Why PyTorch recommends DDP](02_data_parallel.ipynb#cell-id=02-why-pytorch-recommends-ddp) |
 # | 004-6 | "how to use": wrap in DataParallel, split the input, pass to data_parallel | wrong | use the class or the function, with the whole batch | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
-# | 004-7 | first code example: `MyModel` without `forward`, `torch.randn(100, 1024)` | wrong | no `forward`, so calling it raises NotImplementedError | [11: Doc 004's first code example](11_errata.ipynb#cell-id=11-doc-004-s-first-code-example) |
-# | 004-8 | code `nn.DataParallel(MyModel())` (three examples: the model stays on the CPU, only the input is `.cuda()`) | wrong | with two or more GPUs the call raises RuntimeError "module must have its parameters and buffers on device cuda:0"; with one GPU DataParallel moves the model itself; write `nn.DataParallel(MyModel().cuda())` | [11: Doc 004's DataParallel on a machine with GPUs](11_errata.ipynb#cell-id=11-doc-004-s-dataparallel-on-a-machine-with-gpus) |
-# | 004-9 | comments "spread the input over the GPUs", "spread the data over the GPUs" on `.cuda()` | misleading | `.cuda()` puts the whole batch on one GPU (the current device, usually cuda:0); `scatter`, inside DataParallel's `forward`, splits it among the GPUs | [11: Doc 004's DataParallel on a machine with GPUs](11_errata.ipynb#cell-id=11-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-7 | first code example: `MyModel` without `forward`, `torch.randn(100, 1024)` | wrong | no `forward`, so calling it raises NotImplementedError | [12: Doc 004's first code example](12_errata.ipynb#cell-id=12-doc-004-s-first-code-example) |
+# | 004-8 | code `nn.DataParallel(MyModel())` (three examples: the model stays on the CPU, only the input is `.cuda()`) | wrong | with two or more GPUs the call raises RuntimeError "module must have its parameters and buffers on device cuda:0"; with one GPU DataParallel moves the model itself; write `nn.DataParallel(MyModel().cuda())` | [12: Doc 004's DataParallel on a machine with GPUs](12_errata.ipynb#cell-id=12-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-9 | comments "spread the input over the GPUs", "spread the data over the GPUs" on `.cuda()` | misleading | `.cuda()` puts the whole batch on one GPU (the current device, usually cuda:0); `scatter`, inside DataParallel's `forward`, splits it among the GPUs | [12: Doc 004's DataParallel on a machine with GPUs](12_errata.ipynb#cell-id=12-doc-004-s-dataparallel-on-a-machine-with-gpus) |
 # | 004-10 | "every layer must run on the GPU" | correct | each replica runs whole on its GPU | [02: 2. replicate: copy the model](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
 # | 004-11 | "parameters must be synchronized on all GPUs" | wrong | replicas are rebuilt at every call: nothing for the user to do; what is needed is the model on `device_ids[0]` (004-8) | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
 # | 004-12 | "the batch must fit in GPU memory" | misleading | each GPU holds its chunk; outputs are gathered on device 0 | [02: 4. gather: collect the outputs](02_data_parallel.ipynb#cell-id=02-4-gather-collect-the-outputs) |
