@@ -639,8 +639,8 @@ for r in (1, 2, 4):
 # この増え方は torch の `ZeroRedundancyOptimizer` の作り (勾配は DDP の
 # all-reduce で全部そろえ、更新したパラメータを broadcast する) によるものです。ZeRO の論文の
 # ステージ 1 は、勾配を reduce-scatter し、パラメータを all-gather するので、通信量は DDP と同じです
-# (論文の 7 節)。勾配とパラメータは全ランクが全部持ったままです。それも分割して持つのが FSDP
-# (ZeRO-3。レッスン 09) です。
+# (論文の 7 節)。勾配とパラメータは全ランクが全部持ったままです。それも分割して持つのが ZeRO-2、ZeRO-3 と FSDP
+# です。レッスン 11 で、ZeRO のステージ 1〜3 を手で書き、FSDP2 と比べます。
 
 # %% [markdown] lang="en"
 # ### ZeroRedundancyOptimizer: sharing out the optimizer state
@@ -659,7 +659,8 @@ for r in (1, 2, 4):
 # then the updated parameters broadcast); stage 1 as the ZeRO paper describes it
 # reduce-scatters the gradients and all-gathers the parameters, the same volume as DDP
 # (the paper's section 7). Every rank still holds all the gradients and parameters;
-# sharing those out too is FSDP (ZeRO-3, lesson 09).
+# sharing those out too is ZeRO-2, ZeRO-3 and FSDP. Lesson 11 writes ZeRO's stages 1 to
+# 3 by hand and compares them with FSDP2.
 
 # %%
 adam, zero = by_method["DDP + Adam"], by_method["ZeRO + Adam"]

@@ -501,6 +501,8 @@ print("horovod installed:", importlib.util.find_spec("horovod") is not None)
 #
 # FSDP2 は gloo バックエンドを使えば CPU でも動きます。2 ランクで記事 004 のモデルを分割し、各ランクが各パラメータの半分だけを
 # 持つこと、それでも勾配は 1 プロセスで全体のバッチを使ったものと一致することを確かめます。
+# ここでは分け方を見るだけです。ZeRO のステージ 1〜3 を手で書き、メモリと通信量を測り、FSDP2 で学習して
+# チェックポイントを保存するのはレッスン 11 です。
 
 # %% [markdown] lang="en"
 # ## FSDP and ZeRO: holding part of the parameters
@@ -519,7 +521,9 @@ print("horovod installed:", importlib.util.find_spec("horovod") is not None)
 #
 # FSDP2 runs on gloo on the CPU. Shard doc 004's model over two ranks and check that each
 # rank holds half of every parameter, and that the gradients still equal those of one
-# process on the whole batch.
+# process on the whole batch. This is only a look at how the parameters are cut: lesson
+# 11 writes ZeRO's stages 1 to 3 by hand, measures their memory and traffic, trains with
+# FSDP2 and saves a sharded checkpoint.
 
 # %%
 from labkit import cluster
