@@ -53,9 +53,7 @@ labkit.require("0.1.0")
 labkit.set_lang("ja")
 
 # %%
-import torch
-
-from labkit import cluster, exercises, sharding
+from labkit import cluster
 
 ranks = cluster.start(2, background=True)  # the ranks boot while you read
 
