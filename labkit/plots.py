@@ -23,6 +23,7 @@ __all__ = [
     "line_chart",
     "loss_curves",
     "measured_vs_model",
+    "memory_vs_world_size",
     "methods_chart",
     "timeline",
 ]
@@ -50,6 +51,10 @@ i18n.register({
         "ja": "ステップごとの通信: 隠れた分と表に出た分",
         "en": "Communication per step: hidden and exposed",
     },
+    "world_size": {"ja": "ランクの数 (world size)", "en": "ranks (world size)"},
+    "by_formula": {"ja": "線: 式", "en": "lines: formula"},
+    "measured_on_ranks": {"ja": "印: {n} ランクで実測",
+                          "en": "markers: measured on {n} ranks"},
     "font_check_title": {
         "ja": "日本語フォントの確認: 勾配の同期とランク",
         "en": "Font check: gradient synchronization and ranks",
@@ -318,6 +323,51 @@ def measured_vs_model(measured: Mapping[str, tuple[Sequence[float], Sequence[flo
         ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
         ax.xaxis.set_minor_locator(plt.NullLocator())
         ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def memory_vs_world_size(formula: Mapping[str, tuple[Sequence[int], Sequence[float]]],
+                         measured: Mapping[str, tuple[int, float]], *, ylabel: str,
+                         title: str, budget: tuple[float, str] | None = None):
+    """Memory per rank against world size: lines by formula, markers measured.
+
+    `formula` maps a stage to (world sizes, values); `measured` a stage to its
+    (world size, value) measured on the ranks, drawn as a large marker of the
+    stage's colour; the legend says which is which. `budget` = (value, label)
+    draws a dashed horizontal line. `ylabel` and `title` are message keys.
+    """
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter
+
+    def build():
+        fig, ax = plt.subplots(figsize=(7.5, 4))
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        handles = []
+        for i, (stage, (xs, ys)) in enumerate(formula.items()):
+            color = colors[i % len(colors)]
+            handles += ax.plot(list(xs), list(ys), "-", color=color, label=stage)
+            if stage in measured:
+                x, y = measured[stage]
+                ax.plot([x], [y], "o", color=color, markersize=11, fillstyle="none",
+                        markeredgewidth=2)
+        if budget is not None:
+            handles.append(ax.axhline(budget[0], color="black", linestyle="--",
+                                      linewidth=1, label=budget[1]))
+        sizes = {x for x, _ in measured.values()}
+        handles += [Line2D([], [], color="gray", label=t("by_formula")),
+                    Line2D([], [], color="gray", marker="o", linestyle="none",
+                           fillstyle="none", markersize=9, markeredgewidth=2,
+                           label=t("measured_on_ranks",
+                                   n=", ".join(f"{n:g}" for n in sorted(sizes))))]
+        _decorate(ax, "world_size", ylabel, title, True, True)
+        ticks = sorted({x for xs, _ in formula.values() for x in xs})
+        ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.02, 0.5))
         fig.tight_layout()
         return fig
 
