@@ -1001,3 +1001,186 @@ def exact_mean_last_rank_padding(values, total):
     sums = torch.stack([real.sum(), torch.tensor(float(len(real)), dtype=values.dtype)])
     dist.all_reduce(sums)
     return sums[0] / sums[1]
+
+
+# 11: sharding. Stage 2's gradient reduce-scatter (these run on the ranks: the
+# tests import them into the ranks' namespace, where the lesson's %%px cell
+# defines the learner's function)
+
+
+def shard_of_mean_gradient(flat_grad, rank, world_size):
+    shard = torch.empty(flat_grad.numel() // world_size, dtype=flat_grad.dtype)
+    dist.reduce_scatter_single(shard, flat_grad)
+    return shard / world_size
+
+
+def shard_of_mean_gradient_avg(flat_grad, rank, world_size):
+    shard = torch.empty(flat_grad.numel() // world_size, dtype=flat_grad.dtype)
+    dist.reduce_scatter_single(shard, flat_grad, op=dist.ReduceOp.AVG)
+    return shard
+
+
+def _averaged(flat_grad, world_size):
+    """DDP's way: every rank gets the whole mean."""
+    dist.all_reduce(flat_grad)
+    return flat_grad / world_size
+
+
+def shard_of_mean_gradient_all_reduce(flat_grad, rank, world_size):
+    k = flat_grad.numel() // world_size
+    return _averaged(flat_grad, world_size)[rank * k:(rank + 1) * k].clone()
+
+
+def shard_of_mean_gradient_whole(flat_grad, rank, world_size):
+    return _averaged(flat_grad, world_size)
+
+
+def shard_of_mean_gradient_in_place(flat_grad, rank, world_size):
+    """Averaged in place, as DDP leaves .grad; nothing returned."""
+    dist.all_reduce(flat_grad)
+    flat_grad /= world_size
+
+
+def shard_of_mean_gradient_next_shard(flat_grad, rank, world_size):
+    """Counting ranks from 1."""
+    k = flat_grad.numel() // world_size
+    return _averaged(flat_grad, world_size)[(rank + 1) * k:(rank + 2) * k].clone()
+
+
+def shard_of_mean_gradient_one_off(flat_grad, rank, world_size):
+    k = flat_grad.numel() // world_size
+    return _averaged(flat_grad, world_size)[rank * k + 1:(rank + 1) * k + 1].clone()
+
+
+def shard_of_mean_gradient_sum(flat_grad, rank, world_size):
+    shard = torch.empty(flat_grad.numel() // world_size, dtype=flat_grad.dtype)
+    dist.reduce_scatter_single(shard, flat_grad)
+    return shard
+
+
+def shard_of_mean_gradient_by_numel(flat_grad, rank, world_size):
+    """The mean over the values, not over the ranks."""
+    shard = torch.empty(flat_grad.numel() // world_size, dtype=flat_grad.dtype)
+    dist.reduce_scatter_single(shard, flat_grad)
+    return shard / flat_grad.numel()
+
+
+def shard_of_mean_gradient_own_slice(flat_grad, rank, world_size):
+    """The reduce-scatter's output left unused: this rank's own piece returned."""
+    k = flat_grad.numel() // world_size
+    dist.reduce_scatter_single(torch.empty(k), flat_grad)
+    return flat_grad[rank * k:(rank + 1) * k] / world_size
+
+
+def shard_of_mean_gradient_view(flat_grad, rank, world_size):
+    """The output is this rank's piece of a buffer as large as the gradient."""
+    shard = torch.empty_like(flat_grad).chunk(world_size)[rank]
+    dist.reduce_scatter_single(shard, flat_grad)
+    return shard.div_(world_size)
+
+
+def shard_of_mean_gradient_list(flat_grad, rank, world_size):
+    """dist.reduce_scatter with a list of pieces: right, but not the call asked for."""
+    shard = torch.empty(flat_grad.numel() // world_size, dtype=flat_grad.dtype)
+    dist.reduce_scatter(shard, list(flat_grad.chunk(world_size)))
+    return shard / world_size
+
+
+def shard_of_mean_gradient_halves(flat_grad, rank, world_size):
+    """Two reduce-scatters, each of half of every rank's piece."""
+    pieces = flat_grad.view(world_size, -1)
+    half = pieces.shape[1] // 2
+    parts = []
+    for columns in (slice(0, half), slice(half, None)):
+        part = torch.empty(pieces[:, columns].shape[1])
+        dist.reduce_scatter_single(part, pieces[:, columns].flatten())
+        parts.append(part)
+    return torch.cat(parts) / world_size
+
+
+def shard_of_mean_gradient_gathered(flat_grad, rank, world_size):
+    """The shard, then every shard gathered back and this rank's taken again."""
+    shard = shard_of_mean_gradient(flat_grad, rank, world_size)
+    whole = torch.empty_like(flat_grad)
+    dist.all_gather_single(whole, shard)
+    return whole.chunk(world_size)[rank].clone()
+
+
+def shard_of_mean_gradient_as_list(flat_grad, rank, world_size):
+    return shard_of_mean_gradient(flat_grad, rank, world_size).tolist()
+
+
+def shard_of_mean_gradient_todo(flat_grad, rank, world_size):
+    """The lesson's starting point."""
+    return None
+
+
+# 11: the bytes of model state per rank, fp32 Adam
+
+
+def bytes_per_rank(params, world_size, stage):
+    p, g, o = 4 * params, 4 * params, 8 * params  # fp32: Adam's exp_avg, exp_avg_sq
+    n = world_size
+    return {"DDP": p + g + o, "ZeRO-1": p + g + o / n, "ZeRO-2": p + (g + o) / n,
+            "ZeRO-3": (p + g + o) / n}[stage]
+
+
+def _bytes_per_rank_with(params, world_size, stage, p=4, g=4, o=8, share=None):
+    share = share or (lambda x: x / world_size)
+    return {"DDP": (p + g + o) * params,
+            "ZeRO-1": (p + g) * params + o * share(params),
+            "ZeRO-2": p * params + (g + o) * share(params),
+            "ZeRO-3": (p + g + o) * share(params)}[stage]
+
+
+def bytes_per_rank_mixed(params, world_size, stage):
+    """The ZeRO paper's 2 + 2 + 12."""
+    return _bytes_per_rank_with(params, world_size, stage, p=2, g=2, o=12)
+
+
+def bytes_per_rank_adam_one(params, world_size, stage):
+    return _bytes_per_rank_with(params, world_size, stage, o=4)
+
+
+def bytes_per_rank_master(params, world_size, stage):
+    """A master copy counted in fp32 training: 4 + 4 + 12."""
+    return _bytes_per_rank_with(params, world_size, stage, o=12)
+
+
+def bytes_per_rank_gb(params, world_size, stage):
+    return bytes_per_rank(params, world_size, stage) / 1e9
+
+
+def bytes_per_rank_values(params, world_size, stage):
+    return _bytes_per_rank_with(params, world_size, stage, p=1, g=1, o=2)
+
+
+def bytes_per_rank_integer(params, world_size, stage):
+    return _bytes_per_rank_with(params, world_size, stage,
+                                share=lambda x: x // world_size)
+
+
+def bytes_per_rank_padded(params, world_size, stage):
+    return _bytes_per_rank_with(params, world_size, stage,
+                                share=lambda x: math.ceil(x / world_size))
+
+
+def bytes_per_rank_stage1_grads(params, world_size, stage):
+    return bytes_per_rank(params, world_size, "ZeRO-2" if stage == "ZeRO-1" else stage)
+
+
+def bytes_per_rank_stage2_params(params, world_size, stage):
+    return bytes_per_rank(params, world_size, "ZeRO-3" if stage == "ZeRO-2" else stage)
+
+
+def bytes_per_rank_stage3_params(params, world_size, stage):
+    return bytes_per_rank(params, world_size, "ZeRO-2" if stage == "ZeRO-3" else stage)
+
+
+def bytes_per_rank_ddp_only(params, world_size, stage):
+    """Right for DDP; every stage answered as DDP."""
+    return 16 * params
+
+
+def bytes_per_rank_todo(params, world_size, stage):
+    return None

@@ -29,6 +29,7 @@ from .l10_troubleshooting import (
     grade_uneven_epoch,
     grade_unused_parameters,
 )
+from .l11_sharding import grade_bytes_per_rank, grade_gradient_shard
 
 __all__ = [
     "WrongAnswer",
@@ -36,10 +37,12 @@ __all__ = [
     "grade_allreduce_prediction",
     "grade_average_gradients",
     "grade_bucket_count",
+    "grade_bytes_per_rank",
     "grade_chunk_sizes",
     "grade_evaluation",
     "grade_exact_mean",
     "grade_global_statistics",
+    "grade_gradient_shard",
     "grade_keeps_batch",
     "grade_manual_data_parallel",
     "grade_powersgd_bytes",

@@ -1,0 +1,520 @@
+"""Lesson 11 (sharding): stage 2's gradient reduce-scatter, the bytes per rank.
+
+Messages beside each grader; how a grader answers: labkit.exercises.feedback.
+`_..._trial` functions run on the ranks. The truth is computed, not written
+down: the shard of the mean is averaged here, in the kernel, from the same
+seeded gradients the ranks get; the bytes per rank come from
+`sharding.memory_per_rank`. The wrong answers the checks compare with serve
+only to name the mistake in a hint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from .. import sharding
+from ..i18n import get_lang, t
+from .feedback import WrongAnswer, register, right
+
+if TYPE_CHECKING:
+    from ..cluster import Ranks
+
+__all__ = ["grade_bytes_per_rank", "grade_gradient_shard"]
+
+register({  # key: (ja, en)
+    "ex_rs_undefined": (
+        "ランク {rank} に {name} がありません。先に、それを定義する %%px のセルを"
+        "実行してください。",
+        "Rank {rank} has no {name}: run the %%px cell that defines it first."),
+    "ex_rs_span": ("{first}〜{last}", "{first} to {last}"),
+    "ex_rs_case": ("ランク {rank} の {numel} 要素の勾配",
+                   "a gradient of {numel} values on rank {rank}"),
+    "ex_rs_nothing_returned": (
+        "{case}で、何も返していません (None)。`flat_grad` は書き換わっています。"
+        "ヒント: 勾配をその場で平均しても、呼び出し側が受け取るのは返した値だけです。"
+        "このランクのシャードを新しいテンソルとして `return` します。",
+        "For {case} you return nothing (None), though `flat_grad` was changed. "
+        "Hint: averaging the gradient in place does not hand it back: the caller "
+        "gets what you return. Return this rank's shard as a new tensor."),
+    "ex_rs_not_tensor": (
+        "{case}で返したのは {kind} です。ヒント: シャードはテンソルで返します。",
+        "For {case} you return a {kind}. Hint: return the shard as a tensor."),
+    "ex_rs_whole_mean": (
+        "{case}で、平均した勾配の全体 ({numel} 要素) を返しています。ヒント: "
+        "ステージ 2 で各ランクが持つのは自分のシャード ({k} 要素) だけです。"
+        "reduce-scatter はちょうどそれを各ランクに渡します。",
+        "For {case} you return the whole averaged gradient ({numel} values). Hint: "
+        "under stage 2 a rank keeps only its shard ({k} values), which is exactly "
+        "what a reduce-scatter hands each rank."),
+    "ex_rs_whole": (
+        "{case}で、勾配と同じ {numel} 要素を返しています。ヒント: シャードは "
+        "numel ÷ world_size = {k} 要素です。",
+        "For {case} you return {numel} values, the whole gradient's length. Hint: a "
+        "shard holds numel ÷ world_size = {k} values."),
+    "ex_rs_size": (
+        "{case}で、{got} 要素を返しています。ヒント: シャードは "
+        "numel ÷ world_size = {k} 要素です。",
+        "For {case} you return {got} values. Hint: a shard holds "
+        "numel ÷ world_size = {k} values."),
+    "ex_rs_sum": (
+        "{case}で、シャードが平均のちょうど {n} 倍、つまりランクの和です。ヒント: "
+        "reduce-scatter は既定で足し合わせます (ReduceOp.SUM)。world_size で割るか、"
+        "`op=dist.ReduceOp.AVG` を渡します (gloo でも使えます)。",
+        "For {case} the shard is exactly {n} times the mean: the ranks' sum. Hint: "
+        "a reduce-scatter adds up by default (ReduceOp.SUM); divide by world_size, "
+        "or pass `op=dist.ReduceOp.AVG` (gloo has it too)."),
+    "ex_rs_divisor": (
+        "{case}で、シャードがランクの和を {d:.4g} で割った値です。ヒント: ランクの"
+        "平均は、和をランクの数 world_size = {n} で割ります。",
+        "For {case} the shard is the ranks' sum divided by {d:.4g}. Hint: the mean "
+        "over the ranks divides the sum by the number of ranks, world_size = {n}."),
+    "ex_rs_other_shard": (
+        "ランク {rank} が、ランク {other} のシャード (平均の {values} 番目の値) "
+        "を返しています ({numel} 要素の勾配)。ヒント: ランク r のシャードは、平らな"
+        "勾配の r × k 番目から (r + 1) × k − 1 番目までです (k = numel ÷ "
+        "world_size)。平らな勾配全体を reduce-scatter すれば、各ランクに自分の"
+        "シャードが届きます。",
+        "Rank {rank} returns rank {other}'s shard (values {values} of the "
+        "mean) of a gradient of {numel} values. Hint: rank r's shard is values "
+        "r × k to (r + 1) × k − 1 of the flat gradient (k = numel ÷ world_size); a "
+        "reduce-scatter of the whole flat gradient hands each rank its own."),
+    "ex_rs_shifted": (
+        "ランク {rank} のシャードが {shift:+d} 要素ずれています。平均の {values} "
+        "番目の値で、正しくは {want} 番目です ({numel} 要素の勾配)。"
+        "ヒント: ランク r のシャードは r × k 番目から始まり、k 要素です "
+        "(k = numel ÷ world_size、Python のスライスでは `[r * k:(r + 1) * k]`)。",
+        "Rank {rank}'s shard is {shift:+d} value(s) off: values {values} of the "
+        "mean, not {want} (a gradient of {numel} values). "
+        "Hint: rank r's shard starts at value r × k and holds k values "
+        "(k = numel ÷ world_size; as a slice, `[r * k:(r + 1) * k]`)."),
+    "ex_rs_local": (
+        "{case}で、シャードにこのランクの勾配しか入っていません。ほかのランクの勾配が"
+        "足されていません。ヒント: reduce-scatter の出力 (第 1 引数) に全ランクの和が"
+        "入ります。`flat_grad` を切り出すのではなく、それを (平均にして) 返します。",
+        "For {case} the shard holds this rank's own gradient only: the other ranks' "
+        "are not added in. Hint: the reduce-scatter writes the ranks' sum into its "
+        "output (its first argument); return that (averaged), not a slice of "
+        "`flat_grad`."),
+    "ex_rs_off": (
+        "{case}で、シャードが正解と最大 {diff:.1e} 違います。ヒント: ランク r の"
+        "シャードは、全ランクの平らな勾配の r × k 番目から (r + 1) × k − 1 番目までの"
+        "平均です (k = numel ÷ world_size)。",
+        "For {case} the shard is off by up to {diff:.1e}. Hint: rank r's shard is "
+        "the mean over the ranks of values r × k to (r + 1) × k − 1 of their flat "
+        "gradients (k = numel ÷ world_size)."),
+    "ex_rs_all_reduce": (
+        "値は合っていますが、all-reduce を {count} 回使っています。all-reduce "
+        "のあと、各ランクは平均した勾配の全体 ({nbytes:,} バイト) を受け取って"
+        "持つので、勾配のメモリは DDP と同じです。ヒント: all-reduce は "
+        "reduce-scatter と all-gather を続けたものです。ステージ 2 に要るのは前半だけ"
+        "です: `dist.reduce_scatter_single(shard, flat_grad)`。",
+        "The values are right, but you use {count} all-reduce(s): afterwards every "
+        "rank receives and holds the whole averaged gradient ({nbytes:,} bytes), "
+        "DDP's memory for gradients. Hint: an all-reduce is a reduce-scatter "
+        "followed by an all-gather, and stage 2 needs only the first half: "
+        "`dist.reduce_scatter_single(shard, flat_grad)`."),
+    "ex_rs_unseen": (
+        "値は合っていますが、`dist.reduce_scatter_single` の呼び出しが見えません"
+        "でした (記録した集団通信: {ops})。この確認が数えるのは "
+        "`dist.all_reduce`、`dist.broadcast`、`dist.reduce_scatter_single`、"
+        "`dist.all_gather_single` です。ヒント: 平らな勾配全体を 1 回の "
+        "`dist.reduce_scatter_single(shard, flat_grad)` で送ります "
+        "(以前の torch の名前は `reduce_scatter_tensor` です)。",
+        "The values are right, but no call of `dist.reduce_scatter_single` was seen "
+        "(collectives recorded: {ops}); the check counts `dist.all_reduce`, "
+        "`dist.broadcast`, `dist.reduce_scatter_single` and "
+        "`dist.all_gather_single`. Hint: send the whole flat gradient in one "
+        "`dist.reduce_scatter_single(shard, flat_grad)` (older torch names it "
+        "`reduce_scatter_tensor`)."),
+    "ex_rs_many": (
+        "値は合っていますが、1 つの勾配に reduce-scatter を {count} 回使っています。"
+        "ヒント: 平らな勾配全体を 1 回で送ります。1 回ごとに、通信の立ち上がりの"
+        "時間 (レッスン 05 の α) がかかります。",
+        "The values are right, but you make {count} reduce-scatters for one "
+        "gradient. Hint: send the whole flat gradient in one; every call pays the "
+        "start-up time again (lesson 05's alpha)."),
+    "ex_rs_extra": (
+        "値は合っていますが、reduce-scatter のほかにも集団通信をしています ({ops})。"
+        "ヒント: シャードの平均は reduce-scatter 1 回で手に入ります。",
+        "The values are right, but besides the reduce-scatter you call other "
+        "collectives ({ops}). Hint: one reduce-scatter alone gives the shard's "
+        "mean."),
+    "ex_rs_view": (
+        "値は合っていますが、返したシャードは {held:,} バイトのバッファの一部 "
+        "(ビュー) です。シャード自体は {nbytes:,} バイトなのに、勾配全体のメモリが"
+        "残り続けるので、何も節約できません。ヒント: 新しいテンソルを返します: "
+        "`torch.empty(k)` に reduce-scatter するか、切り出したものを "
+        "`.clone()` します。",
+        "The values are right, but the shard you return is a view of a buffer of "
+        "{held:,} bytes: for a shard of {nbytes:,} bytes, the whole gradient's "
+        "memory stays alive, and nothing is saved. Hint: return a new tensor: "
+        "reduce-scatter into `torch.empty(k)`, or `.clone()` the slice."),
+    "ex_rs_ok": (
+        "ランクごとに別の乱数の勾配 ({sizes} 要素) で、どのランクも平均の自分の"
+        "シャードを受け取りました。使った集団通信は、平らな勾配全体の "
+        "reduce-scatter 1 回だけです。",
+        "With gradients seeded differently on each rank ({sizes} values), every rank "
+        "got its shard of the mean, through one reduce-scatter of the whole flat "
+        "gradient and nothing else."),
+})
+
+# Shard lengths k the check tries, per rank: the first, large one tells an
+# offset of one value from another rank's shard (with k = 1 both are one step).
+_SHARD_LENGTHS = (500, 3, 1, 4099)
+_TOLERANCE = 1e-6
+
+
+def _gradient(numel: int, rank: int) -> torch.Tensor:
+    """Rank `rank`'s flat gradient of `numel` values: the same in kernel and rank."""
+    generator = torch.Generator().manual_seed(1000 * numel + rank)
+    return torch.randn(numel, generator=generator)
+
+
+def _shard_trial(name: str, numels: tuple[int, ...]) -> list[dict]:
+    """Runs on every rank: the function `name` of the %%px namespace, called once
+    per gradient length, with what it returned, changed and sent."""
+    from IPython import get_ipython
+
+    from ..comm_counting import CollectiveLog
+
+    shell = get_ipython()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if shell is None or name not in shell.user_ns:
+        raise NameError(t("ex_rs_undefined", name=name, rank=rank))
+    fn, out = shell.user_ns[name], []
+    for numel in numels:
+        flat_grad = _gradient(numel, rank)
+        before = flat_grad.clone()
+        with CollectiveLog() as log:
+            got = fn(flat_grad, rank, world_size)
+        tensor = isinstance(got, torch.Tensor)
+        out.append({
+            "got": got.detach().clone() if tensor else None,
+            "kind": type(got).__name__, "changed": not torch.equal(flat_grad, before),
+            "ops": [c["op"] for c in log.calls], "bytes": log.nbytes(),
+            "held": sharding.held_bytes([got]) if tensor else 0})
+    return out
+
+
+def _scale(got: torch.Tensor, ref: torch.Tensor) -> float | None:
+    """c with got == c × ref (to within the tolerance), or None."""
+    if got.shape != ref.shape or not ref.numel():
+        return None
+    got, ref = got.double(), ref.double()
+    c = (got @ ref / (ref @ ref)).item()
+    close = (got - c * ref).abs().max() <= _TOLERANCE * max(1.0, ref.abs().max())
+    return c if close else None
+
+
+def _judge_values(got: torch.Tensor, grads: list[torch.Tensor], rank: int) -> None:
+    """Raise WrongAnswer naming what `got`, rank `rank`'s answer, holds instead of
+    its shard of the mean of `grads` (the ranks' flat gradients)."""
+    n, numel = len(grads), grads[0].numel()
+    k = numel // n
+    mean = torch.stack([g.double() for g in grads]).mean(0)
+    case = t("ex_rs_case", numel=numel, rank=rank)
+    if got.numel() == numel:
+        raise WrongAnswer("ex_rs_whole_mean" if _close(got.flatten(), mean)
+                          else "ex_rs_whole",
+                          case=case, numel=numel, k=k)
+    if got.numel() != k:
+        raise WrongAnswer("ex_rs_size", case=case, got=got.numel(), k=k)
+    got = got.flatten()
+    c = _scale(got, mean[rank * k:(rank + 1) * k])
+    if c is not None:
+        if abs(c - n) < 1e-6 * n:
+            raise WrongAnswer("ex_rs_sum", case=case, n=n)
+        raise WrongAnswer("ex_rs_divisor", case=case, d=n / c, n=n)
+    for other in range(n):
+        if other != rank and _scale(got, mean[other * k:(other + 1) * k]) is not None:
+            raise WrongAnswer("ex_rs_other_shard", rank=rank, other=other,
+                              values=_span(other * k, k), numel=numel)
+    for shift in (-1, 1):
+        start = rank * k + shift
+        if 0 <= start and start + k <= numel \
+                and _scale(got, mean[start:start + k]) is not None:
+            raise WrongAnswer("ex_rs_shifted", rank=rank, shift=shift, numel=numel,
+                              values=_span(start, k), want=_span(rank * k, k))
+    if _scale(got, grads[rank][rank * k:(rank + 1) * k]) is not None:
+        raise WrongAnswer("ex_rs_local", case=case)
+    diff = (got.double() - mean[rank * k:(rank + 1) * k]).abs().max().item()
+    raise WrongAnswer("ex_rs_off", case=case, diff=diff)
+
+
+def _span(start: int, k: int) -> str:
+    """Values `start` to `start + k - 1`, as the lesson's language writes a range."""
+    return t("ex_rs_span", first=start, last=start + k - 1)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return got.shape == want.shape and bool(
+        (got.double() - want.double()).abs().max() <= _TOLERANCE)
+
+
+def _judge_calls(r: dict) -> None:
+    """Raise WrongAnswer if right values came through anything but one reduce-scatter
+    of the whole gradient, or sit in a view that keeps the whole buffer alive."""
+    ops = r["ops"]
+    if "all_reduce" in ops:
+        raise WrongAnswer("ex_rs_all_reduce", count=ops.count("all_reduce"),
+                          nbytes=r["numel"] * 4)
+    if "reduce_scatter" not in ops:
+        raise WrongAnswer("ex_rs_unseen", ops=", ".join(ops) or "-")
+    if ops.count("reduce_scatter") > 1:
+        raise WrongAnswer("ex_rs_many", count=ops.count("reduce_scatter"))
+    if len(ops) > 1:
+        raise WrongAnswer("ex_rs_extra", ops=", ".join(op for op in ops
+                                                        if op != "reduce_scatter"))
+    nbytes = r["got"].numel() * r["got"].element_size()
+    if r["held"] > nbytes:
+        raise WrongAnswer("ex_rs_view", held=r["held"], nbytes=nbytes)
+
+
+def grade_gradient_shard(ranks: Ranks, name: str = "shard_of_mean_gradient") -> None:
+    """The function `name(flat_grad, rank, world_size)`, defined on the ranks by a
+    %%px cell: this rank's shard of the gradient averaged over the ranks, by one
+    reduce-scatter; tried on gradients of a few lengths, seeded apart by rank."""
+    n = ranks.world_size
+    numels = tuple(n * k for k in _SHARD_LENGTHS)
+    results = ranks.run(_shard_trial, name, numels)
+    for i, numel in enumerate(numels):
+        grads = [_gradient(numel, rank) for rank in range(n)]
+        k = numel // n
+        for rank, per_rank in enumerate(results):
+            r = per_rank[i] | {"numel": numel}
+            case = t("ex_rs_case", numel=numel, rank=rank)
+            if r["kind"] == "NoneType":
+                if r["changed"]:
+                    raise WrongAnswer("ex_rs_nothing_returned", case=case)
+                raise WrongAnswer("ex_fill_in", name=f"{name}(...)")
+            if r["got"] is None:
+                raise WrongAnswer("ex_rs_not_tensor", case=case, kind=r["kind"])
+            want = torch.stack([g.double() for g in grads]).mean(0)[rank * k:
+                                                                    (rank + 1) * k]
+            if not _close(r["got"].flatten(), want) or r["got"].numel() != k:
+                _judge_values(r["got"], grads, rank)
+    for per_rank in results:  # values right everywhere: how they came
+        for i, numel in enumerate(numels):
+            _judge_calls(per_rank[i] | {"numel": numel})
+    right("ex_rs_ok", sizes=", ".join(str(numel) for numel in numels))
+
+
+# --- exercise 2: the bytes per rank ---
+
+register({  # key: (ja, en)
+    "ex_bytes_call": ('bytes_per_rank({params:,}, {n}, "{stage}")',
+                      'bytes_per_rank({params:,}, {n}, "{stage}")'),
+    "ex_bytes_wrong": (
+        "{call} = {got} ですが、式では {want} バイトです。{right_for}"
+        "ヒント: {hint}",
+        "{call} = {got}, but the formula gives {want} bytes. {right_for}"
+        "Hint: {hint}"),
+    "ex_bytes_right_for": ("合っているのは {stages} です。", "Right for {stages}. "),
+    "ex_bytes_hint_mixed": (
+        "16 バイト (2 + 2 + 12) は ZeRO の論文の混合精度の場合です。ここは fp32 の"
+        "学習です: パラメータ 4、勾配 4、Adam の状態 8 (exp_avg と exp_avg_sq、"
+        "4 バイトずつ) です。",
+        "16 bytes (2 + 2 + 12) is the ZeRO paper's mixed precision. This is fp32 "
+        "training: parameter 4, gradient 4, Adam's state 8 (exp_avg and exp_avg_sq, "
+        "4 bytes each)."),
+    "ex_bytes_hint_adam_one": (
+        "Adam の状態は 1 パラメータあたり 2 つのテンソル (exp_avg と exp_avg_sq) で、"
+        "fp32 なら 8 バイトです。",
+        "Adam keeps two tensors per parameter (exp_avg and exp_avg_sq): 8 bytes in "
+        "fp32."),
+    "ex_bytes_hint_master": (
+        "fp32 の学習では、パラメータの fp32 のコピー (マスターコピー) はありません。"
+        "それは混合精度の場合です。Adam の状態は 8 バイトです。",
+        "fp32 training keeps no fp32 copy of the parameters (a master copy belongs to "
+        "mixed precision): Adam's state is 8 bytes."),
+    "ex_bytes_hint_no_optimizer": (
+        "Adam の状態 (1 パラメータあたり 8 バイト) を数え忘れています。",
+        "Adam's state (8 bytes a parameter) is left out."),
+    "ex_bytes_hint_stage1_grads": (
+        "ステージ 1 で分けるのはオプティマイザの状態だけです。勾配は全ランクが"
+        "全部を持ちます (分けるのはステージ 2 からです)。",
+        "stage 1 shards the optimizer state only; every rank still holds all the "
+        "gradients (stage 2 shards them)."),
+    "ex_bytes_hint_nothing_divided": (
+        "それは DDP の値です。ZeRO のどのステージも、少なくともオプティマイザの状態を "
+        "world_size で分けます。",
+        "that is DDP's figure: every ZeRO stage shards at least the optimizer state "
+        "over world_size."),
+    "ex_bytes_hint_stage2_params": (
+        "ステージ 2 で分けるのは勾配とオプティマイザの状態です。パラメータは"
+        "全ランクが全部を持ちます (分けるのはステージ 3 です)。",
+        "stage 2 shards the gradients and the optimizer state; every rank still holds "
+        "all the parameters (stage 3 shards them)."),
+    "ex_bytes_hint_stage2_grads": (
+        "ステージ 2 では、勾配もオプティマイザの状態と同じく world_size で分けます。",
+        "stage 2 shards the gradients over world_size too, as the optimizer state."),
+    "ex_bytes_hint_stage3_params": (
+        "ステージ 3 (FSDP) では、パラメータも world_size で分けます。",
+        "stage 3 (FSDP) shards the parameters over world_size too."),
+    "ex_bytes_hint_ddp_divided": (
+        "DDP では、どのランクもパラメータ、勾配、オプティマイザの状態を全部持ちます。"
+        "world_size では割りません。",
+        "under DDP every rank holds all the parameters, gradients and optimizer "
+        "state: nothing is divided by world_size."),
+    "ex_bytes_hint_gb": (
+        "ギガバイトではなくバイトで返します。",
+        "return bytes, not gigabytes."),
+    "ex_bytes_hint_values": (
+        "値の数ではなくバイト数です。fp32 は 1 つ 4 バイトです。",
+        "bytes, not values: an fp32 value takes 4 bytes."),
+    "ex_bytes_hint_rounded": (
+        "Ψ ÷ N は割り切れないとき小数のままにします。この式はパディングを数えません"
+        "(実際の平らなバッファはランクの数の倍数に詰めるので、測った値はその分だけ"
+        "多くなります)。",
+        "keep Ψ ÷ N a fraction when N does not divide Ψ: the formula counts no "
+        "padding (a real flat buffer is padded to a multiple of the ranks, so the "
+        "measured bytes are larger by that)."),
+    "ex_bytes_hint_formula": (
+        "1 パラメータあたり、パラメータ 4、勾配 4、Adam の状態 8 バイトです。DDP は"
+        "全部、ステージ 1 は状態を、ステージ 2 は勾配と状態を、ステージ 3 は全部を "
+        "world_size で割ります。",
+        "per parameter: parameter 4, gradient 4, Adam's state 8 bytes. DDP divides "
+        "nothing by world_size; stage 1 the state; stage 2 the gradients and the "
+        "state; stage 3 everything."),
+    "ex_bytes_measured": (
+        "Ψ = {params:,}、N = {n} の予測 {got:,.0f} バイトと、ランクで測った "
+        "{stage} の {measured:,.0f} バイトの差 ({diff:.1%}) が、許容範囲 {tol:.0%} を"
+        "超えています。",
+        "Your {got:,.0f} bytes for Ψ = {params:,}, N = {n} differ from the "
+        "{measured:,.0f} bytes measured on the ranks for {stage} by {diff:.1%}, more "
+        "than the {tol:.0%} allowed."),
+    "ex_bytes_ok": (
+        "Ψ = 10〜75 億、N = 1〜64 のどの組み合わせでも、4 つのステージが式と一致"
+        "しました。75 億パラメータ、64 ランクの fp32 Adam では、1 ランクあたり {table}"
+        "です。",
+        "All four stages agree with the formula for Ψ from 10 to 7.5 billion and N "
+        "from 1 to 64. For 7.5 billion parameters on 64 ranks, fp32 Adam takes "
+        "per rank {table}."),
+    "ex_bytes_ok_measured": (
+        "ランクで測った値 (Ψ = {params:,}、N = {n}) とも、{tol:.0%} 以内で一致"
+        "しました。",
+        "It also agrees within {tol:.0%} with what the ranks measured (Ψ = {params:,}, "
+        "N = {n})."),
+})
+
+# (Ψ, N): large and small, N = 1, and N that does not divide Ψ.
+_BYTES_CASES = ((7_500_000_000, 64), (7_500_000_000, 1), (1_000_000, 8), (1001, 3),
+                (10, 4), (2**20, 2))
+_FP32_ADAM = {"param_bytes": 4, "grad_bytes": 4, "optimizer_bytes": 8}
+
+
+def _bytes(params: float, n: int, stage: str, **sizes: int) -> float:
+    return sharding.memory_per_rank(params, n, **(_FP32_ADAM | sizes))[stage]
+
+
+def _rounded(params: int, n: int, stage: str, rounding: Callable) -> float:
+    """The formula with Ψ ÷ N rounded (to whole values, as padding would)."""
+    p, g, o = (_FP32_ADAM[k] for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
+    share = rounding(params / n)
+    return {"DDP": (p + g + o) * params, "ZeRO-1": (p + g) * params + o * share,
+            "ZeRO-2": p * params + (g + o) * share,
+            "ZeRO-3": (p + g + o) * share}[stage]
+
+
+# The mistakes, as the value they give for (Ψ, N, stage). A mistake in the
+# bytes of a parameter shows in every stage: it names the hint when all four
+# stages match it (alone, one stage can match another mistake: mixed precision's
+# ZeRO-1, 4 + 12 / N, is fp32's ZeRO-2). A stage taken for another shows in that
+# stage; None where the mistake does not apply.
+_FORMULA_MISTAKES: tuple[tuple[str, Callable], ...] = (
+    ("ex_bytes_hint_mixed", lambda p, n, s: sharding.memory_per_rank(p, n)[s]),
+    ("ex_bytes_hint_adam_one", lambda p, n, s: _bytes(p, n, s, optimizer_bytes=4)),
+    ("ex_bytes_hint_master", lambda p, n, s: _bytes(p, n, s, optimizer_bytes=12)),
+    ("ex_bytes_hint_no_optimizer",
+     lambda p, n, s: _bytes(p, n, s, optimizer_bytes=0)),
+    ("ex_bytes_hint_gb", lambda p, n, s: _bytes(p, n, s) / 1e9),
+    ("ex_bytes_hint_gb", lambda p, n, s: _bytes(p, n, s) / 2**30),
+    ("ex_bytes_hint_values", lambda p, n, s: _bytes(p, n, s) / 4),
+    ("ex_bytes_hint_rounded", lambda p, n, s: _rounded(p, n, s, math.ceil)),
+    ("ex_bytes_hint_rounded", lambda p, n, s: _rounded(p, n, s, math.floor)),
+)
+_STAGE_MISTAKES: tuple[tuple[str, Callable], ...] = (
+    ("ex_bytes_hint_stage1_grads",
+     lambda p, n, s: _bytes(p, n, "ZeRO-2") if s == "ZeRO-1" else None),
+    ("ex_bytes_hint_nothing_divided",
+     lambda p, n, s: _bytes(p, n, "DDP") if s != "DDP" else None),
+    ("ex_bytes_hint_stage2_params",
+     lambda p, n, s: _bytes(p, n, "ZeRO-3") if s == "ZeRO-2" else None),
+    ("ex_bytes_hint_stage2_grads",
+     lambda p, n, s: _bytes(p, n, "ZeRO-1") if s == "ZeRO-2" else None),
+    ("ex_bytes_hint_stage3_params",
+     lambda p, n, s: _bytes(p, n, "ZeRO-2") if s == "ZeRO-3" else None),
+    ("ex_bytes_hint_ddp_divided",
+     lambda p, n, s: _bytes(p, n, "ZeRO-3") if s == "DDP" else None),
+)
+
+
+def _matches(rule: Callable, answers: dict, stages: tuple[str, ...]) -> bool:
+    """Whether `rule` gives the answers of every case of `stages`."""
+    return all((want := rule(p, n, s)) is not None and _agrees(answers[p, n, s], want)
+               for s in stages for p, n in _BYTES_CASES)
+
+
+def _shown(value: float) -> str:
+    """Bytes as a reader compares them: whole bytes with commas, small ones as is."""
+    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.6g}"
+
+
+def _agrees(got: float, want: float) -> bool:
+    return math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def grade_bytes_per_rank(fn: Callable, measured: dict | None = None) -> None:
+    """`fn(params, world_size, stage)`: model-state bytes per rank for fp32 Adam,
+    against `sharding.memory_per_rank` for a few Ψ and N; and, when `measured`
+    ({"params": Ψ, "world_size": N, "tolerance": relative, "bytes": {stage: bytes
+    measured on one rank}}) is given, against that measurement too."""
+    answers = {}
+    for stage in sharding.STAGES:
+        for params, n in _BYTES_CASES:
+            got = fn(params, n, stage)
+            if got is None:
+                raise WrongAnswer("ex_fill_in", name=t("ex_bytes_call", params=params,
+                                                       n=n, stage=stage))
+            answers[params, n, stage] = float(got)
+    right_stages = [s for s in sharding.STAGES if all(
+        _agrees(answers[p, n, s], _bytes(p, n, s)) for p, n in _BYTES_CASES)]
+    for stage in sharding.STAGES:
+        if stage in right_stages:
+            continue
+        params, n = next((p, n) for p, n in _BYTES_CASES
+                         if not _agrees(answers[p, n, stage], _bytes(p, n, stage)))
+        hint = next((key for key, rule in _FORMULA_MISTAKES
+                     if _matches(rule, answers, sharding.STAGES)), None) or next(
+            (key for key, rule in _STAGE_MISTAKES + _FORMULA_MISTAKES
+             if _matches(rule, answers, (stage,))), "ex_bytes_hint_formula")
+        separator = "、" if get_lang() == "ja" else ", "
+        right_for = t("ex_bytes_right_for", stages=separator.join(right_stages)) \
+            if right_stages else ""
+        raise WrongAnswer("ex_bytes_wrong", hint, right_for=right_for,
+                          call=t("ex_bytes_call", params=params, n=n, stage=stage),
+                          got=_shown(answers[params, n, stage]),
+                          want=_shown(_bytes(params, n, stage)))
+    if measured is not None:
+        params, n, tol = (measured[k] for k in ("params", "world_size", "tolerance"))
+        for stage, held in measured["bytes"].items():
+            got = float(fn(params, n, stage))
+            if abs(got - held) > tol * held:
+                raise WrongAnswer("ex_bytes_measured", params=params, n=n, got=got,
+                                  stage=stage, measured=held, tol=tol,
+                                  diff=abs(got - held) / held)
+    separator = "、" if get_lang() == "ja" else ", "
+    right("ex_bytes_ok", table=separator.join(
+        f"{stage} {answers[7_500_000_000, 64, stage] / 1e9:.1f} GB"
+        for stage in sharding.STAGES))
+    if measured is not None:
+        print(t("ex_bytes_ok_measured", params=measured["params"],
+                n=measured["world_size"], tol=measured["tolerance"]))
+
+
+# --- exercise 3 ---

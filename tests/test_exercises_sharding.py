@@ -1,0 +1,167 @@
+"""Lesson 11's exercise checks pass the reference answer and name typical mistakes.
+
+Stage 2's reduce-scatter runs on two ranks: each answer is imported into the
+ranks' namespace, where the lesson's %%px cell would define it. Every hint is
+checked in both languages.
+"""
+
+import exercise_answers as answers
+import pytest
+
+import labkit
+from labkit import cluster, exercises, sharding
+
+
+def wrong(key):
+    """Expect a WrongAnswer whose diagnosis is `key`."""
+    return pytest.raises(exercises.WrongAnswer, check=lambda e: e.key == key)
+
+
+def _grade_on_ranks(ranks, answer):
+    ranks.execute(f"from exercise_answers import {answer}")
+    exercises.grade_gradient_shard(ranks, answer)
+
+
+# Stage 2's gradient reduce-scatter
+
+
+@pytest.mark.parametrize("answer", ["shard_of_mean_gradient",
+                                    "shard_of_mean_gradient_avg"])
+def test_gradient_shard_passes_sum_then_divide_and_avg(ranks, capsys, answer):
+    _grade_on_ranks(ranks, answer)
+    assert "every rank got its shard of the mean, through one reduce-scatter" in \
+        capsys.readouterr().out
+    labkit.set_lang("ja")
+    _grade_on_ranks(ranks, answer)
+    assert "reduce-scatter 1 回だけです" in capsys.readouterr().out
+
+
+# answer, diagnosis, what the English and the Japanese message say
+GRADIENT_SHARD_MISTAKES = [
+    ("all_reduce", "ex_rs_all_reduce",
+     "you use 1 all-reduce(s): afterwards every rank receives and holds the whole "
+     "averaged gradient (4,000 bytes)", "all-reduce を 1 回使っています"),
+    ("whole", "ex_rs_whole_mean", "you return the whole averaged gradient (1000 "
+     "values)", "平均した勾配の全体 (1000 要素) を返しています"),
+    ("in_place", "ex_rs_nothing_returned", "you return nothing (None), though "
+     "`flat_grad` was changed", "何も返していません (None)"),
+    ("next_shard", "ex_rs_other_shard", "Rank 0 returns rank 1's shard (values 500 "
+     "to 999 of the mean)", "ランク 0 が、ランク 1 のシャード (平均の 500〜999 番目"),
+    ("one_off", "ex_rs_shifted", "Rank 0's shard is +1 value(s) off: values 1 to 500 "
+     "of the mean, not 0 to 499", "ランク 0 のシャードが +1 要素ずれています"),
+    ("sum", "ex_rs_sum", "the shard is exactly 2 times the mean: the ranks' sum",
+     "平均のちょうど 2 倍"),
+    ("by_numel", "ex_rs_divisor", "the ranks' sum divided by 1000",
+     "ランクの和を 1000 で割った値"),
+    ("own_slice", "ex_rs_local", "the shard holds this rank's own gradient only",
+     "このランクの勾配しか入っていません"),
+    ("view", "ex_rs_view", "a view of a buffer of 4,000 bytes: for a shard of "
+     "2,000 bytes", "4,000 バイトのバッファの一部 (ビュー)"),
+    ("list", "ex_rs_unseen", "no call of `dist.reduce_scatter_single` was seen "
+     "(collectives recorded: -)",
+     "`dist.reduce_scatter_single` の呼び出しが見えません"),
+    ("halves", "ex_rs_many", "you make 2 reduce-scatters for one gradient",
+     "reduce-scatter を 2 回使っています"),
+    ("gathered", "ex_rs_extra", "you call other collectives (all_gather)",
+     "ほかにも集団通信をしています (all_gather)"),
+    ("as_list", "ex_rs_not_tensor", "you return a list", "返したのは list です"),
+    ("todo", "ex_fill_in", "shard_of_mean_gradient_todo(...) is still None",
+     "shard_of_mean_gradient_todo(...) がまだ None です"),
+]
+
+
+@pytest.mark.parametrize(("mistake", "key", "en", "ja"), GRADIENT_SHARD_MISTAKES)
+def test_gradient_shard_names_each_mistake(ranks, mistake, key, en, ja):
+    answer = f"shard_of_mean_gradient_{mistake}"
+    with wrong(key) as caught:
+        _grade_on_ranks(ranks, answer)
+    assert en in str(caught.value)
+    labkit.set_lang("ja")
+    with wrong(key) as caught:
+        _grade_on_ranks(ranks, answer)
+    assert ja in str(caught.value)
+
+
+def test_gradient_shard_names_a_function_the_ranks_lack(ranks):
+    with pytest.raises(cluster.RankError) as err:
+        exercises.grade_gradient_shard(ranks, "no_such_function")
+    assert "has no no_such_function: run the %%px cell" in str(err.value)
+
+
+# The bytes of model state per rank
+
+
+def test_bytes_per_rank_passes_the_formula(capsys):
+    exercises.grade_bytes_per_rank(answers.bytes_per_rank)
+    assert "DDP 120.0 GB, ZeRO-1 60.9 GB, ZeRO-2 31.4 GB, ZeRO-3 1.9 GB" in \
+        capsys.readouterr().out
+    labkit.set_lang("ja")
+    exercises.grade_bytes_per_rank(answers.bytes_per_rank)
+    assert "DDP 120.0 GB、ZeRO-1 60.9 GB、ZeRO-2 31.4 GB、ZeRO-3 1.9 GB です" in \
+        capsys.readouterr().out
+
+
+BYTES_MISTAKES = [
+    ("mixed", "ex_bytes_hint_mixed", "the ZeRO paper's mixed precision",
+     "ZeRO の論文の混合精度"),
+    ("adam_one", "ex_bytes_hint_adam_one", "Adam keeps two tensors per parameter",
+     "2 つのテンソル"),
+    ("master", "ex_bytes_hint_master", "keeps no fp32 copy of the parameters",
+     "マスターコピー"),
+    ("gb", "ex_bytes_hint_gb", "return bytes, not gigabytes", "ギガバイトではなく"),
+    ("values", "ex_bytes_hint_values", "bytes, not values", "値の数ではなく"),
+    ("integer", "ex_bytes_hint_rounded", "the formula counts no padding",
+     "パディングを数えません"),
+    ("padded", "ex_bytes_hint_rounded", "keep Ψ ÷ N a fraction", "小数のままに"),
+    ("stage1_grads", "ex_bytes_hint_stage1_grads",
+     'bytes_per_rank(7,500,000,000, 64, "ZeRO-1") = 31,406,250,000, but the formula '
+     "gives 60,937,500,000 bytes. Right for DDP, ZeRO-2, ZeRO-3.",
+     "合っているのは DDP、ZeRO-2、ZeRO-3 です。"),
+    ("stage2_params", "ex_bytes_hint_stage2_params",
+     "every rank still holds all the parameters",
+     "パラメータは全ランクが全部を持ちます"),
+    ("stage3_params", "ex_bytes_hint_stage3_params",
+     "stage 3 (FSDP) shards the parameters", "パラメータも world_size で分けます"),
+    ("ddp_only", "ex_bytes_hint_nothing_divided",
+     '"ZeRO-1") = 120,000,000,000, but the formula gives 60,937,500,000 bytes. Right '
+     "for DDP. Hint: that is DDP's figure", "合っているのは DDP です。"),
+    ("todo", "ex_fill_in", 'bytes_per_rank(7,500,000,000, 64, "DDP") is still None',
+     'bytes_per_rank(7,500,000,000, 64, "DDP") がまだ None です'),
+]
+
+
+@pytest.mark.parametrize(("mistake", "key", "en", "ja"), BYTES_MISTAKES)
+def test_bytes_per_rank_names_each_mistake(mistake, key, en, ja):
+    answer = getattr(answers, f"bytes_per_rank_{mistake}")
+    with wrong(key) as caught:
+        exercises.grade_bytes_per_rank(answer)
+    assert en in str(caught.value)
+    labkit.set_lang("ja")
+    with wrong(key) as caught:
+        exercises.grade_bytes_per_rank(answer)
+    assert ja in str(caught.value)
+
+
+def test_bytes_per_rank_right_for_divisible_sizes_only_is_named():
+    """Floor division is right whenever N divides Ψ: only 1001 / 3 and 10 / 4 tell."""
+    for params, n in [(1001, 3), (10, 4)]:
+        assert params % n
+    with wrong("ex_bytes_hint_rounded") as caught:
+        exercises.grade_bytes_per_rank(answers.bytes_per_rank_integer)
+    assert 'bytes_per_rank(1,001, 3, "ZeRO-1")' in str(caught.value)
+
+
+def test_bytes_per_rank_against_a_measurement(capsys):
+    """The lesson's measured bytes: a prediction further off than allowed fails."""
+    params = 1000
+    held = {s: sharding.memory_per_rank(params, 2, 4, 4, 8)[s] * 1.01 for s in
+            sharding.STAGES}  # padding and step counters: 1 % more than the formula
+    measured = {"params": params, "world_size": 2, "tolerance": 0.02, "bytes": held}
+    exercises.grade_bytes_per_rank(answers.bytes_per_rank, measured)
+    assert "agrees within 2% with what the ranks measured (Ψ = 1,000, N = 2)" in \
+        capsys.readouterr().out
+    with wrong("ex_bytes_measured") as caught:
+        exercises.grade_bytes_per_rank(answers.bytes_per_rank,
+                                       measured | {"tolerance": 0.005})
+    assert "differ from the 16,160 bytes measured on the ranks for DDP by 1.0%" in \
+        str(caught.value)
