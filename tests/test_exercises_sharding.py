@@ -5,11 +5,14 @@ ranks' namespace, where the lesson's %%px cell would define it. Every hint is
 checked in both languages.
 """
 
+from pathlib import Path
+
 import exercise_answers as answers
+import nbformat
 import pytest
 
 import labkit
-from labkit import cluster, exercises, sharding
+from labkit import cluster, exercises
 
 
 def wrong(key):
@@ -151,17 +154,44 @@ def test_bytes_per_rank_right_for_divisible_sizes_only_is_named():
     assert 'bytes_per_rank(1,001, 3, "ZeRO-1")' in str(caught.value)
 
 
-def test_bytes_per_rank_against_a_measurement(capsys):
-    """The lesson's measured bytes: a prediction further off than allowed fails."""
-    params = 1000
-    held = {s: sharding.memory_per_rank(params, 2, 4, 4, 8)[s] * 1.01 for s in
-            sharding.STAGES}  # padding and step counters: 1 % more than the formula
-    measured = {"params": params, "world_size": 2, "tolerance": 0.02, "bytes": held}
-    exercises.grade_bytes_per_rank(answers.bytes_per_rank, measured)
-    assert "agrees within 2% with what the ranks measured (Ψ = 1,000, N = 2)" in \
-        capsys.readouterr().out
-    with wrong("ex_bytes_measured") as caught:
-        exercises.grade_bytes_per_rank(answers.bytes_per_rank,
-                                       measured | {"tolerance": 0.005})
-    assert "differ from the 16,160 bytes measured on the ranks for DDP by 1.0%" in \
-        str(caught.value)
+# The lesson's own cells, read from the built notebook: its solutions pass the
+# checks, and its exercise cells as handed out get "still None".
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = ROOT / "notebooks" / "en" / "11_sharding.ipynb"
+
+
+def _lesson_cell(tag, defines):
+    """The source of the lesson's cell tagged `tag` that defines `defines`."""
+    cells = nbformat.read(LESSON, as_version=4).cells
+    (source,) = [c.source for c in cells if tag in c.metadata.get("tags", [])
+                 and f"def {defines}(" in c.source]
+    return source
+
+
+def test_the_lessons_bytes_per_rank_passes_and_its_exercise_is_still_none(capsys):
+    for tag, passes in [("solution", True), ("exercise", False)]:
+        namespace = {}
+        exec(_lesson_cell(tag, "bytes_per_rank"), namespace)
+        if passes:
+            exercises.grade_bytes_per_rank(namespace["bytes_per_rank"])
+            assert "Correct" in capsys.readouterr().out
+        else:
+            with wrong("ex_fill_in"):
+                exercises.grade_bytes_per_rank(namespace["bytes_per_rank"])
+
+
+def test_the_lessons_gradient_shard_passes_and_its_exercise_is_still_none(ranks,
+                                                                           capsys):
+    # What the lesson's first %%px cell imports on the ranks
+    ranks.execute("import torch\nimport torch.distributed as dist")
+    for tag, passes in [("solution", True), ("exercise", False)]:
+        source = _lesson_cell(tag, "shard_of_mean_gradient")
+        assert source.startswith("%%px\n")
+        ranks.execute(source.removeprefix("%%px\n"))
+        if passes:
+            exercises.grade_gradient_shard(ranks)
+            assert "Correct" in capsys.readouterr().out
+        else:
+            with wrong("ex_fill_in"):
+                exercises.grade_gradient_shard(ranks)
