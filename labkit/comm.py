@@ -171,6 +171,19 @@ class AlphaBeta:
         return (ring_steps(world_size) * self.alpha
                 + ring_factor(world_size) * nbytes / self.beta)
 
+    def reduce_scatter_time(self, nbytes: float, world_size: int) -> float:
+        """A ring reduce-scatter of a `nbytes` input: the first half of the all-reduce.
+
+        n-1 steps, each rank sending (n-1)/n of the bytes: alpha and beta are
+        the all-reduce's own (fitted per step and per byte), so reduce-scatter
+        plus all-gather of the same buffer price exactly one all-reduce.
+        """
+        return self.time(nbytes, world_size) / 2
+
+    def all_gather_time(self, nbytes: float, world_size: int) -> float:
+        """A ring all-gather into a `nbytes` output: the all-reduce's second half."""
+        return self.time(nbytes, world_size) / 2
+
     def broadcast_time(self, nbytes: float, world_size: int) -> float:
         """A broadcast priced as its source sending the message to each other rank.
 

@@ -13,6 +13,7 @@ __all__ = [
     "MLP",
     "MLPAsWritten",
     "MyLoss",
+    "TiedMLP",
     "TwoLinear",
     "TwoLinearAsWritten",
     "WideMLP",
@@ -98,6 +99,36 @@ class WideMLP(nn.Module):
     def forward(self, x):
         _check_input(self, x, self.net[0].in_features)
         return self.net(x.flatten(1))
+
+
+class TiedMLP(nn.Module):
+    """Tokens in, logits out; the output layer shares the embedding's weight.
+
+    A small model with the two things data-parallel code most often gets wrong:
+    a TIED weight (registered twice, in `embed` and `head`, one tensor) and a
+    FROZEN layer (`frozen`, requires_grad False: no gradient, never updated).
+    """
+
+    def __init__(self, vocab: int = 33, hidden: int = 16):
+        super().__init__()
+        if min(vocab, hidden) < 1:
+            raise ValueError(f"vocab and hidden must be >= 1, got {vocab}, {hidden}")
+        self.embed = nn.Embedding(vocab, hidden)
+        self.hidden = nn.Linear(hidden, hidden)
+        self.frozen = nn.Linear(hidden, hidden).requires_grad_(False)
+        self.head = nn.Linear(hidden, vocab)
+        self.head.weight = self.embed.weight  # tied: one (vocab, hidden) tensor
+
+    def forward(self, tokens):
+        vocab = self.embed.num_embeddings
+        if tokens.dtype != torch.long or tokens.dim() != 1:
+            raise ValueError(f"TiedMLP takes a batch of token ids, shape (batch,), "
+                             f"dtype long; got {tuple(tokens.shape)} {tokens.dtype}")
+        if len(tokens) and (tokens.min() < 0 or tokens.max() >= vocab):
+            raise ValueError(f"token ids must be in [0, {vocab}), got "
+                             f"{tokens.min().item()}..{tokens.max().item()}")
+        x = torch.relu(self.hidden(self.embed(tokens)))
+        return self.head(torch.tanh(self.frozen(x)))
 
 
 class MyLoss(nn.Module):

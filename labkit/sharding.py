@@ -7,14 +7,31 @@ the optimizer states, then the gradients, then the parameters; PyTorch's FSDP
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from . import i18n, models
 
-__all__ = ["STAGES", "fsdp_experiment", "held_bytes", "memory_per_rank"]
+__all__ = [
+    "FP32_ADAM",
+    "STAGES",
+    "FlatParameters",
+    "fsdp_experiment",
+    "held_by_part",
+    "held_bytes",
+    "memory_parts",
+    "memory_per_rank",
+    "shard_units",
+]
 
 STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
+# Adam in float32: 4 bytes a parameter, 4 a gradient, 8 of state (exp_avg and
+# exp_avg_sq, 4 each). Adam's third state, `step`, is one 4-byte scalar tensor
+# per parameter tensor, not per element: it is left out of the formula.
+FP32_ADAM = {"param_bytes": 4, "grad_bytes": 4, "optimizer_bytes": 8}
 
 i18n.register({
     "gb_per_rank": {"ja": "1 ランクあたりのメモリ [GB]", "en": "memory per rank [GB]"},
@@ -31,15 +48,121 @@ def memory_per_rank(params: float, world_size: int, param_bytes: int = 2,
 
     Defaults are the ZeRO paper's mixed-precision Adam: float16 parameters and
     gradients (2 + 2 bytes) and 12 bytes of optimizer state (a float32 copy of
-    the parameters, momentum and variance). Activations are not included.
+    the parameters, momentum and variance); `**FP32_ADAM` is Adam in float32.
+    Activations are not included. Each stage's parts: `memory_parts`.
+    """
+    parts = memory_parts(params, world_size, param_bytes, grad_bytes, optimizer_bytes)
+    return {stage: sum(part.values()) for stage, part in parts.items()}
+
+
+def memory_parts(params: float, world_size: int, param_bytes: int = 2,
+                 grad_bytes: int = 2,
+                 optimizer_bytes: int = 12) -> dict[str, dict[str, float]]:
+    """Per stage, the bytes per rank of parameters, gradients and optimizer state.
+
+    Stage 1 shards the optimizer state, stage 2 the gradients too, stage 3
+    the parameters too: a sharded part is divided by the world size.
     """
     if world_size < 1 or params <= 0:
         raise ValueError(f"need params > 0 and world_size >= 1, got {params}, "
                          f"{world_size}")
     p, g, o = params * param_bytes, params * grad_bytes, params * optimizer_bytes
     n = world_size
-    return {"DDP": p + g + o, "ZeRO-1": p + g + o / n, "ZeRO-2": p + (g + o) / n,
-            "ZeRO-3": (p + g + o) / n}
+    return {stage: {"parameters": p / n if k >= 3 else p,
+                    "gradients": g / n if k >= 2 else g,
+                    "optimizer": o / n if k >= 1 else o}
+            for k, stage in enumerate(STAGES)}
+
+
+class FlatParameters:
+    """Parameters moved into one flat buffer, padded to a multiple of world_size.
+
+    Each parameter's data becomes a view of `full`, so whatever is written into
+    `full` (an all-gather, say) is what the model computes with. The padding
+    (at most world_size - 1 zeros at the end) lets every rank's shard have the
+    same numel, as all-gather and reduce-scatter need.
+    """
+
+    def __init__(self, params: Iterable[nn.Parameter], world_size: int):
+        self.params = list(params)
+        if world_size < 1 or not self.params:
+            raise ValueError(f"need parameters and world_size >= 1, got "
+                             f"{len(self.params)} parameters, world_size {world_size}")
+        if len({id(p) for p in self.params}) != len(self.params):
+            raise ValueError("a parameter is listed twice (a tied weight?): "
+                             "list each tensor once")
+        self.world_size = world_size
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_numel = -(-self.numel // world_size)  # ceil
+        first = self.params[0]
+        self.full = torch.zeros(self.shard_numel * world_size, dtype=first.dtype,
+                                device=first.device)
+        for p, view in zip(self.params, self._views(self.full), strict=True):
+            view.copy_(p.detach())
+            p.data = view
+
+    def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's view of a flat buffer laid out like `full`."""
+        sizes = [p.numel() for p in self.params]
+        pieces = flat[:self.numel].split(sizes)
+        return [x.view_as(p) for x, p in zip(pieces, self.params, strict=True)]
+
+    def shard(self, rank: int) -> torch.Tensor:
+        """Rank `rank`'s shard of `full`: a view, elements [rank*s, (rank+1)*s)."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
+        return self.full[rank * self.shard_numel:(rank + 1) * self.shard_numel]
+
+    def flat_grad(self) -> torch.Tensor:
+        """The parameters' gradients in one padded flat buffer (zeros where None).
+
+        Each parameter's `.grad` becomes a view of it, so the gradient is held
+        once: a new buffer, laid out like `full`.
+        """
+        flat = torch.zeros_like(self.full)
+        for p, view in zip(self.params, self._views(flat), strict=True):
+            if p.grad is not None:
+                view.copy_(p.grad)
+            p.grad = view
+        return flat
+
+
+def shard_units(model: nn.Module) -> list[tuple[nn.Module, list[nn.Parameter]]]:
+    """The model's trainable parameters grouped by the module that gathers them.
+
+    Each module takes the trainable parameters registered on it directly. A
+    parameter registered on several modules (a tied weight) goes to the root,
+    whose gather spans the whole forward pass; frozen parameters go nowhere.
+    Modules without parameters of their own are left out; the root is last.
+    """
+    owners: dict[int, list[nn.Module]] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if p.requires_grad:
+                owners.setdefault(id(p), []).append(module)
+    units, seen = [], set()
+    for module in model.modules():
+        mine = [p for p in module.parameters(recurse=False)
+                if p.requires_grad and id(p) not in seen
+                and (module is model or len(owners[id(p)]) == 1)]
+        seen.update(id(p) for p in mine)
+        if module is not model and mine:
+            units.append((module, mine))
+    shared = [p for p in model.parameters() if id(p) not in seen and p.requires_grad]
+    root = [p for p in model.parameters(recurse=False) if p.requires_grad]
+    mine = root + [p for p in shared if all(p is not q for q in root)]
+    if mine:
+        units.append((model, mine))
+    return units
+
+
+def held_by_part(parameters: Iterable[torch.Tensor], gradients: Iterable[torch.Tensor],
+                 optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes held (`held_bytes`) by parameters, gradients and the optimizer's state."""
+    state = [v for s in optimizer.state.values() for v in s.values()
+             if isinstance(v, torch.Tensor)]
+    return {"parameters": held_bytes(parameters), "gradients": held_bytes(gradients),
+            "optimizer": held_bytes(state)}
 
 
 def held_bytes(tensors) -> int:

@@ -29,7 +29,11 @@ from .l10_troubleshooting import (
     grade_uneven_epoch,
     grade_unused_parameters,
 )
-from .l11_sharding import grade_bytes_per_rank, grade_gradient_shard
+from .l11_sharding import (
+    grade_bytes_per_rank,
+    grade_gradient_shard,
+    grade_zero3_frees,
+)
 
 __all__ = [
     "WrongAnswer",
@@ -57,4 +61,5 @@ __all__ = [
     "grade_uneven_epoch",
     "grade_unused_parameters",
     "grade_warmup_schedule",
+    "grade_zero3_frees",
 ]

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .. import sharding
+from .. import models, sharding
 from ..i18n import get_lang, t
 from .feedback import WrongAnswer, register, right
 
 if TYPE_CHECKING:
     from ..cluster import Ranks
 
-__all__ = ["grade_bytes_per_rank", "grade_gradient_shard"]
+__all__ = ["grade_bytes_per_rank", "grade_gradient_shard", "grade_zero3_frees"]
 
 register({  # key: (ja, en)
     "ex_rs_undefined": (
@@ -307,8 +307,8 @@ def grade_gradient_shard(ranks: Ranks, name: str = "shard_of_mean_gradient") -> 
 # --- exercise 2: the bytes per rank ---
 
 register({  # key: (ja, en)
-    "ex_bytes_call": ('bytes_per_rank({params:,}, {n}, "{stage}")',
-                      'bytes_per_rank({params:,}, {n}, "{stage}")'),
+    "ex_bytes_call": ('{fn}({params:,}, {n}, "{stage}")',
+                      '{fn}({params:,}, {n}, "{stage}")'),
     "ex_bytes_wrong": (
         "{call} = {got} ですが、式では {want} バイトです。{right_for}"
         "ヒント: {hint}",
@@ -457,6 +457,48 @@ def _agrees(got: float, want: float) -> bool:
     return math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9)
 
 
+def _per_stage(fn: Callable, name: str, truth: Callable,
+               formula_mistakes: tuple, stage_mistakes: tuple) -> dict:
+    """`fn(params, world_size, stage)` for every stage and case, as {(Ψ, N, stage):
+    answer}, once all agree with `truth`; else WrongAnswer for the first stage that
+    does not, with the hint of the first mistake all its answers match."""
+    answers = {}
+    for stage in sharding.STAGES:
+        for params, n in _BYTES_CASES:
+            got = fn(params, n, stage)
+            if got is None:
+                raise WrongAnswer("ex_fill_in", name=t("ex_bytes_call", fn=name,
+                                                       params=params, n=n, stage=stage))
+            answers[params, n, stage] = float(got)
+    right_stages = [s for s in sharding.STAGES if all(
+        _agrees(answers[p, n, s], truth(p, n, s)) for p, n in _BYTES_CASES)]
+    for stage in sharding.STAGES:
+        if stage in right_stages:
+            continue
+        params, n = next((p, n) for p, n in _BYTES_CASES
+                         if not _agrees(answers[p, n, stage], truth(p, n, stage)))
+        hint = next((key for key, rule in formula_mistakes
+                     if _matches(rule, answers, sharding.STAGES)), None) or next(
+            (key for key, rule in stage_mistakes + formula_mistakes
+             if _matches(rule, answers, (stage,))), "ex_bytes_hint_formula")
+        separator = "、" if get_lang() == "ja" else ", "
+        right_for = t("ex_bytes_right_for", stages=separator.join(right_stages)) \
+            if right_stages else ""
+        raise WrongAnswer("ex_bytes_wrong", hint, right_for=right_for,
+                          call=t("ex_bytes_call", fn=name, params=params, n=n,
+                                 stage=stage),
+                          got=_shown(answers[params, n, stage]),
+                          want=_shown(truth(params, n, stage)))
+    return answers
+
+
+def _gigabytes(answers: dict) -> str:
+    """Each stage's answer for 7.5 billion parameters on 64 ranks, in GB."""
+    separator = "、" if get_lang() == "ja" else ", "
+    return separator.join(f"{stage} {answers[7_500_000_000, 64, stage] / 1e9:.1f} GB"
+                          for stage in sharding.STAGES)
+
+
 def grade_bytes_per_rank(fn: Callable) -> None:
     """`fn(params, world_size, stage)`: model-state bytes per rank for fp32 Adam,
     against `sharding.memory_per_rank` for Ψ from 10 to 7.5e9 and N from 1 to 64.
@@ -464,36 +506,201 @@ def grade_bytes_per_rank(fn: Callable) -> None:
     Padding is not counted (Ψ ÷ N stays a fraction); the lesson compares the
     formula with the bytes measured on its ranks, padding included, itself.
     """
-    answers = {}
-    for stage in sharding.STAGES:
-        for params, n in _BYTES_CASES:
-            got = fn(params, n, stage)
-            if got is None:
-                raise WrongAnswer("ex_fill_in", name=t("ex_bytes_call", params=params,
-                                                       n=n, stage=stage))
-            answers[params, n, stage] = float(got)
-    right_stages = [s for s in sharding.STAGES if all(
-        _agrees(answers[p, n, s], _bytes(p, n, s)) for p, n in _BYTES_CASES)]
-    for stage in sharding.STAGES:
-        if stage in right_stages:
-            continue
-        params, n = next((p, n) for p, n in _BYTES_CASES
-                         if not _agrees(answers[p, n, stage], _bytes(p, n, stage)))
-        hint = next((key for key, rule in _FORMULA_MISTAKES
-                     if _matches(rule, answers, sharding.STAGES)), None) or next(
-            (key for key, rule in _STAGE_MISTAKES + _FORMULA_MISTAKES
-             if _matches(rule, answers, (stage,))), "ex_bytes_hint_formula")
-        separator = "、" if get_lang() == "ja" else ", "
-        right_for = t("ex_bytes_right_for", stages=separator.join(right_stages)) \
-            if right_stages else ""
-        raise WrongAnswer("ex_bytes_wrong", hint, right_for=right_for,
-                          call=t("ex_bytes_call", params=params, n=n, stage=stage),
-                          got=_shown(answers[params, n, stage]),
-                          want=_shown(_bytes(params, n, stage)))
-    separator = "、" if get_lang() == "ja" else ", "
-    right("ex_bytes_ok", table=separator.join(
-        f"{stage} {answers[7_500_000_000, 64, stage] / 1e9:.1f} GB"
-        for stage in sharding.STAGES))
+    answers = _per_stage(fn, "bytes_per_rank", _bytes, _FORMULA_MISTAKES,
+                         _STAGE_MISTAKES)
+    right("ex_bytes_ok", table=_gigabytes(answers))
 
 
 # --- exercise 3 ---
+
+register({  # key: (ja, en)
+    "ex_z3_undefined": (
+        "ランク {rank} に {name} がありません。先に、それを定義する %%px のセルを"
+        "実行してください。",
+        "Rank {rank} has no {name}: run the %%px cell that defines it first."),
+    "ex_z3_shard_freed": (
+        "{when}のあとで、ランクのシャード (`self.shards`) のメモリがなくなりました。"
+        "ヒント: 解放するのは集めたパラメータ `flat.full` だけです。シャードは "
+        "Adam が更新し、次に集めるときに送るものなので、持ち続けます。",
+        "After the {when}, the rank's shard (`self.shards`) has lost its memory. "
+        "Hint: free only the gathered parameters, `flat.full`. The shard is what "
+        "Adam updates and what the next gather sends: keep it."),
+    "ex_z3_deleted": (
+        "{when}のあとで、`flat.full` がなくなりました (`del flat.full`)。ヒント: "
+        "`del` は名前を消すだけで、パラメータは `full` のビューなので、メモリは"
+        "残ります。そのうえ次の `gather` が `flat.full` を使えません。ストレージの"
+        "大きさを 0 にします: `flat.full.untyped_storage().resize_(0)`。",
+        "After the {when}, `flat.full` is gone (`del flat.full`). Hint: `del` "
+        "removes a name only; the parameters are views of `full`, so its memory "
+        "stays, and the next `gather` has no `flat.full` to fill. Resize its "
+        "storage to 0: `flat.full.untyped_storage().resize_(0)`."),
+    "ex_z3_no_regather": (
+        "逆伝播が、解放したパラメータを読もうとして失敗しました ({error})。ヒント: "
+        "autograd は順伝播で使った重みを逆伝播のために保存しています。"
+        "`after_forward` で、層の出力にフックを付け "
+        "(`output.register_hook(lambda grad: self.gather(flat))`)、逆伝播の前に"
+        "もう一度集めます。",
+        "The backward pass failed reading freed parameters ({error}). Hint: autograd "
+        "saved the weights the forward pass used, for the backward pass. In "
+        "`after_forward`, put a hook on the layer's output "
+        "(`output.register_hook(lambda grad: self.gather(flat))`) that gathers "
+        "them again before the backward pass."),
+    "ex_z3_error": (
+        "ステップ {step} の{where}でエラーになりました: {error}",
+        "Step {step} failed in the {where}: {error}"),
+    "ex_z3_forward": ("順伝播", "forward pass"),
+    "ex_z3_backward": ("逆伝播", "backward pass"),
+    "ex_z3_step": ("オプティマイザのステップ", "optimizer step"),
+    "ex_z3_zeroed": (
+        "{when}のあとも、集めたパラメータが {nbytes} バイトのメモリを持っています。"
+        "値は 0 になっています。ヒント: `zero_()` は値を 0 にするだけで、メモリは"
+        "そのままです。ストレージの大きさを 0 にします: "
+        "`flat.full.untyped_storage().resize_(0)`。",
+        "After the {when}, the gathered parameters still hold {nbytes} bytes, set "
+        "to zero. Hint: `zero_()` writes zeros into the memory and keeps it. "
+        "Resize the storage to 0: `flat.full.untyped_storage().resize_(0)`."),
+    "ex_z3_kept": (
+        "{when}のあとも、集めたパラメータが {nbytes} バイトのメモリを持っています "
+        "(0 のはずです)。ヒント: {fix}",
+        "After the {when}, the gathered parameters still hold {nbytes} bytes "
+        "(should be 0). Hint: {fix}"),
+    "ex_z3_fix_forward": (
+        "`after_forward` でも解放します。`del full` のように名前を消しても、"
+        "パラメータが `full` のビューなのでメモリは残ります。"
+        "`flat.full.untyped_storage().resize_(0)` で解放します。",
+        "free in `after_forward` too. Deleting a name (`del full`) leaves the memory, "
+        "which the parameters still view; `flat.full.untyped_storage().resize_(0)` "
+        "frees it."),
+    "ex_z3_fix_backward": (
+        "`after_backward` でも解放します。逆伝播の前に集め直したパラメータは、"
+        "勾配を reduce-scatter したあとは要りません。",
+        "free in `after_backward` too: the parameters gathered again for the "
+        "backward pass are not needed once the gradients are reduce-scattered."),
+    "ex_z3_values": (
+        "メモリは解放できていますが、{steps} ステップのあとのパラメータが torch の "
+        "DDP と違います (最大の差 {diff:.1e})。ヒント: 逆伝播の前に、解放した"
+        "パラメータを `self.gather(flat)` で集め直していますか。",
+        "The memory is freed, but after {steps} steps the parameters differ from "
+        "torch's DDP (by up to {diff:.1e}). Hint: do you gather the freed "
+        "parameters again (`self.gather(flat)`) before the backward pass?"),
+    "ex_z3_ok": (
+        "順伝播のあとも逆伝播のあとも、集めたパラメータは 0 バイト、各ランクが持つ"
+        "のはシャードの {shard} バイトだけです。{steps} ステップのあとのパラメータは、"
+        "torch の DDP とビットまで同じです。",
+        "After the forward and after the backward pass the gathered parameters hold "
+        "0 bytes; each rank holds only its shards, {shard} bytes. After {steps} "
+        "steps the parameters equal torch's DDP's bit for bit."),
+})
+
+
+class _Broken(Exception):
+    """What the learner's method broke, found right after it returned (all ranks)."""
+
+
+def _zero3_trial(name: str, steps: int) -> dict:
+    """Runs on every rank: the class `name` of this rank's %%px namespace, measured."""
+    from IPython import get_ipython
+    from torch import nn
+
+    shell = get_ipython()
+    if shell is None or name not in shell.user_ns:
+        return {"undefined": True}
+
+    def intact(trainer, when: str) -> None:
+        # Checked before any further collective: a freed shard handed to gloo
+        # would be read from a null pointer. Every rank breaks alike.
+        if any(not hasattr(flat, "full") for flat in trainer.units):
+            raise _Broken("ex_z3_deleted", when)
+        if any(s.untyped_storage().nbytes() < s.numel() * s.element_size()
+               for s in trainer.shards):
+            raise _Broken("ex_z3_shard_freed", when)
+
+    class Watched(shell.user_ns[name]):
+        def after_forward(self, flat, output):
+            super().after_forward(flat, output)
+            intact(self, "ex_z3_forward")
+
+        def after_backward(self, flat):
+            super().after_backward(flat)
+            intact(self, "ex_z3_backward")
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    loss_fn = nn.CrossEntropyLoss()
+    batch, per = 16, 16 // world_size
+    mine = slice(rank * per, (rank + 1) * per)
+    torch.manual_seed(rank)  # different on each rank: the class must broadcast
+    trainer = Watched(models.TiedMLP(), lr=1e-3)
+    torch.manual_seed(0)
+    reference = nn.parallel.DistributedDataParallel(models.TiedMLP())
+    adam = torch.optim.Adam(reference.parameters(), lr=1e-3)
+    held = {"forward": [], "backward": []}
+    zeroed = {"forward": False, "backward": False}
+    fulls = [flat.full for flat in trainer.units]
+    where = "ex_z3_forward"
+
+    def measure(when: str) -> None:
+        held[when].append(sharding.held_bytes(fulls))
+        zeroed[when] |= any(f.untyped_storage().nbytes() and not f.any() for f in fulls)
+
+    try:
+        for step in range(steps):
+            g = torch.Generator().manual_seed(200 + step)
+            X = torch.randint(0, 33, (batch,), generator=g)
+            y = torch.randint(0, 33, (batch,), generator=g)
+            where = "ex_z3_forward"
+            loss = loss_fn(trainer.model(X[mine]), y[mine])
+            measure("forward")
+            where = "ex_z3_backward"
+            loss.backward()
+            measure("backward")
+            where = "ex_z3_step"
+            trainer.optimizer.step()
+            trainer.optimizer.zero_grad()
+            loss_fn(reference(X[mine]), y[mine]).backward()
+            adam.step()
+            adam.zero_grad()
+        full = trainer.full_parameters()
+    except _Broken as broken:
+        return {"broken": broken.args}
+    except RuntimeError as err:
+        return {"error": str(err).splitlines()[0][:200], "where": where,
+                "step": step + 1}
+    diff = max((a - b).abs().max().item()
+               for a, b in zip(full, reference.module.parameters(), strict=True))
+    return {"held": held, "zeroed": zeroed, "diff": diff,
+            "shard": sharding.held_bytes(trainer.shards)}
+
+
+def grade_zero3_frees(ranks: Ranks, name: str = "Zero3", steps: int = 3) -> None:
+    """The class `name`, defined on the ranks, frees what it gathers, and trains right.
+
+    Measured on the ranks with `sharding.held_bytes`: the gathered parameters
+    after each forward and each backward pass (0 bytes once freed), the
+    shards kept; the parameters after `steps` steps against torch's DDP from
+    the same weights on the same batches (bit for bit on 2 ranks).
+    """
+    results = ranks.run(_zero3_trial, name, steps)
+    for rank, result in enumerate(results):
+        if result.get("undefined"):
+            raise WrongAnswer("ex_z3_undefined", name=name, rank=rank)
+    result = results[0]  # every rank runs the same code on the same shapes
+    if "broken" in result:
+        key, when = result["broken"]
+        raise WrongAnswer(key, when=t(when))
+    if "error" in result:
+        if result["where"] == "ex_z3_backward" and "storage" in result["error"]:
+            raise WrongAnswer("ex_z3_no_regather", error=result["error"])
+        raise WrongAnswer("ex_z3_error", step=result["step"], where=t(result["where"]),
+                          error=result["error"])
+    for when, fix in (("forward", "ex_z3_fix_forward"),
+                      ("backward", "ex_z3_fix_backward")):
+        kept = max(max(r["held"][when]) for r in results)
+        if kept:
+            if any(r["zeroed"][when] for r in results):
+                raise WrongAnswer("ex_z3_zeroed", when=t(f"ex_z3_{when}"), nbytes=kept)
+            raise WrongAnswer("ex_z3_kept", when=t(f"ex_z3_{when}"), nbytes=kept,
+                              fix=t(fix))
+    diff = max(r["diff"] for r in results)
+    if diff > (0.0 if ranks.world_size == 2 else 1e-6):  # bitwise where exact: 2 ranks
+        raise WrongAnswer("ex_z3_values", steps=steps, diff=diff)
+    right("ex_z3_ok", shard=result["shard"], steps=steps)
