@@ -55,7 +55,7 @@ labkit.set_lang("ja")
 # %%
 import torch
 
-from labkit import cluster, exercises, models, sharding
+from labkit import cluster, exercises, fsdp, models, plots, sharding
 
 ranks = cluster.start(2, background=True)  # the ranks boot while you read
 
@@ -978,26 +978,495 @@ assert total("ZeRO-3", "reduce_scatter") == padded  # once, in backward
 assert total("ZeRO-3", "all_gather") == 2 * padded  # before forward, again before backward
 assert 1.5 <= sent(traffic_table["ZeRO-3"]["calls"]) / ddp_sent <= 1.5 * padded / S
 
+# %%
+# %%px
+import statistics
+import time
+
+
+def replay(calls, repeat=9):
+    """Median seconds of these collectives run back to back, the ranks lined up first."""
+    buffers = [(c["op"], torch.zeros(c["bytes"] // 4)) for c in calls]
+    seconds = []
+    for _ in range(repeat):
+        dist.barrier()  # no waiting for a late rank inside the clock
+        start = time.perf_counter()
+        for op, whole in buffers:
+            piece = torch.zeros(whole.numel() // world_size)
+            if op == "all_gather":
+                dist.all_gather_single(whole, piece)
+            else:
+                dist.reduce_scatter_single(piece, whole)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+sizes = [2**k for k in range(10, 23, 2)]  # 1 KiB to 4 MiB
+ab = comm.fit_alpha_beta(sizes, comm.allreduce_sweep(sizes, repeat=7), world_size)
+price = {"reduce_scatter": ab.reduce_scatter_time, "all_gather": ab.all_gather_time}
+comm_time = {}
+for stage in ("ZeRO-1", "ZeRO-2", "ZeRO-3"):
+    calls = traffic_table[stage]["calls"]
+    predicted = sum(price[c["op"]](c["bytes"], world_size) for c in calls)
+    in_step = statistics.median(traffic_table[stage]["seconds"][1:])  # after warm-up
+    comm_time[stage] = (replay(calls), predicted, in_step)
+    print(f"rank {rank}, {stage}: collectives alone {comm_time[stage][0] * 1e6:.0f} us, "
+          f"model {predicted * 1e6:.0f} us ({comm_time[stage][0] / predicted - 1:+.0%}); "
+          f"inside the step {in_step * 1e6:.0f} us")
+
 # %% [markdown] lang="ja"
 # ## FSDP2: fully_shard
 #
-# (準備中) 同じ学習を PyTorch の `fully_shard` で行います。
+# ステージ 3 を PyTorch が実装したものが FSDP2 (`torch.distributed.fsdp.fully_shard`) です。
+# `fully_shard(module)` は `module` を 1 つの**ユニット**にします。ユニットの各パラメータは `DTensor` になり、
+# 各ランクは 0 番目の次元で切った自分のシャードだけを持ちます。ユニットの順伝播の直前にフックがそのパラメータを
+# all-gather し、順伝播のあとで解放し、逆伝播の直前にもう一度 all-gather して、勾配を reduce-scatter します。
+# `Zero3` と同じ仕事です。レッスン 09 と同じく、層ごとに 1 ユニット、最後にモデル全体 (ルート) に呼びます。
+#
+# `Zero3` と同じ `models.TiedMLP` で、気をつけることが 2 つあります (torch 2.13 のソースと、下のセルで
+# 確かめます)。
+#
+# - `fully_shard` は値を配りません。各ランクは、自分が持っている値から自分のシャードを切り出すだけです。
+#   ランクごとに初期値が違えば、ランク 0 の前半とランク 1 の後半をつないだモデルになります。そこで
+#   `fully_shard` の前にランク 0 の重みを配ります (`Zero3` は自分で配っていました)。
+# - 重みを共有する 2 つのモジュールは、1 つのユニットに入れます: `fully_shard([model.embed, model.head])`。
+#   別々のユニットにすると、最初の順伝播で FSDP2 が `ValueError` で止めます。`fsdp.layer_units(model)` は、
+#   パラメータを持つモジュールを順に並べ、重みを共有するものを 1 つのリストにまとめます。凍結した
+#   パラメータ (`requires_grad=False`) は、そのままで扱えます。集めはしますが、勾配がないので
+#   reduce-scatter しません。
+#
+# 下のクラスは、ほかの学習クラスと同じ使い方 (`FSDP2Adam(model, lr)`、`.step(X, y, loss_fn)`) です。
 
 # %% [markdown] lang="en"
 # ## FSDP2: fully_shard
 #
-# (In preparation.) The same training with PyTorch's `fully_shard`.
+# FSDP2 (`torch.distributed.fsdp.fully_shard`) is stage 3 as PyTorch implements it.
+# `fully_shard(module)` makes `module` one **unit**: each of its parameters becomes a
+# `DTensor`, and each rank holds only its shard, cut along dimension 0. Just before the
+# unit's forward, a hook all-gathers its parameters; after the forward they are freed;
+# just before its backward they are all-gathered again, and the gradients are
+# reduce-scattered. That is `Zero3`'s work. As in lesson 09, call it on each layer, one
+# unit each, then on the whole model (the root).
+#
+# On `Zero3`'s model, `models.TiedMLP`, two things need care (checked in torch 2.13's
+# source and in the cell below):
+#
+# - `fully_shard` sends nothing: each rank cuts its shard out of the values it holds.
+#   Ranks initialized differently would give a model made of rank 0's first half and
+#   rank 1's second half. So rank 0's weights are broadcast before `fully_shard`
+#   (`Zero3` broadcast them itself).
+# - Two modules sharing a weight go in one unit: `fully_shard([model.embed,
+#   model.head])`. In two units, FSDP2 stops with a `ValueError` at the first forward.
+#   `fsdp.layer_units(model)` lists the modules that hold parameters, in order, and puts
+#   those sharing a weight in one list. Frozen parameters (`requires_grad=False`) need
+#   nothing: they are gathered, but have no gradient, so nothing is reduce-scattered
+#   for them.
+#
+# The class below is used like the other trainers (`FSDP2Adam(model, lr)`,
+# `.step(X, y, loss_fn)`).
+
+# %%
+# %%px
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from labkit import fsdp
+
+
+class FSDP2Adam:
+    """Adam on a model sharded by fully_shard: one unit per layer, then the root."""
+
+    def __init__(self, model, lr=1e-3):
+        for p in model.parameters():  # fully_shard sends nothing: start alike
+            dist.broadcast(p.data, src=0)
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for unit in fsdp.layer_units(model):  # a layer, or the modules tied together
+            fully_shard(unit, mesh=mesh)
+        self.model = fully_shard(model, mesh=mesh)  # the root: what is left
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+
+    def step(self, X, y, loss_fn):
+        loss = loss_fn(self.model(X), y)  # each unit gathered, used, freed
+        loss.backward()  # gathered again; each unit's gradients reduce-scattered
+        self.optimizer.step()  # Adam on this rank's shards only
+        self.optimizer.zero_grad()
+        return loss
+
+    def full_parameters(self):
+        return [p.full_tensor() for p in self.model.parameters()]
+
+# %%
+# %%px
+import copy
+
+torch.manual_seed(rank)  # ranks start apart: only a broadcast makes them alike
+tied = models.TiedMLP()
+mine = {name: p.detach().clone() for name, p in tied.named_parameters()}
+
+# What fully_shard keeps, without the broadcast: this rank's chunk of its own values.
+alone = copy.deepcopy(tied)
+fully_shard(alone, mesh=init_device_mesh("cpu", (world_size,)))
+weight = alone.embed.weight  # a DTensor now: 33 rows, 17 on rank 0, 16 on rank 1
+assert torch.equal(weight.to_local(), mine["embed.weight"].chunk(world_size)[rank])
+whole = weight.full_tensor()  # rows 0-16 from rank 0's values, 17-32 from rank 1's
+from_rank0 = mine["embed.weight"].clone()
+dist.broadcast(from_rank0, src=0)
+assert not torch.equal(whole, from_rank0), "the ranks' chunks should come from apart"
+
+mesh = init_device_mesh("cpu", (world_size,))
+try:  # tied modules in two units
+    twice = models.TiedMLP()
+    for unit in (twice.embed, twice.head, twice):
+        fully_shard(unit, mesh=mesh)
+    twice(torch.tensor([0]))  # FSDP2 checks its units at the first forward
+    raise AssertionError("fully_shard accepted a tied weight in two units")
+except ValueError as err:
+    assert "shared" in str(err)
+    print(f"rank {rank}: {err}")
+
+compared = {"FSDP2": FSDP2Adam(copy.deepcopy(tied)), "Zero3": Zero3(copy.deepcopy(tied))}
+reference = copy.deepcopy(tied)  # one process on the whole batch, from rank 0's start
+for p in reference.parameters():
+    dist.broadcast(p.data, src=0)
+frozen_start = reference.frozen.weight.detach().clone()
+ref_optimizer = torch.optim.Adam([p for p in reference.parameters() if p.requires_grad],
+                                 lr=1e-3)
+loss_fn = nn.functional.cross_entropy
+per = 8  # samples per rank
+for step in range(5):
+    torch.manual_seed(100 + step)  # the same batch on every rank
+    X, y = torch.randint(0, 33, (per * world_size,)), torch.randint(0, 33, (per * world_size,))
+    mine_part = slice(rank * per, (rank + 1) * per)
+    for trainer in compared.values():
+        trainer.step(X[mine_part], y[mine_part], loss_fn)
+    loss_fn(reference(X), y).backward()
+    ref_optimizer.step()
+    ref_optimizer.zero_grad()
+
+full = {name: t.full_parameters() for name, t in compared.items()}
+one = [p.detach() for p in reference.parameters()]
+vs_one = max((a - b).abs().max().item() for a, b in zip(full["FSDP2"], one, strict=True))
+vs_zero3 = max((a - b).abs().max().item()
+               for a, b in zip(full["FSDP2"], full["Zero3"], strict=True))
+print(f"rank {rank}: FSDP2 - one process {vs_one:.1e}, FSDP2 - Zero3 {vs_zero3:.1e}")
+sharded = compared["FSDP2"].model
+assert sharded.head.weight is sharded.embed.weight  # still one tensor
+assert torch.equal(sharded.frozen.weight.full_tensor(), frozen_start)  # never updated
+assert vs_one <= 1e-6
+assert vs_zero3 == 0  # bit for bit: the same averaged gradients, Adam element by element
+
+# %% [markdown] lang="ja"
+# 5 ステップのあと、FSDP2 のパラメータは 1 プロセスの学習と `1e-6` 以内で等しく (差は上に表示して
+# います)、`Zero3` とはビットまで同じです。どちらも同じ勾配を reduce-scatter で平均し、Adam は要素ごとに
+# 同じ計算をするからです。共有した重みは 1 つのテンソルのままで、凍結したパラメータは変わりません。
+#
+# ### reshard_after_forward: メモリと通信の交換
+#
+# `reshard_after_forward=True` (層のユニットの既定) は、順伝播のあとで集めたパラメータを解放し、逆伝播の前に
+# もう一度集めます。`False` は集めたまま逆伝播まで持ち、2 度目の all-gather を省きます。両方を 1 ステップずつ
+# 測ります。順伝播と逆伝播のあいだに 1 ランクが持つパラメータのバイト数 (`sharding.held_bytes`) と、
+# 順伝播と逆伝播それぞれの all-gather の回数とバイト数 (`CollectiveLog`) です。FSDP2 は集めたパラメータを
+# `FSDPParam.all_gather_outputs` に置き (モジュールが計算に使うパラメータはそのビューです)、解放するときは
+# そのストレージの大きさを 0 にします (`free_unsharded_param`)。`fsdp.held_param_bytes` は、そこと
+# シャード (`sharded_param`) の両方を数えます。ルートにも同じ値を渡します (指定しなければ、FSDP2 は
+# ルートのパラメータを逆伝播まで持ちます。逆伝播がすぐに使うからです)。
+
+# %% [markdown] lang="en"
+# After 5 steps, FSDP2's parameters equal one process's within `1e-6` (the difference
+# is printed above), and `Zero3`'s bit for bit: both average the same gradients with a
+# reduce-scatter, and Adam does the same arithmetic element by element. The tied
+# weight is still one tensor, and the frozen parameter has not changed.
+#
+# ### reshard_after_forward: memory traded for communication
+#
+# `reshard_after_forward=True` (the default for the layers' units) frees the gathered
+# parameters after the forward and gathers them again before the backward; `False`
+# keeps them until the backward and skips the second all-gather. One step of each,
+# measured: the parameter bytes a rank holds between the forward and the backward
+# (`sharding.held_bytes`), and the all-gathers of the forward and of the backward, their
+# number and bytes (`CollectiveLog`). FSDP2 puts gathered parameters in
+# `FSDPParam.all_gather_outputs` (the parameter a module computes with is a view of it)
+# and frees them by resizing that storage to 0 (`free_unsharded_param`);
+# `fsdp.held_param_bytes` counts there and the shards (`sharded_param`). The root is
+# given the same value (left unset, FSDP2 keeps the root's parameters until the
+# backward, which needs them first).
+
+# %%
+# %%px
+torch.manual_seed(7)
+batch = (torch.randint(0, 33, (8,)), torch.randint(0, 33, (8,)))
+runs = {after: fsdp.reshard_experiment(models.TiedMLP, batch, loss_fn, after)
+        for after in (True, False)}
+for after, r in runs.items():
+    gathers = [r[phase].get("all_gather", {"calls": 0, "bytes": 0})
+               for phase in ("forward", "backward")]
+    print(f"rank {rank}, reshard_after_forward={after}: between forward and backward "
+          f"{r['held_between']['sharded']:,} B of shards + "
+          f"{r['held_between']['gathered']:,} B gathered; all-gathers forward "
+          f"{gathers[0]['calls']} ({gathers[0]['bytes']:,} B), backward "
+          f"{gathers[1]['calls']} ({gathers[1]['bytes']:,} B)")
+freed, kept = runs[True], runs[False]
+whole = freed["forward"]["all_gather"]  # every unit gathered once: the whole model
+assert freed["held_between"]["gathered"] == 0  # only the shards are held
+assert freed["backward"]["all_gather"] == whole  # so the backward gathers it all again
+assert kept["held_between"]["gathered"] == whole["bytes"]  # held whole instead
+assert "all_gather" not in kept["backward"]  # and not gathered again
+assert kept["held_between"]["sharded"] == freed["held_between"]["sharded"]
+assert kept["backward"]["reduce_scatter"] == freed["backward"]["reduce_scatter"]
+assert kept["held_after"]["gathered"] == freed["held_after"]["gathered"] == 0
+
+# %% [markdown] lang="ja"
+# `True` では、順伝播と逆伝播のあいだに持つのはシャードだけで、逆伝播でモデル全体をもう一度 all-gather
+# します (1 ステップで 2 回)。`False` では、集めたモデル全体 (詰め物を含むバイト数) をシャードに加えて
+# 持ち、all-gather は順伝播の 1 回だけです。持ち続けたバイト数は、省いた all-gather のバイト数と
+# ちょうど同じです。`False` のステージ 3 は、送るバイト数が DDP と同じになり、そのかわりパラメータの
+# メモリは逆伝播までシャードしないのと同じになります。逆伝播のあとでは、どちらも集めたパラメータを
+# 解放します。
+#
+# ### MixedPrecisionPolicy
+#
+# `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` では、シャードは
+# float32 のまま (Adam は float32 を更新します)、all-gather は bfloat16 で送り (半分のバイト数)、
+# 順伝播と逆伝播は bfloat16 で計算し、勾配は float32 で reduce-scatter します。torch 2.13 では gloo と
+# CPU でも動きます。同じモデル、同じバッチで、float32 の 1 ステップと比べます。
+
+# %% [markdown] lang="en"
+# With `True`, only the shards are held between the forward and the backward, and the
+# backward all-gathers the whole model again (twice a step). With `False`, the whole
+# gathered model (in bytes, padding included) is held on top of the shards, and the only
+# all-gather is the forward's: the bytes held are exactly the bytes of the all-gather
+# saved. Stage 3 with `False` sends DDP's bytes, and in exchange holds its parameters
+# as unsharded until the backward. After the backward, both free what they gathered.
+#
+# ### MixedPrecisionPolicy
+#
+# With `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`
+# the shards stay float32 (Adam updates float32), the all-gather sends bfloat16 (half
+# the bytes), the forward and backward compute in bfloat16, and the gradients are
+# reduce-scattered in float32. With torch 2.13 it runs on gloo on the CPU too.
+# Compared with a float32 step, same model, same batch:
+
+# %%
+# %%px
+mixed = fsdp.mixed_precision_experiment(models.TiedMLP, batch, loss_fn)
+fp32, bf16 = mixed["float32"], mixed["bfloat16"]
+print(f"rank {rank}: all-gathered in forward {fp32['forward']['all_gather']['bytes']:,} B "
+      f"(float32) vs {bf16['forward']['all_gather']['bytes']:,} B (bfloat16); "
+      f"reduce-scattered {bf16['backward']['reduce_scatter']['bytes']:,} B; "
+      f"loss {fp32['loss']:.5f} vs {bf16['loss']:.5f}; {bf16['dtypes']}")
+assert bf16["forward"]["all_gather"]["bytes"] * 2 == fp32["forward"]["all_gather"]["bytes"]
+assert bf16["backward"]["reduce_scatter"] == fp32["backward"]["reduce_scatter"]
+assert bf16["dtypes"] == {"output": "torch.bfloat16", "grads": ["torch.float32"],
+                          "shards": ["torch.float32"]}
+assert bf16["loss"] != fp32["loss"]  # computed in bfloat16 indeed
+assert abs(bf16["loss"] - fp32["loss"]) <= 0.01 * fp32["loss"]
+
+# %% [markdown] lang="ja"
+# all-gather のバイト数はちょうど半分、reduce-scatter は float32 のままで同じバイト数です。出力は
+# bfloat16、勾配とシャードは float32 です。損失は float32 の計算と違いますが、差は 1% 以内です。
+#
+# ### state dict の 2 つの形と、分散チェックポイント
+#
+# シャードしたモデルの `model.state_dict()` は `DTensor` を持ちます。各ランクの値は自分のシャード
+# です。`torch.distributed.checkpoint.state_dict.get_model_state_dict(model,
+# options=StateDictOptions(full_state_dict=True))` は全体を集めて、ふつうの `torch.Tensor` を返します。
+# `torch.distributed.checkpoint` (DCP) はシャードの形のまま保存します。各ランクが自分のシャードを
+# 自分のファイルに書き、どのテンソルのどの部分がどこにあるかを `.metadata` に書きます。読み込む側は
+# 必要な部分だけを読むので、2 ランクで保存したものを 1 プロセス (や 4 ランク) で読めます。これが
+# シャードのし直し (resharding) です。学習した FSDP2 のモデルを、2 ランクで一時ディレクトリに保存します。
+
+# %% [markdown] lang="en"
+# The all-gather sends exactly half the bytes; the reduce-scatter stays float32, the same
+# bytes. The output is bfloat16, the gradients and shards float32. The loss differs from
+# the float32 computation, by less than 1%.
+#
+# ### The two forms of a state dict, and a distributed checkpoint
+#
+# The `model.state_dict()` of a sharded model holds `DTensor`s: each rank's value is its
+# shard. `torch.distributed.checkpoint.state_dict.get_model_state_dict(model,
+# options=StateDictOptions(full_state_dict=True))` gathers them into whole, plain
+# `torch.Tensor`s. `torch.distributed.checkpoint` (DCP) saves the sharded form: each
+# rank writes its shards to its own file, and `.metadata` says which part of which
+# tensor is where. A reader reads the parts it needs, so what 2 ranks saved loads in
+# one process (or on 4 ranks): resharding. The 2 ranks save the trained FSDP2 model
+# into a temporary directory:
+
+# %%
+# %%px
+import os
+import tempfile
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+)
+from torch.distributed.tensor import DTensor
+
+sharded_state = sharded.state_dict()
+entry = sharded_state["embed.weight"]
+print(f"rank {rank}: state_dict()['embed.weight'] is a {type(entry).__name__} of shape "
+      f"{tuple(entry.shape)}; this rank holds {tuple(entry.to_local().shape)}")
+assert all(isinstance(v, DTensor) for v in sharded_state.values())
+assert entry.to_local().shape == mine["embed.weight"].chunk(world_size)[rank].shape
+full_state = get_model_state_dict(sharded, options=StateDictOptions(full_state_dict=True))
+assert all(type(v) is torch.Tensor for v in full_state.values())
+assert all(full_state[k].shape == v.shape for k, v in sharded_state.items())
+
+checkpoint_dir = [tempfile.mkdtemp(prefix="labkit-dcp-") if rank == 0 else None]
+dist.broadcast_object_list(checkpoint_dir, src=0)  # one directory: rank 0's
+checkpoint_dir = checkpoint_dir[0]
+dcp.save(sharded_state, checkpoint_id=checkpoint_dir)  # each rank writes its shards
+if rank == 0:
+    print(sorted(os.listdir(checkpoint_dir)))
+
+# %% [markdown] lang="ja"
+# カーネル (プロセスグループのない 1 プロセス) で、ふつうの `models.TiedMLP` に読み込みます。
+# `fsdp.load_checkpoint` は、チェックポイントの `.metadata` とモデルのキーと形を比べ (合わなければ、
+# キーごとに `ValueError` で知らせます)、`dcp.load` で 2 つのシャードから全体を埋め、
+# `load_state_dict` します。ランクが集めた全体の state dict と等しいことを確かめ、ディレクトリを消します。
+
+# %% [markdown] lang="en"
+# In the kernel (one process, no process group), it is loaded into a plain
+# `models.TiedMLP`: `fsdp.load_checkpoint` compares the checkpoint's `.metadata` with the
+# model's keys and shapes (a `ValueError` names each that does not fit), fills the
+# whole tensors from the 2 shards with `dcp.load`, and calls `load_state_dict`. It must
+# equal the full state dict the ranks gathered; then the directory is removed.
+
+# %%
+import shutil
+from pathlib import Path
+
+checkpoint_dir = Path(ranks.pull("checkpoint_dir")[0])
+full_state = ranks.pull("full_state")[0]  # gathered on the ranks, to compare with
+assert not torch.distributed.is_initialized()  # this process has no process group
+try:
+    loaded = fsdp.load_checkpoint(models.TiedMLP(), checkpoint_dir)  # 2 shards -> 1
+finally:
+    shutil.rmtree(checkpoint_dir)
+assert not checkpoint_dir.exists()
+for name, value in loaded.state_dict().items():
+    assert torch.equal(value, full_state[name]), name
+assert loaded.head.weight is loaded.embed.weight  # tied again, as built
+print(f"loaded {len(full_state)} tensors from 2 shards; equal to the ranks' full state")
 
 # %% [markdown] lang="ja"
 # ## いつシャードするか
 #
-# (準備中) ランクの数に対する 1 ランクあたりのメモリと、シャードが得になる境目を見ます。
+# シャードで減るのはメモリで、時間は減りません。ステージ 1 と 2 が送るバイト数は DDP と同じで
+# (reduce-scatter + all-gather = all-reduce)、ステージ 3 と FSDP2 は逆伝播の前の all-gather のぶん、
+# DDP の 1.5 倍を送ります (「1 ステップで送るバイト数」)。メモリと時間は単位が違うので、そのままでは
+# 比べられません。このレッスンでは、「シャードが割に合わない」を次の意味で使います:
+# **もっと少なくシャードするステージでもメモリの予算に収まるのに、ステージ 3 を選んで、余分な all-gather
+# の時間を払うこと**。どのステージが収まるかはメモリだけで決まり、余分な all-gather の時間は α–β
+# モデルで見積もれます。
+#
+# 下の図は、Adam (float32) で学習するときのモデル状態 (パラメータ、勾配、Adam の状態) の 1 ランク
+# あたりのメモリを、DDP のメモリに対する割合で、ランクの数に対して描きます。この割合はパラメータの数に
+# よりません。線は式 (`sharding.memory_per_rank`) で、丸印は 2 ランクで測った値 (「各ステージが持つ
+# メモリ」の表) です。4 ランク以上は測っていません。式だけです。
+#
+# 破線は例の予算です。130 億 (13B) パラメータのモデルは、DDP では 1 ランクに 208 GB が要ります。
+# これを 1 ランク 80 GB で学習します (活性値などは別に要るので、モデル状態だけの予算です)。
 
 # %% [markdown] lang="en"
 # ## When to shard
 #
-# (In preparation.) Memory per rank against the number of ranks, and where sharding
-# starts to pay.
+# Sharding saves memory, not time. Stages 1 and 2 send DDP's bytes (reduce-scatter +
+# all-gather = all-reduce); stage 3 and FSDP2 send 1.5 times as much, the all-gather
+# before the backward ("Bytes sent per step"). Memory and seconds are different units,
+# so here "sharding costs more than it saves" means: **choosing stage 3, and paying for
+# its extra all-gather, where a stage that shards less would fit the memory budget
+# too**. Which stages fit depends on memory alone; the extra all-gather's time comes
+# from the α–β model.
+#
+# The plot shows the model states' memory per rank (parameters, gradients, Adam's
+# state, training with Adam in float32) as a share of DDP's, against the number of
+# ranks; the share does not depend on the number of parameters. The lines are the
+# formula (`sharding.memory_per_rank`); the circles are what 2 ranks measured (the
+# table of "Memory each stage holds"). Nothing was measured on 4 or more ranks: there,
+# only the formula.
+#
+# The dashed line is an example budget: a 13-billion (13B) parameter model, which needs
+# 208 GB per rank under DDP, trained with 80 GB per rank (for the model states only:
+# activations and buffers need room besides).
+
+# %%
+world_sizes = range(1, 65)
+per_rank = {n: sharding.memory_per_rank(psi, n, **sharding.FP32_ADAM) for n in world_sizes}
+formula = {stage: (world_sizes, [m[stage] / m["DDP"] for m in per_rank.values()])
+           for stage in sharding.STAGES}
+on_ranks = {stage: (2, measured[stage] / measured["DDP"]) for stage in sharding.STAGES}
+for stage in sharding.STAGES:  # the circles lie on the lines, within the stated slack
+    assert 0 <= measured[stage] - per_rank[2][stage] <= tolerance_bytes[stage], stage
+
+big, budget = 13e9, 80e9  # parameters, and bytes per rank for the model states
+fig = plots.memory_vs_world_size(
+    formula, on_ranks, ylabel="memory_share", title="when_to_shard_title",
+    budget=(budget / (16 * big), labkit.t("budget_line", gb=80, billions=13)))
+
+# %% [markdown] lang="ja"
+# 予算の線より下にあるステージが収まります。
+#
+# - DDP とステージ 1 は、何ランクにしても収まりません。シャードしないパラメータと勾配だけで 104 GB です。
+# - ステージ 3 は 3 ランクから収まります (1 ランク 69.3 GB)。
+# - ステージ 2 は 6 ランクから収まります (78 GB。5 ランクでは 83.2 GB)。
+#
+# つまり 3〜5 ランクでは、ステージ 3 しか選べません。余分な all-gather は、学習できることの代金です。
+# 6 ランクからはステージ 2 が、DDP と同じバイト数で収まります。そこでのステージ 3 の余分な
+# all-gather (1 ステップに 52 GB、パラメータ全体をもう一度) は、払わなくてよい時間です。何秒になるかを、
+# 「1 ステップで送るバイト数」でこの計算機に当てはめた α と β で見積もります (当てはめた all-reduce は
+# 128 KiB までなので、52 GB の秒数は外挿で、桁の目安です)。GPU のクラスタでは α と
+# β が違うので秒数は変わりますが、境目の 6 ランクはメモリだけで決まるので変わりません。予算から見ると、
+# 1 ランク 80 GB で学習できる最大のモデルは、DDP ではランクの数によらず 50 億パラメータ、ステージ 3 では
+# その N 倍です。
+
+# %% [markdown] lang="en"
+# A stage fits where its line is below the budget's:
+#
+# - DDP and stage 1 never fit, on any number of ranks: their unsharded parameters and
+#   gradients alone are 104 GB.
+# - Stage 3 fits from 3 ranks on (69.3 GB a rank).
+# - Stage 2 fits from 6 ranks on (78 GB; 83.2 GB on 5).
+#
+# So on 3 to 5 ranks stage 3 is the only choice: its extra all-gather is the price of
+# training at all. From 6 ranks on, stage 2 fits, sending DDP's bytes; stage 3's extra
+# all-gather (52 GB a step, all the parameters once more) is time paid for nothing.
+# How many seconds, the α–β model estimates with the α and β fitted on this machine in
+# "Bytes sent per step" (on all-reduces of at most 128 KiB: for 52 GB the seconds are
+# an extrapolation, an order of magnitude). On a GPU cluster α and β differ, and so do the seconds, but
+# not the crossover at 6 ranks, which memory alone decides. Seen from the budget: the
+# largest model 80 GB per rank can train is 5 billion parameters under DDP, on any
+# number of ranks, and N times that under stage 3.
+
+# %%
+fits = {stage: fsdp.smallest_world_size(big, budget, stage, **sharding.FP32_ADAM)
+        for stage in sharding.STAGES}
+gb = {n: {stage: round(b / 1e9, 1) for stage, b in
+          sharding.memory_per_rank(big, n, **sharding.FP32_ADAM).items()}
+      for n in (1, 3, 5, 6)}
+print(f"fewest ranks on which each stage fits {budget / 1e9:g} GB: {fits}")
+assert fits == {"DDP": None, "ZeRO-1": None, "ZeRO-2": 6, "ZeRO-3": 3}
+assert (8 * big, gb[1]["DDP"], gb[3]["ZeRO-3"]) == (104e9, 208, 69.3)
+assert (gb[5]["ZeRO-2"], gb[6]["ZeRO-2"]) == (83.2, 78)
+
+largest = {n: {stage: budget / sharding.memory_per_rank(1, n, **sharding.FP32_ADAM)[stage]
+               for stage in sharding.STAGES} for n in (2, 8, 64)}
+for n, row in largest.items():
+    print(f"{n:2d} ranks, largest model in {budget / 1e9:g} GB a rank: "
+          + ", ".join(f"{stage} {p / 1e9:.1f}B" for stage, p in row.items()))
+assert all(row["DDP"] == 5e9 and row["ZeRO-3"] == n * 5e9 for n, row in largest.items())
+
+ab = ranks.pull("ab")[0]  # the alpha-beta model fitted in "Bytes sent per step"
+n = fits["ZeRO-2"]  # from here on stage 2 fits: stage 3's extra all-gather buys nothing
+allreduce_s = ab.time(4 * big, n)  # DDP's, and stage 2's reduce-scatter + all-gather
+extra_s = ab.all_gather_time(4 * big, n)  # the parameters gathered again for backward
+print(f"on {n} ranks, with this machine's alpha {ab.alpha * 1e6:.0f} us and beta "
+      f"{ab.beta / 1e9:.2f} GB/s: stage 2 communicates {allreduce_s:.1f} s a step, "
+      f"stage 3 {allreduce_s + extra_s:.1f} s: {extra_s:.1f} s more a step, to hold "
+      f"{gb[6]['ZeRO-2'] - gb[6]['ZeRO-3']:.1f} GB a rank less, which the budget "
+      "does not need")
+assert abs((allreduce_s + extra_s) / allreduce_s - 1.5) < 1e-12  # the 1.5x, in time
 
 # %% [markdown] lang="ja"
 # ## まとめ

@@ -20,8 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import i18n
 from .comm_counting import CollectiveLog
-from .sharding import held_bytes
+from .sharding import STAGES, held_bytes, memory_per_rank
 
 __all__ = [
     "checkpoint_mismatches",
@@ -31,10 +32,21 @@ __all__ = [
     "mixed_precision_experiment",
     "reshard_experiment",
     "shard_layers",
+    "smallest_world_size",
     "traffic",
 ]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+i18n.register({
+    "memory_share": {"ja": "1 ランクのメモリ / DDP のメモリ",
+                     "en": "memory per rank / DDP's"},
+    "when_to_shard_title": {"ja": "モデル状態のメモリ (Adam、float32)",
+                            "en": "Model-state memory (Adam, float32)"},
+    # gb: the budget per rank in GB (1e9 bytes); billions: the model's parameters
+    "budget_line": {"ja": "予算: 1 ランク {gb:g} GB ({billions:g}B パラメータのモデル)",
+                    "en": "budget: {gb:g} GB per rank ({billions:g}B-parameter model)"},
+})
 
 
 def layer_units(model: nn.Module) -> list[nn.Module | list[nn.Module]]:
@@ -219,3 +231,22 @@ def load_checkpoint(model: nn.Module, path: str | Path) -> nn.Module:
         dcp.load(state, checkpoint_id=str(path))
     model.load_state_dict(state)
     return model
+
+
+def smallest_world_size(params: float, budget_bytes: float, stage: str,
+                        most: int = 4096, **byte_counts: int) -> int | None:
+    """The fewest ranks on which `stage` keeps a model's states within a budget.
+
+    Model states only (parameters, gradients, optimizer state, by
+    `sharding.memory_per_rank(params, n, **byte_counts)`), per rank; None when
+    no world size up to `most` does (a stage that keeps something whole never
+    gets below that part, however many ranks).
+    """
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+    if budget_bytes <= 0 or most < 1:
+        raise ValueError(f"need budget_bytes > 0 and most >= 1, got {budget_bytes}, "
+                         f"{most}")
+    return next((n for n in range(1, most + 1)
+                 if memory_per_rank(params, n, **byte_counts)[stage] <= budget_bytes),
+                None)

@@ -337,13 +337,14 @@ def memory_vs_world_size(formula: Mapping[str, tuple[Sequence[int], Sequence[flo
     `formula` maps a stage to (world sizes, values); `measured` a stage to its
     (world size, value) measured on the ranks, drawn as a large marker of the
     stage's colour; the legend says which is which. `budget` = (value, label)
-    draws a dashed horizontal line. `ylabel` and `title` are message keys.
+    draws a dashed horizontal line. `ylabel` and `title` are message keys. The
+    x axis is logarithmic, labelled at the world sizes that are powers of 2.
     """
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter
 
     def build():
-        fig, ax = plt.subplots(figsize=(7.5, 4))
+        fig, ax = plt.subplots(figsize=(7, 4.5))
         colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
         handles = []
         for i, (stage, (xs, ys)) in enumerate(formula.items()):
@@ -363,11 +364,13 @@ def memory_vs_world_size(formula: Mapping[str, tuple[Sequence[int], Sequence[flo
                            label=t("measured_on_ranks",
                                    n=", ".join(f"{n:g}" for n in sorted(sizes))))]
         _decorate(ax, "world_size", ylabel, title, True, True)
-        ticks = sorted({x for xs, _ in formula.values() for x in xs})
+        ticks = sorted({x for xs, _ in formula.values() for x in xs
+                        if x >= 1 and int(x) & (int(x) - 1) == 0 and x == int(x)})
         ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
         ax.xaxis.set_minor_locator(plt.NullLocator())
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.02, 0.5))
+        # Bottom left stays empty: every line starts at the top left.
+        ax.legend(handles=handles, loc="lower left", fontsize="small")
         fig.tight_layout()
         return fig
 
