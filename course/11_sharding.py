@@ -874,6 +874,57 @@ for stage, row in memory_table.items():
 assert measured["ZeRO-3"] < measured["ZeRO-2"] < measured["ZeRO-1"] < measured["DDP"]
 
 # %% [markdown] lang="ja"
+# ## 演習: 1 ステップで送るバイト数を予測する
+#
+# シャードはメモリを減らしますが、そのぶん通信が増えるのでしょうか。
+# `bytes_sent_per_rank(params, world_size, stage)` を書いてください。Ψ 個のパラメータのモデルを fp32 で
+# 学習するとき、1 ステップの集団通信で 1 つのランクが送るバイト数を返します (受け取るバイト数は数えません)。
+#
+# - 集団通信はリングで行うとします (レッスン 05)。S バイトの reduce-scatter でも all-gather でも、各ランクは
+#   (N − 1)/N × S を送ります (自分の部分は送りません)。
+# - 各ステージがどの集団通信を呼ぶかは、上の `DDPAdam`、`Zero1`、`Zero2`、`Zero3` に書いてあります。
+# - パディングは数えません。
+#
+# 確認のセルは、Ψ = 10〜75 億、N = 1〜64 で、答えをリングの式と比べます。次の節では、各ステージの集団通信を
+# 実際に記録して数えます。この関数はカーネルで実行されます。
+
+# %% [markdown] lang="en"
+# ## Exercise: predict the bytes sent per step
+#
+# Sharding saves memory: does it cost more communication? Write
+# `bytes_sent_per_rank(params, world_size, stage)`: training a model of Ψ parameters in
+# fp32, the bytes one rank sends in a step's collectives (the bytes it receives are not
+# counted).
+#
+# - The collectives run as rings (lesson 05): in a reduce-scatter or an all-gather of S
+#   bytes each rank sends (N − 1)/N × S (everything but its own piece).
+# - Which collectives each stage calls, `DDPAdam`, `Zero1`, `Zero2` and `Zero3` above
+#   show.
+# - Padding is not counted.
+#
+# The check compares your answer with the ring's formula for Ψ from 10 to 7.5 billion
+# and N from 1 to 64. The next section records each stage's collectives and counts
+# them. The function runs in the kernel.
+
+# %% tags=["exercise"]
+def bytes_sent_per_rank(params, world_size, stage):
+    """Bytes one rank sends in the ring collectives of a training step, in fp32."""
+    return None  # TODO: the stage's collectives, and what each makes one rank send
+
+# %% tags=["solution"]
+def bytes_sent_per_rank(params, world_size, stage):
+    """Bytes one rank sends in the ring collectives of a training step, in fp32."""
+    whole = 4 * params  # the whole fp32 gradient, or the whole parameters
+    half = (world_size - 1) / world_size * whole  # a reduce-scatter or an all-gather
+    return {"DDP": 2 * half,  # an all-reduce: a reduce-scatter, then an all-gather
+            "ZeRO-1": 2 * half,  # gradients reduce-scattered, parameters all-gathered
+            "ZeRO-2": 2 * half,  # the same two collectives
+            "ZeRO-3": 3 * half}[stage]  # the parameters gathered again for backward
+
+# %%
+exercises.grade_bytes_sent(bytes_sent_per_rank)
+
+# %% [markdown] lang="ja"
 # ## 1 ステップで送るバイト数
 #
 # 各ステージが 1 ステップで呼ぶ集団通信を、`comm_counting.CollectiveLog` で記録します。記録する
@@ -1013,6 +1064,16 @@ for stage in ("ZeRO-1", "ZeRO-2", "ZeRO-3"):
     print(f"rank {rank}, {stage}: collectives alone {comm_time[stage][0] * 1e6:.0f} us, "
           f"model {predicted * 1e6:.0f} us ({comm_time[stage][0] / predicted - 1:+.0%}); "
           f"inside the step {in_step * 1e6:.0f} us")
+for stage, (alone, predicted, _) in comm_time.items():
+    assert 0.5 <= alone / predicted <= 20, stage  # the model's error, bounded under load
+assert comm_time["ZeRO-3"][0] >= 1.5 * comm_time["ZeRO-1"][0]  # 9 calls and 1.5x bytes
+
+# One collective alone, 256 KiB: gloo's reduce-scatter is no half of an all-reduce here.
+big = {op: replay([{"op": op, "bytes": 2**18}]) for op in ("reduce_scatter", "all_gather")}
+big["all_reduce"] = comm.allreduce_time(2**16, repeat=9)
+print(f"rank {rank}, 256 KiB alone: " + ", ".join(f"{op} {t * 1e6:.0f} us"
+                                                   for op, t in big.items()))
+assert big["reduce_scatter"] > big["all_reduce"]
 
 # %% [markdown] lang="ja"
 # ## FSDP2: fully_shard

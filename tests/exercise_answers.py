@@ -1184,3 +1184,82 @@ def bytes_per_rank_ddp_only(params, world_size, stage):
 
 def bytes_per_rank_todo(params, world_size, stage):
     return None
+
+
+# 11: the bytes one rank sends per step, ring collectives
+
+
+def bytes_sent_per_rank(params, world_size, stage):
+    S = 4 * params  # the fp32 gradient, or the fp32 parameters
+    half = (world_size - 1) / world_size * S  # a ring reduce-scatter or all-gather
+    return {"DDP": 2 * half, "ZeRO-1": 2 * half, "ZeRO-2": 2 * half,
+            "ZeRO-3": 3 * half}[stage]
+
+
+def _sent_with(params, world_size, stage, calls=None, share=None, value_bytes=4):
+    """Halves per stage (an all-reduce is 2), each `share` of the buffer."""
+    calls = calls or {"DDP": 2, "ZeRO-1": 2, "ZeRO-2": 2, "ZeRO-3": 3}
+    share = (world_size - 1) / world_size if share is None else share
+    return calls[stage] * share * value_bytes * params
+
+
+def bytes_sent_per_rank_whole(params, world_size, stage):
+    """Each collective sends its whole buffer from every rank."""
+    return _sent_with(params, world_size, stage, share=1)
+
+
+def bytes_sent_per_rank_buffers(params, world_size, stage):
+    """CollectiveLog's bytes: each collective's buffer, S."""
+    return _sent_with(params, world_size, stage, share=1,
+                      calls={"DDP": 1, "ZeRO-1": 2, "ZeRO-2": 2, "ZeRO-3": 3})
+
+
+def bytes_sent_per_rank_received_too(params, world_size, stage):
+    return 2 * bytes_sent_per_rank(params, world_size, stage)
+
+
+def bytes_sent_per_rank_all_reduce_once(params, world_size, stage):
+    """DDP's all-reduce counted as one pass over the buffer."""
+    return _sent_with(params, world_size, stage,
+                      calls={"DDP": 1, "ZeRO-1": 2, "ZeRO-2": 2, "ZeRO-3": 3})
+
+
+def bytes_sent_per_rank_no_regather(params, world_size, stage):
+    return _sent_with(params, world_size, stage,
+                      calls={"DDP": 2, "ZeRO-1": 2, "ZeRO-2": 2, "ZeRO-3": 2})
+
+
+def bytes_sent_per_rank_stage3_all_reduce(params, world_size, stage):
+    """Stage 3's gradients all-reduced, then two all-gathers."""
+    return _sent_with(params, world_size, stage,
+                      calls={"DDP": 2, "ZeRO-1": 2, "ZeRO-2": 2, "ZeRO-3": 4})
+
+
+def bytes_sent_per_rank_all_reduce_kept(params, world_size, stage):
+    """Stages 1 and 2 as DDP's all-reduce plus the parameters' all-gather."""
+    return _sent_with(params, world_size, stage,
+                      calls={"DDP": 2, "ZeRO-1": 3, "ZeRO-2": 3, "ZeRO-3": 3})
+
+
+def bytes_sent_per_rank_no_gather(params, world_size, stage):
+    """Stages 1 and 2 with the reduce-scatter only."""
+    return _sent_with(params, world_size, stage,
+                      calls={"DDP": 2, "ZeRO-1": 1, "ZeRO-2": 1, "ZeRO-3": 3})
+
+
+def bytes_sent_per_rank_sharded(params, world_size, stage):
+    """Sharding taken to divide the traffic too."""
+    sent = bytes_sent_per_rank(params, world_size, stage)
+    return sent if stage == "DDP" else sent / world_size
+
+
+def bytes_sent_per_rank_fp16(params, world_size, stage):
+    return _sent_with(params, world_size, stage, value_bytes=2)
+
+
+def bytes_sent_per_rank_bits(params, world_size, stage):
+    return 8 * bytes_sent_per_rank(params, world_size, stage)
+
+
+def bytes_sent_per_rank_constant(params, world_size, stage):
+    return 1.0

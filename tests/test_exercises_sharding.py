@@ -169,16 +169,20 @@ def _lesson_cell(tag, defines):
     return source
 
 
-def test_the_lessons_bytes_per_rank_passes_and_its_exercise_is_still_none(capsys):
+@pytest.mark.parametrize(("name", "check"), [
+    ("bytes_per_rank", exercises.grade_bytes_per_rank),
+    ("bytes_sent_per_rank", exercises.grade_bytes_sent)])
+def test_the_lessons_kernel_exercise_passes_and_is_still_none_as_handed_out(
+        capsys, name, check):
     for tag, passes in [("solution", True), ("exercise", False)]:
         namespace = {}
-        exec(_lesson_cell(tag, "bytes_per_rank"), namespace)
+        exec(_lesson_cell(tag, name), namespace)
         if passes:
-            exercises.grade_bytes_per_rank(namespace["bytes_per_rank"])
+            check(namespace[name])
             assert "Correct" in capsys.readouterr().out
         else:
             with wrong("ex_fill_in"):
-                exercises.grade_bytes_per_rank(namespace["bytes_per_rank"])
+                check(namespace[name])
 
 
 def test_the_lessons_gradient_shard_passes_and_its_exercise_is_still_none(ranks,
@@ -195,3 +199,59 @@ def test_the_lessons_gradient_shard_passes_and_its_exercise_is_still_none(ranks,
         else:
             with wrong("ex_fill_in"):
                 exercises.grade_gradient_shard(ranks)
+
+
+# The bytes one rank sends per step
+
+
+def test_bytes_sent_passes_the_ring(capsys):
+    exercises.grade_bytes_sent(answers.bytes_sent_per_rank)
+    assert "DDP 59.1 GB, ZeRO-1 59.1 GB, ZeRO-2 59.1 GB, ZeRO-3 88.6 GB: stages 1 " \
+           "and 2 what DDP sends, stage 3 1.5 times as much" in capsys.readouterr().out
+    labkit.set_lang("ja")
+    exercises.grade_bytes_sent(answers.bytes_sent_per_rank)
+    assert "ZeRO-3 88.6 GB を送ります。ステージ 1 と 2 は DDP と同じで、" \
+           "ステージ 3 は 1.5 倍です。" in capsys.readouterr().out
+
+
+SENT_MISTAKES = [
+    ("whole", "ex_sent_hint_whole", "each rank sends (N − 1)/N of the buffer",
+     "(N − 1)/N を送ります"),
+    ("buffers", "ex_sent_hint_buffer", "the size of the collectives' buffers",
+     "集団通信のバッファの大きさ"),
+    ("received_too", "ex_sent_hint_received", "count what it sends only",
+     "送るほうだけを数えます"),
+    ("all_reduce_once", "ex_sent_hint_all_reduce",
+     'bytes_sent_per_rank(7,500,000,000, 64, "DDP") = 29,531,250,000, but the formula '
+     "gives 59,062,500,000 bytes. Right for ZeRO-1, ZeRO-2, ZeRO-3. Hint: an "
+     "all-reduce is a reduce-scatter followed by an all-gather",
+     "合っているのは ZeRO-1、ZeRO-2、ZeRO-3 です。ヒント: all-reduce は"),
+    ("no_regather", "ex_sent_hint_no_regather", "all-gathers them again before the "
+     "backward pass", "逆伝播の前にもう一度 all-gather します"),
+    ("stage3_all_reduce", "ex_sent_hint_stage3_all_reduce",
+     "stage 3 sends the gradients with a reduce-scatter too", "ステージ 3 でも勾配は "
+     "reduce-scatter で送ります"),
+    ("all_reduce_kept", "ex_sent_hint_all_reduce_kept",
+     "with a reduce-scatter instead of the all-reduce", "all-reduce の代わりに"),
+    ("no_gather", "ex_sent_hint_no_gather", "an all-gather hands it the parameters",
+     "all-gather で受け取ります"),
+    ("sharded", "ex_sent_hint_divided", "sharding saves memory, not traffic",
+     "シャードで減るのはメモリで、通信は減りません"),
+    ("fp16", "ex_sent_hint_fp16", "a gradient or parameter value takes 4 bytes",
+     "1 つ 4 バイトです"),
+    ("bits", "ex_sent_hint_bits", "return bytes, not bits", "ビットではなく"),
+    ("constant", "ex_sent_hint_formula", "DDP makes an all-reduce (both)",
+     "DDP は all-reduce (その 2 つ分)"),
+]
+
+
+@pytest.mark.parametrize(("mistake", "key", "en", "ja"), SENT_MISTAKES)
+def test_bytes_sent_names_each_mistake(mistake, key, en, ja):
+    answer = getattr(answers, f"bytes_sent_per_rank_{mistake}")
+    with wrong(key) as caught:
+        exercises.grade_bytes_sent(answer)
+    assert en in str(caught.value)
+    labkit.set_lang("ja")
+    with wrong(key) as caught:
+        exercises.grade_bytes_sent(answer)
+    assert ja in str(caught.value)

@@ -31,6 +31,7 @@ from .l10_troubleshooting import (
 )
 from .l11_sharding import (
     grade_bytes_per_rank,
+    grade_bytes_sent,
     grade_gradient_shard,
     grade_zero3_frees,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "grade_average_gradients",
     "grade_bucket_count",
     "grade_bytes_per_rank",
+    "grade_bytes_sent",
     "grade_chunk_sizes",
     "grade_evaluation",
     "grade_exact_mean",

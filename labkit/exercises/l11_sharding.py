@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .. import models, sharding
+from .. import comm, models, sharding
 from ..i18n import get_lang, t
 from .feedback import WrongAnswer, register, right
 
 if TYPE_CHECKING:
     from ..cluster import Ranks
 
-__all__ = ["grade_bytes_per_rank", "grade_gradient_shard", "grade_zero3_frees"]
+__all__ = ["grade_bytes_per_rank", "grade_bytes_sent", "grade_gradient_shard",
+           "grade_zero3_frees"]
 
 register({  # key: (ja, en)
     "ex_rs_undefined": (
@@ -457,11 +458,12 @@ def _agrees(got: float, want: float) -> bool:
     return math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9)
 
 
-def _per_stage(fn: Callable, name: str, truth: Callable,
-               formula_mistakes: tuple, stage_mistakes: tuple) -> dict:
+def _per_stage(fn: Callable, name: str, truth: Callable, formula_mistakes: tuple,
+               stage_mistakes: tuple, fallback: str) -> dict:
     """`fn(params, world_size, stage)` for every stage and case, as {(Ψ, N, stage):
     answer}, once all agree with `truth`; else WrongAnswer for the first stage that
-    does not, with the hint of the first mistake all its answers match."""
+    does not, with the hint of the first mistake all its answers match, or
+    `fallback`."""
     answers = {}
     for stage in sharding.STAGES:
         for params, n in _BYTES_CASES:
@@ -480,7 +482,7 @@ def _per_stage(fn: Callable, name: str, truth: Callable,
         hint = next((key for key, rule in formula_mistakes
                      if _matches(rule, answers, sharding.STAGES)), None) or next(
             (key for key, rule in stage_mistakes + formula_mistakes
-             if _matches(rule, answers, (stage,))), "ex_bytes_hint_formula")
+             if _matches(rule, answers, (stage,))), fallback)
         separator = "、" if get_lang() == "ja" else ", "
         right_for = t("ex_bytes_right_for", stages=separator.join(right_stages)) \
             if right_stages else ""
@@ -507,8 +509,136 @@ def grade_bytes_per_rank(fn: Callable) -> None:
     formula with the bytes measured on its ranks, padding included, itself.
     """
     answers = _per_stage(fn, "bytes_per_rank", _bytes, _FORMULA_MISTAKES,
-                         _STAGE_MISTAKES)
+                         _STAGE_MISTAKES, "ex_bytes_hint_formula")
     right("ex_bytes_ok", table=_gigabytes(answers))
+
+
+# --- exercise 4: the bytes sent per step ---
+
+register({  # key: (ja, en)
+    "ex_sent_hint_whole": (
+        "リングでは、reduce-scatter と all-gather のそれぞれで、各ランクはバッファの "
+        "(N − 1)/N を送ります (自分の部分は送りません)。all-reduce はその 2 つ分です。",
+        "in a ring each rank sends (N − 1)/N of the buffer in a reduce-scatter and "
+        "again in an all-gather (never its own piece); an all-reduce is both."),
+    "ex_sent_hint_buffer": (
+        "それは集団通信のバッファの大きさ (`CollectiveLog` の \"bytes\") です。"
+        "1 つのランクが送るのは、リングの reduce-scatter と all-gather でそれぞれ"
+        "その (N − 1)/N です。",
+        "that is the size of the collectives' buffers (`CollectiveLog`'s \"bytes\"); "
+        "one rank sends (N − 1)/N of it in a ring reduce-scatter, and again in an "
+        "all-gather."),
+    "ex_sent_hint_received": (
+        "送るバイトと受け取るバイトを両方数えています。リングでは、各ランクは送るのと"
+        "同じだけ受け取ります。送るほうだけを数えます。",
+        "you count the bytes received as well as those sent. In a ring each rank "
+        "receives as much as it sends: count what it sends only."),
+    "ex_sent_hint_all_reduce": (
+        "all-reduce は reduce-scatter と all-gather を続けたものなので、各ランクは "
+        "2(N − 1)/N × 4Ψ バイトを送ります。",
+        "an all-reduce is a reduce-scatter followed by an all-gather: each rank sends "
+        "2(N − 1)/N × 4Ψ bytes."),
+    "ex_sent_hint_no_regather": (
+        "ステージ 3 は、順伝播のあとで集めたパラメータを解放するので、逆伝播の前に"
+        "もう一度 all-gather します。all-gather 2 回と reduce-scatter 1 回です。",
+        "stage 3 frees the gathered parameters after the forward pass, so it "
+        "all-gathers them again before the backward pass: two all-gathers and one "
+        "reduce-scatter."),
+    "ex_sent_hint_all_reduce_kept": (
+        "ステージ 1 と 2 は、all-reduce の代わりに reduce-scatter で勾配を送ります。"
+        "reduce-scatter と all-gather を合わせて、DDP の all-reduce と同じバイト数"
+        "です。",
+        "stages 1 and 2 send the gradients with a reduce-scatter instead of the "
+        "all-reduce: the reduce-scatter and the all-gather together send what DDP's "
+        "all-reduce sends."),
+    "ex_sent_hint_no_gather": (
+        "Adam のあと、各ランクは自分のシャードしか更新していません。ほかのランクが"
+        "更新したパラメータは all-gather で受け取ります (それも送るバイトです)。",
+        "after Adam each rank has updated only its own shard; an all-gather hands it "
+        "the parameters the others updated (and sends bytes too)."),
+    "ex_sent_hint_stage3_all_reduce": (
+        "ステージ 3 でも勾配は reduce-scatter で送ります (all-reduce ではありません)。"
+        "all-gather 2 回と reduce-scatter 1 回です。",
+        "stage 3 sends the gradients with a reduce-scatter too, not an all-reduce: "
+        "two all-gathers and one reduce-scatter."),
+    "ex_sent_hint_divided": (
+        "シャードで減るのはメモリで、通信は減りません。どのステップでも、勾配の全体と"
+        "パラメータの全体がランクの間を行き来します。",
+        "sharding saves memory, not traffic: every step still moves the whole "
+        "gradient and the whole parameters between the ranks."),
+    "ex_sent_hint_fp16": (
+        "ここは fp32 の学習です。勾配もパラメータも 1 つ 4 バイトです。",
+        "this is fp32 training: a gradient or parameter value takes 4 bytes."),
+    "ex_sent_hint_bits": ("ビットではなくバイトで返します。",
+                          "return bytes, not bits."),
+    "ex_sent_hint_formula": (
+        "S = 4Ψ とすると、リングの reduce-scatter と all-gather は、各ランクが "
+        "(N − 1)/N × S を送ります。DDP は all-reduce (その 2 つ分)、ステージ 1 と 2 は "
+        "reduce-scatter と all-gather、ステージ 3 は all-gather 2 回と reduce-scatter "
+        "1 回です。",
+        "with S = 4Ψ, each rank sends (N − 1)/N × S in a ring reduce-scatter or "
+        "all-gather. DDP makes an all-reduce (both), stages 1 and 2 a reduce-scatter "
+        "and an all-gather, stage 3 two all-gathers and a reduce-scatter."),
+    "ex_sent_ok": (
+        "Ψ = 10〜75 億、N = 1〜64 のどの組み合わせでも、4 つのステージがリングの"
+        "式と一致しました。75 億パラメータ、64 ランクでは、1 ステップに各ランクが "
+        "{table} を送ります。ステージ 1 と 2 は DDP と同じで、ステージ 3 は 1.5 倍"
+        "です。",
+        "All four stages agree with the ring's bytes for Ψ from 10 to 7.5 billion and "
+        "N from 1 to 64. For 7.5 billion parameters on 64 ranks, each rank sends per "
+        "step {table}: stages 1 and 2 what DDP sends, stage 3 1.5 times as much."),
+})
+
+# The collectives of one step, each over the whole fp32 gradient or parameters.
+_COLLECTIVES = {"DDP": {"all_reduce": 1},
+                "ZeRO-1": {"reduce_scatter": 1, "all_gather": 1},
+                "ZeRO-2": {"reduce_scatter": 1, "all_gather": 1},
+                "ZeRO-3": {"reduce_scatter": 1, "all_gather": 2}}
+
+
+def _sent(params: float, n: int, stage: str, value_bytes: int = 4,
+          collectives: dict | None = None, share: float | None = None) -> float:
+    """Bytes one rank sends in a step's ring collectives: an all-reduce sends
+    ring_factor(n) of its buffer, a reduce-scatter or an all-gather half that."""
+    half = comm.ring_factor(n) / 2 if share is None else share
+    calls = _COLLECTIVES[stage] if collectives is None else collectives
+    return sum(count * (2 if op == "all_reduce" else 1) * half * value_bytes * params
+               for op, count in calls.items())
+
+
+_SENT_FORMULA_MISTAKES: tuple[tuple[str, Callable], ...] = (
+    ("ex_sent_hint_whole", lambda p, n, s: _sent(p, n, s, share=1)),
+    ("ex_sent_hint_buffer", lambda p, n, s: _sent(p, n, s, share=1) if s != "DDP"
+     else 4 * p),
+    ("ex_sent_hint_received", lambda p, n, s: 2 * _sent(p, n, s)),
+    ("ex_sent_hint_divided", lambda p, n, s: _sent(p, n, s) / n),
+    ("ex_sent_hint_fp16", lambda p, n, s: _sent(p, n, s, value_bytes=2)),
+    ("ex_sent_hint_bits", lambda p, n, s: _sent(p, n, s) * 8),
+    ("ex_bytes_hint_gb", lambda p, n, s: _sent(p, n, s) / 1e9),
+    ("ex_bytes_hint_values", lambda p, n, s: _sent(p, n, s) / 4),
+)
+_SENT_STAGE_MISTAKES: tuple[tuple[str, Callable], ...] = (
+    ("ex_sent_hint_all_reduce", lambda p, n, s: _sent(p, n, s, collectives={
+        "reduce_scatter": 1}) if s == "DDP" else None),
+    ("ex_sent_hint_no_regather",
+     lambda p, n, s: _sent(p, n, "ZeRO-2") if s == "ZeRO-3" else None),
+    ("ex_sent_hint_stage3_all_reduce", lambda p, n, s: _sent(p, n, s, collectives={
+        "all_reduce": 1, "all_gather": 2}) if s == "ZeRO-3" else None),
+    ("ex_sent_hint_all_reduce_kept", lambda p, n, s: _sent(p, n, s, collectives={
+        "all_reduce": 1, "all_gather": 1}) if s in ("ZeRO-1", "ZeRO-2") else None),
+    ("ex_sent_hint_no_gather", lambda p, n, s: _sent(p, n, s, collectives={
+        "reduce_scatter": 1}) if s in ("ZeRO-1", "ZeRO-2") else None),
+    ("ex_sent_hint_divided",
+     lambda p, n, s: _sent(p, n, s) / n if s != "DDP" else None),
+)
+
+
+def grade_bytes_sent(fn: Callable) -> None:
+    """`fn(params, world_size, stage)`: bytes one rank sends in a training step's
+    ring collectives, fp32, for Ψ from 10 to 7.5e9 and N from 1 to 64 (no padding)."""
+    answers = _per_stage(fn, "bytes_sent_per_rank", _sent, _SENT_FORMULA_MISTAKES,
+                         _SENT_STAGE_MISTAKES, "ex_sent_hint_formula")
+    right("ex_sent_ok", table=_gigabytes(answers))
 
 
 # --- exercise 3 ---
