@@ -394,16 +394,16 @@ register({  # key: (ja, en)
 # (Ψ, N): large and small, N = 1, and N that does not divide Ψ.
 _BYTES_CASES = ((7_500_000_000, 64), (7_500_000_000, 1), (1_000_000, 8), (1001, 3),
                 (10, 4), (2**20, 2))
-_FP32_ADAM = {"param_bytes": 4, "grad_bytes": 4, "optimizer_bytes": 8}
 
 
 def _bytes(params: float, n: int, stage: str, **sizes: int) -> float:
-    return sharding.memory_per_rank(params, n, **(_FP32_ADAM | sizes))[stage]
+    return sharding.memory_per_rank(params, n, **(sharding.FP32_ADAM | sizes))[stage]
 
 
 def _rounded(params: int, n: int, stage: str, rounding: Callable) -> float:
     """The formula with Ψ ÷ N rounded (to whole values, as padding would)."""
-    p, g, o = (_FP32_ADAM[k] for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
+    p, g, o = (sharding.FP32_ADAM[k]
+               for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
     share = rounding(params / n)
     return {"DDP": (p + g + o) * params, "ZeRO-1": (p + g) * params + o * share,
             "ZeRO-2": p * params + (g + o) * share,
