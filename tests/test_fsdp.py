@@ -1,12 +1,22 @@
-"""labkit.fsdp: FSDP2's units, what a rank holds and sends, and its checkpoints."""
+"""labkit.fsdp, and lesson 11's FSDP2 cells as written and with one line changed.
+
+The lesson's cells are read from the built notebook, as tests/test_from_scratch.py
+reads lesson 06's: as written their assertions pass; with the broadcast
+dropped, one rank's batch wrong, or the checkpoint's load skipped, they fail.
+"""
 
 import functools
+from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 from torch import nn
 
-from labkit import fsdp, models, plots
+from labkit import cluster, fsdp, models, plots, sharding
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = ROOT / "notebooks" / "en" / "11_sharding.ipynb"
 
 
 class Tied(nn.Module):
@@ -48,6 +58,7 @@ def test_held_param_bytes_of_a_model_never_sharded_is_a_clear_error():
         fsdp.held_param_bytes(Tied())
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_a_checkpoint_loads_whole_and_one_of_another_shape_is_named(tmp_path):
     import torch.distributed.checkpoint as dcp
 
@@ -83,6 +94,20 @@ def test_the_memory_plot_says_which_points_are_measured():
         i18n.set_lang("en")
     plt.close(fig)
     assert labels == ["DDP", "ZeRO-3", "予算", "線: 式", "印: 2 ランクで実測"]
+
+
+def test_smallest_world_size_finds_where_a_stage_first_fits():
+    adam = sharding.FP32_ADAM  # 16 bytes a parameter under DDP
+    assert fsdp.smallest_world_size(100, 1600, "DDP", **adam) == 1  # exactly fits
+    assert fsdp.smallest_world_size(100, 1599, "DDP", **adam) is None
+    assert fsdp.smallest_world_size(100, 400, "ZeRO-3", **adam) == 4
+    assert fsdp.smallest_world_size(100, 399, "ZeRO-3", **adam) == 5
+    # ZeRO-2 keeps its 400 bytes of parameters whole: never under that
+    assert fsdp.smallest_world_size(100, 400, "ZeRO-2", most=10**4, **adam) is None
+    with pytest.raises(ValueError, match="stage must be one of"):
+        fsdp.smallest_world_size(100, 400, "ZeRO-4")
+    with pytest.raises(ValueError, match="budget_bytes > 0"):
+        fsdp.smallest_world_size(100, 0, "DDP")
 
 
 # --- on two ranks ---
@@ -122,3 +147,91 @@ def test_mixed_precision_gathers_bfloat16_and_reduces_float32(ranks):
         assert full["dtypes"]["output"] == "torch.float32"
         assert mixed["loss"] != full["loss"]  # computed in bfloat16 indeed
         assert abs(mixed["loss"] - full["loss"]) < 0.05 * full["loss"]
+
+
+# --- the lesson's own cells ---
+
+BROADCAST = ("        for p in model.parameters():  # fully_shard sends nothing: "
+             "start alike\n            dist.broadcast(p.data, src=0)\n")
+MY_PART = "    mine_part = slice(rank * per, (rank + 1) * per)\n"
+LOAD = ("    loaded = fsdp.load_checkpoint(models.TiedMLP(), checkpoint_dir)  "
+        "# 2 shards -> 1\n")
+
+
+def _lesson_cells() -> dict[str, str]:
+    """The cells these tests run, by what they contain; %%px cells without the magic."""
+    code = [c for c in nbformat.read(LESSON, as_version=4).cells
+            if c.cell_type == "code"]
+
+    def one(marker, solution=False):
+        found = [c.source for c in code if marker in c.source
+                 and (not solution or "solution" in c.metadata.get("tags", []))]
+        assert len(found) == 1, (marker, len(found))
+        return found[0].removeprefix("%%px\n")
+
+    return {"imports": one("from labkit import comm_counting, models, sharding"),
+            "gradient_shard": one("def shard_of_mean_gradient", solution=True),
+            "zero1": one("class Zero1:"), "zero2": one("class Zero2("),
+            "zero3_base": one("class Zero3Base:"),
+            "zero3": one("class Zero3(", solution=True),
+            "fsdp2": one("class FSDP2Adam:"), "parity": one("compared = {"),
+            "reshard": one("fsdp.reshard_experiment("),
+            "mixed": one("fsdp.mixed_precision_experiment("),
+            "save": one("dcp.save("), "load": one("fsdp.load_checkpoint(")}
+
+
+def _changed(source: str, old: str, new: str) -> str:
+    assert source.count(old) == 1, old
+    return source.replace(old, new)
+
+
+@pytest.fixture
+def lesson(ranks):
+    cells = _lesson_cells()
+    ranks.execute("import torch.distributed as dist\n"
+                  "rank, world_size = dist.get_rank(), dist.get_world_size()")
+    for name in ("imports", "gradient_shard", "zero1", "zero2", "zero3_base", "zero3",
+                 "fsdp2"):
+        ranks.execute(cells[name])
+    return cells
+
+
+def _load_in_kernel(ranks, source: str) -> dict:
+    """Run the lesson's kernel cell that loads the checkpoint; its namespace."""
+    namespace = {"ranks": ranks, "torch": torch, "fsdp": fsdp, "models": models}
+    try:
+        exec(compile(source, "lesson 11, the kernel's load", "exec"), namespace)
+    finally:  # the directory is gone, whether the cell's assertions held or not
+        assert not Path(ranks.pull("checkpoint_dir")[0]).exists()
+    return namespace
+
+
+def test_the_lesson_s_fsdp2_cells_pass_as_written(ranks, lesson):
+    for name in ("parity", "reshard", "mixed", "save"):
+        ranks.execute(lesson[name])
+    assert ranks.pull("vs_zero3") == [0.0, 0.0]
+    assert max(ranks.pull("vs_one")) <= 1e-6
+    loaded = _load_in_kernel(ranks, lesson["load"])["loaded"]
+    assert loaded.head.weight is loaded.embed.weight
+
+
+def test_fsdp2_parity_fails_when_one_rank_trains_on_the_wrong_part(ranks, lesson):
+    wrong = _changed(lesson["parity"], MY_PART, "    mine_part = slice(0, per)\n")
+    with pytest.raises(cluster.RankError, match="AssertionError"):
+        ranks.execute(wrong)  # rank 1 trains on rank 0's samples
+    assert min(ranks.pull("vs_one")) > 1e-3
+
+
+def test_fsdp2_parity_fails_without_the_broadcast(ranks, lesson):
+    ranks.execute(_changed(lesson["fsdp2"], BROADCAST, ""))
+    with pytest.raises(cluster.RankError, match="AssertionError"):
+        ranks.execute(lesson["parity"])  # each rank's shard cut from its own start
+    assert min(ranks.pull("vs_zero3")) > 1e-3
+
+
+def test_the_resharding_check_fails_when_the_load_is_skipped(ranks, lesson):
+    for name in ("parity", "save"):
+        ranks.execute(lesson[name])
+    skipped = _changed(lesson["load"], LOAD, "    loaded = models.TiedMLP()\n")
+    with pytest.raises(AssertionError, match="embed.weight"):
+        _load_in_kernel(ranks, skipped)  # a fresh random model, not the checkpoint
