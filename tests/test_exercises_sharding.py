@@ -185,10 +185,18 @@ def test_the_lessons_kernel_exercise_passes_and_is_still_none_as_handed_out(
                 check(namespace[name])
 
 
-def test_the_lessons_gradient_shard_passes_and_its_exercise_is_still_none(ranks,
-                                                                           capsys):
-    # What the lesson's first %%px cell imports on the ranks
+@pytest.fixture
+def lesson_on_ranks(ranks):
+    """The shared ranks, with what the lesson's first %%px cell imports; the
+    function the lesson defines there is removed after the test."""
     ranks.execute("import torch\nimport torch.distributed as dist")
+    yield ranks
+    ranks.execute("shard_of_mean_gradient = None\ndel shard_of_mean_gradient")
+
+
+def test_the_lessons_gradient_shard_passes_and_its_exercise_is_still_none(
+        lesson_on_ranks, capsys):
+    ranks = lesson_on_ranks
     for tag, passes in [("solution", True), ("exercise", False)]:
         source = _lesson_cell(tag, "shard_of_mean_gradient")
         assert source.startswith("%%px\n")
@@ -255,3 +263,27 @@ def test_bytes_sent_names_each_mistake(mistake, key, en, ja):
     with wrong(key) as caught:
         exercises.grade_bytes_sent(answer)
     assert ja in str(caught.value)
+
+
+# The lesson's solution, broken as the issue asks (the averaging dropped, the
+# collective skipped, the shard taken one value off), fails the lesson's check.
+BROKEN_SOLUTION = {
+    "averaging dropped": ("return shard / world_size", "return shard", "ex_rs_sum"),
+    "reduce-scatter skipped": (
+        "dist.reduce_scatter_single(shard, flat_grad)",
+        "shard.copy_(flat_grad[rank * k:(rank + 1) * k])", "ex_rs_local"),
+    "offset off by one": (
+        "dist.reduce_scatter_single(shard, flat_grad)",
+        "dist.reduce_scatter_single(shard, flat_grad.roll(-1))", "ex_rs_shifted"),
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN_SOLUTION)
+def test_the_lessons_gradient_shard_broken_fails_its_check(lesson_on_ranks, broken):
+    old, new, key = BROKEN_SOLUTION[broken]
+    source = _lesson_cell("solution", "shard_of_mean_gradient")
+    assert source.count(old) == 1
+    ranks = lesson_on_ranks
+    ranks.execute(source.replace(old, new).removeprefix("%%px\n"))
+    with wrong(key):
+        exercises.grade_gradient_shard(ranks)
