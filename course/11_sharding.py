@@ -1064,16 +1064,27 @@ for stage in ("ZeRO-1", "ZeRO-2", "ZeRO-3"):
     print(f"rank {rank}, {stage}: collectives alone {comm_time[stage][0] * 1e6:.0f} us, "
           f"model {predicted * 1e6:.0f} us ({comm_time[stage][0] / predicted - 1:+.0%}); "
           f"inside the step {in_step * 1e6:.0f} us")
-for stage, (alone, predicted, _) in comm_time.items():
-    assert 0.5 <= alone / predicted <= 20, stage  # the model's error, bounded under load
-assert comm_time["ZeRO-3"][0] >= 1.5 * comm_time["ZeRO-1"][0]  # 9 calls and 1.5x bytes
 
-# One collective alone, 256 KiB: gloo's reduce-scatter is no half of an all-reduce here.
-big = {op: replay([{"op": op, "bytes": 2**18}]) for op in ("reduce_scatter", "all_gather")}
-big["all_reduce"] = comm.allreduce_time(2**16, repeat=9)
-print(f"rank {rank}, 256 KiB alone: " + ", ".join(f"{op} {t * 1e6:.0f} us"
-                                                   for op, t in big.items()))
-assert big["reduce_scatter"] > big["all_reduce"]
+# %% [markdown] lang="ja"
+# バイト数は式のとおりで、上のセルが確かめています。時間はそうはいきません。ここでの集団通信は数 KB
+# から数十 KB と短く、時間はほぼ待ち時間 (α) で決まります。モデルは、2 ランクのリングの
+# reduce-scatter と all-gather を、それぞれ all-reduce の半分 (1 ステップの α) とします。このマシン
+# (gloo、CPU、ほかのノートブックと同時) で何度か測ると、集団通信だけを続けて呼んだ時間 (collectives
+# alone) はモデルの 1.4 倍から 10 倍でした。同じ集団通信を呼ぶ ZeRO-1 と ZeRO-2 でも、実行によって
+# 7 倍違うことがありました。それで、このセルは時間とモデルの誤差を表示するだけで、確かめるのは
+# バイト数です (時間はベンチマークで、交互に測ります)。ステップの中で測った時間
+# (inside the step) には、もう一方のランクが来るのを待つ時間も入ります。
+
+# %% [markdown] lang="en"
+# The bytes follow the formula, and the cell above asserts them. Time does not: these
+# collectives are short (kilobytes to tens of kilobytes), so their time is almost all
+# latency (α). The model prices a 2-rank ring reduce-scatter or all-gather at half an
+# all-reduce (one step's α). Measured several times on this machine (gloo, CPU, with
+# other notebooks running), the collectives alone took 1.4 to 10 times the model's
+# time, and ZeRO-1 and ZeRO-2, which call the same collectives, differed up to 7-fold
+# between runs. So this cell prints the time and the model's error, and asserts the
+# bytes (the benchmark measures time, interleaved). Timed inside the step, a collective
+# also includes waiting for the other rank to arrive.
 
 # %% [markdown] lang="ja"
 # ## FSDP2: fully_shard
