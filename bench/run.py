@@ -1,11 +1,11 @@
 """Benchmarks of the course: launch, loop overhead, scaling, cost model, course time.
 
-    python bench/run.py [--quick] [--only course] --json FILE [--record]
+    python bench/run.py [--quick] [--only course|sharding] --json FILE [--record]
 
 Speed lives here, never in tests. Alternatives are measured side by side in
 one run and reported as ratios, since the machine is shared and noisy.
 --record rewrites the table in bench/README.md with this run's figures; with
---only course, only the course's rows.
+--only course or --only sharding, only those rows.
 """
 
 from __future__ import annotations
@@ -379,6 +379,131 @@ def levers_table(ranks, steps: int) -> dict:
     return {"levers": table, "levers_model_max_rel_error": max(errors.values())}
 
 
+# Lesson 11's trainers, by the class each of its cells defines; the cells that
+# define them, in the order they run (a %%px cell's source, as the notebook has it).
+SHARDING_TRAINERS = {"DDP": "DDPAdam", "ZeRO-1": "Zero1", "ZeRO-2": "Zero2",
+                     "ZeRO-3": "Zero3", "FSDP2": "FSDP2Adam"}
+SHARDING_CELLS = [("from labkit import comm_counting, models, sharding", False),
+                  ("def shard_of_mean_gradient", True), ("class DDPAdam:", False),
+                  ("class Zero1:", False), ("class Zero2(", False),
+                  ("class Zero3Base:", False), ("class Zero3(", True),
+                  ("class FSDP2Adam:", False)]
+
+
+def sharding_cells() -> list[str]:
+    """Lesson 11's cells that define its trainers, from the built notebook.
+
+    Each is found by what it contains; where an exercise and its solution both
+    contain it, the solution (tagged "solution") is the one the lesson runs.
+    """
+    import nbformat
+
+    notebook = ROOT / "notebooks" / "en" / "11_sharding.ipynb"
+    code = [c for c in nbformat.read(notebook, as_version=4).cells
+            if c.cell_type == "code"]
+    sources = []
+    for marker, solution in SHARDING_CELLS:
+        found = [c.source for c in code if marker in c.source and
+                 (not solution or "solution" in c.metadata.get("tags", []))]
+        if len(found) != 1:
+            raise RuntimeError(f"{notebook.name}: {len(found)} cells contain {marker!r}"
+                               f"{' (tagged solution)' if solution else ''}, not 1")
+        sources.append(found[0].removeprefix("%%px\n"))
+    return sources
+
+
+def trainer_steps(trainers: dict[str, str], rounds: int, hidden: int = 1024,
+                  depth: int = 3, per_rank: int = 64) -> dict:
+    """On each rank: lesson 11's trainers taking turns, a step each, on the large MLP.
+
+    `trainers` maps a name to the class a lesson cell defined in this rank's
+    namespace. Per trainer: the median step time over `rounds` interleaved
+    rounds (after two untimed), and one more step's collectives, each call's
+    op and bytes, as CollectiveLog saw them. Torch's DDP gets a comm hook
+    (CommCounter, which all-reduces as DDP's default does): its C++ reducer
+    would call the process group past the log, the hook calls dist.all_reduce.
+    """
+    import functools
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    import __main__  # the ranks' namespace, where the lesson's cells ran
+    from labkit import comm_counting, models, timing
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)  # one batch for every rank: each takes its part
+    X, y = (torch.randn(per_rank * world_size, 10) for _ in range(2))
+    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+    loss_fn = models.MyLoss()
+    built = {}
+    for name, cls in trainers.items():
+        torch.manual_seed(rank)  # the trainers broadcast rank 0's start themselves
+        built[name] = getattr(__main__, cls)(models.WideMLP(hidden=hidden, depth=depth))
+        if hasattr(built[name], "ddp"):  # before its first forward, as DDP requires
+            comm_counting.CommCounter().attach(built[name].ddp)
+    steps = {name: functools.partial(t.step, X[mine], y[mine], loss_fn)
+             for name, t in built.items()}
+    times = timing.interleaved(steps, rounds=rounds, warmup=2,
+                               before=lambda _: dist.barrier())
+    calls = {}
+    for name, step in steps.items():
+        with comm_counting.CollectiveLog() as log:
+            step()
+        calls[name] = [{"op": c["op"], "bytes": c["bytes"]} for c in log.calls]
+    return {"step_s": {name: statistics.median(ts) for name, ts in times.items()},
+            "calls": calls, "params": models.count_params(
+                models.WideMLP(hidden=hidden, depth=depth))}
+
+
+def sharding_table(ranks, rounds: int) -> dict:
+    """Lesson 11's trainers on the large MLP, interleaved: step time, bytes, the model.
+
+    DDP (torch's, with Adam), the lesson's hand-written ZeRO stages 1-3 and its
+    FSDP2 class, run from the built notebook's own cells on the ranks. Per
+    trainer: each collective's calls and buffer bytes in a step (CollectiveLog's
+    measure: a reduce-scatter's input, an all-gather's output), the bytes each
+    rank sends in a ring (2(N-1)/N of an all-reduce's buffer, half that of a
+    reduce-scatter's or an all-gather's), the median step time (the slower
+    rank's), and the alpha-beta model's time for that step's collectives (alpha
+    and beta fitted on an all-reduce sweep of the same run; a reduce-scatter or
+    an all-gather priced as half an all-reduce of its buffer).
+    """
+    from labkit import comm
+
+    ranks.execute("import torch.distributed as dist\n"
+                  "rank, world_size = dist.get_rank(), dist.get_world_size()")
+    for source in sharding_cells():
+        ranks.execute(source)
+    runs = ranks.run(trainer_steps, SHARDING_TRAINERS, rounds)
+    sizes = [4**k * 1024 for k in range(2, 8)]
+    ab = comm.fit_alpha_beta(sizes, ranks.run(comm.allreduce_sweep, sizes, 5)[0], 2)
+    price = {"all_reduce": ab.time, "reduce_scatter": ab.reduce_scatter_time,
+             "all_gather": ab.all_gather_time}
+    table = {}
+    for name in SHARDING_TRAINERS:
+        calls = runs[0]["calls"][name]
+        by_op: dict[str, list[int]] = {}
+        for c in calls:
+            by_op.setdefault(c["op"], []).append(c["bytes"])
+        step_s = max(r["step_s"][name] for r in runs)
+        predicted = sum(price[c["op"]](c["bytes"], 2) for c in calls)
+        sent = sum(c["bytes"] * comm.ring_factor(2) / (1 if c["op"] == "all_reduce"
+                                                        else 2) for c in calls)
+        table[name] = {"bytes_per_step": sum(c["bytes"] for c in calls),
+                       "sent_per_rank": sent,
+                       "calls": {op: [len(b), sum(b)] for op, b in by_op.items()},
+                       "step_s": step_s, "predicted_comm_s": predicted}
+    ddp = table["DDP"]
+    for row in table.values():
+        row["sent_over_ddp"] = row["sent_per_rank"] / ddp["sent_per_rank"]
+        row["step_over_ddp"] = row["step_s"] / ddp["step_s"]
+    return {"sharding": table,
+            "sharding_alpha_beta": {"alpha": ab.alpha, "beta": ab.beta},
+            "sharding_params": runs[0]["params"], "sharding_rounds": rounds}
+
+
 def course_exec_s(lang: str) -> dict[str, float]:
     """Seconds to execute each notebook of one language, as `make course` does
     (tools/execute.py: the notebook's folder, its kernel, the same cell timeout)."""
@@ -417,10 +542,21 @@ def _machine_and_goals(results: dict) -> dict:
     return results
 
 
+def sharding_rounds(quick: bool) -> int:
+    return 20 if quick else 60
+
+
 def run(quick: bool, only: str | None = None) -> dict:
     if only == "course":
         return _machine_and_goals({"quick": quick, "only": only, **course_results()})
     from labkit import cluster
+
+    if only == "sharding":
+        ranks = cluster.start(2, activate=False)
+        results = {"quick": quick, "only": only,
+                   **sharding_table(ranks, sharding_rounds(quick))}
+        ranks.stop()
+        return _machine_and_goals(results)
 
     repeat = 5 if quick else 15
     results: dict = {"quick": quick}
@@ -430,6 +566,7 @@ def run(quick: bool, only: str | None = None) -> dict:
     results.update(ranks.run(scaling, 6 * repeat)[0])
     models = ranks.run(cost_model, 15 if quick else 27)[0]
     results.update(levers_table(ranks, 40 if quick else 100))
+    results.update(sharding_table(ranks, sharding_rounds(quick)))
     ranks.stop()
     results["nosync_model"] = models
     results["nosync_model_max_rel_error"] = max(m["max_rel_error"]
@@ -509,6 +646,48 @@ def record_course(results: dict, readme: Path) -> None:
                       + text[end:], encoding="utf-8")
 
 
+SHARDING_HEADER = "Sharded data parallelism (lesson 11"
+
+
+def _sharding_lines(results: dict) -> list[str]:
+    """The table of lesson 11's trainers, with the line that says how it was run."""
+    ab = results["sharding_alpha_beta"]
+    lines = ["", f"{SHARDING_HEADER}'s classes; the large MLP, "
+             f"{results['sharding_params']:,} parameters, 2 ranks, "
+             f"{results['sharding_rounds']} interleaved rounds; {results['date']}, "
+             f"{'--quick' if results['quick'] else 'full'}"
+             f"{', `--only sharding`' if results.get('only') == 'sharding' else ''}; "
+             f"alpha {ab['alpha'] * 1e6:.0f} us, beta {ab['beta'] / 1e9:.2f} GB/s):",
+             "", "| trainer | collectives per step: calls, buffer bytes | bytes each "
+             "rank sends | over DDP | step time (ms) | over DDP | alpha-beta "
+             "communication (ms) |", "|---|---|---|---|---|---|---|"]
+    for name, row in results["sharding"].items():
+        calls = "; ".join(f"{op} {n}, {b:,} B" for op, (n, b) in row["calls"].items())
+        lines.append(f"| {name} | {calls} | {row['sent_per_rank']:,.0f} | "
+                     f"{row['sent_over_ddp']:.3f} | {row['step_s'] * 1e3:.1f} | "
+                     f"{row['step_over_ddp']:.3f} | "
+                     f"{row['predicted_comm_s'] * 1e3:.1f} |")
+    return lines
+
+
+def record_sharding(results: dict, readme: Path) -> None:
+    """Replace only lesson 11's table in bench/README.md (add it if absent)."""
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.index(TABLE_START), text.index(TABLE_END)
+    lines = text[start + len(TABLE_START):end].strip("\n").split("\n")
+    if any(line.startswith(SHARDING_HEADER) for line in lines):
+        first = next(i for i, line in enumerate(lines)
+                     if line.startswith(SHARDING_HEADER))
+        last = first + 2  # the blank line after the header, then the table's rows
+        while last + 1 < len(lines) and lines[last + 1].startswith("|"):
+            last += 1
+        lines[first - 1:last + 1] = _sharding_lines(results)
+    else:
+        lines += _sharding_lines(results)
+    readme.write_text(text[:start + len(TABLE_START)] + "\n" + "\n".join(lines) + "\n"
+                      + text[end:], encoding="utf-8")
+
+
 def record(results: dict, readme: Path) -> None:
     """Rewrite the results table in bench/README.md."""
     m = results["machine"]
@@ -553,6 +732,7 @@ def record(results: dict, readme: Path) -> None:
         rows.append(f"| {name} | {entry['bytes_per_step']:,} | "
                     f"{entry['step_ratio']:.3f} | {entry['predicted_ratio']:.3f} | "
                     f"{entry['final_loss']:.4f} |")
+    rows += _sharding_lines(results)
     text = readme.read_text(encoding="utf-8")
     start, end = text.index(TABLE_START), text.index(TABLE_END)
     readme.write_text(text[:start + len(TABLE_START)] + "\n" + "\n".join(rows) + "\n"
@@ -562,8 +742,9 @@ def record(results: dict, readme: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
-    parser.add_argument("--only", choices=("course",),
-                        help="measure only this: course = every notebook of both "
+    parser.add_argument("--only", choices=("course", "sharding"),
+                        help="measure only this: sharding = lesson 11's trainers "
+                             "(the `sharding` table); course = every notebook of both "
                              "languages (course_exec_s_ja, course_exec_s_en)")
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--record", action="store_true",
@@ -594,7 +775,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:32s} {_cell(results[key]):>10s}   goal {goal['target']:8s} "
               f"{ {True: 'met', False: 'NOT met', None: ''}[goal['met']]}")
     if args.record:
-        (record_course if args.only == "course" else record)(
+        {"course": record_course, "sharding": record_sharding}.get(args.only, record)(
             results, ROOT / "bench" / "README.md")
     return 0
 
