@@ -525,7 +525,8 @@ assert [w.category for w in caught] == [FutureWarning, FutureWarning]
 # 確認のセルは、ランクごとに別の乱数で作った 4 つの長さの勾配でこの関数を呼び、カーネルで別に計算した
 # 平均のシャードと比べます。`comm_counting.CollectiveLog` で集団通信も記録し、送ったのが
 # reduce-scatter 1 回だけかを確かめます。和を求めてから world_size で割っても、`op=dist.ReduceOp.AVG`
-# で平均しても構いません (gloo は reduce-scatter の AVG に対応しています)。確認はこのレッスンの
+# で平均しても構いません (gloo は reduce-scatter の AVG に対応しています。確認のセルの次のセルで、
+# ビューが持つメモリとあわせて確かめます)。確認はこのレッスンの
 # 2 ランクで行うので、world_size の代わりに 2 と書いても見分けられません。
 # 関数は各ランクで定義し、下の `Zero2` がそれを呼ぶので、セルは `%%px` です。
 
@@ -550,9 +551,10 @@ assert [w.category for w in caught] == [FutureWarning, FutureWarning]
 # kernel. It records the collectives with `comm_counting.CollectiveLog` and checks
 # that one reduce-scatter is all you send. Summing then dividing by world_size and
 # averaging with `op=dist.ReduceOp.AVG` are both fine (gloo supports AVG for a
-# reduce-scatter). The check runs on this lesson's 2 ranks, so it cannot tell
-# world_size from a 2 written in its place. The function is defined on the ranks,
-# where `Zero2` below calls it, so the cell is a `%%px` cell.
+# reduce-scatter; the cell after the check shows it, and what a view holds). The
+# check runs on this lesson's 2 ranks, so it cannot tell world_size from a 2 written
+# in its place. The function is defined on the ranks, where `Zero2` below calls it,
+# so the cell is a `%%px` cell.
 
 # %% tags=["exercise"]
 # %%px
@@ -574,6 +576,20 @@ def shard_of_mean_gradient(flat_grad, rank, world_size):
 
 # %%
 exercises.grade_gradient_shard(ranks)
+
+# %%
+# %%px
+# Two facts the exercise states: gloo's reduce-scatter averages with ReduceOp.AVG
+# (the same bits as the sum halved, on 2 ranks), and a view of the flat gradient
+# holds the whole buffer's memory, where a copy holds only its own values.
+flat = torch.randn(8, generator=torch.Generator().manual_seed(rank))
+by_avg, by_sum = torch.empty(4), torch.empty(4)
+dist.reduce_scatter_single(by_avg, flat, op=dist.ReduceOp.AVG)
+dist.reduce_scatter_single(by_sum, flat)
+assert torch.equal(by_avg, by_sum / world_size)
+view = flat.chunk(world_size)[rank]
+assert sharding.held_bytes([view]) == sharding.held_bytes([flat]) == 4 * 8
+assert sharding.held_bytes([view.clone()]) == 4 * 8 // world_size
 
 # %% [markdown] lang="ja"
 # ## ZeRO ステージ 2 を手で書く
@@ -815,6 +831,8 @@ assert bitwise and diff <= 1e-6
 assert zero3.held["parameters"] == (sharding.held_bytes(zero3.shards)
                                     + sharding.held_bytes(frozen))
 assert zero3.held["gradients"] == 4 * sum(s.numel() for s in zero3.shards)
+zero3.model(batch(0)[0][:4])  # a forward pass: each layer gathered, then freed
+assert sharding.held_bytes(flat.full for flat in zero3.units) == 0
 
 # %% [markdown] lang="ja"
 # ## 各ステージが持つメモリ
@@ -985,7 +1003,7 @@ def traffic(make, steps=4):
     for _ in range(steps):
         if hook:
             hook.step()
-        with comm_counting.CollectiveLog(("reduce_scatter", "all_gather")) as log:
+        with comm_counting.CollectiveLog(("all_reduce", "reduce_scatter", "all_gather")) as log:
             trainer.step(X, y, models.MyLoss())
         per_step.append(log.calls)
     calls = [{"op": "all_reduce", "bytes": b} for b in hook.steps[-1]] if hook else log.calls
@@ -1289,7 +1307,7 @@ assert kept["held_after"]["gathered"] == freed["held_after"]["gathered"] == 0
 
 # %% [markdown] lang="ja"
 # `True` では、順伝播と逆伝播のあいだに持つのはシャードだけで、逆伝播でモデル全体をもう一度 all-gather
-# します (1 ステップで 2 回)。`False` では、集めたモデル全体 (詰め物を含むバイト数) をシャードに加えて
+# します (1 ステップで 2 回)。`False` では、集めたモデル全体 (パディングを含むバイト数) をシャードに加えて
 # 持ち、all-gather は順伝播の 1 回だけです。持ち続けたバイト数は、省いた all-gather のバイト数と
 # ちょうど同じです。`False` のステージ 3 は、送るバイト数が DDP と同じになり、そのかわりパラメータの
 # メモリは逆伝播までシャードしないのと同じになります。逆伝播のあとでは、どちらも集めたパラメータを
@@ -1436,7 +1454,7 @@ print(f"loaded {len(full_state)} tensors from 2 shards; equal to the ranks' full
 # 下の図は、Adam (float32) で学習するときのモデル状態 (パラメータ、勾配、Adam の状態) の 1 ランク
 # あたりのメモリを、DDP のメモリに対する割合で、ランクの数に対して描きます。この割合はパラメータの数に
 # よりません。線は式 (`sharding.memory_per_rank`) で、丸印は 2 ランクで測った値 (「各ステージが持つ
-# メモリ」の表) です。4 ランク以上は測っていません。式だけです。
+# メモリ」の表) です。2 ランク以外は測っていません。式だけです。
 #
 # 破線は例の予算です。130 億 (13B) パラメータのモデルは、DDP では 1 ランクに 208 GB が要ります。
 # これを 1 ランク 80 GB で学習します (活性値などは別に要るので、モデル状態だけの予算です)。
@@ -1456,8 +1474,8 @@ print(f"loaded {len(full_state)} tensors from 2 shards; equal to the ranks' full
 # state, training with Adam in float32) as a share of DDP's, against the number of
 # ranks; the share does not depend on the number of parameters. The lines are the
 # formula (`sharding.memory_per_rank`); the circles are what 2 ranks measured (the
-# table of "Memory each stage holds"). Nothing was measured on 4 or more ranks: there,
-# only the formula.
+# table of "Memory each stage holds"). Nothing was measured on other numbers of ranks:
+# there, only the formula.
 #
 # The dashed line is an example budget: a 13-billion (13B) parameter model, which needs
 # 208 GB per rank under DDP, trained with 80 GB per rank (for the model states only:

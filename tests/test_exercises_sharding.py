@@ -287,3 +287,20 @@ def test_the_lessons_gradient_shard_broken_fails_its_check(lesson_on_ranks, brok
     ranks.execute(source.replace(old, new).removeprefix("%%px\n"))
     with wrong(key):
         exercises.grade_gradient_shard(ranks)
+
+
+def test_the_cell_after_the_check_asserts_avg_and_what_a_view_holds(lesson_on_ranks):
+    cells = nbformat.read(LESSON, as_version=4).cells
+    (source,) = [c.source for c in cells if c.cell_type == "code"
+                 and "op=dist.ReduceOp.AVG" in c.source and "def " not in c.source]
+    source = source.removeprefix("%%px\n")
+    ranks = lesson_on_ranks
+    ranks.execute("from labkit import sharding")
+    ranks.execute(source)
+    # Were a view counted by its own values, or AVG a plain sum, it would fail.
+    for old, new in [("view = flat.chunk(world_size)[rank]",
+                      "view = flat.chunk(world_size)[rank].clone()"),
+                     ("op=dist.ReduceOp.AVG", "op=dist.ReduceOp.SUM")]:
+        assert source.count(old) == 1
+        with pytest.raises(cluster.RankError, match="AssertionError"):
+            ranks.execute(source.replace(old, new))
