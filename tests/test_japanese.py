@@ -125,7 +125,58 @@ def _values() -> tuple[dict[str, list], dict[tuple[str, str], list]]:
     }
     for key in ("ex_lr_not_scaled", "ex_lr_sqrt", "ex_lr_from_base", "ex_lr_start"):
         by_key[key, "got"] = [0.2]
+    by_key.update(_lesson_11_values())
     return by_name, by_key
+
+
+def _lesson_11_values() -> dict[tuple[str, str], list]:
+    """Lesson 11's graders: the reduce-scatter's cases, the tables of bytes, ZeRO-3."""
+    rs_case = [t("ex_rs_case", numel=1000, rank=0)]
+    call = t("ex_bytes_call", fn="bytes_per_rank", params=7_500_000_000, n=64,
+             stage="ZeRO-1")
+    return {
+        **{(key, "case"): rs_case for key in i18n.MESSAGES
+           if key.startswith("ex_rs_")},
+        **{(key, "numel"): [1000] for key in ("ex_rs_other_shard", "ex_rs_shifted",
+                                              "ex_rs_whole", "ex_rs_whole_mean")},
+        ("ex_rs_case", "numel"): [1000], ("ex_rs_size", "got"): [499],
+        ("ex_rs_divisor", "d"): [1000.0], ("ex_rs_not_tensor", "kind"): ["list"],
+        ("ex_rs_ok", "sizes"): ["1000, 6, 2, 8198"],
+        ("ex_rs_other_shard", "other"): [0],
+        ("ex_rs_other_shard", "values"): [t("ex_rs_span", first=500, last=999)],
+        ("ex_rs_shifted", "shift"): [1, -1],
+        ("ex_rs_shifted", "values"): [t("ex_rs_span", first=1, last=500)],
+        ("ex_rs_shifted", "want"): [t("ex_rs_span", first=0, last=499)],
+        ("ex_rs_span", "first"): [500], ("ex_rs_span", "last"): [999],
+        ("ex_rs_unseen", "ops"): ["-", "all_gather"],
+        ("ex_rs_extra", "ops"): ["all_gather"],
+        ("ex_rs_all_reduce", "count"): [1], ("ex_rs_many", "count"): [2],
+        ("ex_rs_view", "held"): [4000], ("ex_rs_view", "nbytes"): [2000],
+        ("ex_rs_all_reduce", "nbytes"): [4000],
+        ("ex_bytes_call", "fn"): ["bytes_per_rank", "bytes_sent_per_rank"],
+        ("ex_bytes_call", "params"): [7_500_000_000, 1001],
+        ("ex_bytes_call", "stage"): ["ZeRO-1", "DDP"],
+        ("ex_bytes_ok", "table"): ["DDP 120.0 GB、ZeRO-1 60.9 GB、ZeRO-2 31.4 GB、"
+                                   "ZeRO-3 1.9 GB"],
+        ("ex_sent_ok", "table"): ["DDP 59.1 GB、ZeRO-1 59.1 GB、ZeRO-2 59.1 GB、"
+                                  "ZeRO-3 88.6 GB"],
+        ("ex_bytes_right_for", "stages"): ["DDP", "DDP、ZeRO-2、ZeRO-3"],
+        ("ex_bytes_wrong", "call"): [call],
+        ("ex_bytes_wrong", "right_for"): [t("ex_bytes_right_for", stages="DDP"), ""],
+        ("ex_bytes_wrong", "got"): ["31,406,250,000", "31.4062"],
+        ("ex_bytes_wrong", "want"): ["60,937,500,000"],
+        ("ex_bytes_wrong", "hint"): [t("ex_bytes_hint_mixed"),
+                                     t("ex_sent_hint_buffer")],
+        **{(k, "when"): [t("ex_z3_forward"), t("ex_z3_backward")] for k in (
+            "ex_z3_shard_freed", "ex_z3_deleted", "ex_z3_zeroed", "ex_z3_kept")},
+        ("ex_z3_kept", "fix"): [t("ex_z3_fix_forward"), t("ex_z3_fix_backward")],
+        ("ex_z3_no_regather", "error"): [
+            "setStorage: sizes [16, 16], strides [16, 1], storage offset 0, and "
+            "itemsize 4 requiring a storage size of 1024 are out of bounds for "
+            "storage of size 0"],
+        ("ex_z3_error", "error"): ["boom"], ("ex_z3_error", "where"): [t("ex_z3_step")],
+        ("ex_z3_error", "step"): [2], ("ex_z3_ok", "shard"): [1668],
+    }
 
 
 def _fields(key: str) -> list[tuple[str, str]]:
