@@ -1214,7 +1214,8 @@ except ValueError as err:
     assert "shared" in str(err)
     print(f"rank {rank}: {err}")
 
-compared = {"FSDP2": FSDP2Adam(copy.deepcopy(tied)), "Zero3": Zero3(copy.deepcopy(tied))}
+compared = {"FSDP2": FSDP2Adam(copy.deepcopy(tied)),
+            "Zero3": Zero3(copy.deepcopy(tied))}
 reference = copy.deepcopy(tied)  # one process on the whole batch, from rank 0's start
 for p in reference.parameters():
     dist.broadcast(p.data, src=0)
@@ -1225,7 +1226,7 @@ loss_fn = nn.functional.cross_entropy
 per = 8  # samples per rank
 for step in range(5):
     torch.manual_seed(100 + step)  # the same batch on every rank
-    X, y = torch.randint(0, 33, (per * world_size,)), torch.randint(0, 33, (per * world_size,))
+    X, y = (torch.randint(0, 33, (per * world_size,)) for _ in range(2))
     mine_part = slice(rank * per, (rank + 1) * per)
     for trainer in compared.values():
         trainer.step(X[mine_part], y[mine_part], loss_fn)
@@ -1235,7 +1236,8 @@ for step in range(5):
 
 full = {name: t.full_parameters() for name, t in compared.items()}
 one = [p.detach() for p in reference.parameters()]
-vs_one = max((a - b).abs().max().item() for a, b in zip(full["FSDP2"], one, strict=True))
+vs_one = max((a - b).abs().max().item()
+             for a, b in zip(full["FSDP2"], one, strict=True))
 vs_zero3 = max((a - b).abs().max().item()
                for a, b in zip(full["FSDP2"], full["Zero3"], strict=True))
 print(f"rank {rank}: FSDP2 - one process {vs_one:.1e}, FSDP2 - Zero3 {vs_zero3:.1e}")
@@ -1243,7 +1245,7 @@ sharded = compared["FSDP2"].model
 assert sharded.head.weight is sharded.embed.weight  # still one tensor
 assert torch.equal(sharded.frozen.weight.full_tensor(), frozen_start)  # never updated
 assert vs_one <= 1e-6
-assert vs_zero3 == 0  # bit for bit: the same averaged gradients, Adam element by element
+assert vs_zero3 == 0  # bit for bit: the same mean gradients, Adam element by element
 
 # %% [markdown] lang="ja"
 # 5 ステップのあと、FSDP2 のパラメータは 1 プロセスの学習と `1e-6` 以内で等しく (差は上に表示して
@@ -1340,11 +1342,12 @@ assert kept["held_after"]["gathered"] == freed["held_after"]["gathered"] == 0
 # %%px
 mixed = fsdp.mixed_precision_experiment(models.TiedMLP, batch, loss_fn)
 fp32, bf16 = mixed["float32"], mixed["bfloat16"]
-print(f"rank {rank}: all-gathered in forward {fp32['forward']['all_gather']['bytes']:,} B "
-      f"(float32) vs {bf16['forward']['all_gather']['bytes']:,} B (bfloat16); "
+gathered = {name: run["forward"]["all_gather"]["bytes"] for name, run in mixed.items()}
+print(f"rank {rank}: all-gathered in forward {gathered['float32']:,} B "
+      f"(float32) vs {gathered['bfloat16']:,} B (bfloat16); "
       f"reduce-scattered {bf16['backward']['reduce_scatter']['bytes']:,} B; "
       f"loss {fp32['loss']:.5f} vs {bf16['loss']:.5f}; {bf16['dtypes']}")
-assert bf16["forward"]["all_gather"]["bytes"] * 2 == fp32["forward"]["all_gather"]["bytes"]
+assert gathered["bfloat16"] * 2 == gathered["float32"]
 assert bf16["backward"]["reduce_scatter"] == fp32["backward"]["reduce_scatter"]
 assert bf16["dtypes"] == {"output": "torch.bfloat16", "grads": ["torch.float32"],
                           "shards": ["torch.float32"]}
@@ -1399,7 +1402,8 @@ print(f"rank {rank}: state_dict()['embed.weight'] is a {type(entry).__name__} of
       f"{tuple(entry.shape)}; this rank holds {tuple(entry.to_local().shape)}")
 assert all(isinstance(v, DTensor) for v in sharded_state.values())
 assert entry.to_local().shape == mine["embed.weight"].chunk(world_size)[rank].shape
-full_state = get_model_state_dict(sharded, options=StateDictOptions(full_state_dict=True))
+full_state = get_model_state_dict(sharded,
+                                  options=StateDictOptions(full_state_dict=True))
 assert all(type(v) is torch.Tensor for v in full_state.values())
 assert all(full_state[k].shape == v.shape for k, v in sharded_state.items())
 
@@ -1483,7 +1487,8 @@ print(f"loaded {len(full_state)} tensors from 2 shards; equal to the ranks' full
 
 # %%
 world_sizes = range(1, 65)
-per_rank = {n: sharding.memory_per_rank(psi, n, **sharding.FP32_ADAM) for n in world_sizes}
+per_rank = {n: sharding.memory_per_rank(psi, n, **sharding.FP32_ADAM)
+            for n in world_sizes}
 formula = {stage: (world_sizes, [m[stage] / m["DDP"] for m in per_rank.values()])
            for stage in sharding.STAGES}
 on_ranks = {stage: (2, measured[stage] / measured["DDP"]) for stage in sharding.STAGES}
@@ -1540,8 +1545,9 @@ assert fits == {"DDP": None, "ZeRO-1": None, "ZeRO-2": 6, "ZeRO-3": 3}
 assert (8 * big, gb[1]["DDP"], gb[3]["ZeRO-3"]) == (104e9, 208, 69.3)
 assert (gb[5]["ZeRO-2"], gb[6]["ZeRO-2"]) == (83.2, 78)
 
-largest = {n: {stage: budget / sharding.memory_per_rank(1, n, **sharding.FP32_ADAM)[stage]
-               for stage in sharding.STAGES} for n in (2, 8, 64)}
+largest = {n: {stage: budget / per_param[stage] for stage in sharding.STAGES}
+           for n in (2, 8, 64)
+           for per_param in [sharding.memory_per_rank(1, n, **sharding.FP32_ADAM)]}
 for n, row in largest.items():
     print(f"{n:2d} ranks, largest model in {budget / 1e9:g} GB a rank: "
           + ", ".join(f"{stage} {p / 1e9:.1f}B" for stage, p in row.items()))
