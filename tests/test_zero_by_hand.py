@@ -1,0 +1,245 @@
+"""Lesson 11's ZeRO stages by hand: its cells as written, and with one line changed.
+
+The lesson defines `Zero1`, `Zero2`, `Zero3Base` and `Zero3` (the solution of
+its exercise 3) in `%%px` cells and asserts, in the cells after, that each
+trains like torch's DDP and one process, holds what its stage holds, and
+sends what its stage sends. These tests run those very cells, read from the
+built notebook, on the test engines: as written, the assertions and the
+exercise's check pass; with one of the typical mistakes put in (the gather
+skipped, the averaging dropped, a shard offset off by one, the backward
+re-gather removed, ...), the lesson's assertions fail, and the check names the
+mistakes a learner makes in exercise 3.
+"""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit import cluster, exercises, models
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = ROOT / "notebooks" / "en" / "11_sharding.ipynb"
+
+
+def _cells() -> dict[str, str]:
+    """The lesson's cells these tests run, by a line each contains (no magic line)."""
+    cells = [c for c in nbformat.read(LESSON, as_version=4).cells
+             if c.cell_type == "code"]
+
+    def find(text: str, tag: str | None = None) -> str:
+        found = [c.source for c in cells if text in c.source
+                 and (tag is None or tag in c.metadata.get("tags", []))]
+        assert len(found) == 1, (text, len(found))
+        return found[0].removeprefix("%%px\n") + "\n"
+
+    return {
+        "imports": find("from labkit import comm_counting, models, sharding"),
+        "ddp": find("class DDPAdam:"),
+        "zero1": find("class Zero1:"),
+        "helpers": find("def train(make"),
+        "check1": find("zero1 = train(Zero1)"),
+        "shard_of_mean": find("def shard_of_mean_gradient", "solution"),
+        "zero2": find("class Zero2("),
+        "check2": find("zero2 = train(Zero2)"),
+        "zero3base": find("class Zero3Base:"),
+        "zero3": find("class Zero3(", "solution"),
+        "zero3_exercise": find("class Zero3(", "exercise"),
+        "check3": find("zero3 = train(Zero3)"),
+        "memory_ddp": find("def memory_run("),
+        "memory": find("memory_table = {}"),
+        "memory_table": find('ranks.pull("memory_table")'),
+        "traffic": find("def traffic("),
+        "sent": find("def sent(calls)"),
+    }
+
+
+CELLS = _cells()
+DEFINITIONS = ("imports", "ddp", "zero1", "helpers", "shard_of_mean", "zero2",
+               "zero3base", "zero3")
+CHECKS = ("check1", "check2", "check3", "memory_ddp", "memory", "traffic", "sent")
+
+
+def _with(source: str, old: str, new: str) -> str:
+    assert source.count(old) == 1, old
+    return source.replace(old, new)
+
+
+def _define(ranks, changed: dict[str, str] | None = None) -> None:
+    """Run the lesson's definitions on the ranks, some of them changed."""
+    ranks.execute("import torch.distributed as dist\n"
+                  "rank, world_size = dist.get_rank(), dist.get_world_size()")
+    for name in DEFINITIONS:
+        ranks.execute((changed or {}).get(name, CELLS[name]))
+
+
+def _memory_table(ranks) -> None:
+    """The kernel's cell of the memory table, with what the lesson's kernel has."""
+    psi = models.count_params(models.WideMLP(10, 63, 2, 10))
+    exec(CELLS["memory_table"], {"ranks": ranks, "psi": psi})
+
+
+def test_the_lessons_stages_pass_its_assertions_and_the_check(ranks, capsys):
+    _define(ranks)
+    for name in CHECKS:
+        ranks.execute(CELLS[name])
+    _memory_table(ranks)
+    exercises.grade_zero3_frees(ranks)
+    out = capsys.readouterr().out
+    assert "bit for bit DDP's: True" in out and "1.5003 x DDP" in out
+    assert "each rank holds only its shards, 1668 bytes" in out
+
+
+# (the cell changed, the text replaced, its replacement, the check that fails)
+BROKEN = {
+    "stage 1 without the initial broadcast": (
+        "zero1", "            dist.broadcast(p.detach(), src=0)\n",
+        "            pass\n", "check1"),
+    "stage 1 with the gather skipped": (
+        "zero1",
+        "        dist.all_gather_single(self.flat.full, self.shard.detach())\n",
+        "", "check1"),
+    "stage 1 with the averaging dropped": (
+        "zero1", "self.shard.grad = mine.div_(self.world_size)",
+        "self.shard.grad = mine", "check1"),
+    # One value short per shard: gloo itself refuses the reduce-scatter's sizes.
+    "stage 1 with the shard size unpadded": (
+        "zero1", "        s = self.flat.shard_numel\n",
+        "        s = self.flat.numel // self.world_size\n", "check1"),
+    "stage 1 all-reducing instead": (
+        "zero1", "        dist.reduce_scatter_single(mine, grads)\n",
+        "        dist.all_reduce(grads)\n", "sent"),
+    "stage 2 keeping the whole gradient": (
+        "zero2",
+        "        self.model.zero_grad()  # drop the parameters' views of it ...\n",
+        "", "check2"),
+    "stage 3 without the initial broadcast": (
+        "zero3base", "            dist.broadcast(p.detach(), src=0)\n",
+        "            pass\n", "check3"),
+    "stage 3 with the forward gather skipped": (
+        "zero3base",
+        "            module.register_forward_pre_hook(lambda m, args, flat=flat: "
+        "self.gather(flat))\n", "", "check3"),
+    "stage 3 with the backward re-gather removed": (
+        "zero3", "        output.register_hook(lambda grad: self.gather(flat))  "
+                 "# back before backward\n", "", "check3"),
+    "stage 3 keeping the gathered parameters after backward": (
+        "zero3", "    def after_backward(self, flat):\n"
+                 "        flat.full.untyped_storage().resize_(0)\n",
+        "    def after_backward(self, flat):\n        pass\n", "check3"),
+    "stage 3 with the averaging dropped": (
+        "shard_of_mean", "    return shard / world_size  # the sum -> the mean\n",
+        "    return shard\n", "check3"),
+}
+
+
+@pytest.mark.parametrize("mistake", BROKEN)
+def test_each_broken_stage_fails_the_lessons_assertion(ranks, mistake):
+    cell, old, new, check = BROKEN[mistake]
+    _define(ranks, {cell: _with(CELLS[cell], old, new)})
+    needs = CHECKS[:CHECKS.index(check)]  # what the failing cell reads, run as written
+    for name in needs if check == "sent" else ():
+        ranks.execute(CELLS[name])
+    with pytest.raises(cluster.RankError):
+        ranks.execute(CELLS[check])
+
+
+OFF_BY_ONE = """
+from labkit import sharding
+_shard = sharding.FlatParameters.shard
+def _off_by_one(self, rank):  # rank 1's shard starts one value early: same size
+    s = self.shard_numel
+    return self.full[rank * s - rank:(rank + 1) * s - rank]
+sharding.FlatParameters.shard = _off_by_one
+"""
+
+
+@pytest.mark.parametrize("check", ["check1", "check2", "check3"])
+def test_a_shard_offset_off_by_one_fails_each_stage(ranks, check):
+    _define(ranks)
+    ranks.execute(OFF_BY_ONE)
+    try:
+        ranks.execute(CELLS["helpers"])  # the references, trained before the patch
+        with pytest.raises(cluster.RankError, match="AssertionError"):
+            ranks.execute(CELLS[check])
+    finally:
+        ranks.execute("sharding.FlatParameters.shard = _shard")
+
+
+def test_the_memory_table_fails_when_a_stage_holds_more(ranks):
+    """Stage 2 keeping the whole gradient: the table's tolerance does not hide it."""
+    cell, old, new, _ = BROKEN["stage 2 keeping the whole gradient"]
+    _define(ranks, {cell: _with(CELLS[cell], old, new)})
+    ranks.execute(CELLS["memory_ddp"])
+    ranks.execute(CELLS["memory"])
+    with pytest.raises(AssertionError, match="ZeRO-2"):
+        _memory_table(ranks)
+
+
+SOLUTION_FORWARD = ("        flat.full.untyped_storage().resize_(0)  # free: the shard "
+                    "stays\n")
+REGATHER = ("        output.register_hook(lambda grad: self.gather(flat))  # back "
+            "before backward\n")
+SOLUTION_BACKWARD = ("    def after_backward(self, flat):\n"
+                     "        flat.full.untyped_storage().resize_(0)\n")
+SHARD = "self.shards[self.units.index(flat)]"
+
+# A learner's mistake in exercise 3: (edits of the solution, the check's key).
+MISTAKES = {
+    "del of a local name": (
+        [(SOLUTION_FORWARD, "        full = flat.full\n        del full\n"),
+         (SOLUTION_BACKWARD, "    def after_backward(self, flat):\n"
+                             "        full = flat.full\n        del full\n")],
+        "ex_z3_kept"),
+    "del of the attribute": ([(SOLUTION_FORWARD, "        del flat.full\n")],
+                             "ex_z3_deleted"),
+    "zero_() that keeps the memory": (
+        [(SOLUTION_FORWARD, "        flat.full.zero_()\n"),
+         (SOLUTION_BACKWARD, "    def after_backward(self, flat):\n"
+                             "        flat.full.zero_()\n")],
+        "ex_z3_zeroed"),
+    "the shard freed too": (
+        [(SOLUTION_BACKWARD, SOLUTION_BACKWARD
+          + f"        {SHARD}.untyped_storage().resize_(0)\n")],
+        "ex_z3_shard_freed"),
+    "freed after forward, not after backward": (
+        [(SOLUTION_BACKWARD, "    def after_backward(self, flat):\n        pass\n")],
+        "ex_z3_kept"),
+    "freed after backward, not after forward": (
+        [(SOLUTION_FORWARD, "")], "ex_z3_kept"),
+    "never gathered again before backward": ([(REGATHER, "")], "ex_z3_no_regather"),
+}
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_each_typical_mistake_is_named_and_fails_the_lesson(ranks, mistake):
+    edits, key = MISTAKES[mistake]
+    answer = CELLS["zero3"]
+    for old, new in edits:
+        answer = _with(answer, old, new)
+    _define(ranks, {"zero3": answer})
+    with pytest.raises(exercises.WrongAnswer) as wrong:
+        exercises.grade_zero3_frees(ranks)
+    assert wrong.value.key == key
+    with pytest.raises(cluster.RankError):
+        ranks.execute(CELLS["check3"])
+
+
+def test_the_hints_say_which_pass_keeps_the_memory(ranks):
+    edit, = MISTAKES["freed after forward, not after backward"][0]
+    answer = _with(CELLS["zero3"], *edit)
+    _define(ranks, {"zero3": answer})
+    with pytest.raises(exercises.WrongAnswer, match="After the backward pass.*"
+                       "free in `after_backward` too"):
+        exercises.grade_zero3_frees(ranks)
+
+
+def test_the_exercise_as_given_is_not_right_yet(ranks):
+    _define(ranks, {"zero3": CELLS["zero3_exercise"]})
+    with pytest.raises(exercises.WrongAnswer, match="After the forward pass"):
+        exercises.grade_zero3_frees(ranks)
+
+
+def test_the_check_names_a_class_the_ranks_do_not_have(ranks):
+    with pytest.raises(exercises.WrongAnswer, match="NoSuchZero3"):
+        exercises.grade_zero3_frees(ranks, "NoSuchZero3")
