@@ -323,7 +323,7 @@ exercises.grade_bytes_per_rank(bytes_per_rank)
 # reduce-scatter と all-gather を 1 回ずつで、DDP の all-reduce 1 回と同じ量を送ります
 # (「1 ステップで送るバイト数」で数えます)。
 #
-# 集団通信は 1 本の平らなテンソルで呼ぶので、`sharding.FlatParameters` が下準備をします。学習する
+# 集団通信は平坦化した 1 本のテンソルで呼ぶので、`sharding.FlatParameters` が下準備をします。学習する
 # パラメータを 1 本のバッファ `full` に並べ、各パラメータをそのビューにし、長さが N の倍数になるよう
 # 末尾を 0 で埋めます (パディング)。`shard(r)` はランク r の部分 (ビュー) です。`flat_grad()` は勾配を
 # 同じ並びの 1 本にまとめ、各 `.grad` をそのビューにします。どの集団通信を、どの部分に、いつ呼ぶかは、
@@ -410,7 +410,7 @@ class Zero1:
 # %% [markdown] lang="ja"
 # 確かめ方です。モデルは `models.TiedMLP` で、出力の層が埋め込みの重みを共有し (結ばれた重み)、
 # 学習しない (凍結した) 層を 1 つ持ちます。学習するパラメータは 833 個で、2 で割り切れないので、
-# 平らなバッファには 1 つパディングが入ります。
+# 平坦化したバッファには 1 つパディングが入ります。
 #
 # 各ランクは、わざと違う乱数の種でモデルを作ります (`torch.manual_seed(rank)`)。最初にランク 0 の
 # 重みを配る (`broadcast`) のを忘れると、ランクごとに違うモデルを学習することになり、下の確認が
@@ -835,12 +835,22 @@ zero3.model(batch(0)[0][:4])  # a forward pass: each layer gathered, then freed
 assert sharding.held_bytes(flat.full for flat in zero3.units) == 0
 
 # %% [markdown] lang="ja"
+# ステージ 3 も、DDP とビットまで同じです。Adam が動くときに各ランクが持つパラメータは、自分の
+# シャード (1668 バイト) と凍結した層 (1088 バイト) だけです。順伝播のあとにも、集めたパラメータは
+# 何も残っていません (0 バイト)。
+
+# %% [markdown] lang="en"
+# Stage 3 too equals DDP bit for bit. When Adam runs, the parameters a rank holds are
+# its shards (1668 bytes) and the frozen layer (1088 bytes), nothing more; after a
+# forward pass nothing gathered is left (0 bytes).
+
+# %% [markdown] lang="ja"
 # ## 各ステージが持つメモリ
 #
 # 「メモリはどこに使われるか」の MLP (Ψ = 5365) を、4 つのやり方で 2 ステップずつ学習し、Adam が動く
 # 直前に各ランクが持っていたバイト数を、式と並べます。式との差は 2 つから来ます。
 #
-# - パディング: 平らなバッファは N の倍数に埋めるので、1 本につき最大 N − 1 個の要素が多くなります。
+# - パディング: 平坦化したバッファは N の倍数に埋めるので、1 本につき最大 N − 1 個の要素が多くなります。
 #   パラメータ、勾配、Adam の 2 つの状態で、1 要素あたり最大 16 バイトです。バッファは
 #   `Zero1`、`Zero2` では 1 本、`Zero3` では層ごとに 1 本 (この MLP では 3 本) です。
 # - Adam の `step`: パラメータのテンソル 1 つ (`Zero1`、`Zero2` ではシャード 1 つ) につき 4 バイト。
@@ -890,6 +900,15 @@ for stage, row in memory_table.items():
 for stage, row in memory_table.items():
     assert 0 <= row["measured"] - row["formula"] <= row["tolerance"], stage
 assert measured["ZeRO-3"] < measured["ZeRO-2"] < measured["ZeRO-1"] < measured["DDP"]
+
+# %% [markdown] lang="ja"
+# どのステージでも、測った値は式より少しだけ多く、その差はパディングと Adam の `step` の許容差に
+# 収まります。メモリは DDP、ZeRO-1、ZeRO-2、ZeRO-3 の順に少なくなります。
+
+# %% [markdown] lang="en"
+# In every stage the measurement is a little above the formula, within the tolerance of
+# padding and Adam's `step` counters; the memory shrinks from DDP to ZeRO-1, ZeRO-2 and
+# ZeRO-3.
 
 # %% [markdown] lang="ja"
 # ## 演習: 1 ステップで送るバイト数を予測する
@@ -1365,7 +1384,7 @@ assert abs(bf16["loss"] - fp32["loss"]) <= 0.01 * fp32["loss"]
 # options=StateDictOptions(full_state_dict=True))` は全体を集めて、ふつうの `torch.Tensor` を返します。
 # `torch.distributed.checkpoint` (DCP) はシャードの形のまま保存します。各ランクが自分のシャードを
 # 自分のファイルに書き、どのテンソルのどの部分がどこにあるかを `.metadata` に書きます。読み込む側は
-# 必要な部分だけを読むので、2 ランクで保存したものを 1 プロセス (や 4 ランク) で読めます。これが
+# 必要な部分だけを読むので、2 ランクで保存したものを 1 プロセスで読めます。これが
 # シャードのし直し (resharding) です。学習した FSDP2 のモデルを、2 ランクで一時ディレクトリに保存します。
 
 # %% [markdown] lang="en"
@@ -1381,7 +1400,7 @@ assert abs(bf16["loss"] - fp32["loss"]) <= 0.01 * fp32["loss"]
 # `torch.Tensor`s. `torch.distributed.checkpoint` (DCP) saves the sharded form: each
 # rank writes its shards to its own file, and `.metadata` says which part of which
 # tensor is where. A reader reads the parts it needs, so what 2 ranks saved loads in
-# one process (or on 4 ranks): resharding. The 2 ranks save the trained FSDP2 model
+# one process: resharding. The 2 ranks save the trained FSDP2 model
 # into a temporary directory:
 
 # %%
