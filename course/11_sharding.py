@@ -483,7 +483,7 @@ assert zero1.model.head.weight is zero1.model.embed.weight  # still tied
 assert len(zero1.optimizer.state[zero1.shard]["exp_avg"]) == zero1.flat.shard_numel
 assert zero1.flat.shard_numel * world_size == 834  # 833 parameters and 1 padding
 
-with warnings.catch_warnings(record=True) as caught:  # the names before torch 2.13
+with warnings.catch_warnings(record=True) as caught:  # the older names
     warnings.simplefilter("always")
     dist.all_gather_into_tensor(torch.empty(world_size), torch.ones(1))
     dist.reduce_scatter_tensor(torch.empty(1), torch.ones(world_size))

@@ -243,3 +243,19 @@ def test_the_exercise_as_given_is_not_right_yet(ranks):
 def test_the_check_names_a_class_the_ranks_do_not_have(ranks):
     with pytest.raises(exercises.WrongAnswer, match="NoSuchZero3"):
         exercises.grade_zero3_frees(ranks, "NoSuchZero3")
+
+
+@pytest.mark.parametrize("mistake", ["zero_() that keeps the memory",
+                                     "never gathered again before backward"])
+def test_the_hints_speak_the_notebooks_language(ranks, mistake):
+    import labkit
+
+    edits, _ = MISTAKES[mistake]
+    answer = CELLS["zero3"]
+    for old, new in edits:
+        answer = _with(answer, old, new)
+    _define(ranks, {"zero3": answer})
+    labkit.set_lang("ja")
+    with pytest.raises(exercises.WrongAnswer, match="ヒント") as wrong:
+        exercises.grade_zero3_frees(ranks)
+    assert "resize_(0)" in str(wrong.value) or "register_hook" in str(wrong.value)
