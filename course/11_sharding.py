@@ -132,6 +132,7 @@ print({name: (tuple(v.shape), str(v.dtype)) for name, v in state.items()})
 assert set(state) == {"step", "exp_avg", "exp_avg_sq"}
 assert state["exp_avg"].shape == state["exp_avg_sq"].shape == model.net[0].weight.shape
 assert state["step"].shape == () and state["step"].dtype == torch.float32
+assert state["step"].device.type == "cpu"  # neither capturable nor fused
 assert len(adam.state) == len(list(model.parameters()))  # one step tensor per tensor
 
 formula = sharding.memory_parts(psi, 2, **sharding.FP32_ADAM)
