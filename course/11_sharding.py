@@ -1108,7 +1108,7 @@ for stage in ("ZeRO-1", "ZeRO-2", "ZeRO-3"):
 # から数十 KB と短く、時間はほぼ待ち時間 (α) で決まります。モデルは、2 ランクのリングの
 # reduce-scatter と all-gather を、それぞれ all-reduce の半分 (1 ステップの α) とします。このマシン
 # (gloo、CPU、ほかのノートブックと同時) で何度か測ると、集団通信だけを続けて呼んだ時間 (collectives
-# alone) はモデルの 1.4 倍から 10 倍でした。同じ集団通信を呼ぶ ZeRO-1 と ZeRO-2 でも、実行によって
+# alone) はモデルの 1.2 倍から 10 倍でした。同じ集団通信を呼ぶ ZeRO-1 と ZeRO-2 でも、実行によって
 # 7 倍違うことがありました。それで、このセルは時間とモデルの誤差を表示するだけで、確かめるのは
 # バイト数です (時間はベンチマークで、交互に測ります)。ステップの中で測った時間
 # (inside the step) には、もう一方のランクが来るのを待つ時間も入ります。
@@ -1118,7 +1118,7 @@ for stage in ("ZeRO-1", "ZeRO-2", "ZeRO-3"):
 # collectives are short (kilobytes to tens of kilobytes), so their time is almost all
 # latency (α). The model prices a 2-rank ring reduce-scatter or all-gather at half an
 # all-reduce (one step's α). Measured several times on this machine (gloo, CPU, with
-# other notebooks running), the collectives alone took 1.4 to 10 times the model's
+# other notebooks running), the collectives alone took 1.2 to 10 times the model's
 # time, and ZeRO-1 and ZeRO-2, which call the same collectives, differed up to 7-fold
 # between runs. So this cell prints the time and the model's error, and asserts the
 # bytes (the benchmark measures time, interleaved). Timed inside the step, a collective
