@@ -5,7 +5,9 @@ A grader prints its verdict in the lesson's language when the answer is right,
 and raises WrongAnswer (an AssertionError) naming the mistake and a hint when
 it is not; graders that take `ranks` run the learner's function on every rank.
 Each lesson's graders, with their messages, live in the module named after the
-lesson (lesson 04, `course/04_no_sync.py`: `labkit/exercises/l04_no_sync.py`).
+lesson (lesson 04, `course/04_no_sync.py`: `labkit/exercises/l04_no_sync.py`);
+lesson 11's in two, its graders on the ranks in `l11_sharding.py` and its
+predictions in the kernel in `l11_predicted_bytes.py`.
 """
 
 from __future__ import annotations
@@ -29,12 +31,8 @@ from .l10_troubleshooting import (
     grade_uneven_epoch,
     grade_unused_parameters,
 )
-from .l11_sharding import (
-    grade_bytes_per_rank,
-    grade_bytes_sent,
-    grade_gradient_shard,
-    grade_zero3_frees,
-)
+from .l11_predicted_bytes import grade_bytes_per_rank, grade_bytes_sent
+from .l11_sharding import grade_gradient_shard, grade_zero3_frees
 
 __all__ = [
     "WrongAnswer",
