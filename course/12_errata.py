@@ -244,6 +244,16 @@ labkit.set_lang("ja")
 # | L10-9 | `DistributedSampler` は先頭のサンプルを繰り返して水増しし、ランクの平均の平均は正しい値からずれる | [10: DistributedSampler の水増し](10_troubleshooting.ipynb#cell-id=10-distributedsampler-s-padding) |
 # | L10-10 | DDP の `model.state_dict()` のキーの先頭には `module.` が付き、包んでいないモデルに読み込めない。ランク 0 が保存し終える前に読むと、前のチェックポイントをエラーなしに読む | [10: DDP でのチェックポイント](10_troubleshooting.ipynb#cell-id=10-checkpoints-under-ddp) |
 # | L10-11 | torchrun の `--max-restarts` で起動し直し、チェックポイントから続けた学習は、止まらなかった学習と 1 ビットも違わない | [10: 学習の途中で死ぬランク](10_troubleshooting.ipynb#cell-id=10-a-rank-that-dies-mid-step) |
+# | L11-1 | fp32 の Adam は、パラメータ 1 つにつき `exp_avg` と `exp_avg_sq` (合わせて 8 バイト) を、パラメータのテンソル 1 つにつき 4 バイトの `step` を持つ。1 ランクあたり DDP は 16Ψ、ZeRO-1 は 8Ψ + 8Ψ/N、ZeRO-2 は 4Ψ + 12Ψ/N、ZeRO-3 は 16Ψ/N バイト | [11: メモリはどこに使われるか](11_sharding.ipynb#cell-id=11-where-the-memory-goes) |
+# | L11-2 | 手で書いた ZeRO-1 (勾配の reduce-scatter、自分のシャードの更新、all-gather) は、重みを共有する層と凍結した層のあるモデルで、2 ランクの DDP と 1 ビットも違わず、1 プロセスとの差は 1e-6 以内。各ランクの Adam の状態は自分のシャードの分だけ | [11: ZeRO ステージ 1 を手で書く](11_sharding.ipynb#cell-id=11-zero-stage-1-by-hand) |
+# | L11-3 | 手で書いた ZeRO-2 も同じく正確で、Adam が動くときに持つ勾配は自分のシャードだけ | [11: ZeRO ステージ 2 を手で書く](11_sharding.ipynb#cell-id=11-zero-stage-2-by-hand) |
+# | L11-4 | 手で書いた ZeRO-3 (層ごとに、順伝播の前と逆伝播の前にパラメータを集め、使い終わったら解放する) も DDP と 1 ビットも違わない。Adam が動くとき各ランクが持つのは自分のシャードと凍結した層だけで、集めたパラメータは順伝播のあとに残らない | [11: 演習: ZeRO-3 の層が逆伝播のあとで解放する](11_sharding.ipynb#cell-id=11-exercise-a-zero-3-layer-frees-after-backward) |
+# | L11-5 | 各ステージが持つメモリを測ると、式の値にパディングと `step` の分を足した値になり、DDP > ZeRO-1 > ZeRO-2 > ZeRO-3 の順に減る | [11: 各ステージが持つメモリ](11_sharding.ipynb#cell-id=11-memory-each-stage-holds) |
+# | L11-7 | FSDP2 (`fully_shard`) で 5 ステップ学習したパラメータは、1 プロセスとの差が 1e-6 以内で、手で書いた ZeRO-3 と 1 ビットも違わない。共有した重みは 1 つのテンソルのままで、凍結したパラメータは変わらない。重みを共有する 2 つのモジュールを別のユニットにすると、最初の順伝播で ValueError | [11: FSDP2: fully_shard](11_sharding.ipynb#cell-id=11-fsdp2-fully-shard) |
+# | L11-8 | `reshard_after_forward=True` では順伝播と逆伝播の間にシャードだけを持ち、逆伝播でもう一度 all-gather する。False では集めたパラメータ (省いた all-gather と同じバイト数) を持ち続け、逆伝播では集めない | [11: FSDP2: fully_shard](11_sharding.ipynb#cell-id=11-fsdp2-fully-shard) |
+# | L11-9 | `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` は CPU の gloo で動き、all-gather のバイト数はちょうど半分、reduce-scatter は float32 のまま | [11: FSDP2: fully_shard](11_sharding.ipynb#cell-id=11-fsdp2-fully-shard) |
+# | L11-10 | 2 ランクで保存した `torch.distributed.checkpoint` は、プロセスグループのない 1 プロセスに読み込め (シャードの組み直し)、ランクの全体の state dict と等しい | [11: FSDP2: fully_shard](11_sharding.ipynb#cell-id=11-fsdp2-fully-shard) |
+# | L11-11 | 130 億パラメータを 1 ランク 80 GB で学習するとき、DDP と ZeRO-1 はランクをいくつ増やしても収まらず、ZeRO-3 は 3 ランクから、ZeRO-2 は 6 ランクから収まる | [11: いつシャードするか](11_sharding.ipynb#cell-id=11-when-to-shard) |
 
 # %% [markdown] lang="en"
 # ## The lessons' own claims
@@ -289,6 +299,16 @@ labkit.set_lang("ja")
 # | L10-9 | `DistributedSampler` pads by repeating the first samples, and the mean of the ranks' means is off | [10: DistributedSampler's padding](10_troubleshooting.ipynb#cell-id=10-distributedsampler-s-padding) |
 # | L10-10 | the DDP wrapper's `model.state_dict()` names start with `module.` and do not load into a plain model; reading before rank 0 has written gives the previous checkpoint without an error | [10: Checkpoints under DDP](10_troubleshooting.ipynb#cell-id=10-checkpoints-under-ddp) |
 # | L10-11 | a run restarted by torchrun's `--max-restarts` that goes on from its checkpoint ends with bit-identical weights | [10: A rank that dies mid-step](10_troubleshooting.ipynb#cell-id=10-a-rank-that-dies-mid-step) |
+# | L11-1 | fp32 Adam keeps `exp_avg` and `exp_avg_sq` per parameter (8 bytes together) and a 4-byte `step` per parameter tensor; per rank DDP holds 16Ψ bytes, ZeRO-1 8Ψ + 8Ψ/N, ZeRO-2 4Ψ + 12Ψ/N, ZeRO-3 16Ψ/N | [11: Where the memory goes](11_sharding.ipynb#cell-id=11-where-the-memory-goes) |
+# | L11-2 | ZeRO-1 written by hand (gradients reduce-scattered, the rank's shard updated, all-gathered) equals DDP on 2 ranks bit for bit and one process within 1e-6, on a model with a tied weight and a frozen layer; each rank's Adam state covers its shard only | [11: ZeRO stage 1 by hand](11_sharding.ipynb#cell-id=11-zero-stage-1-by-hand) |
+# | L11-3 | ZeRO-2 written by hand is as exact, and holds only its shard of the gradients when Adam runs | [11: ZeRO stage 2 by hand](11_sharding.ipynb#cell-id=11-zero-stage-2-by-hand) |
+# | L11-4 | ZeRO-3 written by hand (each layer's parameters gathered before its forward and again before its backward, freed after each) equals DDP bit for bit; when Adam runs a rank holds only its shards and the frozen layer, and nothing gathered is left after a forward pass | [11: Exercise: a ZeRO-3 layer frees after backward](11_sharding.ipynb#cell-id=11-exercise-a-zero-3-layer-frees-after-backward) |
+# | L11-5 | the memory each stage holds, measured, is the formula's plus padding and the `step` counters, and falls from DDP to ZeRO-1, ZeRO-2 and ZeRO-3 | [11: Memory each stage holds](11_sharding.ipynb#cell-id=11-memory-each-stage-holds) |
+# | L11-7 | after 5 steps FSDP2 (`fully_shard`) is within 1e-6 of one process and equal bit for bit to ZeRO-3 written by hand; the tied weight stays one tensor and the frozen parameter does not change; two modules sharing a weight in separate units raise ValueError at the first forward | [11: FSDP2: fully_shard](11_sharding.ipynb#cell-id=11-fsdp2-fully-shard) |
+# | L11-8 | with `reshard_after_forward=True` only the shards are held between forward and backward and the backward all-gathers again; with False the gathered parameters are held (as many bytes as the all-gather saved) and the backward gathers nothing | [11: FSDP2: fully_shard](11_sharding.ipynb#cell-id=11-fsdp2-fully-shard) |
+# | L11-9 | `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` runs on gloo on the CPU: the all-gathers carry exactly half the bytes, the reduce-scatters stay float32 | [11: FSDP2: fully_shard](11_sharding.ipynb#cell-id=11-fsdp2-fully-shard) |
+# | L11-10 | a `torch.distributed.checkpoint` saved on 2 ranks loads into one process without a process group (resharded) and equals the ranks' full state dict | [11: FSDP2: fully_shard](11_sharding.ipynb#cell-id=11-fsdp2-fully-shard) |
+# | L11-11 | training 13 billion parameters with 80 GB per rank, DDP and ZeRO-1 never fit however many ranks, ZeRO-3 fits from 3 ranks, ZeRO-2 from 6 | [11: When to shard](11_sharding.ipynb#cell-id=11-when-to-shard) |
 
 # %% [markdown] lang="ja"
 # ## 記事 004 の最初のコード例
