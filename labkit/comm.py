@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -26,6 +26,7 @@ import torch.distributed as dist
 from . import i18n, no_sync, timing, workload
 
 __all__ = [
+    "IMPLEMENTATIONS",
     "LINKS",
     "AlphaBeta",
     "StepModel",
@@ -33,6 +34,7 @@ __all__ = [
     "allreduce_time",
     "bandwidths",
     "bytes_written",
+    "bytes_written_per_call",
     "can_count_bytes_written",
     "fit_alpha_beta",
     "fit_step_model",
@@ -41,6 +43,7 @@ __all__ = [
     "ring_factor",
     "ring_steps",
     "sent_per_allreduce",
+    "sent_share",
     "step_times_by_k",
 ]
 
@@ -82,6 +85,14 @@ i18n.register({
     },
 })
 
+# How each implementation sends a collective: "ring" is the textbook ring (NCCL's
+# ring algorithm); "gloo" is torch's gloo backend, whose reduce-scatter of a
+# tensor all-reduces a copy of the whole input and keeps its own chunk
+# (ProcessGroupGloo::reduce_scatter_tensor_coalesced), so it sends, and takes,
+# an all-reduce's worth. Its all-gather is gloo's own, the ring's share.
+IMPLEMENTATIONS = ("ring", "gloo")
+_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+
 
 def _check_world_size(world_size: int) -> None:
     if isinstance(world_size, bool) or not isinstance(world_size, int) \
@@ -93,6 +104,24 @@ def ring_factor(world_size: int) -> float:
     """Share of the data each rank sends (and receives) in a ring all-reduce."""
     _check_world_size(world_size)
     return 2 * (world_size - 1) / world_size
+
+
+def sent_share(op: str, world_size: int, implementation: str = "ring") -> float:
+    """Share of a collective's whole buffer S that each rank sends.
+
+    Ring: an all-reduce 2(n-1)/n, a reduce-scatter (of its input) or an
+    all-gather (into its output) (n-1)/n, the all-reduce's two halves. Gloo
+    sends the ring's shares except for the reduce-scatter, an all-reduce there.
+    """
+    _check_world_size(world_size)
+    if op not in _COLLECTIVES:
+        raise ValueError(f"op must be one of {_COLLECTIVES}, got {op!r}")
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, "
+                         f"got {implementation!r}")
+    if op == "all_reduce" or (op == "reduce_scatter" and implementation == "gloo"):
+        return ring_factor(world_size)
+    return ring_factor(world_size) / 2
 
 
 def ring_steps(world_size: int) -> int:
@@ -137,6 +166,25 @@ def bytes_written() -> int:
     return int(fields["wchar"])
 
 
+def bytes_written_per_call(collective: Callable[[], object], repeat: int = 3) -> float:
+    """Bytes this rank writes per call of `collective` (collective, Linux only).
+
+    One untimed call first (connections, buffers), the ranks lined up around
+    the count. Every write of the process counts (prints too, on ipyparallel's
+    sockets): measure buffers of megabytes and print nothing inside.
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    collective()
+    dist.barrier()
+    before = bytes_written()
+    for _ in range(repeat):
+        collective()
+    written = (bytes_written() - before) / repeat
+    dist.barrier()
+    return written
+
+
 def sent_per_allreduce(nbytes: int, repeat: int = 3) -> float:
     """Bytes this rank sends in one all-reduce of `nbytes`, over S (collective).
 
@@ -171,14 +219,21 @@ class AlphaBeta:
         return (ring_steps(world_size) * self.alpha
                 + ring_factor(world_size) * nbytes / self.beta)
 
-    def reduce_scatter_time(self, nbytes: float, world_size: int) -> float:
-        """A ring reduce-scatter of a `nbytes` input: the first half of the all-reduce.
+    def reduce_scatter_time(self, nbytes: float, world_size: int,
+                            implementation: str = "ring") -> float:
+        """A reduce-scatter of a `nbytes` input, as `implementation` runs it.
 
-        n-1 steps, each rank sending (n-1)/n of the bytes: alpha and beta are
-        the all-reduce's own (fitted per step and per byte), so reduce-scatter
-        plus all-gather of the same buffer price exactly one all-reduce.
+        Ring: the first half of the all-reduce, n-1 steps, each rank sending
+        (n-1)/n of the bytes: alpha and beta are the all-reduce's own (fitted
+        per step and per byte), so reduce-scatter plus all-gather of the same
+        buffer price exactly one all-reduce. Gloo: a whole all-reduce
+        (sent_share), the copy it reduces not priced.
         """
-        return self.time(nbytes, world_size) / 2
+        whole = self.time(nbytes, world_size)
+        if sent_share("reduce_scatter", world_size, implementation) \
+                == sent_share("all_reduce", world_size):
+            return whole  # gloo: the all-reduce itself
+        return whole / 2
 
     def all_gather_time(self, nbytes: float, world_size: int) -> float:
         """A ring all-gather into a `nbytes` output: the all-reduce's second half."""

@@ -257,3 +257,56 @@ def test_the_workload_runs_on_this_rank_s_gpu_under_nccl(monkeypatch):
     assert workload.device() == torch.device("cuda", 1)
     monkeypatch.setattr(dist, "get_backend", lambda *a: "gloo")
     assert workload.device() == torch.device("cpu")
+
+
+def test_sent_share_is_the_ring_s_except_gloo_s_reduce_scatter():
+    # The ring's reduce-scatter and all-gather are an all-reduce's halves;
+    # gloo's reduce-scatter all-reduces the whole input (measured below).
+    for n in (1, 2, 3, 8):
+        whole = comm.ring_factor(n)
+        assert comm.sent_share("all_reduce", n) == whole
+        assert comm.sent_share("reduce_scatter", n) == whole / 2
+        assert comm.sent_share("all_gather", n) == whole / 2
+        assert comm.sent_share("reduce_scatter", n, "gloo") == whole
+        assert comm.sent_share("all_gather", n, "gloo") == whole / 2
+    with pytest.raises(ValueError, match="op must be one of"):
+        comm.sent_share("broadcast", 2)
+    with pytest.raises(ValueError, match="implementation must be one of"):
+        comm.sent_share("reduce_scatter", 2, "nccl")
+    with pytest.raises(ValueError, match="world_size"):
+        comm.sent_share("all_reduce", 0)
+
+
+def test_gloo_prices_its_reduce_scatter_as_the_all_reduce():
+    ab = comm.AlphaBeta(alpha=10e-6, beta=1e9)
+    for n in (2, 3, 8):
+        assert ab.reduce_scatter_time(1e6, n) == pytest.approx(ab.time(1e6, n) / 2)
+        assert ab.reduce_scatter_time(1e6, n, "gloo") == ab.time(1e6, n)
+        assert ab.all_gather_time(1e6, n) == pytest.approx(ab.time(1e6, n) / 2)
+    assert ab.reduce_scatter_time(1e6, 1, "gloo") == 0.0
+    with pytest.raises(ValueError, match="implementation must be one of"):
+        ab.reduce_scatter_time(1e6, 2, "tree")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux /proc")
+def test_gloo_s_reduce_scatter_writes_an_all_reduce_s_bytes(ranks):
+    # Counted by the kernel on both ranks: a ring reduce-scatter would write
+    # half of what the all-reduce writes; gloo's writes all of it.
+    ranks.execute(
+        "import torch\nimport torch.distributed as dist\nfrom labkit import comm\n"
+        "n = dist.get_world_size()\n"
+        "S = 4 * 2**20 * n\n"
+        "whole, piece = torch.ones(S // 4), torch.empty(S // 4 // n)\n"
+        "written = {op: comm.bytes_written_per_call(fn) / S for op, fn in {\n"
+        "    'all_reduce': lambda: dist.all_reduce(whole),\n"
+        "    'reduce_scatter': lambda: dist.reduce_scatter_single(piece, whole),\n"
+        "    'all_gather': lambda: dist.all_gather_single(whole, piece)}.items()}\n")
+    for written in ranks.pull("written"):
+        for op, share in written.items():
+            assert share == pytest.approx(comm.sent_share(op, 2, "gloo"), rel=0.01), op
+        assert written["reduce_scatter"] > 1.9 * comm.sent_share("reduce_scatter", 2)
+
+
+def test_bytes_written_per_call_refuses_bad_input():
+    with pytest.raises(ValueError, match="repeat must be >= 1"):
+        comm.bytes_written_per_call(lambda: None, repeat=0)

@@ -11,6 +11,7 @@ re-gather removed, ...), the lesson's assertions fail, and the check names the
 mistakes a learner makes in exercise 3.
 """
 
+import os
 from pathlib import Path
 
 import nbformat
@@ -51,13 +52,16 @@ def _cells() -> dict[str, str]:
         "memory_table": find('ranks.pull("memory_table")'),
         "traffic": find("def traffic("),
         "sent": find("def sent(calls)"),
+        "wire": find("S_wire = "),
+        "wire_step": find("def wire_per_step("),
     }
 
 
 CELLS = _cells()
 DEFINITIONS = ("imports", "ddp", "zero1", "helpers", "shard_of_mean", "zero2",
                "zero3base", "zero3")
-CHECKS = ("check1", "check2", "check3", "memory_ddp", "memory", "traffic", "sent")
+CHECKS = ("check1", "check2", "check3", "memory_ddp", "memory", "traffic", "sent",
+          "wire", "wire_step")
 
 
 def _with(source: str, old: str, new: str) -> str:
@@ -142,6 +146,35 @@ def test_each_broken_stage_fails_the_lessons_assertion(ranks, mistake):
         ranks.execute(CELLS[name])
     with pytest.raises(cluster.RankError):
         ranks.execute(CELLS[check])
+
+
+# What gloo writes to its sockets (the cells after "sent"): priced as the ring's,
+# or sent by a stage other than the one whose collectives were recorded.
+WIRE_BROKEN = {
+    "the reduce-scatter priced as the ring's half": (
+        "wire", 'comm.sent_share(op, world_size, "gloo")',
+        "comm.sent_share(op, world_size)", None),
+    "the stages priced as the ring's": (
+        "wire_step", 'shares(stage, "gloo")', 'shares(stage, "ring")', None),
+    "stage 1 with the gather skipped, after its collectives were recorded": (
+        "wire_step", "", "", ("zero1", "ZeRO-1", "        dist.all_gather_single("
+                              "self.flat.full, self.shard.detach())\n")),
+}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux /proc")
+@pytest.mark.parametrize("mistake", WIRE_BROKEN)
+def test_the_wire_bytes_fail_when_priced_or_sent_otherwise(ranks, mistake):
+    check, old, new, stage = WIRE_BROKEN[mistake]
+    _define(ranks)
+    for name in CHECKS[:CHECKS.index(check)]:
+        ranks.execute(CELLS[name])
+    if stage:  # the trainer changed after traffic_table recorded the right one
+        cell, name, line = stage
+        ranks.execute(_with(CELLS[cell], line, ""))
+        ranks.execute(f'trainers["{name}"] = Zero{name[-1]}')
+    with pytest.raises(cluster.RankError, match="AssertionError"):
+        ranks.execute(_with(CELLS[check], old, new) if old else CELLS[check])
 
 
 OFF_BY_ONE = """
