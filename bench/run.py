@@ -419,7 +419,9 @@ def trainer_steps(trainers: dict[str, str], rounds: int, hidden: int = 1024,
     `trainers` maps a name to the class a lesson cell defined in this rank's
     namespace. Per trainer: the median step time over `rounds` interleaved
     rounds (after two untimed), and one more step's collectives, each call's
-    op and bytes, as CollectiveLog saw them. Torch's DDP gets a comm hook
+    op and bytes, as CollectiveLog saw them, and the bytes this rank writes to
+    its sockets in a step (comm.bytes_written_per_call; None without
+    /proc/self/io). Torch's DDP gets a comm hook
     (CommCounter, which all-reduces as DDP's default does): its C++ reducer
     would call the process group past the log, the hook calls dist.all_reduce.
     """
@@ -430,7 +432,7 @@ def trainer_steps(trainers: dict[str, str], rounds: int, hidden: int = 1024,
     import torch.distributed as dist
 
     import __main__  # the ranks' namespace, where the lesson's cells ran
-    from labkit import comm_counting, models, timing
+    from labkit import comm, comm_counting, models, timing
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # one batch for every rank: each takes its part
@@ -452,8 +454,12 @@ def trainer_steps(trainers: dict[str, str], rounds: int, hidden: int = 1024,
         with comm_counting.CollectiveLog() as log:
             step()
         calls[name] = [{"op": c["op"], "bytes": c["bytes"]} for c in log.calls]
+    # What the step writes to the sockets, as the kernel counts it (Linux only).
+    counted = comm.can_count_bytes_written()
+    wire = {name: comm.bytes_written_per_call(step, repeat=2) if counted else None
+            for name, step in steps.items()}
     return {"step_s": {name: statistics.median(ts) for name, ts in times.items()},
-            "calls": calls, "params": models.count_params(
+            "calls": calls, "wire": wire, "params": models.count_params(
                 models.WideMLP(hidden=hidden, depth=depth))}
 
 
@@ -465,11 +471,16 @@ def sharding_table(ranks, rounds: int) -> dict:
     trainer: each collective's calls and buffer bytes in a step (CollectiveLog's
     measure: a reduce-scatter's input, an all-gather's output), the bytes each
     rank sends in a ring (2(N-1)/N of an all-reduce's buffer, half that of a
-    reduce-scatter's or an all-gather's), the median step time (the slower
-    rank's), and the alpha-beta model's time for that step's collectives (alpha
-    and beta fitted on an all-reduce sweep of the same run; a reduce-scatter or
-    an all-gather priced as half an all-reduce of its buffer).
+    reduce-scatter's or an all-gather's), the same priced as gloo runs it (its
+    reduce-scatter all-reduces the whole input), the bytes each rank wrote to
+    its sockets in a step (mean of the ranks; None without /proc/self/io), the
+    median step time (the slower rank's), and the alpha-beta model's time for
+    that step's collectives (alpha and beta fitted on an all-reduce sweep of
+    the same run; a reduce-scatter or an all-gather priced as half an
+    all-reduce of its buffer, and with the reduce-scatter as a whole one, gloo's).
     """
+    import functools
+
     from labkit import comm
 
     ranks.execute("import torch.distributed as dist\n"
@@ -481,6 +492,8 @@ def sharding_table(ranks, rounds: int) -> dict:
     ab = comm.fit_alpha_beta(sizes, ranks.run(comm.allreduce_sweep, sizes, 5)[0], 2)
     price = {"all_reduce": ab.time, "reduce_scatter": ab.reduce_scatter_time,
              "all_gather": ab.all_gather_time}
+    gloo_price = {**price, "reduce_scatter": functools.partial(
+        ab.reduce_scatter_time, implementation="gloo")}
     table = {}
     for name in SHARDING_TRAINERS:
         calls = runs[0]["calls"][name]
@@ -489,15 +502,23 @@ def sharding_table(ranks, rounds: int) -> dict:
             by_op.setdefault(c["op"], []).append(c["bytes"])
         step_s = max(r["step_s"][name] for r in runs)
         predicted = sum(price[c["op"]](c["bytes"], 2) for c in calls)
-        sent = sum(c["bytes"] * comm.ring_factor(2) / (1 if c["op"] == "all_reduce"
-                                                        else 2) for c in calls)
+        sent = sum(c["bytes"] * comm.sent_share(c["op"], 2) for c in calls)
+        wire = [r["wire"][name] for r in runs]
         table[name] = {"bytes_per_step": sum(c["bytes"] for c in calls),
                        "sent_per_rank": sent,
+                       "sent_per_rank_gloo": sum(
+                           c["bytes"] * comm.sent_share(c["op"], 2, "gloo")
+                           for c in calls),
+                       "wire_per_rank": None if None in wire else sum(wire) / len(wire),
+                       "predicted_comm_s_gloo": sum(
+                           gloo_price[c["op"]](c["bytes"], 2) for c in calls),
                        "calls": {op: [len(b), sum(b)] for op, b in by_op.items()},
                        "step_s": step_s, "predicted_comm_s": predicted}
     ddp = table["DDP"]
     for row in table.values():
         row["sent_over_ddp"] = row["sent_per_rank"] / ddp["sent_per_rank"]
+        row["wire_over_ddp"] = None if row["wire_per_rank"] is None else \
+            row["wire_per_rank"] / ddp["wire_per_rank"]
         row["step_over_ddp"] = row["step_s"] / ddp["step_s"]
     return {"sharding": table,
             "sharding_alpha_beta": {"alpha": ab.alpha, "beta": ab.beta},
@@ -659,14 +680,18 @@ def _sharding_lines(results: dict) -> list[str]:
              f"{', `--only sharding`' if results.get('only') == 'sharding' else ''}; "
              f"alpha {ab['alpha'] * 1e6:.0f} us, beta {ab['beta'] / 1e9:.2f} GB/s):",
              "", "| trainer | collectives per step: calls, buffer bytes | bytes each "
-             "rank sends | over DDP | step time (ms) | over DDP | alpha-beta "
-             "communication (ms) |", "|---|---|---|---|---|---|---|"]
+             "rank sends, ring | over DDP | written to sockets (gloo) | over DDP | "
+             "step time (ms) | over DDP | alpha-beta communication, ring / gloo "
+             "(ms) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, row in results["sharding"].items():
         calls = "; ".join(f"{op} {n}, {b:,} B" for op, (n, b) in row["calls"].items())
+        wire = ("not counted (no /proc/self/io) | |" if row["wire_per_rank"] is None
+                else f"{row['wire_per_rank']:,.0f} | {row['wire_over_ddp']:.3f} |")
         lines.append(f"| {name} | {calls} | {row['sent_per_rank']:,.0f} | "
-                     f"{row['sent_over_ddp']:.3f} | {row['step_s'] * 1e3:.1f} | "
+                     f"{row['sent_over_ddp']:.3f} | {wire} {row['step_s'] * 1e3:.1f} | "
                      f"{row['step_over_ddp']:.3f} | "
-                     f"{row['predicted_comm_s'] * 1e3:.1f} |")
+                     f"{row['predicted_comm_s'] * 1e3:.1f} / "
+                     f"{row['predicted_comm_s_gloo'] * 1e3:.1f} |")
     return lines
 
 
