@@ -1077,10 +1077,12 @@ assert 1.5 <= sent(traffic_table["ZeRO-3"]["calls"]) / ddp_sent <= 1.5 * padded 
 # 上の数はリングのアルゴリズムのものです (NCCL のリング)。このレッスンが動く gloo は、reduce-scatter を
 # リングの前半としては行いません。torch の `ProcessGroupGloo::reduce_scatter_tensor_coalesced`
 # (`dist.reduce_scatter_single` がここに来ます) は、入力全体のコピーを **all-reduce** して、終わると自分の
-# チャンク (`chunk(world_size)[rank]`) を出力にコピーします。それで gloo の reduce-scatter は all-reduce と
-# 同じバイト数を送り、少なくとも all-reduce と同じ時間がかかります。all-gather は gloo 自身の all-gather で、
-# リングと同じく (N − 1)/N × S を送ります。NCCL の reduce-scatter はリングで (N − 1)/N × S を送ります。
-# このコースは GPU で動かしたことがないので、NCCL の数は確かめていません。
+# チャンク (`chunk(world_size)[rank]`) を出力にコピーします。下のセルでは、torch のプロファイラが、
+# reduce-scatter が実行した gloo の処理を `gloo:all_reduce` と記録します。それで gloo の reduce-scatter は
+# all-reduce と同じバイト数を送り、all-reduce と同じ処理をします。all-gather は gloo 自身の all-gather で、
+# リングと同じく (N − 1)/N × S を送ります。NCCL には reduce-scatter そのものの集団通信
+# (`ncclReduceScatter`) があり、上のリングの数はそのリングのアルゴリズムが送るバイト数です。このコースは
+# GPU で動かしたことがないので、NCCL で送るバイト数は測っていません。
 #
 # 各ランクがソケットに書き込んだバイト数を、Linux の /proc/self/io で数えます (レッスン 05)。
 # まず S = 数 MB の集団通信 1 回ずつ、次に各ステージの 1 ステップです (パラメータ約 100 万個の
@@ -1093,11 +1095,13 @@ assert 1.5 <= sent(traffic_table["ZeRO-3"]["calls"]) / ddp_sent <= 1.5 * padded 
 # runs on does not run a reduce-scatter as the ring's first half: torch's
 # `ProcessGroupGloo::reduce_scatter_tensor_coalesced` (where `dist.reduce_scatter_single`
 # lands) **all-reduces** a copy of the whole input and, when done, copies its own chunk
-# (`chunk(world_size)[rank]`) into the output. So on gloo a reduce-scatter sends an
-# all-reduce's bytes and takes at least an all-reduce's time. The all-gather is gloo's
-# own, sending the ring's (N - 1)/N × S. NCCL's reduce-scatter is a ring one, sending
-# (N - 1)/N × S; this course has never run on a GPU, so NCCL's figures are not checked
-# here.
+# (`chunk(world_size)[rank]`) into the output; in the cell below torch's profiler
+# records the gloo work a reduce-scatter runs as `gloo:all_reduce`. So on gloo a
+# reduce-scatter sends an all-reduce's bytes and does an all-reduce's work. The
+# all-gather is gloo's own, sending the ring's (N - 1)/N × S. NCCL has a reduce-scatter
+# collective of its own (`ncclReduceScatter`), and the ring counts above are what its
+# ring algorithm sends; this course has never run on a GPU, so the bytes NCCL sends are
+# not measured here.
 #
 # Each rank counts the bytes it writes to its sockets with Linux's /proc/self/io
 # (lesson 05): first one collective of a few megabytes each, then one step of each
@@ -1113,6 +1117,11 @@ whole, piece = torch.ones(S_wire // 4), torch.empty(S_wire // 4 // world_size)
 collectives = {"all_reduce": lambda: dist.all_reduce(whole),
                "reduce_scatter": lambda: dist.reduce_scatter_single(piece, whole),
                "all_gather": lambda: dist.all_gather_single(whole, piece)}
+with torch.profiler.profile() as profiled:  # what gloo runs for a reduce-scatter
+    collectives["reduce_scatter"]()
+ran = sorted({e.name for e in profiled.events() if e.name.startswith("gloo:")})
+print(f"rank {rank}, the reduce-scatter ran: {ran}")
+assert ran == ["gloo:all_reduce"]  # an all-reduce, on every system
 if counted:
     wire = {op: comm.bytes_written_per_call(run) / S_wire
             for op, run in collectives.items()}

@@ -151,6 +151,9 @@ def test_each_broken_stage_fails_the_lessons_assertion(ranks, mistake):
 # What gloo writes to its sockets (the cells after "sent"): priced as the ring's,
 # or sent by a stage other than the one whose collectives were recorded.
 WIRE_BROKEN = {
+    "another collective profiled": (
+        "wire", '    collectives["reduce_scatter"]()\n',
+        '    collectives["all_gather"]()\n', None),
     "the reduce-scatter priced as the ring's half": (
         "wire", 'comm.sent_share(op, world_size, "gloo")',
         "comm.sent_share(op, world_size)", None),
