@@ -19,7 +19,8 @@
 # このレッスンで見ること:
 # 1. メモリはどこに使われるか: Adam で学習するときの 1 ランクあたりのバイト数。式と、ランクで測った値
 # 2. ZeRO のステージ 1、2、3 を手で書く。数ステップのあとのパラメータが 1 プロセスと等しいこと
-# 3. 1 ステップで送るバイト数: all-reduce = reduce-scatter + all-gather、ステージ 3 は DDP の 1.5 倍
+# 3. 1 ステップで送るバイト数: all-reduce = reduce-scatter + all-gather、リングではステージ 3 が DDP の
+#    1.5 倍。gloo が実際に送るバイト数
 # 4. PyTorch の FSDP2 (`fully_shard`)
 # 5. いつシャードするか
 #
@@ -38,8 +39,8 @@
 #    measured on the ranks
 # 2. ZeRO stages 1, 2 and 3 written by hand; after several steps their parameters equal
 #    one process's
-# 3. bytes sent per step: all-reduce = reduce-scatter + all-gather, and stage 3 sends
-#    1.5 times DDP's bytes
+# 3. bytes sent per step: all-reduce = reduce-scatter + all-gather, and in a ring stage 3
+#    sends 1.5 times DDP's bytes; what gloo really sends
 # 4. PyTorch's FSDP2 (`fully_shard`)
 # 5. when to shard
 #
@@ -1453,7 +1454,7 @@ assert kept["held_after"]["gathered"] == freed["held_after"]["gathered"] == 0
 # `True` では、順伝播と逆伝播のあいだに持つのはシャードだけで、逆伝播でモデル全体をもう一度 all-gather
 # します (1 ステップで 2 回)。`False` では、集めたモデル全体 (パディングを含むバイト数) をシャードに加えて
 # 持ち、all-gather は順伝播の 1 回だけです。持ち続けたバイト数は、省いた all-gather のバイト数と
-# ちょうど同じです。`False` のステージ 3 は、送るバイト数が DDP と同じになり、そのかわりパラメータの
+# ちょうど同じです。`False` のステージ 3 は、送るバイト数がリングのアルゴリズムでは DDP と同じになり、そのかわりパラメータの
 # メモリは逆伝播までシャードしないのと同じになります。逆伝播のあとでは、どちらも集めたパラメータを
 # 解放します。
 #
@@ -1469,7 +1470,7 @@ assert kept["held_after"]["gathered"] == freed["held_after"]["gathered"] == 0
 # backward all-gathers the whole model again (twice a step). With `False`, the whole
 # gathered model (in bytes, padding included) is held on top of the shards, and the only
 # all-gather is the forward's: the bytes held are exactly the bytes of the all-gather
-# saved. Stage 3 with `False` sends DDP's bytes, and in exchange holds its parameters
+# saved. Stage 3 with `False` sends DDP's bytes (in the ring algorithm), and in exchange holds its parameters
 # as unsharded until the backward. After the backward, both free what they gathered.
 #
 # ### MixedPrecisionPolicy
@@ -1652,7 +1653,7 @@ fig = plots.memory_vs_world_size(
 # - ステージ 2 は 6 ランクから収まります (78 GB。5 ランクでは 83.2 GB)。
 #
 # つまり 3〜5 ランクでは、ステージ 3 しか選べません。余分な all-gather は、学習できることの代金です。
-# 6 ランクからはステージ 2 が、DDP と同じバイト数で収まります。そこでのステージ 3 の余分な
+# 6 ランクからはステージ 2 が、(リングでは) DDP と同じバイト数で収まります。そこでのステージ 3 の余分な
 # all-gather (1 ステップに 52 GB、パラメータ全体をもう一度) は、払わなくてよい時間です。何秒になるかを、
 # 「1 ステップで送るバイト数」でこの計算機に当てはめた α と β で見積もります (当てはめた all-reduce は
 # 128 KiB までなので、52 GB の秒数は外挿で、桁の目安です)。GPU のクラスタでは α と
@@ -1672,7 +1673,7 @@ fig = plots.memory_vs_world_size(
 # - Stage 2 fits from 6 ranks on (78 GB; 83.2 GB on 5).
 #
 # So on 3 to 5 ranks stage 3 is the only choice: its extra all-gather is the price of
-# training at all. From 6 ranks on, stage 2 fits, sending DDP's bytes; stage 3's extra
+# training at all. From 6 ranks on, stage 2 fits, sending DDP's bytes (in a ring); stage 3's extra
 # all-gather (52 GB a step, all the parameters once more) is time paid for nothing.
 # How many seconds, the α–β model estimates with the α and β fitted on this machine in
 # "Bytes sent per step" (on all-reduces of at most 128 KiB: for 52 GB the seconds are
