@@ -1222,9 +1222,9 @@ for stage in stages:
 # 7 倍違うことがありました。
 #
 # gloo の reduce-scatter を、実際に行う all-reduce として値を付けても (`implementation="gloo"`、上の
-# 「gloo」の列)、ステージを交互に 9 回ずつ測った中央値でも、誤差は限れませんでした。ある実行では
-# リングの値付けで +126% から +1100%、gloo の値付けで +51% から +700% でした。gloo の値付けのほうが
-# 近くなりますが、当てはめた all-reduce そのものも、負荷のあるこのマシンでは 64 KiB〜4 MiB で
+# 「gloo」の列)、ステージを交互に 9 回ずつ測った中央値でも、誤差は限れませんでした。負荷の高い実行では
+# リングの値付けで +126% から +1100%、gloo の値付けで +51% から +700%、静かな実行ではリングで +22% から
+# +36%、gloo で −12% から −8% でした。gloo の値付けのほうが近くなりますが、当てはめた all-reduce そのものも、負荷のあるこのマシンでは 64 KiB〜4 MiB で
 # −37% から +665% 外れました (3 回の実行)。それで、このセルは時間とモデルの誤差を表示するだけで、
 # 確かめるのはバイト数です (時間はベンチマークで、交互に測ります)。ステップの中で測った時間
 # (inside the step) には、もう一方のランクが来るのを待つ時間も入ります。
@@ -1240,8 +1240,9 @@ for stage in stages:
 #
 # Pricing gloo's reduce-scatter as the all-reduce it runs (`implementation="gloo"`, the
 # "gloo" column above) and taking medians of 9 interleaved rounds did not make the
-# error boundable: in one run the ring's pricing was off by +126% to +1100%, gloo's by
-# +51% to +700%. Gloo's pricing comes closer, but on this loaded machine even the
+# error boundable: in a loaded run the ring's pricing was off by +126% to +1100%, gloo's
+# by +51% to +700%; in a quiet one the ring's by +22% to +36%, gloo's by -12% to -8%.
+# Gloo's pricing comes closer, but on this loaded machine even the
 # all-reduce the model is fitted on missed by -37% to +665% at 64 KiB to 4 MiB (three
 # runs). So this cell prints the time and the model's error, and asserts the bytes (the
 # benchmark measures time, interleaved). Timed inside the step, a collective also
