@@ -1,0 +1,200 @@
+"""A slow link you can dial: each all-reduce takes alpha + bytes / beta longer.
+
+On one machine the ranks talk over loopback, far faster than a network. A
+`SlowLink(alpha_s, beta_Bps)`, while active, holds back the completion of
+every `dist.all_reduce` by the time a link of latency `alpha_s` (seconds) and
+bandwidth `beta_Bps` (bytes per second) would take to carry it, on top of the
+real collective. DDP's Python comm hooks all send through `dist.all_reduce`
+(allreduce_hook, fp16_compress_hook, PowerSGD's P, Q and its uncompressed
+tensors), so any of them runs over the link unchanged, and the bytes priced
+are what the hook hands over: the compressed payload (2 bytes per element
+for fp16; P and Q for PowerSGD), the tensor of the all-reduce.
+
+The link is serial, like a wire: a collective's delay starts when the real
+collective is done and the one before it has left the link. The delay is
+waited on a timer thread, never on the thread that completes the collective:
+gloo completes futures and runs their callbacks on its worker threads (two
+by default, ProcessGroupGloo's `threads`), and a sleep there would stall
+every other collective of the group.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import threading
+import time
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from . import comm, i18n
+
+__all__ = ["LinkCall", "SlowLink", "combined", "link_time"]
+
+i18n.register({
+    "slow_link_describe": {
+        "ja": "遅いリンク: all-reduce 1 回ごとに、実際の通信の後に α + バイト数 / β "
+              "を足しています (α = {alpha_ms:g} ms、β = {beta_MBps:g} MB/s)",
+        "en": "Slow link: each all-reduce takes alpha + bytes / beta longer than the "
+              "real one (alpha = {alpha_ms:g} ms, beta = {beta_MBps:g} MB/s)",
+    },
+})
+
+
+def _check(alpha_s: float, beta_Bps: float) -> None:
+    if not isinstance(alpha_s, (int, float)) or not math.isfinite(alpha_s) \
+            or alpha_s < 0:
+        raise ValueError(f"alpha_s must be a finite number of seconds >= 0, "
+                         f"got {alpha_s!r}")
+    if not isinstance(beta_Bps, (int, float)) or math.isnan(beta_Bps) \
+            or beta_Bps <= 0:
+        raise ValueError(f"beta_Bps must be bytes per second > 0 (inf: no "
+                         f"bandwidth term), got {beta_Bps!r}")
+
+
+def link_time(nbytes: float, alpha_s: float, beta_Bps: float) -> float:
+    """Seconds the link adds to one all-reduce of `nbytes`: alpha + bytes / beta."""
+    _check(alpha_s, beta_Bps)
+    return alpha_s + nbytes / beta_Bps
+
+
+def combined(ab: comm.AlphaBeta, alpha_s: float, beta_Bps: float,
+             world_size: int) -> comm.AlphaBeta:
+    """The fitted all-reduce model with the link added to every all-reduce.
+
+    `combined(ab, a, b, n).time(S, n) == ab.time(S, n) + link_time(S, a, b)`
+    for every S: alpha grows by a / ring_steps(n), 1 / beta by
+    1 / (ring_factor(n) * b). Broadcasts are not delayed by the link, so its
+    broadcast_time is not the link's.
+    """
+    _check(alpha_s, beta_Bps)
+    steps, share = comm.ring_steps(world_size), comm.ring_factor(world_size)
+    return comm.AlphaBeta(alpha=ab.alpha + alpha_s / steps,
+                          beta=1 / (1 / ab.beta + 1 / (share * beta_Bps)))
+
+
+class LinkCall(NamedTuple):
+    """One all-reduce over the link: its bytes, the delay the rule adds, the hold.
+
+    Measured: `held_s`, from the real collective's end to the moment the link
+    let it complete (the delay, plus any wait for the link to be free), and
+    `late_s`, how much later than the link's schedule that was (a timer
+    thread waking late on a busy machine).
+    """
+
+    nbytes: int
+    delay_s: float
+    held_s: float
+    late_s: float
+
+
+class _DelayedWork:
+    """An all-reduce's handle whose future completes when the link lets it."""
+
+    def __init__(self, future: torch.futures.Future):
+        self._future = future
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def wait(self, timeout=None) -> bool:
+        self._future.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+
+class SlowLink:
+    """`with SlowLink(alpha_s, beta_Bps) as link:` slows every all-reduce down.
+
+    `link.calls` lists a LinkCall per all-reduce since the last `reset()`.
+    """
+
+    def __init__(self, alpha_s: float, beta_Bps: float):
+        _check(alpha_s, beta_Bps)
+        self.alpha_s, self.beta_Bps = float(alpha_s), float(beta_Bps)
+        self.calls: list[LinkCall] = []
+        self._lock = threading.Lock()
+        self._free_at = 0.0  # perf_counter time when the link is free again
+        self._original = None
+
+    def describe(self) -> str:
+        """What the link adds, in the learner's language."""
+        return i18n.t("slow_link_describe", alpha_ms=self.alpha_s * 1e3,
+                      beta_MBps=self.beta_Bps / 1e6)
+
+    def reset(self) -> None:
+        """Forget the calls so far."""
+        with self._lock:
+            self.calls = []
+
+    def added_s(self) -> float:
+        """Seconds of delay the rule added to the calls so far (their sum)."""
+        return sum(call.delay_s for call in self.calls)
+
+    def __enter__(self) -> SlowLink:
+        if self._original is not None:
+            raise RuntimeError("this SlowLink is already active")
+        self._original = dist.all_reduce
+        dist.all_reduce = self._slowed(self._original)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        dist.all_reduce = self._original
+        self._original = None
+
+    def _hold(self, nbytes: int, done_at: float) -> tuple[float, float]:
+        """Book the link for one call: (its delay, when it may complete)."""
+        delay = link_time(nbytes, self.alpha_s, self.beta_Bps)
+        with self._lock:
+            release = max(done_at, self._free_at) + delay
+            self._free_at = release
+        return delay, release
+
+    def _record(self, nbytes: int, delay: float, done_at: float,
+                release: float) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            self.calls.append(LinkCall(nbytes, delay, now - done_at, now - release))
+
+    def _slowed(self, original):
+        signature = inspect.signature(original)  # tensor, async_op: by position or name
+
+        @functools.wraps(original)
+        def slowed(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs).arguments
+            tensor = bound["tensor"]
+            nbytes = tensor.numel() * tensor.element_size()
+            work = original(*args, **kwargs)
+            if not bound.get("async_op", False):
+                done_at = time.perf_counter()
+                delay, release = self._hold(nbytes, done_at)
+                time.sleep(max(0.0, release - time.perf_counter()))
+                self._record(nbytes, delay, done_at, release)
+                return work
+            delayed = torch.futures.Future()
+
+            def release_later(fut: torch.futures.Future) -> None:
+                # Runs on gloo's thread: book the link, and leave the waiting
+                # to a timer thread.
+                done_at = time.perf_counter()
+                delay, release = self._hold(nbytes, done_at)
+
+                def complete() -> None:
+                    self._record(nbytes, delay, done_at, release)
+                    try:
+                        delayed.set_result(fut.value())
+                    except Exception as error:  # the collective failed: pass it on
+                        delayed.set_exception(error)
+
+                threading.Timer(max(0.0, release - time.perf_counter()),
+                                complete).start()
+
+            work.get_future().add_done_callback(release_later)
+            return _DelayedWork(delayed)
+
+        return slowed

@@ -1,0 +1,83 @@
+"""Rank-side trials for test_slow_link.py, run on every rank of a group.
+
+A separate module so that pytest does not rewrite it: the engines import it
+by name and run the same code as the test process sees.
+"""
+
+import time
+
+import torch
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from labkit import slow_link
+
+WIDTH = 256  # two 256 x 256 layers: about 0.5 MB of gradients, two buckets
+
+
+def _hook(name):
+    if name == "allreduce":
+        return default_hooks.allreduce_hook, None
+    if name == "fp16":
+        return default_hooks.fp16_compress_hook, None
+    state = powersgd.PowerSGDState(None, matrix_approximation_rank=1,
+                                   start_powerSGD_iter=2)
+    return powersgd.powerSGD_hook, state
+
+
+class NoWaitLink(slow_link.SlowLink):
+    """A link that books each call's delay but lets it complete at once."""
+
+    def _hold(self, nbytes, done_at):
+        delay, _ = super()._hold(nbytes, done_at)
+        return delay, done_at
+
+
+def _model(hook_name):
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH))
+    # PowerSGD in one bucket (as send_less does): two would race on gloo.
+    model = DDP(module, bucket_cap_mb=0.1 if hook_name != "powersgd" else 100)
+    hook, state = _hook(hook_name)
+    model.register_comm_hook(state, hook)
+    return model
+
+
+def step_over_link(hook_name, alpha_s, beta_Bps, steps=3, no_wait=False):
+    """Train two copies, one over the link, one not; the link's record.
+
+    Returns the last step's calls (nbytes, delay_s, held_s), that step's
+    seconds over the link, the largest gradient difference between the two
+    copies at any step, and the gradients' bytes.
+    """
+    rank = torch.distributed.get_rank()
+    plain, slowed = _model(hook_name), _model(hook_name)
+    link = (NoWaitLink if no_wait else slow_link.SlowLink)(alpha_s, beta_Bps)
+    g = torch.Generator().manual_seed(rank)  # ranks see different data
+    worst = 0.0
+    for _ in range(steps):
+        X = torch.randn(32, WIDTH, generator=g)
+        plain.zero_grad()
+        plain(X).square().mean().backward()
+        slowed.zero_grad()
+        link.reset()
+        with link:
+            start = time.perf_counter()
+            slowed(X).square().mean().backward()
+            step_s = time.perf_counter() - start
+        for a, b in zip(plain.parameters(), slowed.parameters(), strict=True):
+            worst = max(worst, (a.grad - b.grad).abs().max().item())
+    nbytes = sum(p.numel() * p.element_size() for p in plain.parameters())
+    return [tuple(c) for c in link.calls], step_s, worst, nbytes
+
+
+def blocking_allreduce(alpha_s, beta_Bps):
+    """One blocking all-reduce over the link: its record and its seconds."""
+    link = slow_link.SlowLink(alpha_s, beta_Bps)
+    with link:
+        start = time.perf_counter()
+        torch.distributed.all_reduce(torch.ones(WIDTH))
+        seconds = time.perf_counter() - start
+    return [tuple(c) for c in link.calls], seconds
