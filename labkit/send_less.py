@@ -12,9 +12,11 @@ and the memory its gradients and optimizer state hold.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import torch
@@ -29,7 +31,8 @@ from . import comm, comm_counting, i18n, models, timing, workload
 
 __all__ = ["METHODS", "Sent", "bucket_counts", "build",
            "compare_methods", "error_feedback_trial", "large_config",
-           "optimizer_state_bytes", "predicted_step_s", "storage_bytes"]
+           "no_communication", "optimizer_state_bytes",
+           "predicted_step_s", "storage_bytes"]
 
 # Lesson 06's table and plots of the methods side by side.
 i18n.register({
@@ -145,7 +148,7 @@ def build(name: str, cfg: workload.Config
 
 
 def compare_methods(names: Sequence[str] = METHODS, cfg: workload.Config | None = None,
-                    steps: int = 40) -> dict[str, dict]:
+                    steps: int = 40, local: bool = False) -> dict[str, dict]:
     """Run on every rank: each method for `steps` steps, one step of each in turn.
 
     Every method starts from the same weights and sees this rank's same
@@ -157,6 +160,12 @@ def compare_methods(names: Sequence[str] = METHODS, cfg: workload.Config | None 
     "loss" (the ranks' mean, per step), "final_loss" (on the whole data set),
     "grad_bytes" and "state_bytes" (the memory of gradients and buckets, and
     of the optimizer state, on this rank).
+
+    With `local=True`, each round also takes, right after each method's step,
+    the same step of a copy of the method sending nothing (`no_communication`)
+    and returns its median as "local_step_s": the method's local work, timed
+    under the same load as its step. A method's minus DDP's (DDP + Adam's for
+    ZeRO) is the compute it adds, `predicted_step_s`'s `added_compute_s`.
     """
     if steps < POWERSGD_WARMUP + 2:
         raise ValueError(f"steps must be at least {POWERSGD_WARMUP + 2} (PowerSGD's "
@@ -173,6 +182,7 @@ def compare_methods(names: Sequence[str] = METHODS, cfg: workload.Config | None 
         model, optimizer, buffers = build(name, cfg)
         runs[name] = {"model": model, "optimizer": optimizer, "buffers": buffers,
                       "bytes": [], "calls": [], "sent": [], "wire": [], "loss": []}
+    copies = {name: build(name, cfg)[:2] for name in names} if local else {}
     counts_wire = comm.can_count_bytes_written()
     sent = comm_counting.CollectiveLog()
 
@@ -183,13 +193,24 @@ def compare_methods(names: Sequence[str] = METHODS, cfg: workload.Config | None 
         loss.backward()
         run["optimizer"].step()
 
-    def before(name: str) -> None:
+    def local_step(model: DDP, optimizer: torch.optim.Optimizer) -> None:
+        X, y = batches[0]  # the values do not change the work
+        with no_communication():
+            optimizer.zero_grad()
+            criterion(model(X), y).backward()
+            optimizer.step()
+
+    def before(name: str | tuple[str, str]) -> None:
         dist.barrier()
+        if isinstance(name, tuple):  # a copy sending nothing
+            return
         sent.reset()
         runs[name]["buffers"].storages.clear()  # DDP rebuilds its buckets after step 1
         runs[name]["written"] = comm.bytes_written() if counts_wire else 0
 
-    def after(name: str) -> None:
+    def after(name: str | tuple[str, str]) -> None:
+        if isinstance(name, tuple):
+            return
         run = runs[name]
         run["wire"].append(comm.bytes_written() - run["written"] if counts_wire
                            else None)
@@ -198,10 +219,14 @@ def compare_methods(names: Sequence[str] = METHODS, cfg: workload.Config | None 
         run["sent"].append(Sent.of(sent))
         run["loss"].append(run["last_loss"].item())
 
+    fns: dict = {}
+    for name, run in runs.items():
+        fns[name] = functools.partial(train_step, run)
+        if local:
+            fns[name, "local"] = functools.partial(local_step, *copies[name])
     with sent:
-        times = timing.interleaved(
-            {name: functools.partial(train_step, run) for name, run in runs.items()},
-            rounds=steps, warmup=0, before=before, after=after)
+        times = timing.interleaved(fns, rounds=steps, warmup=0, before=before,
+                                   after=after)
     out = {}
     for name, run in runs.items():
         losses = torch.tensor(run["loss"])
@@ -216,6 +241,9 @@ def compare_methods(names: Sequence[str] = METHODS, cfg: workload.Config | None 
             "grad_bytes": storage_bytes(run["model"], run["buffers"].storages),
             "state_bytes": optimizer_state_bytes(run["optimizer"]),
         }
+        if local:
+            out[name]["local_step_s"] = statistics.median(
+                times[name, "local"][POWERSGD_WARMUP + 1:])
     return out
 
 
@@ -243,18 +271,25 @@ def bucket_counts(caps: Sequence[float | None], cfg: workload.Config | None = No
 
 
 def predicted_step_s(ddp_step_s: float, ddp_sent: Sent, sent: Sent,
-                     ab: comm.AlphaBeta, world_size: int) -> float:
+                     ab: comm.AlphaBeta, world_size: int,
+                     added_compute_s: float = 0.0) -> float:
     """Lesson 05's step model with a compression factor: a method's step time.
 
     DDP's measured step with its communication, `ddp_sent` (what DDP's step
     handed to collectives), swapped for the method's `sent`: each all-reduce
     an equal share of the all-reduced bytes, timed as a ring all-reduce, and
     each broadcast an equal share of the broadcast bytes, timed as one source
-    sending (AlphaBeta.broadcast_time). The model knows only what is sent: the
-    compute a method adds (casting, PowerSGD's products and
+    sending (AlphaBeta.broadcast_time). By default the model knows only what
+    is sent: the compute a method adds (casting, PowerSGD's products and
     orthogonalization) is not in it, nor how much of DDP's communication the
-    backward pass hid.
+    backward pass hid. `added_compute_s`, the seconds the method's local work
+    adds to DDP's (`compare_methods(..., local=True)`'s "local_step_s", the
+    method's minus DDP's), is added to the step; it may be negative (ZeRO
+    updates only its shard).
     """
+    if not math.isfinite(added_compute_s):
+        raise ValueError(f"added_compute_s must be a finite number of seconds, "
+                         f"got {added_compute_s!r}")
     def communication(s: Sent) -> float:
         seconds = 0.0
         if s.all_reduce_calls:
@@ -265,7 +300,47 @@ def predicted_step_s(ddp_step_s: float, ddp_sent: Sent, sent: Sent,
                 s.broadcast_bytes / s.broadcast_calls, world_size)
         return seconds
 
-    return ddp_step_s - communication(Sent(*ddp_sent)) + communication(Sent(*sent))
+    return (ddp_step_s - communication(Sent(*ddp_sent)) + communication(Sent(*sent))
+            + added_compute_s)
+
+
+class _Done:
+    """The handle of a collective that did nothing: complete, its tensor as is."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self._future = torch.futures.Future()
+        self._future.set_result([tensor])
+
+    def wait(self, *args, **kwargs) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+
+@contextlib.contextmanager
+def no_communication() -> Iterator[None]:
+    """While active, `dist.all_reduce` and `dist.broadcast` send nothing.
+
+    Each returns at once, leaving its tensor as it is (a complete handle when
+    asked for one): every comm hook and ZeRO's broadcasts go through them, so a
+    step under it does a method's local work only. DDP's C++ code calls the
+    process group past them (its broadcast when built, static_graph's first
+    step), and so does any other collective.
+    """
+    originals = dist.all_reduce, dist.broadcast
+
+    def nothing(tensor=None, *args, async_op=False, **kwargs):  # ZeRO: tensor=...
+        return _Done(tensor) if async_op else None
+
+    dist.all_reduce, dist.broadcast = nothing, nothing
+    try:
+        yield
+    finally:
+        dist.all_reduce, dist.broadcast = originals
 
 
 def error_feedback_trial(use_error_feedback: bool, steps: int = 40, n: int = 16,
