@@ -1,11 +1,12 @@
 """Benchmarks of the course: launch, loop overhead, scaling, cost model, course time.
 
-    python bench/run.py [--quick] [--only course|sharding] --json FILE [--record]
+    python bench/run.py [--quick] [--only course|sharding|crossover] --json FILE
+        [--record]
 
 Speed lives here, never in tests. Alternatives are measured side by side in
 one run and reported as ratios, since the machine is shared and noisy.
 --record rewrites the table in bench/README.md with this run's figures; with
---only course or --only sharding, only those rows.
+--only course, --only sharding or --only crossover, only those rows.
 """
 
 from __future__ import annotations
@@ -379,6 +380,222 @@ def levers_table(ranks, steps: int) -> dict:
     return {"levers": table, "levers_model_max_rel_error": max(errors.values())}
 
 
+# The slow link's bandwidths (bytes/s), slowest first, denser where the
+# methods cross (about 0.5-1 GB/s in trial runs), and its latency; loopback
+# is measured beside them.
+CROSSOVER_BETAS = (1e7, 3e7, 1e8, 2e8, 5e8, 1e9, 2e9, 5e9)
+CROSSOVER_ALPHA_S = 100e-6
+CROSSOVER_METHODS = ("DDP", "fp16", "PowerSGD r=1")
+
+
+def crossover_steps(methods: tuple, betas: tuple, alpha_s: float, rounds: int
+                    ) -> dict:
+    """On each rank: lesson 06's `methods` over the slow link at each beta.
+
+    The large MLP; every method first takes PowerSGD's warm-up on loopback
+    (so PowerSGD compresses when timed), then every (link, method) pair takes
+    one warm-up step and `rounds` steps, the pairs taking turns, so that the
+    machine's load falls on every link alike. Per link (infinity: loopback)
+    and method: the median step, what went over the link per step (bytes,
+    all-reduces) and the delay the link added to that step.
+    """
+    import functools
+    import math
+    import statistics
+
+    import torch.distributed as dist
+
+    from labkit import models, send_less, slow_link, timing, workload
+
+    cfg = send_less.large_config()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    data = workload.make_dataset(cfg)
+    batches = [workload.micro_batches(data, cfg, step, rank, world_size)[0]
+               for step in range(8)]
+    runs = {name: send_less.build(name, cfg)[:2] for name in methods}
+    taken = dict.fromkeys(methods, 0)
+
+    def step(name: str) -> None:
+        model, optimizer = runs[name]
+        X, y = batches[taken[name] % len(batches)]
+        taken[name] += 1
+        optimizer.zero_grad()
+        models.MyLoss()(model(X), y).backward()
+        optimizer.step()
+
+    timing.interleaved({name: functools.partial(step, name) for name in methods},
+                       rounds=1, warmup=send_less.POWERSGD_WARMUP)
+    # Loopback is the link at alpha 0, beta infinite: the same machinery, so
+    # its own cost (a timer per all-reduce) is in every column alike.
+    links = {beta: slow_link.SlowLink(alpha_s if beta < math.inf else 0.0, beta)
+             for beta in (math.inf, *betas)}
+
+    def over(beta: float, name: str) -> None:
+        with links[beta]:
+            step(name)
+
+    def before(pair: tuple) -> None:
+        dist.barrier()  # not an all-reduce: no link slows it
+        links[pair[0]].reset()
+
+    seen: dict = {}
+
+    def after(pair: tuple) -> None:
+        calls = list(links[pair[0]].calls)
+        seen.setdefault(pair, []).append((sum(c.nbytes for c in calls), len(calls),
+                                          sum(c.delay_s for c in calls)))
+
+    times = timing.interleaved(
+        {(beta, name): functools.partial(over, beta, name)
+         for beta in links for name in methods},
+        rounds=rounds, before=before, after=after)
+    return {beta: {name: {"step_s": statistics.median(times[beta, name]),
+                          "bytes": seen[beta, name][-1][0],
+                          "calls": seen[beta, name][-1][1],
+                          "link_s": statistics.median(s[2] for s in seen[beta, name])}
+                   for name in methods} for beta in links}
+
+
+def _log_crossing(lo: tuple, hi: tuple) -> float:
+    """Beta where log(ratio) crosses 0 between (beta, ratio) points lo and hi."""
+    import math
+
+    (b0, r0), (b1, r1) = lo, hi
+    f = math.log(r0) / (math.log(r0) - math.log(r1))
+    return math.exp(math.log(b0) + f * (math.log(b1) - math.log(b0)))
+
+
+def crossing(points: list[tuple[float, float]]) -> float | None:
+    """The highest beta below which the ratio (method over DDP) is under 1.
+
+    `points` are (beta, ratio), slowest first; None where it never drops below
+    1, infinity where it is below 1 at every point.
+    """
+    if all(r < 1 for _, r in points):
+        return float("inf")
+    for lo, hi in zip(points[::-1][1:], points[::-1], strict=False):
+        if lo[1] < 1 <= hi[1]:
+            return _log_crossing(lo, hi)
+    return None
+
+
+def crossover_table(ranks, rounds: int) -> dict:
+    """The bandwidth below which fp16 and PowerSGD r=1 beat DDP: measured, predicted.
+
+    Measured: the ratio of medians over the link at each beta, interpolated in
+    log beta. Predicted two ways: lesson 06's step model
+    (send_less.predicted_step_s from DDP's loopback step, bytes only) with the
+    link added to the fitted alpha-beta (slow_link.combined), on a fine grid;
+    and each method's measured loopback step plus what the link adds to what
+    it sends (all-reduces x alpha + bytes / beta).
+    """
+    import math
+
+    from labkit import comm, send_less, slow_link
+
+    betas, alpha = CROSSOVER_BETAS, CROSSOVER_ALPHA_S
+    steps = ranks.run(crossover_steps, CROSSOVER_METHODS, betas, alpha, rounds)[0]
+    sizes = [4**k * 1024 for k in range(2, 8)]
+    ab = comm.fit_alpha_beta(sizes, ranks.run(comm.allreduce_sweep, sizes, 5)[0], 2)
+    loop = steps[math.inf]
+    sent = {name: send_less.Sent(loop[name]["bytes"], loop[name]["calls"])
+            for name in CROSSOVER_METHODS}
+    grid = [10 ** (6 + k / 20) for k in range(121)]  # 1 MB/s to 1 TB/s
+
+    def model_step(name: str, beta: float) -> float:
+        return send_less.predicted_step_s(loop["DDP"]["step_s"], sent["DDP"],
+                                          sent[name], slow_link.combined(
+                                              ab, alpha, beta, 2), 2)
+
+    def loopback_plus_link(name: str, beta: float) -> float:
+        return (loop[name]["step_s"] + loop[name]["calls"] * alpha
+                + loop[name]["bytes"] / beta)
+
+    table = {}
+    for name in CROSSOVER_METHODS[1:]:
+        table[name] = {
+            "loopback_ratio": loop[name]["step_s"] / loop["DDP"]["step_s"],
+            "measured_Bps": crossing([(b, steps[b][name]["step_s"]
+                                       / steps[b]["DDP"]["step_s"]) for b in betas]),
+            "predicted_model_Bps": crossing([(b, model_step(name, b)
+                                              / model_step("DDP", b)) for b in grid]),
+            "predicted_loopback_Bps": crossing([(b, loopback_plus_link(name, b)
+                                                 / loopback_plus_link("DDP", b))
+                                                for b in grid]),
+        }
+    json_beta = {math.inf: "loopback", **{b: f"{b:g}" for b in betas}}
+    return {"crossover": table,
+            "crossover_steps": {json_beta[b]: v for b, v in steps.items()},
+            "crossover_alpha_s": alpha, "crossover_rounds": rounds,
+            "crossover_alpha_beta": {"alpha": ab.alpha, "beta": ab.beta}}
+
+
+def crossover_rounds(quick: bool) -> int:
+    return 5 if quick else 15
+
+
+CROSSOVER_HEADER = "The slow link (slow_link.SlowLink"
+
+
+def _bps(value: float | None) -> str:
+    if value is None:
+        return "never"
+    return "at every bandwidth" if value == float("inf") else f"{value / 1e6:,.0f} MB/s"
+
+
+def _crossover_lines(results: dict) -> list[str]:
+    """The crossover table, the steps under it, and how they were run."""
+    ab, steps = results["crossover_alpha_beta"], results["crossover_steps"]
+    lines = ["", f"{CROSSOVER_HEADER}: each all-reduce held alpha + bytes / beta "
+             f"after the real one, alpha {results['crossover_alpha_s'] * 1e6:.0f} us; "
+             f"lesson 06's large MLP, 2 ranks, {results['crossover_rounds']} "
+             f"interleaved rounds per link; {results['date']}, "
+             f"{'--quick' if results['quick'] else 'full'}"
+             f"{', `--only crossover`' if results.get('only') == 'crossover' else ''}; "
+             f"loopback fitted alpha {ab['alpha'] * 1e6:.0f} us, beta "
+             f"{ab['beta'] / 1e9:.2f} GB/s). The bandwidth below which the method's "
+             "step is shorter than DDP's:", "",
+             "| method | step over DDP's, loopback | measured (\"at every bandwidth\": "
+             "at every link of the sweep) | predicted: step model, bytes only, link "
+             "added | predicted: loopback step + link |", "|---|---|---|---|---|"]
+    for name, row in results["crossover"].items():
+        lines.append(f"| {name} | {row['loopback_ratio']:.3f} | "
+                     f"{_bps(row['measured_Bps'])} | "
+                     f"{_bps(row['predicted_model_Bps'])} | "
+                     f"{_bps(row['predicted_loopback_Bps'])} |")
+    names = list(next(iter(steps.values())))
+    lines += ["", "| link beta | " + " | ".join(f"{n} step (ms)" for n in names)
+              + " | DDP: link's delay per step (ms) |",
+              "|---|" + "---|" * (len(names) + 1)]
+    for beta, row in steps.items():
+        label = beta if beta == "loopback" else f"{float(beta) / 1e6:,.0f} MB/s"
+        lines.append(f"| {label} | " + " | ".join(
+            f"{row[n]['step_s'] * 1e3:.1f}" for n in names)
+            + f" | {row['DDP']['link_s'] * 1e3:.1f} |")
+    return lines
+
+
+def record_crossover(results: dict, readme: Path) -> None:
+    """Replace only the slow link's tables in bench/README.md (add them if absent)."""
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.index(TABLE_START), text.index(TABLE_END)
+    lines = text[start + len(TABLE_START):end].strip("\n").split("\n")
+    if any(line.startswith(CROSSOVER_HEADER) for line in lines):
+        first = next(i for i, line in enumerate(lines)
+                     if line.startswith(CROSSOVER_HEADER))
+        last = first + 1
+        for _ in range(2):  # the two tables, each after a blank line
+            while last < len(lines) and not lines[last]:
+                last += 1
+            while last < len(lines) and lines[last].startswith("|"):
+                last += 1
+        lines[first - 1:last] = _crossover_lines(results)
+    else:
+        lines += _crossover_lines(results)
+    readme.write_text(text[:start + len(TABLE_START)] + "\n" + "\n".join(lines) + "\n"
+                      + text[end:], encoding="utf-8")
+
+
 # Lesson 11's trainers, by the class each of its cells defines; the cells that
 # define them, in the order they run (a %%px cell's source, as the notebook has it).
 SHARDING_TRAINERS = {"DDP": "DDPAdam", "ZeRO-1": "Zero1", "ZeRO-2": "Zero2",
@@ -578,6 +795,12 @@ def run(quick: bool, only: str | None = None) -> dict:
                    **sharding_table(ranks, sharding_rounds(quick))}
         ranks.stop()
         return _machine_and_goals(results)
+    if only == "crossover":
+        ranks = cluster.start(2, activate=False)
+        results = {"quick": quick, "only": only,
+                   **crossover_table(ranks, crossover_rounds(quick))}
+        ranks.stop()
+        return _machine_and_goals(results)
 
     repeat = 5 if quick else 15
     results: dict = {"quick": quick}
@@ -588,6 +811,7 @@ def run(quick: bool, only: str | None = None) -> dict:
     models = ranks.run(cost_model, 15 if quick else 27)[0]
     results.update(levers_table(ranks, 40 if quick else 100))
     results.update(sharding_table(ranks, sharding_rounds(quick)))
+    results.update(crossover_table(ranks, crossover_rounds(quick)))
     ranks.stop()
     results["nosync_model"] = models
     results["nosync_model_max_rel_error"] = max(m["max_rel_error"]
@@ -758,6 +982,7 @@ def record(results: dict, readme: Path) -> None:
                     f"{entry['step_ratio']:.3f} | {entry['predicted_ratio']:.3f} | "
                     f"{entry['final_loss']:.4f} |")
     rows += _sharding_lines(results)
+    rows += _crossover_lines(results)
     text = readme.read_text(encoding="utf-8")
     start, end = text.index(TABLE_START), text.index(TABLE_END)
     readme.write_text(text[:start + len(TABLE_START)] + "\n" + "\n".join(rows) + "\n"
@@ -767,10 +992,12 @@ def record(results: dict, readme: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
-    parser.add_argument("--only", choices=("course", "sharding"),
+    parser.add_argument("--only", choices=("course", "sharding", "crossover"),
                         help="measure only this: sharding = lesson 11's trainers "
                              "(the `sharding` table); course = every notebook of both "
-                             "languages (course_exec_s_ja, course_exec_s_en)")
+                             "languages (course_exec_s_ja, course_exec_s_en); "
+                             "crossover = DDP, fp16 and PowerSGD r=1 over the slow "
+                             "link at several bandwidths (the `crossover` tables)")
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--record", action="store_true",
                         help="rewrite the results table in bench/README.md")
@@ -800,7 +1027,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:32s} {_cell(results[key]):>10s}   goal {goal['target']:8s} "
               f"{ {True: 'met', False: 'NOT met', None: ''}[goal['met']]}")
     if args.record:
-        {"course": record_course, "sharding": record_sharding}.get(args.only, record)(
+        {"course": record_course, "sharding": record_sharding,
+         "crossover": record_crossover}.get(args.only, record)(
             results, ROOT / "bench" / "README.md")
     return 0
 
