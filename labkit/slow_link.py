@@ -8,7 +8,10 @@ real collective. DDP's Python comm hooks all send through `dist.all_reduce`
 (allreduce_hook, fp16_compress_hook, PowerSGD's P, Q and its uncompressed
 tensors), so any of them runs over the link unchanged, and the bytes priced
 are what the hook hands over: the compressed payload (2 bytes per element
-for fp16; P and Q for PowerSGD), the tensor of the all-reduce.
+for fp16; P and Q for PowerSGD), the tensor of the all-reduce. A DDP model
+with no comm hook registered all-reduces inside the reducer, in C++, and is
+not slowed (no call is recorded): register `default_hooks.allreduce_hook`,
+DDP's default in its Python form, as send_less.build does.
 
 The link is serial, like a wire: a collective's delay starts when the real
 collective is done and the one before it has left the link. The delay is
