@@ -1,12 +1,12 @@
 """Benchmarks of the course: launch, loop overhead, scaling, cost model, course time.
 
-    python bench/run.py [--quick] [--only course|sharding|crossover] --json FILE
+    python bench/run.py [--quick] [--only course|levers|sharding|crossover] --json FILE
         [--record]
 
 Speed lives here, never in tests. Alternatives are measured side by side in
 one run and reported as ratios, since the machine is shared and noisy.
 --record rewrites the table in bench/README.md with this run's figures; with
---only course, --only sharding or --only crossover, only those rows.
+--only course, levers, sharding or crossover, only those rows.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ GOALS = {  # metric: (comparison, target), from the course's performance goals
     "loop_overhead_ratio": ("<=", 1.03),
     "scaling_efficiency_2proc": (">=", 0.8),
     "nosync_model_max_rel_error": ("<=", 0.20),
+    "levers_model_max_rel_error": ("<=", 0.20),
     "course_exec_s_ja": ("<=", 300.0),
     "course_exec_s_en": ("<=", 300.0),
 }
@@ -354,30 +355,82 @@ def cost_model(repeat: int) -> dict:
     return out
 
 
+# The dialled link of the levers check: the crossover table's latency, and a
+# bandwidth at which DDP's all-reduces take twice as long as on the loopback.
+LEVERS_LINK = {"alpha_s": 100e-6, "beta_Bps": 5e8}
+
+
+def levers_over_link(names: tuple, alpha_s: float, beta_Bps: float, steps: int
+                     ) -> dict:
+    """On each rank: compare_methods with its local steps, over the slow link."""
+    from labkit import send_less, slow_link
+
+    with slow_link.SlowLink(alpha_s, beta_Bps):
+        return send_less.compare_methods(names, None, steps, True)
+
+
+def levers_predictions(both: list[dict], ab, world_size: int = 2) -> dict:
+    """Per method of one compare_methods(..., local=True) run: step, prediction.
+
+    The model with the compute each method adds (its local step minus DDP's,
+    DDP + Adam's for ZeRO, the ranks' mean) and without it (bytes only).
+    """
+    import statistics
+
+    from labkit import send_less
+
+    runs, table = both[0], {}
+    for name in (name for name in send_less.METHODS if name in runs):
+        base_name = "DDP + Adam" if "Adam" in name else "DDP"
+        r, base = runs[name], runs[base_name]
+        added = statistics.mean(rank[name]["local_step_s"]
+                                - rank[base_name]["local_step_s"] for rank in both)
+        bytes_only, predicted = (
+            send_less.predicted_step_s(base["step_s"], base["sent"][-1],
+                                       r["sent"][-1], ab, world_size, extra)
+            for extra in (0.0, added))
+        table[name] = {"bytes_per_step": r["bytes"][-1], "step_s": r["step_s"],
+                       "step_ratio": r["step_s"] / base["step_s"],
+                       "local_step_s": [rank[name]["local_step_s"] for rank in both],
+                       "added_compute_s": added,
+                       "predicted_ratio": predicted / base["step_s"],
+                       "bytes_only_ratio": bytes_only / base["step_s"],
+                       "error": abs(predicted - r["step_s"]) / r["step_s"],
+                       "bytes_only_error": abs(bytes_only - r["step_s"]) / r["step_s"],
+                       "final_loss": r["final_loss"]}
+    return table
+
+
 def levers_table(ranks, steps: int) -> dict:
     """Lesson 06's methods on the large MLP, interleaved: bytes, time, the model.
 
     Per method: bytes per step after PowerSGD's warm-up, the median step time
     over DDP's (both from the same interleaved run; the Adam pair over DDP +
     Adam), and the same ratio predicted by the step model with a compression
-    factor (alpha and beta fitted on an all-reduce sweep of this run).
+    factor (alpha and beta fitted on an all-reduce sweep of this run), with
+    the compute the method adds (its step sending nothing, taken in the same
+    rounds, minus DDP's) and without it (bytes only). Then the same over the
+    dialled link (LEVERS_LINK, slow_link.combined with the fitted model),
+    without ZeRO: the link slows all-reduces, not its broadcasts.
     """
-    from labkit import comm, send_less
+    from labkit import comm, send_less, slow_link
 
-    runs = ranks.run(send_less.compare_methods, send_less.METHODS, None, steps)[0]
+    both = ranks.run(send_less.compare_methods, send_less.METHODS, None, steps, True)
     sizes = [4**k * 1024 for k in range(2, 8)]
     ab = comm.fit_alpha_beta(sizes, ranks.run(comm.allreduce_sweep, sizes, 5)[0], 2)
-    table, errors = {}, {}
-    for name in send_less.METHODS:
-        r, base = runs[name], runs["DDP + Adam" if "Adam" in name else "DDP"]
-        predicted = send_less.predicted_step_s(base["step_s"], base["sent"][-1],
-                                            r["sent"][-1], ab, 2)
-        table[name] = {"bytes_per_step": r["bytes"][-1],
-                       "step_ratio": r["step_s"] / base["step_s"],
-                       "predicted_ratio": predicted / base["step_s"],
-                       "final_loss": r["final_loss"]}
-        errors[name] = abs(predicted - r["step_s"]) / r["step_s"]
-    return {"levers": table, "levers_model_max_rel_error": max(errors.values())}
+    table = levers_predictions(both, ab)
+    names = tuple(name for name in send_less.METHODS if name != "ZeRO + Adam")
+    link = levers_predictions(
+        ranks.run(levers_over_link, names, *LEVERS_LINK.values(), steps),
+        slow_link.combined(ab, *LEVERS_LINK.values(), 2))
+    worst = {key: max(row[error] for row in rows.values())
+             for key, rows, error in [
+                 ("levers_model_max_rel_error", table, "error"),
+                 ("levers_bytes_model_max_rel_error", table, "bytes_only_error"),
+                 ("levers_link_model_max_rel_error", link, "error"),
+                 ("levers_link_bytes_model_max_rel_error", link, "bytes_only_error")]}
+    return {"levers": table, "levers_link": link,
+            "levers_alpha_beta": {"alpha": ab.alpha, "beta": ab.beta}, **worst}
 
 
 # The slow link's bandwidths (bytes/s), slowest first, denser where the
@@ -784,11 +837,21 @@ def sharding_rounds(quick: bool) -> int:
     return 20 if quick else 60
 
 
+def levers_steps(quick: bool) -> int:
+    return 40 if quick else 100
+
+
 def run(quick: bool, only: str | None = None) -> dict:
     if only == "course":
         return _machine_and_goals({"quick": quick, "only": only, **course_results()})
     from labkit import cluster
 
+    if only == "levers":
+        ranks = cluster.start(2, activate=False)
+        results = {"quick": quick, "only": only,
+                   **levers_table(ranks, levers_steps(quick))}
+        ranks.stop()
+        return _machine_and_goals(results)
     if only == "sharding":
         ranks = cluster.start(2, activate=False)
         results = {"quick": quick, "only": only,
@@ -809,7 +872,7 @@ def run(quick: bool, only: str | None = None) -> dict:
     results["loop_overhead_ratio"] = ranks.run(loop_ratio, 60 * repeat)[0]
     results.update(ranks.run(scaling, 6 * repeat)[0])
     models = ranks.run(cost_model, 15 if quick else 27)[0]
-    results.update(levers_table(ranks, 40 if quick else 100))
+    results.update(levers_table(ranks, levers_steps(quick)))
     results.update(sharding_table(ranks, sharding_rounds(quick)))
     results.update(crossover_table(ranks, crossover_rounds(quick)))
     ranks.stop()
@@ -891,6 +954,70 @@ def record_course(results: dict, readme: Path) -> None:
                       + text[end:], encoding="utf-8")
 
 
+LEVERS_KEYS = ["levers_model_max_rel_error", "levers_bytes_model_max_rel_error",
+               "levers_link_model_max_rel_error",
+               "levers_link_bytes_model_max_rel_error"]
+LEVERS_HEADER = "Ways to send less (lesson 06"
+
+
+def _levers_rows(rows: dict) -> list[str]:
+    lines = ["| method | bytes per step | step time over DDP | compute added (ms) | "
+             "predicted | error | predicted, bytes only | error | final loss |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        lines.append(f"| {name} | {row['bytes_per_step']:,} | "
+                     f"{row['step_ratio']:.3f} | {row['added_compute_s'] * 1e3:.2f} | "
+                     f"{row['predicted_ratio']:.3f} | {row['error']:.3f} | "
+                     f"{row['bytes_only_ratio']:.3f} | {row['bytes_only_error']:.3f} | "
+                     f"{row['final_loss']:.4f} |")
+    return lines
+
+
+def _levers_lines(results: dict) -> list[str]:
+    """Lesson 06's methods on the loopback and on the dialled link, and how run."""
+    ab, link = results["levers_alpha_beta"], LEVERS_LINK
+    return ["", f"{LEVERS_HEADER}; large MLP, 2 ranks, "
+            f"{levers_steps(results['quick'])} interleaved steps; {results['date']}, "
+            f"{'--quick' if results['quick'] else 'full'}"
+            f"{', `--only levers`' if results.get('only') == 'levers' else ''}; "
+            f"alpha {ab['alpha'] * 1e6:.0f} us, beta {ab['beta'] / 1e9:.2f} GB/s; "
+            "the Adam pair against DDP + Adam; on the loopback):", "",
+            *_levers_rows(results["levers"]), "",
+            f"The same over the slow link (alpha {link['alpha_s'] * 1e6:.0f} us, "
+            f"beta {link['beta_Bps'] / 1e6:.0f} MB/s on top of the loopback; "
+            "without ZeRO, whose broadcasts it does not slow):", "",
+            *_levers_rows(results["levers_link"])]
+
+
+def record_levers(results: dict, readme: Path) -> None:
+    """Replace only lesson 06's rows and table in bench/README.md.
+
+    The other rows keep their last full run; the table's line dates these.
+    """
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.index(TABLE_START), text.index(TABLE_END)
+    lines = text[start + len(TABLE_START):end].strip("\n").split("\n")
+    rows = [_metric_row(results, key) for key in LEVERS_KEYS]
+    kept: list[str] = []
+    for line in lines:
+        if line.startswith("| `levers_"):
+            kept += rows  # where the old row stood
+            rows = []
+        else:
+            kept.append(line)
+    first = next(i for i, line in enumerate(kept) if line.startswith(LEVERS_HEADER))
+    last = first + 2  # the blank line after the header, then the table's rows
+    while last + 1 < len(kept) and kept[last + 1].startswith("|"):
+        last += 1
+    if kept[last + 1:last + 3] and kept[last + 2].startswith("The same over the slow"):
+        last += 4  # the link's table: a blank line, its line, a blank, its header
+        while last + 1 < len(kept) and kept[last + 1].startswith("|"):
+            last += 1
+    kept[first - 1:last + 1] = _levers_lines(results)
+    readme.write_text(text[:start + len(TABLE_START)] + "\n" + "\n".join(kept) + "\n"
+                      + text[end:], encoding="utf-8")
+
+
 SHARDING_HEADER = "Sharded data parallelism (lesson 11"
 
 
@@ -952,7 +1079,7 @@ def record(results: dict, readme: Path) -> None:
                 "launch_speedup_warm_vs_cold",
                 "loop_overhead_ratio", "scaling_efficiency_2proc",
                 "scaling_ceiling_2proc",
-                "nosync_model_max_rel_error", "levers_model_max_rel_error",
+                "nosync_model_max_rel_error", *LEVERS_KEYS,
                 *COURSE_KEYS):
         rows.append(_metric_row(results, key))
     rounds = results["launch_rounds_s"]
@@ -972,15 +1099,7 @@ def record(results: dict, readme: Path) -> None:
             rows.append(f"| {name} | {k} | {sync_s:.4f} / {nosync_s:.4f} | "
                         f"{model.predict(int(k), False):.4f} / "
                         f"{model.predict(int(k), True):.4f} |")
-    rows += ["", "Ways to send less (lesson 06; large MLP, 2 ranks, interleaved; the "
-             "Adam pair against DDP + Adam):", "",
-             "| method | bytes per step | step time over DDP | predicted | final loss"
-             " |",
-             "|---|---|---|---|---|"]
-    for name, entry in results["levers"].items():
-        rows.append(f"| {name} | {entry['bytes_per_step']:,} | "
-                    f"{entry['step_ratio']:.3f} | {entry['predicted_ratio']:.3f} | "
-                    f"{entry['final_loss']:.4f} |")
+    rows += _levers_lines(results)
     rows += _sharding_lines(results)
     rows += _crossover_lines(results)
     text = readme.read_text(encoding="utf-8")
@@ -992,12 +1111,15 @@ def record(results: dict, readme: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
-    parser.add_argument("--only", choices=("course", "sharding", "crossover"),
+    parser.add_argument("--only",
+                        choices=("course", "levers", "sharding", "crossover"),
                         help="measure only this: sharding = lesson 11's trainers "
-                             "(the `sharding` table); course = every notebook of both "
-                             "languages (course_exec_s_ja, course_exec_s_en); "
-                             "crossover = DDP, fp16 and PowerSGD r=1 over the slow "
-                             "link at several bandwidths (the `crossover` tables)")
+                             "(the `sharding` table); levers = lesson 06's methods "
+                             "(the `levers` table and its model errors); course = "
+                             "every notebook of both languages (course_exec_s_ja, "
+                             "course_exec_s_en); crossover = DDP, fp16 and "
+                             "PowerSGD r=1 over the slow link at several bandwidths "
+                             "(the `crossover` tables)")
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--record", action="store_true",
                         help="rewrite the results table in bench/README.md")
@@ -1027,8 +1149,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:32s} {_cell(results[key]):>10s}   goal {goal['target']:8s} "
               f"{ {True: 'met', False: 'NOT met', None: ''}[goal['met']]}")
     if args.record:
-        {"course": record_course, "sharding": record_sharding,
-         "crossover": record_crossover}.get(args.only, record)(
+        {"course": record_course, "levers": record_levers,
+         "sharding": record_sharding, "crossover": record_crossover}.get(
+            args.only, record)(
             results, ROOT / "bench" / "README.md")
     return 0
 
