@@ -509,38 +509,16 @@ def crossover_steps(methods: tuple, betas: tuple, alpha_s: float, rounds: int
                    for name in methods} for beta in links}
 
 
-def _log_crossing(lo: tuple, hi: tuple) -> float:
-    """Beta where log(ratio) crosses 0 between (beta, ratio) points lo and hi."""
-    import math
-
-    (b0, r0), (b1, r1) = lo, hi
-    f = math.log(r0) / (math.log(r0) - math.log(r1))
-    return math.exp(math.log(b0) + f * (math.log(b1) - math.log(b0)))
-
-
-def crossing(points: list[tuple[float, float]]) -> float | None:
-    """The highest beta below which the ratio (method over DDP) is under 1.
-
-    `points` are (beta, ratio), slowest first; None where it never drops below
-    1, infinity where it is below 1 at every point.
-    """
-    if all(r < 1 for _, r in points):
-        return float("inf")
-    for lo, hi in zip(points[::-1][1:], points[::-1], strict=False):
-        if lo[1] < 1 <= hi[1]:
-            return _log_crossing(lo, hi)
-    return None
-
-
 def crossover_table(ranks, rounds: int) -> dict:
     """The bandwidth below which fp16 and PowerSGD r=1 beat DDP: measured, predicted.
 
     Measured: the ratio of medians over the link at each beta, interpolated in
-    log beta. Predicted two ways: lesson 06's step model
-    (send_less.predicted_step_s from DDP's loopback step, bytes only) with the
-    link added to the fitted alpha-beta (slow_link.combined), on a fine grid;
-    and each method's measured loopback step plus what the link adds to what
-    it sends (all-reduces x alpha + bytes / beta).
+    log beta. Predicted on a fine grid, two ways: lesson 06's step model
+    (send_less.predicted_step_s, bytes only) from DDP's step over the link
+    (its loopback step plus the link), with the link added to the alpha-beta
+    fitted on loopback (slow_link.combined); and each method's measured
+    loopback step plus what the link adds to what it sends (all-reduces x
+    alpha + bytes / beta).
     """
     import math
 
@@ -555,26 +533,34 @@ def crossover_table(ranks, rounds: int) -> dict:
             for name in CROSSOVER_METHODS}
     grid = [10 ** (6 + k / 20) for k in range(121)]  # 1 MB/s to 1 TB/s
 
-    def model_step(name: str, beta: float) -> float:
-        return send_less.predicted_step_s(loop["DDP"]["step_s"], sent["DDP"],
-                                          sent[name], slow_link.combined(
-                                              ab, alpha, beta, 2), 2)
-
     def loopback_plus_link(name: str, beta: float) -> float:
         return (loop[name]["step_s"] + loop[name]["calls"] * alpha
                 + loop[name]["bytes"] / beta)
+
+    def model_step(name: str, beta: float) -> float:
+        # DDP's step over the link is its loopback step plus the link; the
+        # model swaps DDP's communication for the method's, both priced by
+        # the fitted all-reduce with the link added (slow_link.combined).
+        return send_less.predicted_step_s(loopback_plus_link("DDP", beta), sent["DDP"],
+                                          sent[name], slow_link.combined(
+                                              ab, alpha, beta, 2), 2)
+
+    def ratios(step, name: str, points) -> list[tuple[float, float]]:
+        return [(b, step(name, b) / step("DDP", b)) for b in points]
+
+    def measured(name: str, beta: float) -> float:
+        return steps[beta][name]["step_s"]
 
     table = {}
     for name in CROSSOVER_METHODS[1:]:
         table[name] = {
             "loopback_ratio": loop[name]["step_s"] / loop["DDP"]["step_s"],
-            "measured_Bps": crossing([(b, steps[b][name]["step_s"]
-                                       / steps[b]["DDP"]["step_s"]) for b in betas]),
-            "predicted_model_Bps": crossing([(b, model_step(name, b)
-                                              / model_step("DDP", b)) for b in grid]),
-            "predicted_loopback_Bps": crossing([(b, loopback_plus_link(name, b)
-                                                 / loopback_plus_link("DDP", b))
-                                                for b in grid]),
+            "measured_Bps": slow_link.crossover_bandwidth(
+                ratios(measured, name, betas)),
+            "predicted_model_Bps": slow_link.crossover_bandwidth(
+                ratios(model_step, name, grid)),
+            "predicted_loopback_Bps": slow_link.crossover_bandwidth(
+                ratios(loopback_plus_link, name, grid)),
         }
     json_beta = {math.inf: "loopback", **{b: f"{b:g}" for b in betas}}
     return {"crossover": table,
@@ -608,12 +594,15 @@ def _crossover_lines(results: dict) -> list[str]:
              f"loopback fitted alpha {ab['alpha'] * 1e6:.0f} us, beta "
              f"{ab['beta'] / 1e9:.2f} GB/s). The bandwidth below which the method's "
              "step is shorter than DDP's:", "",
-             "| method | step over DDP's, loopback | measured (\"at every bandwidth\": "
-             "at every link of the sweep) | predicted: step model, bytes only, link "
-             "added | predicted: loopback step + link |", "|---|---|---|---|---|"]
+             "| method | step over DDP's, loopback | measured | predicted: step model, "
+             "bytes only, link added | predicted: loopback step + link |",
+             "|---|---|---|---|---|"]
+    fastest = max(float(beta) for beta in steps if beta != "loopback")
     for name, row in results["crossover"].items():
-        lines.append(f"| {name} | {row['loopback_ratio']:.3f} | "
-                     f"{_bps(row['measured_Bps'])} | "
+        measured = (f"above {fastest / 1e6:,.0f} MB/s (every link swept)"
+                    if row["measured_Bps"] == float("inf")
+                    else _bps(row["measured_Bps"]))
+        lines.append(f"| {name} | {row['loopback_ratio']:.3f} | {measured} | "
                      f"{_bps(row['predicted_model_Bps'])} | "
                      f"{_bps(row['predicted_loopback_Bps'])} |")
     names = list(next(iter(steps.values())))

@@ -28,6 +28,7 @@ import inspect
 import math
 import threading
 import time
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -35,7 +36,7 @@ import torch.distributed as dist
 
 from . import comm, i18n
 
-__all__ = ["LinkCall", "SlowLink", "combined", "link_time"]
+__all__ = ["LinkCall", "SlowLink", "combined", "crossover_bandwidth", "link_time"]
 
 i18n.register({
     "slow_link_describe": {
@@ -77,6 +78,29 @@ def combined(ab: comm.AlphaBeta, alpha_s: float, beta_Bps: float,
     steps, share = comm.ring_steps(world_size), comm.ring_factor(world_size)
     return comm.AlphaBeta(alpha=ab.alpha + alpha_s / steps,
                           beta=1 / (1 / ab.beta + 1 / (share * beta_Bps)))
+
+
+def crossover_bandwidth(points: Sequence[tuple[float, float]]) -> float | None:
+    """The bandwidth below which a method's step is shorter than DDP's.
+
+    `points` are (beta in bytes/s, the method's step over DDP's), beta
+    increasing. Going down from the fastest link, the first pair of points
+    where the ratio drops from 1 or more to under 1 holds the crossover,
+    interpolated in log beta and log ratio. Infinity where the ratio is under
+    1 at every point, None where it never is.
+    """
+    betas = [beta for beta, _ in points]
+    if not points or any(b <= a for a, b in zip(betas, betas[1:], strict=False)) \
+            or any(not beta > 0 or not ratio > 0 for beta, ratio in points):
+        raise ValueError(f"points must be (beta > 0, ratio > 0) pairs, beta "
+                         f"increasing, got {points!r}")
+    if all(ratio < 1 for _, ratio in points):
+        return math.inf
+    for (b0, r0), (b1, r1) in zip(points[-2::-1], points[::-1], strict=False):
+        if r0 < 1 <= r1:
+            f = math.log(r0) / (math.log(r0) - math.log(r1))
+            return math.exp(math.log(b0) + f * (math.log(b1) - math.log(b0)))
+    return None
 
 
 class LinkCall(NamedTuple):

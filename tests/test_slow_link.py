@@ -46,6 +46,20 @@ def test_combined_adds_the_link_to_every_allreduce():
                 ab.time(nbytes, n) + slow_link.link_time(nbytes, ALPHA, BETA))
 
 
+def test_crossover_bandwidth():
+    crossover = slow_link.crossover_bandwidth
+    # ratio 0.9 at 2, 1.1 at 4: log-halfway is 2 * 2 ** (log 0.9 / log (0.9 / 1.1))
+    assert crossover([(1, 0.5), (2, 0.9), (4, 1.1), (8, 1.2)]) == pytest.approx(
+        2 * 2 ** (math.log(0.9) / math.log(0.9 / 1.1)))
+    assert crossover([(1, 0.5), (2, 0.9)]) == math.inf
+    assert crossover([(1, 1.5), (2, 1.9)]) is None
+    # noise below a crossing: the highest crossing counts
+    assert 4 < crossover([(1, 0.5), (2, 1.1), (4, 0.9), (8, 1.2)]) < 8
+    for bad in ([], [(2, 0.5), (1, 0.9)], [(1, 0.0), (2, 1.0)], [(0, 0.5)]):
+        with pytest.raises(ValueError, match="points"):
+            crossover(bad)
+
+
 def test_delay_lands_per_allreduce_and_in_the_step(ranks):
     for hook in ("allreduce", "fp16", "powersgd"):
         for calls, step_s, worst, nbytes in ranks.run(trials.step_over_link, hook,
