@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -617,25 +618,36 @@ def _crossover_lines(results: dict) -> list[str]:
     return lines
 
 
+def _rewrite_results(readme: Path, change: Callable[[list[str]], list[str]]) -> None:
+    """Rewrite the lines between bench/README.md's results markers with `change`."""
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+    lines = change(text[start:end].strip("\n").split("\n"))
+    readme.write_text(text[:start] + "\n" + "\n".join(lines) + "\n" + text[end:],
+                      encoding="utf-8")
+
+
+def _replace_block(lines: list[str], header: str, new: list[str],
+                   tables: int = 1) -> list[str]:
+    """`lines` with the block that starts at `header` (the blank line before it, the
+    header and its `tables` tables, each after a blank line) replaced by `new`, or
+    with `new` added at the end when there is no such block yet."""
+    if not any(line.startswith(header) for line in lines):
+        return lines + new
+    first = next(i for i, line in enumerate(lines) if line.startswith(header))
+    last = first + 1
+    for _ in range(tables):
+        while last < len(lines) and not lines[last]:
+            last += 1
+        while last < len(lines) and lines[last].startswith("|"):
+            last += 1
+    return lines[:first - 1] + new + lines[last:]
+
+
 def record_crossover(results: dict, readme: Path) -> None:
     """Replace only the slow link's tables in bench/README.md (add them if absent)."""
-    text = readme.read_text(encoding="utf-8")
-    start, end = text.index(TABLE_START), text.index(TABLE_END)
-    lines = text[start + len(TABLE_START):end].strip("\n").split("\n")
-    if any(line.startswith(CROSSOVER_HEADER) for line in lines):
-        first = next(i for i, line in enumerate(lines)
-                     if line.startswith(CROSSOVER_HEADER))
-        last = first + 1
-        for _ in range(2):  # the two tables, each after a blank line
-            while last < len(lines) and not lines[last]:
-                last += 1
-            while last < len(lines) and lines[last].startswith("|"):
-                last += 1
-        lines[first - 1:last] = _crossover_lines(results)
-    else:
-        lines += _crossover_lines(results)
-    readme.write_text(text[:start + len(TABLE_START)] + "\n" + "\n".join(lines) + "\n"
-                      + text[end:], encoding="utf-8")
+    _rewrite_results(readme, lambda lines: _replace_block(
+        lines, CROSSOVER_HEADER, _crossover_lines(results), tables=2))
 
 
 # Lesson 11's trainers, by the class each of its cells defines; the cells that
@@ -917,11 +929,14 @@ def record_course(results: dict, readme: Path) -> None:
 
     The other rows keep their last full run; a line dates the course's rows.
     """
-    text = readme.read_text(encoding="utf-8")
-    start, end = text.index(TABLE_START), text.index(TABLE_END)
+    _rewrite_results(readme, lambda lines: _course_replaced(lines, results))
+
+
+def _course_replaced(lines: list[str], results: dict) -> list[str]:
+    """`lines` with the course's metric rows and lines put in place of the old."""
     rows = [_metric_row(results, key) for key in COURSE_KEYS]
     kept: list[str] = []
-    for line in text[start + len(TABLE_START):end].strip("\n").split("\n"):
+    for line in lines:
         if line.startswith("| `course_exec_s"):
             kept += rows  # where the course's rows stood (one old row becomes two)
             rows = []
@@ -939,8 +954,7 @@ def record_course(results: dict, readme: Path) -> None:
     kept[table_end + len(rows):table_end + len(rows)] = [
         "", f"Course rows: {results['date']}, run alone (`--only course`); "
         f"{m['cpu_cores']} CPU cores, torch {m['torch']}.", *_course_lines(results)]
-    readme.write_text(text[:start + len(TABLE_START)] + "\n" + "\n".join(kept) + "\n"
-                      + text[end:], encoding="utf-8")
+    return kept
 
 
 LEVERS_KEYS = ["levers_model_max_rel_error", "levers_bytes_model_max_rel_error",
@@ -983,9 +997,11 @@ def record_levers(results: dict, readme: Path) -> None:
 
     The other rows keep their last full run; the table's line dates these.
     """
-    text = readme.read_text(encoding="utf-8")
-    start, end = text.index(TABLE_START), text.index(TABLE_END)
-    lines = text[start + len(TABLE_START):end].strip("\n").split("\n")
+    _rewrite_results(readme, lambda lines: _levers_replaced(lines, results))
+
+
+def _levers_replaced(lines: list[str], results: dict) -> list[str]:
+    """`lines` with lesson 06's metric rows and tables put in place of the old."""
     rows = [_metric_row(results, key) for key in LEVERS_KEYS]
     kept: list[str] = []
     for line in lines:
@@ -1003,8 +1019,7 @@ def record_levers(results: dict, readme: Path) -> None:
         while last + 1 < len(kept) and kept[last + 1].startswith("|"):
             last += 1
     kept[first - 1:last + 1] = _levers_lines(results)
-    readme.write_text(text[:start + len(TABLE_START)] + "\n" + "\n".join(kept) + "\n"
-                      + text[end:], encoding="utf-8")
+    return kept
 
 
 SHARDING_HEADER = "Sharded data parallelism (lesson 11"
@@ -1037,20 +1052,8 @@ def _sharding_lines(results: dict) -> list[str]:
 
 def record_sharding(results: dict, readme: Path) -> None:
     """Replace only lesson 11's table in bench/README.md (add it if absent)."""
-    text = readme.read_text(encoding="utf-8")
-    start, end = text.index(TABLE_START), text.index(TABLE_END)
-    lines = text[start + len(TABLE_START):end].strip("\n").split("\n")
-    if any(line.startswith(SHARDING_HEADER) for line in lines):
-        first = next(i for i, line in enumerate(lines)
-                     if line.startswith(SHARDING_HEADER))
-        last = first + 2  # the blank line after the header, then the table's rows
-        while last + 1 < len(lines) and lines[last + 1].startswith("|"):
-            last += 1
-        lines[first - 1:last + 1] = _sharding_lines(results)
-    else:
-        lines += _sharding_lines(results)
-    readme.write_text(text[:start + len(TABLE_START)] + "\n" + "\n".join(lines) + "\n"
-                      + text[end:], encoding="utf-8")
+    _rewrite_results(readme, lambda lines: _replace_block(
+        lines, SHARDING_HEADER, _sharding_lines(results)))
 
 
 def record(results: dict, readme: Path) -> None:
@@ -1091,10 +1094,7 @@ def record(results: dict, readme: Path) -> None:
     rows += _levers_lines(results)
     rows += _sharding_lines(results)
     rows += _crossover_lines(results)
-    text = readme.read_text(encoding="utf-8")
-    start, end = text.index(TABLE_START), text.index(TABLE_END)
-    readme.write_text(text[:start + len(TABLE_START)] + "\n" + "\n".join(rows) + "\n"
-                      + text[end:], encoding="utf-8")
+    _rewrite_results(readme, lambda _: rows)
 
 
 def main(argv: list[str] | None = None) -> int:
