@@ -1050,8 +1050,7 @@ for stage, row in traffic_table.items():
 # %%px
 def sent(calls):
     """Bytes each rank sends in a ring: 2(N-1)/N of an all-reduce, half that of the others."""
-    return sum(c["bytes"] * comm.ring_factor(world_size) / (1 if c["op"] == "all_reduce"
-                                                            else 2) for c in calls)
+    return sum(c["bytes"] * comm.sent_share(c["op"], world_size) for c in calls)
 
 
 def total(stage, op):

@@ -194,18 +194,14 @@ def fsdp_experiment(rank: int, world_size: int, seed: int = 0) -> dict:
     of every parameter; the forward pass gathers them, and the gradient each
     rank ends with is its chunk of the whole batch's gradient.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from .fsdp import shard_layers  # fsdp builds on this module
 
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     torch.manual_seed(seed)
     reference = models.MLP().to(device)
     model = models.MLP().to(device)
     model.load_state_dict(reference.state_dict())
-    mesh = init_device_mesh(device, (world_size,))
-    fully_shard(model.fc1, mesh=mesh)  # one unit per layer: gathered one at a time
-    fully_shard(model.fc2, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    shard_layers(model)  # one unit per layer (fc1, fc2), then the root
     shards = {name: {"global": tuple(p.shape), "local": tuple(p.to_local().shape),
                      "placement": str(p.placements[0])}
               for name, p in model.named_parameters()}

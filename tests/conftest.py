@@ -237,7 +237,9 @@ def ranks(_two_ranks):
     """
     if _two_ranks.view is None:
         _two_ranks.restart()
-        _add_tests_to_path(_two_ranks)
+    # Every time: the group restarts its engines itself after some failures
+    # (Ranks._repair), and the new engines start without the tests folder.
+    _add_tests_to_path(_two_ranks)
     return _two_ranks
 
 

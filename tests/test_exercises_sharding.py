@@ -133,16 +133,21 @@ BYTES_MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize(("mistake", "key", "en", "ja"), BYTES_MISTAKES)
-def test_bytes_per_rank_names_each_mistake(mistake, key, en, ja):
-    answer = getattr(answers, f"bytes_per_rank_{mistake}")
+def _named_in_both_languages(grade, answer, key: str, en: str, ja: str) -> None:
+    """`grade(answer)` names the mistake `key`, saying `en`, then in Japanese `ja`."""
     with wrong(key) as caught:
-        exercises.grade_bytes_per_rank(answer)
+        grade(answer)
     assert en in str(caught.value)
     labkit.set_lang("ja")
     with wrong(key) as caught:
-        exercises.grade_bytes_per_rank(answer)
+        grade(answer)
     assert ja in str(caught.value)
+
+
+@pytest.mark.parametrize(("mistake", "key", "en", "ja"), BYTES_MISTAKES)
+def test_bytes_per_rank_names_each_mistake(mistake, key, en, ja):
+    _named_in_both_languages(exercises.grade_bytes_per_rank,
+                             getattr(answers, f"bytes_per_rank_{mistake}"), key, en, ja)
 
 
 def test_bytes_per_rank_right_for_divisible_sizes_only_is_named():
@@ -255,14 +260,9 @@ SENT_MISTAKES = [
 
 @pytest.mark.parametrize(("mistake", "key", "en", "ja"), SENT_MISTAKES)
 def test_bytes_sent_names_each_mistake(mistake, key, en, ja):
-    answer = getattr(answers, f"bytes_sent_per_rank_{mistake}")
-    with wrong(key) as caught:
-        exercises.grade_bytes_sent(answer)
-    assert en in str(caught.value)
-    labkit.set_lang("ja")
-    with wrong(key) as caught:
-        exercises.grade_bytes_sent(answer)
-    assert ja in str(caught.value)
+    _named_in_both_languages(exercises.grade_bytes_sent,
+                             getattr(answers, f"bytes_sent_per_rank_{mistake}"),
+                             key, en, ja)
 
 
 # The lesson's solution, broken as the issue asks (the averaging dropped, the

@@ -247,13 +247,18 @@ MISTAKES = {
 }
 
 
+def _zero3_with(mistake: str) -> str:
+    """The lesson's Zero3 cell with one of MISTAKES made in it."""
+    answer = CELLS["zero3"]
+    for old, new in MISTAKES[mistake][0]:
+        answer = _with(answer, old, new)
+    return answer
+
+
 @pytest.mark.parametrize("mistake", MISTAKES)
 def test_each_typical_mistake_is_named_and_fails_the_lesson(ranks, mistake):
-    edits, key = MISTAKES[mistake]
-    answer = CELLS["zero3"]
-    for old, new in edits:
-        answer = _with(answer, old, new)
-    _define(ranks, {"zero3": answer})
+    key = MISTAKES[mistake][1]
+    _define(ranks, {"zero3": _zero3_with(mistake)})
     with pytest.raises(exercises.WrongAnswer) as wrong:
         exercises.grade_zero3_frees(ranks)
     assert wrong.value.key == key
@@ -262,9 +267,7 @@ def test_each_typical_mistake_is_named_and_fails_the_lesson(ranks, mistake):
 
 
 def test_the_hints_say_which_pass_keeps_the_memory(ranks):
-    edit, = MISTAKES["freed after forward, not after backward"][0]
-    answer = _with(CELLS["zero3"], *edit)
-    _define(ranks, {"zero3": answer})
+    _define(ranks, {"zero3": _zero3_with("freed after forward, not after backward")})
     with pytest.raises(exercises.WrongAnswer, match="After the backward pass.*"
                        "free in `after_backward` too"):
         exercises.grade_zero3_frees(ranks)
@@ -286,11 +289,7 @@ def test_the_check_names_a_class_the_ranks_do_not_have(ranks):
 def test_the_hints_speak_the_notebooks_language(ranks, mistake):
     import labkit
 
-    edits, _ = MISTAKES[mistake]
-    answer = CELLS["zero3"]
-    for old, new in edits:
-        answer = _with(answer, old, new)
-    _define(ranks, {"zero3": answer})
+    _define(ranks, {"zero3": _zero3_with(mistake)})
     labkit.set_lang("ja")
     with pytest.raises(exercises.WrongAnswer, match="ヒント") as wrong:
         exercises.grade_zero3_frees(ranks)
