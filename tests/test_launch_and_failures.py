@@ -308,6 +308,37 @@ def test_cli_a_taken_port_is_a_one_line_error():
     assert len(lines) == 1 and f"port {port}" in lines[0]
 
 
+# A KeyboardInterrupt raised inside a weakref callback, as Ctrl-C can be while a
+# rank imports (the import system's module locks): Python can only report it.
+_UNRAISABLE_CTRL_C = """
+import sys, time, weakref
+from labkit.cluster import launch
+if sys.argv[1] == "hooked":
+    launch._catch_swallowed_ctrl_c()
+class Lock: pass
+def cb(_): raise KeyboardInterrupt
+lock = Lock()
+ref = weakref.ref(lock, cb)
+try:
+    del lock  # the callback runs here; its KeyboardInterrupt is unraisable
+    time.sleep(5)
+    print("ran on")
+except KeyboardInterrupt:
+    print("stopped")
+"""
+
+
+@pytest.mark.procs
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT is POSIX's")
+@pytest.mark.parametrize(("hook", "out", "reported"),
+                         [("hooked", "stopped", False), ("plain", "ran on", True)])
+def test_a_ctrl_c_a_callback_swallowed_stops_a_rank_quietly(hook, out, reported):
+    result = subprocess.run([sys.executable, "-c", _UNRAISABLE_CTRL_C, hook],
+                            capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == out
+    assert ("Exception ignored" in result.stderr) == reported, result.stderr
+
+
 @pytest.mark.procs
 @pytest.mark.timeout(180)
 def test_ctrl_c_stops_a_headless_run_and_its_ranks():

@@ -113,10 +113,40 @@ def exit_now(code: int = 0) -> None:
     os._exit(code)
 
 
+def _interrupt_again(unraisable) -> None:
+    """A rank's sys.unraisablehook: a Ctrl-C that could not stop the rank, again.
+
+    Ctrl-C reaches the ranks as the SIGINT the agent passes on. When its
+    KeyboardInterrupt is raised inside a callback that cannot pass it on (a
+    weakref callback of the import system's module locks, a `__del__`),
+    Python prints "Exception ignored in ..." with a traceback and the rank runs
+    on until the agent kills it. An alarm a moment later raises it again, in
+    the code the rank runs, where it stops the rank quietly as any Ctrl-C of a
+    running rank does: raised from here (a signal sent now, or a thread
+    started to send it) it would land in this hook and be unraisable again.
+    """
+    if issubclass(unraisable.exc_type, KeyboardInterrupt) and _CAN_ALARM:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)  # SIGALRM: KeyboardInterrupt
+        return
+    sys.__unraisablehook__(unraisable)
+
+
+# Windows has no SIGALRM: there a swallowed Ctrl-C is reported as Python does.
+_CAN_ALARM = hasattr(signal, "setitimer")
+
+
+def _catch_swallowed_ctrl_c() -> None:
+    """In a rank's main thread: make a swallowed Ctrl-C stop it (_interrupt_again)."""
+    if _CAN_ALARM:
+        signal.signal(signal.SIGALRM, signal.default_int_handler)
+    sys.unraisablehook = _interrupt_again
+
+
 @record
 def _worker(fn: Callable, kwargs: dict, backend: str, timeout_s: float, port: int,
             prefix: str, fault: tuple[str, int] | None = None):
     """One rank under the elastic launcher: join our loopback store, run, leave."""
+    _catch_swallowed_ctrl_c()
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     stalls.enable_dumps(f"rank {rank} of {prefix.partition('/')[0]}")
     rendezvous.init_rank(rank, world_size, backend, port, prefix, timeout_s)
