@@ -272,7 +272,7 @@ def bucket_counts(caps: Sequence[float | None], cfg: workload.Config | None = No
 
 def predicted_step_s(ddp_step_s: float, ddp_sent: Sent, sent: Sent,
                      ab: comm.AlphaBeta, world_size: int,
-                     added_compute_s: float = 0.0) -> float:
+                     added_compute_s: float = 0.0, chain_wait_s: float = 0.0) -> float:
     """Lesson 05's step model with a compression factor: a method's step time.
 
     DDP's measured step with its communication, `ddp_sent` (what DDP's step
@@ -285,11 +285,16 @@ def predicted_step_s(ddp_step_s: float, ddp_sent: Sent, sent: Sent,
     backward pass hid. `added_compute_s`, the seconds the method's local work
     adds to DDP's (`compare_methods(..., local=True)`'s "local_step_s", the
     method's minus DDP's), is added to the step; it may be negative (ZeRO
-    updates only its shard).
+    updates only its shard). `chain_wait_s`, what the method's all-reduces
+    issued one after the other in future callbacks add beyond their
+    alpha-beta time and that compute (PowerSGD's P and Q; measured apart by
+    `callback_chain.chain_wait_s`), is added too.
     """
-    if not math.isfinite(added_compute_s):
-        raise ValueError(f"added_compute_s must be a finite number of seconds, "
-                         f"got {added_compute_s!r}")
+    for name, value in (("added_compute_s", added_compute_s),
+                        ("chain_wait_s", chain_wait_s)):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number of seconds, "
+                             f"got {value!r}")
     def communication(s: Sent) -> float:
         seconds = 0.0
         if s.all_reduce_calls:
@@ -301,7 +306,7 @@ def predicted_step_s(ddp_step_s: float, ddp_sent: Sent, sent: Sent,
         return seconds
 
     return (ddp_step_s - communication(Sent(*ddp_sent)) + communication(Sent(*sent))
-            + added_compute_s)
+            + added_compute_s + chain_wait_s)
 
 
 class _Done:
