@@ -1,12 +1,12 @@
 """Benchmarks of the course: launch, loop overhead, scaling, cost model, course time.
 
-    python bench/run.py [--quick] [--only course|levers|sharding|crossover] --json FILE
-        [--record]
+    python bench/run.py [--quick] [--only course|levers|sharding|crossover|localsgd]
+        --json FILE [--record]
 
 Speed lives here, never in tests. Alternatives are measured side by side in
 one run and reported as ratios, since the machine is shared and noisy.
 --record rewrites the table in bench/README.md with this run's figures; with
---only course, levers, sharding or crossover, only those rows.
+--only course, levers, sharding, crossover or localsgd, only those rows.
 """
 
 from __future__ import annotations
@@ -370,15 +370,39 @@ def levers_over_link(names: tuple, alpha_s: float, beta_Bps: float, steps: int
         return send_less.compare_methods(names, None, steps, True)
 
 
-def levers_predictions(both: list[dict], ab, world_size: int = 2) -> dict:
+def chain_waits(chains: dict) -> dict:
+    """On each rank: callback_chain.chain_wait_s per method, on the loopback.
+
+    `chains` maps a method to (numel of each all-reduce, compute per piece).
+    """
+    from labkit import callback_chain
+
+    # 40 rounds: the chain less its local copy is a difference of two long
+    # times, and with 20 it came out negative once under load.
+    return {name: callback_chain.chain_wait_s(3, numel, work_s, rounds=40)
+            for name, (numel, work_s) in chains.items()}
+
+
+def chain_shapes(table: dict) -> dict:
+    """Per PowerSGD method of a levers table: its all-reduces' numel, its compute
+    split evenly over the chain's pieces (its added compute, 4 pieces for 3 calls)."""
+    return {name: (row["bytes_per_step"] // 3 // 4,
+                   max(0.0, row["added_compute_s"]) / 4)
+            for name, row in table.items() if name.startswith("PowerSGD")}
+
+
+def levers_predictions(both: list[dict], ab, world_size: int = 2,
+                       chains: dict | None = None) -> dict:
     """Per method of one compare_methods(..., local=True) run: step, prediction.
 
     The model with the compute each method adds (its local step minus DDP's,
     DDP + Adam's for ZeRO, the ranks' mean) and without it (bytes only).
+    With `chains` (chain_waits' answer), the first also adds what the method's
+    all-reduces issued in callbacks cost (callback_chain, measured apart).
     """
     import statistics
 
-    from labkit import send_less
+    from labkit import callback_chain, send_less
 
     runs, table = both[0], {}
     for name in (name for name in send_less.METHODS if name in runs):
@@ -386,14 +410,17 @@ def levers_predictions(both: list[dict], ab, world_size: int = 2) -> dict:
         r, base = runs[name], runs[base_name]
         added = statistics.mean(rank[name]["local_step_s"]
                                 - rank[base_name]["local_step_s"] for rank in both)
+        per_call = (chains or {}).get(name, {}).get("per_call_s", 0.0)
+        chain = per_call * callback_chain.chained_calls(
+            name, r["sent"][-1].all_reduce_calls)
         bytes_only, predicted = (
             send_less.predicted_step_s(base["step_s"], base["sent"][-1],
-                                       r["sent"][-1], ab, world_size, extra)
-            for extra in (0.0, added))
+                                       r["sent"][-1], ab, world_size, *extra)
+            for extra in ((0.0, 0.0), (added, chain)))
         table[name] = {"bytes_per_step": r["bytes"][-1], "step_s": r["step_s"],
                        "step_ratio": r["step_s"] / base["step_s"],
                        "local_step_s": [rank[name]["local_step_s"] for rank in both],
-                       "added_compute_s": added,
+                       "added_compute_s": added, "chain_wait_s": chain,
                        "predicted_ratio": predicted / base["step_s"],
                        "bytes_only_ratio": bytes_only / base["step_s"],
                        "error": abs(predicted - r["step_s"]) / r["step_s"],
@@ -419,11 +446,18 @@ def levers_table(ranks, steps: int) -> dict:
     both = ranks.run(send_less.compare_methods, send_less.METHODS, None, steps, True)
     sizes = [4**k * 1024 for k in range(2, 8)]
     ab = comm.fit_alpha_beta(sizes, ranks.run(comm.allreduce_sweep, sizes, 5)[0], 2)
+    # PowerSGD's chain of all-reduces in callbacks, measured apart on a chain of
+    # its shape (its all-reduces' size, its added compute), never on its steps;
+    # on the loopback, and used over the link too, where the link's own delays
+    # are in the alpha-beta: the same chain run through SlowLink measured 30 to
+    # 110 ms a call, far beyond any step's (its timer threads, not understood).
     table = levers_predictions(both, ab)
+    chains = ranks.run(chain_waits, chain_shapes(table))[0]
+    table = levers_predictions(both, ab, 2, chains)
     names = tuple(name for name in send_less.METHODS if name != "ZeRO + Adam")
     link = levers_predictions(
         ranks.run(levers_over_link, names, *LEVERS_LINK.values(), steps),
-        slow_link.combined(ab, *LEVERS_LINK.values(), 2))
+        slow_link.combined(ab, *LEVERS_LINK.values(), 2), 2, chains)
     worst = {key: max(row[error] for row in rows.values())
              for key, rows, error in [
                  ("levers_model_max_rel_error", table, "error"),
@@ -446,68 +480,13 @@ def crossover_steps(methods: tuple, betas: tuple, alpha_s: float, rounds: int
                     ) -> dict:
     """On each rank: lesson 06's `methods` over the slow link at each beta.
 
-    The large MLP; every method first takes PowerSGD's warm-up on loopback
-    (so PowerSGD compresses when timed), then every (link, method) pair takes
-    one warm-up step and `rounds` steps, the pairs taking turns, so that the
-    machine's load falls on every link alike. Per link (infinity: loopback)
-    and method: the median step, what went over the link per step (bytes,
-    all-reduces) and the delay the link added to that step.
+    slow_link.steps_over_links, which lesson 12 runs too: per link (infinity:
+    loopback) and method, the median step of interleaved rounds, what went
+    over the link per step (bytes, all-reduces) and the delay it added.
     """
-    import functools
-    import math
-    import statistics
+    from labkit import slow_link
 
-    import torch.distributed as dist
-
-    from labkit import models, send_less, slow_link, timing, workload
-
-    cfg = send_less.large_config()
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    data = workload.make_dataset(cfg)
-    batches = [workload.micro_batches(data, cfg, step, rank, world_size)[0]
-               for step in range(8)]
-    runs = {name: send_less.build(name, cfg)[:2] for name in methods}
-    taken = dict.fromkeys(methods, 0)
-
-    def step(name: str) -> None:
-        model, optimizer = runs[name]
-        X, y = batches[taken[name] % len(batches)]
-        taken[name] += 1
-        optimizer.zero_grad()
-        models.MyLoss()(model(X), y).backward()
-        optimizer.step()
-
-    timing.interleaved({name: functools.partial(step, name) for name in methods},
-                       rounds=1, warmup=send_less.POWERSGD_WARMUP)
-    # Loopback is the link at alpha 0, beta infinite: the same machinery, so
-    # its own cost (a timer per all-reduce) is in every column alike.
-    links = {beta: slow_link.SlowLink(alpha_s if beta < math.inf else 0.0, beta)
-             for beta in (math.inf, *betas)}
-
-    def over(beta: float, name: str) -> None:
-        with links[beta]:
-            step(name)
-
-    def before(pair: tuple) -> None:
-        dist.barrier()  # not an all-reduce: no link slows it
-        links[pair[0]].reset()
-
-    seen: dict = {}
-
-    def after(pair: tuple) -> None:
-        calls = list(links[pair[0]].calls)
-        seen.setdefault(pair, []).append((sum(c.nbytes for c in calls), len(calls),
-                                          sum(c.delay_s for c in calls)))
-
-    times = timing.interleaved(
-        {(beta, name): functools.partial(over, beta, name)
-         for beta in links for name in methods},
-        rounds=rounds, before=before, after=after)
-    return {beta: {name: {"step_s": statistics.median(times[beta, name]),
-                          "bytes": seen[beta, name][-1][0],
-                          "calls": seen[beta, name][-1][1],
-                          "link_s": statistics.median(s[2] for s in seen[beta, name])}
-                   for name in methods} for beta in links}
+    return slow_link.steps_over_links(methods, betas, alpha_s, rounds)
 
 
 def crossover_table(ranks, rounds: int) -> dict:
@@ -648,6 +627,155 @@ def record_crossover(results: dict, readme: Path) -> None:
     """Replace only the slow link's tables in bench/README.md (add them if absent)."""
     _rewrite_results(readme, lambda lines: _replace_block(
         lines, CROSSOVER_HEADER, _crossover_lines(results), tables=2))
+
+
+LOCALSGD_HS = (4, 16, 64)
+LOCALSGD_ROUNDS = 32  # all-reduces per run: lesson 12's (H = 16, 512 steps)
+LOCALSGD_HEADER = "Local SGD and DiLoCo at equal bytes (lesson 12"
+
+
+def localsgd_runs(Hs: tuple, rounds: int, timing_rounds: int) -> dict:
+    """On each rank: DDP, local SGD and DiLoCo at equal bytes sent, per H.
+
+    Lesson 12's task (labkit.local_sgd: the teacher's regression, an MLP of
+    width 32, 16 samples per rank and step) and its loops, written again here
+    as the lesson writes them in its cells: local SGD averages the parameters
+    every H plain-SGD steps (lr 0.1); DDP is local SGD with H = 1 (the lesson
+    checks that it is DDP's step, within 1e-6); DiLoCo takes an outer SGD step
+    (lr 0.7, momentum 0.9, Nesterov) on the averaged pseudo-gradient every H
+    inner steps. Each run makes `rounds` all-reduces of the parameters' size,
+    so it takes rounds x H steps. One run of each under CollectiveLog gives
+    the bytes and the held-out loss; then `timing_rounds` interleaved rounds
+    (timing.interleaved) time every run again, which must reach the same
+    loss bit for bit. Per run: this rank's median seconds of the whole run, and
+    that over its steps.
+    """
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from labkit import comm_counting, local_sgd, models, timing
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    task = local_sgd.Task()
+    dataset = local_sgd.make_dataset(task)
+    loss_fn = models.MyLoss()
+
+    def all_reduce_mean(flat: torch.Tensor) -> None:
+        flat /= world_size  # divided first, as the lesson and torch's averager do
+        dist.all_reduce(flat)
+
+    def train(H: int, steps: int, outer: bool) -> float:
+        model = local_sgd.make_model(task)  # the same start on every rank
+        params = list(model.parameters())
+        inner = torch.optim.SGD(params, lr=0.1)
+        global_params = [p.detach().clone() for p in params]  # DiLoCo's θ_global
+        outer_opt = torch.optim.SGD(global_params, lr=0.7, momentum=0.9, nesterov=True)
+        for step in range(steps):
+            X, y = local_sgd.batch(dataset, task, step, rank, world_size)
+            inner.zero_grad()
+            loss_fn(model(X), y).backward()  # this rank's gradient alone
+            inner.step()
+            if (step + 1) % H:
+                continue
+            with torch.no_grad():
+                if not outer:  # local SGD: the ranks' mean of the parameters
+                    flat = torch.cat([p.reshape(-1) for p in params])
+                    all_reduce_mean(flat)
+                    offset = 0
+                    for p in params:
+                        p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                        offset += p.numel()
+                    continue
+                # DiLoCo: Δ = θ_global − mean of θ_local, an outer step, restart
+                delta = torch.cat([(g - p).reshape(-1)
+                                   for g, p in zip(global_params, params, strict=True)])
+                all_reduce_mean(delta)
+                offset = 0
+                for g in global_params:
+                    g.grad = delta[offset:offset + g.numel()].view_as(g).clone()
+                    offset += g.numel()
+            outer_opt.step()
+            with torch.no_grad():
+                for g, p in zip(global_params, params, strict=True):
+                    p.copy_(g)
+        return local_sgd.evaluate(model, dataset, task)
+
+    runs = {("DDP", 1): (1, rounds, False)}
+    for H in Hs:
+        runs[("local SGD", H)] = (H, rounds * H, False)
+        runs[("DiLoCo", H)] = (H, rounds * H, True)
+    rows, losses = [], {}
+    for (method, H), args in runs.items():
+        with comm_counting.CollectiveLog() as log:
+            loss = train(*args)
+        losses[method, H] = loss
+        rows.append({"method": method, "H": H, "steps": args[1],
+                     "calls": log.count("all_reduce"), "bytes": log.nbytes(),
+                     "ops": sorted({c["op"] for c in log.calls}), "loss": loss})
+
+    def timed_run(key):
+        def run_it():
+            if train(*runs[key]) != losses[key]:  # the same seeds, the same loss
+                raise AssertionError(f"{key}: a second run reached another loss")
+        return run_it
+
+    times = timing.interleaved({key: timed_run(key) for key in runs},
+                               rounds=timing_rounds, warmup=0,
+                               before=lambda _: dist.barrier())
+    for row, key in zip(rows, runs, strict=True):
+        row["run_s"] = statistics.median(times[key])
+        row["step_s"] = row["run_s"] / row["steps"]
+    return {"rows": rows, "params": sum(p.numel() for p in
+                                        local_sgd.make_model(task).parameters())}
+
+
+def localsgd_table(ranks, quick: bool) -> dict:
+    """DDP, local SGD and DiLoCo at equal bytes: the ranks' rows, the slower step."""
+    Hs = LOCALSGD_HS[:2] if quick else LOCALSGD_HS
+    timing_rounds = 1 if quick else 3
+    both = ranks.run(localsgd_runs, Hs, LOCALSGD_ROUNDS, timing_rounds)
+    rows = both[0]["rows"]
+    for row, other in zip(rows, both[1]["rows"], strict=True):
+        if (row["bytes"], row["loss"]) != (other["bytes"], other["loss"]):
+            raise RuntimeError(f"the ranks disagree on {row['method']} H={row['H']}")
+        for key in ("run_s", "step_s"):  # the slower rank's
+            row[key] = max(row[key], other[key])
+    return {"localsgd": rows, "localsgd_rounds": LOCALSGD_ROUNDS,
+            "localsgd_timing_rounds": timing_rounds,
+            "localsgd_params": both[0]["params"]}
+
+
+def _localsgd_lines(results: dict) -> list[str]:
+    """The table of DDP, local SGD and DiLoCo at equal bytes, and how it was run."""
+    rows = results["localsgd"]
+    ddp = next(row for row in rows if row["method"] == "DDP")
+    lines = ["", f"{LOCALSGD_HEADER}'s task: the teacher's regression, an MLP of "
+             f"width 32, {results['localsgd_params']:,} parameters, 2 ranks, 16 "
+             "samples per rank and step, plain SGD lr 0.1; DiLoCo's outer step SGD "
+             f"lr 0.7, momentum 0.9, Nesterov; each run {results['localsgd_rounds']} "
+             "all-reduces of the parameters, counted with CollectiveLog; DDP is "
+             f"local SGD with H = 1; {results['date']}, "
+             f"{'--quick' if results['quick'] else 'full'}"
+             f"{', `--only localsgd`' if results.get('only') == 'localsgd' else ''}; "
+             "run and step time: the slower rank's median over "
+             f"{results['localsgd_timing_rounds']} interleaved rounds, on this run):",
+             "", "| method | H | optimizer steps | all-reduces | bytes sent per rank | "
+             "held-out loss (MSE) | over DDP's | run (ms) | step (ms) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['method']} | {row['H']} | {row['steps']:,} | "
+                     f"{row['calls']} | {row['bytes']:,} | {row['loss']:.4f} | "
+                     f"{row['loss'] / ddp['loss']:.3f} | {row['run_s'] * 1e3:.0f} | "
+                     f"{row['step_s'] * 1e3:.3f} |")
+    return lines
+
+
+def record_localsgd(results: dict, readme: Path) -> None:
+    """Replace only lesson 12's local SGD table in bench/README.md (or add it)."""
+    _rewrite_results(readme, lambda lines: _replace_block(
+        lines, LOCALSGD_HEADER, _localsgd_lines(results)))
 
 
 # Lesson 11's trainers, by the class each of its cells defines; the cells that
@@ -865,6 +993,11 @@ def run(quick: bool, only: str | None = None) -> dict:
                    **crossover_table(ranks, crossover_rounds(quick))}
         ranks.stop()
         return _machine_and_goals(results)
+    if only == "localsgd":
+        ranks = cluster.start(2, activate=False)
+        results = {"quick": quick, "only": only, **localsgd_table(ranks, quick)}
+        ranks.stop()
+        return _machine_and_goals(results)
 
     repeat = 5 if quick else 15
     results: dict = {"quick": quick}
@@ -876,6 +1009,7 @@ def run(quick: bool, only: str | None = None) -> dict:
     results.update(levers_table(ranks, levers_steps(quick)))
     results.update(sharding_table(ranks, sharding_rounds(quick)))
     results.update(crossover_table(ranks, crossover_rounds(quick)))
+    results.update(localsgd_table(ranks, quick))
     ranks.stop()
     results["nosync_model"] = models
     results["nosync_model_max_rel_error"] = max(m["max_rel_error"]
@@ -965,11 +1099,13 @@ LEVERS_HEADER = "Ways to send less (lesson 06"
 
 def _levers_rows(rows: dict) -> list[str]:
     lines = ["| method | bytes per step | step time over DDP | compute added (ms) | "
-             "predicted | error | predicted, bytes only | error | final loss |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "callback chain (ms) | predicted | error | predicted, bytes only | "
+             "error | final loss |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
         lines.append(f"| {name} | {row['bytes_per_step']:,} | "
                      f"{row['step_ratio']:.3f} | {row['added_compute_s'] * 1e3:.2f} | "
+                     f"{row.get('chain_wait_s', 0.0) * 1e3:.2f} | "
                      f"{row['predicted_ratio']:.3f} | {row['error']:.3f} | "
                      f"{row['bytes_only_ratio']:.3f} | {row['bytes_only_error']:.3f} | "
                      f"{row['final_loss']:.4f} |")
@@ -1094,6 +1230,7 @@ def record(results: dict, readme: Path) -> None:
     rows += _levers_lines(results)
     rows += _sharding_lines(results)
     rows += _crossover_lines(results)
+    rows += _localsgd_lines(results)
     _rewrite_results(readme, lambda _: rows)
 
 
@@ -1101,14 +1238,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--only",
-                        choices=("course", "levers", "sharding", "crossover"),
+                        choices=("course", "levers", "sharding", "crossover",
+                                 "localsgd"),
                         help="measure only this: sharding = lesson 11's trainers "
                              "(the `sharding` table); levers = lesson 06's methods "
                              "(the `levers` table and its model errors); course = "
                              "every notebook of both languages (course_exec_s_ja, "
                              "course_exec_s_en); crossover = DDP, fp16 and "
                              "PowerSGD r=1 over the slow link at several bandwidths "
-                             "(the `crossover` tables)")
+                             "(the `crossover` tables); localsgd = DDP, local "
+                             "SGD and DiLoCo at equal bytes sent (lesson 12)")
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--record", action="store_true",
                         help="rewrite the results table in bench/README.md")
@@ -1139,7 +1278,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{ {True: 'met', False: 'NOT met', None: ''}[goal['met']]}")
     if args.record:
         {"course": record_course, "levers": record_levers,
-         "sharding": record_sharding, "crossover": record_crossover}.get(
+         "sharding": record_sharding, "crossover": record_crossover,
+         "localsgd": record_localsgd}.get(
             args.only, record)(
             results, ROOT / "bench" / "README.md")
     return 0

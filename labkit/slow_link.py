@@ -36,7 +36,8 @@ import torch.distributed as dist
 
 from . import comm, i18n
 
-__all__ = ["LinkCall", "SlowLink", "combined", "crossover_bandwidth", "link_time"]
+__all__ = ["LinkCall", "SlowLink", "combined", "crossover_bandwidth", "link_time",
+           "steps_over_links"]
 
 i18n.register({
     "slow_link_describe": {
@@ -45,6 +46,12 @@ i18n.register({
         "en": "Slow link: each all-reduce takes alpha + bytes / beta longer than the "
               "real one (alpha = {alpha_ms:g} ms, beta = {beta_MBps:g} MB/s)",
     },
+    # The lesson's plot of the methods' steps against the link's bandwidth.
+    "link_beta_MBps": {"ja": "リンクの帯域 β [MB/s]", "en": "link bandwidth β [MB/s]"},
+    "step_over_ddp": {"ja": "1 ステップの時間 (DDP に対する比)",
+                      "en": "step time over DDP's"},
+    "slow_link_ratio_title": {"ja": "遅いリンクでの 1 ステップ (大きな MLP、2 ランク)",
+                              "en": "Steps over a slow link (large MLP, 2 ranks)"},
 })
 
 
@@ -225,3 +232,87 @@ class SlowLink:
             return _DelayedWork(delayed)
 
         return slowed
+
+
+def steps_over_links(methods: Sequence[str], betas: Sequence[float], alpha_s: float,
+                     rounds: int, local: bool = False) -> dict:
+    """On each rank: lesson 06's `methods` (send_less) over the slow link at each beta.
+
+    The large MLP; every method first takes PowerSGD's warm-up on loopback (so
+    PowerSGD compresses when timed), then every (link, method) pair takes one
+    warm-up step and `rounds` steps, the pairs taking turns, so that the
+    machine's load falls on every link alike. Returns, per link (math.inf:
+    loopback, the link at alpha 0) and method: "step_s" (the median step),
+    "bytes" and "calls" (what went over the link in the last step) and
+    "link_s" (the median delay the link added to a step). With `local=True`
+    each round also times each method's step sending nothing
+    (send_less.no_communication), and every link's entry holds its median as
+    "local_step_s": the method's local work.
+    """
+    import functools
+    import statistics
+
+    from . import models, send_less, timing, workload
+
+    cfg = send_less.large_config()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    data = workload.make_dataset(cfg)
+    batches = [workload.micro_batches(data, cfg, step, rank, world_size)[0]
+               for step in range(8)]
+    runs = {name: send_less.build(name, cfg)[:2] for name in methods}
+    copies = {name: send_less.build(name, cfg)[:2] for name in methods} if local \
+        else {}
+    taken = dict.fromkeys(methods, 0)
+
+    def step(name: str, run: tuple | None = None) -> None:
+        model, optimizer = run or runs[name]
+        X, y = batches[taken[name] % len(batches)]
+        taken[name] += run is None  # a copy's step does not move the data on
+        optimizer.zero_grad()
+        models.MyLoss()(model(X), y).backward()
+        optimizer.step()
+
+    def local_step(name: str) -> None:
+        with send_less.no_communication():  # the hook runs, sending nothing
+            step(name, copies[name])
+
+    warm = {name: functools.partial(step, name) for name in methods}
+    warm.update({("local", name): functools.partial(local_step, name)
+                 for name in copies})
+    timing.interleaved(warm, rounds=1, warmup=send_less.POWERSGD_WARMUP)
+    # Loopback is the link at alpha 0, beta infinite: the same machinery, so
+    # its own cost (a timer per all-reduce) is in every column alike.
+    links = {beta: SlowLink(alpha_s if beta < math.inf else 0.0, beta)
+             for beta in (math.inf, *betas)}
+
+    def over(beta: float, name: str) -> None:
+        if beta == "local":
+            return local_step(name)
+        with links[beta]:
+            step(name)
+
+    def before(pair: tuple) -> None:
+        dist.barrier()  # not an all-reduce: no link slows it
+        if pair[0] != "local":
+            links[pair[0]].reset()
+
+    seen: dict = {}
+
+    def after(pair: tuple) -> None:
+        if pair[0] != "local":
+            calls = list(links[pair[0]].calls)
+            delay = sum(c.delay_s for c in calls)
+            seen.setdefault(pair, []).append((sum(c.nbytes for c in calls),
+                                              len(calls), delay))
+
+    times = timing.interleaved(
+        {(beta, name): functools.partial(over, beta, name)
+         for beta in (*links, *(["local"] if local else [])) for name in methods},
+        rounds=rounds, before=before, after=after)
+    return {beta: {name: {"step_s": statistics.median(times[beta, name]),
+                          "bytes": seen[beta, name][-1][0],
+                          "calls": seen[beta, name][-1][1],
+                          "link_s": statistics.median(s[2] for s in seen[beta, name]),
+                          **({"local_step_s": statistics.median(times["local", name])}
+                             if local else {})}
+                   for name in methods} for beta in links}

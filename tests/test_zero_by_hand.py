@@ -12,28 +12,16 @@ mistakes a learner makes in exercise 3.
 """
 
 import os
-from pathlib import Path
 
-import nbformat
 import pytest
+from lesson_cells import finder
 
 from labkit import cluster, exercises, models
-
-ROOT = Path(__file__).resolve().parent.parent
-LESSON = ROOT / "notebooks" / "en" / "11_sharding.ipynb"
 
 
 def _cells() -> dict[str, str]:
     """The lesson's cells these tests run, by a line each contains (no magic line)."""
-    cells = [c for c in nbformat.read(LESSON, as_version=4).cells
-             if c.cell_type == "code"]
-
-    def find(text: str, tag: str | None = None) -> str:
-        found = [c.source for c in cells if text in c.source
-                 and (tag is None or tag in c.metadata.get("tags", []))]
-        assert len(found) == 1, (text, len(found))
-        return found[0].removeprefix("%%px\n") + "\n"
-
+    find = finder("11_sharding")
     return {
         "imports": find("from labkit import comm_counting, models, sharding"),
         "ddp": find("class DDPAdam:"),

@@ -33,6 +33,9 @@ from .l10_troubleshooting import (
 )
 from .l11_predicted_bytes import grade_bytes_per_rank, grade_bytes_sent
 from .l11_sharding import grade_gradient_shard, grade_zero3_frees
+from .l12_local_sgd import grade_diloco_outer_step
+from .l12_noise_scale import grade_noise_scale
+from .l12_slow_link import grade_crossover_bandwidth
 
 __all__ = [
     "WrongAnswer",
@@ -43,12 +46,15 @@ __all__ = [
     "grade_bytes_per_rank",
     "grade_bytes_sent",
     "grade_chunk_sizes",
+    "grade_crossover_bandwidth",
+    "grade_diloco_outer_step",
     "grade_evaluation",
     "grade_exact_mean",
     "grade_global_statistics",
     "grade_gradient_shard",
     "grade_keeps_batch",
     "grade_manual_data_parallel",
+    "grade_noise_scale",
     "grade_powersgd_bytes",
     "grade_replicas_agree",
     "grade_saved_activations",
