@@ -297,7 +297,7 @@ def _links_to_try(lang):
     import links
 
     folder = ROOT / "notebooks" / lang
-    errata = links._markdown_cells(folder / "12_errata.ipynb")
+    errata = links._markdown_cells(folder / "13_errata.ipynb")
     found = [m.groups() for _, source in errata for m in links.LINK.finditer(source)]
 
     def depth(link):
@@ -337,7 +337,7 @@ def test_errata_links_land_on_their_heading(lab_as_shipped):
                 # and twice, both times under load, the first link clicked while
                 # they loaded opened its lesson at the top (JupyterLab did not
                 # scroll to the fragment). See "Noticed" in the issue 13 notes.
-                page.goto(f"{base}/lab/tree/{lang}/12_errata.ipynb?reset&token={token}")
+                page.goto(f"{base}/lab/tree/{lang}/13_errata.ipynb?reset&token={token}")
                 for text, target, fragment in _links_to_try(lang):
                     path, anchors = f"{lang}/{target}", _anchors(lang, target, fragment)
                     page.wait_for_function(MARK_LINK, arg=[path, fragment],

@@ -101,6 +101,7 @@ def _values() -> tuple[dict[str, list], dict[tuple[str, str], list]]:
         **{(key, "step"): [2] for key in ("ex_apart", "ex_no_zero_grad")},
         ("ex_lr_warmup_end", "step"): [40],
         ("ex_lr_ok", "steps"): [20],
+        ("ex_dl_ok", "rounds"): [3], ("ex_dl_round", "round"): [1],
         ("ex_accum_k", "first"): [4], ("ex_accum_k", "K"): [2],
         ("ex_chunks_ok", "sizes"): [{(10, 3): [4, 4, 2], (7, 3): [3, 3, 1]}],
         ("ex_buckets_case", "sizes"): [[4000, 40]],
@@ -126,6 +127,8 @@ def _values() -> tuple[dict[str, list], dict[tuple[str, str], list]]:
     for key in ("ex_lr_not_scaled", "ex_lr_sqrt", "ex_lr_from_base", "ex_lr_start"):
         by_key[key, "got"] = [0.2]
     by_key.update(_lesson_11_values())
+    by_key.update(_noise_scale_values())
+    by_key.update(_crossover_values())
     return by_name, by_key
 
 
@@ -178,6 +181,32 @@ def _lesson_11_values() -> dict[tuple[str, str], list]:
         ("ex_z3_error", "step"): [2], ("ex_z3_ok", "shard"): [1668],
     }
 
+
+
+def _noise_scale_values() -> dict[tuple[str, str], list]:
+    """Lesson 12's noise scale grader: the call it shows, the value it found."""
+    call = t("ex_ns_call", fn="noise_scale_estimate", b=8, n=4, small=21.0,
+             big=9.75)
+    return {("ex_ns_call", "fn"): ["noise_scale_estimate"],
+            ("ex_ns_call", "small"): [21.0, 25.289], ("ex_ns_call", "big"): [9.75],
+            ("ex_ns_wrong", "call"): [call],
+            ("ex_ns_wrong", "got"): ["ZeroDivisionError", "2.5"],
+            ("ex_ns_wrong", "want"): ["20"],
+            ("ex_ns_wrong", "hint"): [t("ex_ns_hint_swapped"), t("ex_ns_hint_formula")],
+            ("ex_ns_ok", "value"): [17.4]}
+
+
+def _crossover_values() -> dict[tuple[str, str], list]:
+    """Lesson 12's crossover grader: the case it shows, its answers, the hints."""
+    fields = {"t_ddp": 13.4, "t_fp16": 14.9, "S_ddp": 8_482_856, "S_fp16": 4_241_428,
+              "calls": 2, "alpha_s": 1e-4}
+    return {**{("ex_xover_case", name): [value] for name, value in fields.items()},
+            ("ex_xover_wrong", "case"): [t("ex_xover_case", **fields)],
+            ("ex_xover_wrong", "got"): ["22,620,949,333", "-2,827,618,667", "inf"],
+            ("ex_xover_wrong", "want"): ["2,827,618,667", "inf"],
+            ("ex_xover_wrong", "hint"): [t("ex_xover_hint_bits"),
+                                         t("ex_xover_hint_pays")],
+            ("ex_xover_ok", "measured"): ["2,828 MB/s"]}
 
 def _fields(key: str) -> list[tuple[str, str]]:
     return [(name, spec) for _, name, spec, _ in

@@ -201,7 +201,7 @@ def _app(lang):
 
 def test_cell_links_become_links_to_targets_the_site_has():
     notebook = {"cells": [
-        {"cell_type": "markdown", "id": "12-errata", "metadata": {}, "source": [
+        {"cell_type": "markdown", "id": "13-errata", "metadata": {}, "source": [
             "# Errata\n", "See [the proof](04_no_sync.ipynb#cell-id=04-equal)."]},
         {"cell_type": "code", "id": "11-001", "metadata": {},
          "source": ["x = '#cell-id=1'"]},
@@ -209,9 +209,9 @@ def test_cell_links_become_links_to_targets_the_site_has():
          "source": ["no heading here"]},
     ]}
     source = [json.dumps(notebook)]
-    labkit_site.lesson_source(_app("en"), "lessons/12_errata", source)
+    labkit_site.lesson_source(_app("en"), "lessons/13_errata", source)
     cells = json.loads(source[0])["cells"]
-    assert cells[0]["source"] == ("(12-errata)=\n# Errata\n"
+    assert cells[0]["source"] == ("(13-errata)=\n# Errata\n"
                                   "See [the proof](04_no_sync.ipynb#04-equal).")
     assert cells[1]["source"] == ["x = '#cell-id=1'"]  # code is left as it is
     assert cells[2]["source"] == "no heading here"  # a target only on a heading

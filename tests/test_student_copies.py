@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 NOTEBOOKS = ROOT / "notebooks"
 LESSONS_WITH_EXERCISES = ("01", "02", "03", "04", "05", "06", "07", "08", "09",
-                          "10", "11")
+                          "10", "11", "12")
 
 
 def tags(cell):

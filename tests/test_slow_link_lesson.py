@@ -1,0 +1,179 @@
+"""Lesson 12's slow link: its cells as written, and with the link's delay removed.
+
+The section "A slow link you can dial" asserts that an all-reduce over the link
+takes at least the link's delay, that the delay each step gets is calls × α +
+bytes / β, and that the slowest link makes fp16 and PowerSGD beat DDP. These
+tests run those cells, read from the built notebook, on the test engines and in
+this process (the kernel's cells): as written they pass; with the delay skipped
+(the link books it but lets the call go) or priced at 0, the cell's assertion
+fails. The measurement runs on fewer links and rounds than the lesson's, to take
+seconds; the step models' cell after it runs too (it prints, asserting nothing).
+"""
+
+import pytest
+from lesson_cells import finder
+
+from labkit import cluster
+
+
+def _cells() -> dict[str, str]:
+    """The section's cells, by a line each contains (no magic line)."""
+    find = finder("12_communicate_less")
+    return {"one": find("ALPHA, BETA = 1e-3, 100e6"),
+            "measure": find("over = slow_link.steps_over_links("),
+            "table": find('over = ranks.pull("over")'),
+            "sweep": find("seconds = comm.allreduce_sweep("),
+            "model": find("with_compute * 1e3"),
+            "solution": find("return (S_ddp - S_fp16) / (t_fp16 - t_ddp)"),
+            "crossover": find("def predicted_crossover(name):")}
+
+
+CELLS = _cells()
+RANK_NAMES = ("import torch.distributed as dist\n"
+              "rank, world_size = dist.get_rank(), dist.get_world_size()")
+SAVE = ("from labkit import slow_link\n"
+        "_saved = slow_link.SlowLink, slow_link.link_time\n")
+# The link books each call's delay but lets it complete at once.
+NO_WAIT = "from slow_link_checks import NoWaitLink\nslow_link.SlowLink = NoWaitLink\n"
+# The rule prices every call at 0 s.
+FREE = "slow_link.link_time = lambda nbytes, alpha_s, beta_Bps: 0.0\n"
+UNDO = "slow_link.SlowLink, slow_link.link_time = _saved\n"
+
+
+def _with(source: str, old: str, new: str) -> str:
+    assert source.count(old) == 1, old
+    return source.replace(old, new)
+
+
+# Two links and three rounds: the same assertions, in seconds.
+SHORT = _with(_with(CELLS["measure"], "BETAS = (1e8, 2e8, 5e8, 1e9, 2e9, 5e9)",
+                    "BETAS = (1e8, 5e8)"), "rounds=12", "rounds=3")
+
+
+def _measure(ranks, patch: str = "") -> None:
+    ranks.execute(RANK_NAMES + "\n" + SAVE)
+    try:
+        ranks.execute(CELLS["one"])  # its imports; the section's first cell
+        ranks.execute(patch + SHORT)
+    finally:
+        ranks.execute(UNDO)
+
+
+def _kernel(name: str, namespace: dict) -> None:
+    exec(compile(CELLS[name], f"<cell {name}>", "exec"), namespace)
+
+
+def _fails_at(name: str, namespace: dict, line: str) -> None:
+    """The kernel's cell `name` fails its assertion on the line containing `line`."""
+    with pytest.raises(AssertionError) as caught:
+        _kernel(name, namespace)
+    where = next(entry for entry in reversed(caught.traceback)
+                 if entry.path == f"<cell {name}>")
+    assert line in CELLS[name].splitlines()[where.lineno]
+
+
+def test_one_allreduce_takes_at_least_the_links_delay(ranks):
+    ranks.execute(RANK_NAMES)
+    ranks.execute(CELLS["one"])
+    assert ranks.pull("nbytes") == [4 * 2**20] * 2
+    assert all(one_s >= 0.0429 for one_s in ranks.pull("one_s"))
+
+
+@pytest.mark.parametrize("patch", [NO_WAIT, FREE], ids=["delay skipped",
+                                                        "delay priced at 0"])
+def test_one_allreduce_fails_without_the_delay(ranks, patch):
+    ranks.execute(RANK_NAMES + "\n" + SAVE)
+    try:
+        with pytest.raises(cluster.RankError, match="AssertionError"):
+            ranks.execute(patch + CELLS["one"])
+    finally:
+        ranks.execute(UNDO)
+
+
+# The delay slept on the thread that completes the collective (gloo's), as a
+# Timer that runs at once would: what slow_link's timer thread avoids.
+ON_GLOOS_THREAD = """
+import threading as _threading
+import time as _time
+import types as _types
+
+
+class _SleepHere:
+    def __init__(self, interval, function):
+        self.interval, self.function = interval, function
+
+    def start(self):
+        _time.sleep(self.interval)
+        self.function()
+
+
+slow_link.threading = _types.SimpleNamespace(Lock=_threading.Lock, Timer=_SleepHere)
+"""
+
+
+def test_one_allreduce_fails_when_gloos_thread_waits(ranks):
+    ranks.execute(RANK_NAMES + "\n" + SAVE)
+    try:
+        with pytest.raises(cluster.RankError,
+                           match=r"assert isinstance\(completed_on.wait\(\)"):
+            ranks.execute(ON_GLOOS_THREAD + CELLS["one"])
+        assert ranks.pull("two_s")[0] >= 2 * 0.0429  # the link's timing held ...
+    finally:  # ... only the thread was wrong
+        ranks.execute(UNDO + "slow_link.threading = _threading\n")
+
+
+def test_the_sections_measurement_passes_its_assertions(ranks):
+    _measure(ranks)
+    ranks.execute(CELLS["sweep"])
+    namespace = {"ranks": ranks}
+    _kernel("table", namespace)
+    _kernel("model", namespace)  # prints the two models' errors; asserts nothing
+    assert set(namespace["worst"]) == {"bytes only", "with compute"}
+
+
+@pytest.mark.parametrize(("patch", "line"), [
+    (NO_WAIT, 'assert row[name]["step_s"] >= row[name]["link_s"]'),
+    (FREE, 'assert math.isclose(row[name]["link_s"], added)')],
+    ids=["delay skipped", "delay priced at 0"])
+def test_the_steps_fail_without_the_delay(ranks, patch, line):
+    _measure(ranks, patch)
+    _fails_at("table", {"ranks": ranks}, line)
+
+
+def _crossover_namespace(t_psgd: float) -> dict:
+    """What the crossover cell reads, for a run whose steps are made up."""
+    import math
+
+    from labkit import slow_link
+
+    rows = {"DDP": (15e-3, 8_482_856, 2), "fp16": (16e-3, 4_241_428, 2),
+            "PowerSGD r=1": (t_psgd, 36_984, 3)}
+    loop = {name: {"step_s": t, "bytes": S, "calls": c}
+            for name, (t, S, c) in rows.items()}
+    betas = (1e8, 1e9)
+    steps = {beta: {name: {"step_s": t + c * 1e-4 + S / beta}
+                    for name, (t, S, c) in rows.items()} for beta in betas}
+    namespace = {"math": math, "slow_link": slow_link, "loop": loop,
+                 "METHODS": tuple(rows), "BETAS": betas, "LINK_ALPHA": 1e-4,
+                 "ratio": lambda b, name: (steps[b][name]["step_s"]
+                                           / steps[b]["DDP"]["step_s"]),
+                 "t_ddp": 15e-3, "t_fp16": 16e-3, "S_ddp": 8_482_856,
+                 "S_fp16": 4_241_428, "calls": 2, "alpha_s": 1e-4}
+    _kernel("solution", namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("t_psgd", [15.05e-3, 14e-3], ids=["pays below", "always"])
+def test_the_predicted_crossover_is_where_the_curves_cross(t_psgd):
+    namespace = _crossover_namespace(t_psgd)
+    _kernel("crossover", namespace)
+    assert namespace["crossover"]["fp16"] == pytest.approx(4_241_428 / 1e-3)
+
+
+def test_the_crossover_check_fails_with_powersgds_extra_call_left_out():
+    # PowerSGD makes one all-reduce more than DDP: its α stays in the formula
+    namespace = _crossover_namespace(15.05e-3)
+    CELLS["crossover_no_alpha"] = _with(
+        CELLS["crossover"], ' + (m["calls"] - d["calls"]) * LINK_ALPHA', "")
+    _fails_at("crossover_no_alpha", namespace,
+              "assert math.isclose(on_grid, predicted, rel_tol=1e-3)")
