@@ -18,7 +18,13 @@ collective is done and the one before it has left the link. The delay is
 waited on a timer thread, never on the thread that completes the collective:
 gloo completes futures and runs their callbacks on its worker threads (two
 by default, ProcessGroupGloo's `threads`), and a sleep there would stall
-every other collective of the group.
+every other collective of the group. The callbacks of a delayed future (a
+comm hook's next steps: PowerSGD's products) then run on that timer thread,
+which takes the rank's `torch.set_num_threads` first: `torch.set_num_threads(1)`
+in the main thread did not reach a new thread's MKL products here (torch
+2.13, measured: 1.9 CPU seconds per second of a batched product), and
+PowerSGD's gradients over the link then differed from the loopback's by
+3.5e-10 (tests/test_slow_link.py).
 """
 
 from __future__ import annotations
@@ -211,6 +217,7 @@ class SlowLink:
                 self._record(nbytes, delay, done_at, release)
                 return work
             delayed = torch.futures.Future()
+            threads = torch.get_num_threads()
 
             def release_later(fut: torch.futures.Future) -> None:
                 # Runs on gloo's thread: book the link, and leave the waiting
@@ -219,6 +226,11 @@ class SlowLink:
                 delay, release = self._hold(nbytes, done_at)
 
                 def complete() -> None:
+                    # A thread torch did not start keeps MKL's own thread
+                    # count (one per core) whatever the rank set, until torch
+                    # initializes it: a callback's products here would take
+                    # the cores of the other rank, and round otherwise.
+                    torch.set_num_threads(threads)
                     self._record(nbytes, delay, done_at, release)
                     try:
                         delayed.set_result(fut.value())
