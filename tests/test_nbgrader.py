@@ -148,8 +148,9 @@ MISTAKES = {
            '"RANK": local_rank'),  # RANK equal to LOCAL_RANK
     "10": ("en", "if p.grad is None", "if p.grad is not None"),
     "11": ("ja", "optimizer = 2 * 4 * params", "optimizer = 4 * params"),  # Adam as one
-    # the noise scale upside down
-    "12": ("ja", "    return trace / norm_sq", "    return norm_sq / trace"),
+    # the crossover's time difference the wrong way round: a negative bandwidth
+    "12": ("ja", "    return (S_ddp - S_fp16) / (t_fp16 - t_ddp)",
+           "    return (S_ddp - S_fp16) / (t_ddp - t_fp16)"),
 }
 NOT_YET = {"ja": "まだ正解ではありません。", "en": "Not yet. "}
 
