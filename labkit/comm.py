@@ -130,9 +130,18 @@ def ring_steps(world_size: int) -> int:
     return 2 * (world_size - 1)
 
 
-def allreduce_sweep(sizes: Sequence[int], repeat: int = 10) -> list[float]:
-    """Median seconds of one all-reduce per message size in bytes (collective)."""
-    return [allreduce_time(max(1, nbytes // 4), repeat) for nbytes in sizes]
+def allreduce_sweep(sizes: Sequence[int], repeat: int = 10,
+                    dtype: torch.dtype = torch.float32) -> list[float]:
+    """Median seconds of one all-reduce per message size in bytes (collective).
+
+    `dtype` is what is summed: gloo adds float16 on the CPU element by
+    element, and a float16 all-reduce took longer here than a float32 one of
+    twice its bytes (bench/README.md), so a model fitted on float32 prices it
+    too low.
+    """
+    size = torch.empty((), dtype=dtype).element_size()
+    return [allreduce_time(max(1, nbytes // size), repeat, dtype=dtype)
+            for nbytes in sizes]
 
 
 def bandwidths(nbytes: float, seconds: float, world_size: int) -> tuple[float, float]:
@@ -393,9 +402,10 @@ def predicted_speedup(world_size: int, K: int, no_sync: bool,
     return world_size * K * compute_s / step
 
 
-def allreduce_time(numel: int, repeat: int = 10, group=None) -> float:
-    """Median seconds of one all-reduce of `numel` float32 values (collective)."""
-    x = torch.ones(numel)
+def allreduce_time(numel: int, repeat: int = 10, group=None,
+                   dtype: torch.dtype = torch.float32) -> float:
+    """Median seconds of one all-reduce of `numel` values of `dtype` (collective)."""
+    x = torch.ones(numel, dtype=dtype)
     if dist.get_backend(group) == "nccl":
         x = x.cuda()
 

@@ -30,8 +30,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from . import comm, comm_counting, i18n, models, timing, workload
 
 __all__ = ["METHODS", "Sent", "bucket_counts", "build",
-           "compare_methods", "error_feedback_trial", "large_config",
-           "no_communication", "optimizer_state_bytes",
+           "compare_methods", "error_feedback_trial", "hidden_s", "hides",
+           "large_config", "no_communication", "optimizer_state_bytes",
            "predicted_step_s", "storage_bytes"]
 
 # Lesson 06's table and plots of the methods side by side.
@@ -270,9 +270,20 @@ def bucket_counts(caps: Sequence[float | None], cfg: workload.Config | None = No
     return out
 
 
+def hides(name: str) -> bool:
+    """Whether method `name`'s all-reduces can overlap the backward, as DDP's do.
+
+    PowerSGD runs in one bucket (ONE_BUCKET_MB), ready only when the backward
+    has ended: nothing left to hide its all-reduces behind.
+    """
+    return name.split(" r=")[0] != "PowerSGD"
+
+
 def predicted_step_s(ddp_step_s: float, ddp_sent: Sent, sent: Sent,
                      ab: comm.AlphaBeta, world_size: int,
-                     added_compute_s: float = 0.0, chain_wait_s: float = 0.0) -> float:
+                     added_compute_s: float = 0.0, chain_wait_s: float = 0.0, *,
+                     sent_ab: comm.AlphaBeta | None = None, ddp_hidden_s: float = 0.0,
+                     hides: bool = True) -> float:
     """Lesson 05's step model with a compression factor: a method's step time.
 
     DDP's measured step with its communication, `ddp_sent` (what DDP's step
@@ -289,24 +300,52 @@ def predicted_step_s(ddp_step_s: float, ddp_sent: Sent, sent: Sent,
     issued one after the other in future callbacks add beyond their
     alpha-beta time and that compute (PowerSGD's P and Q; measured apart by
     `callback_chain.chain_wait_s`), is added too.
+
+    `sent_ab` prices the method's all-reduces where what they sum costs
+    otherwise than DDP's float32 (fp16's: gloo adds float16 element by
+    element; `comm.allreduce_sweep(..., dtype=torch.float16)`). `ddp_hidden_s`
+    is what of DDP's communication its backward hid (`hidden_s`): a method
+    whose all-reduces overlap the backward as DDP's do (`hides`) hides as
+    much, at most its own all-reduces' time; one that sends only after the
+    backward (PowerSGD in one bucket, `hides=False`) hides none. Broadcasts
+    (ZeRO's, in the optimizer's step) are never hidden.
     """
     for name, value in (("added_compute_s", added_compute_s),
-                        ("chain_wait_s", chain_wait_s)):
+                        ("chain_wait_s", chain_wait_s), ("ddp_hidden_s", ddp_hidden_s)):
         if not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number of seconds, "
                              f"got {value!r}")
-    def communication(s: Sent) -> float:
-        seconds = 0.0
-        if s.all_reduce_calls:
-            seconds += s.all_reduce_calls * ab.time(
-                s.all_reduce_bytes / s.all_reduce_calls, world_size)
-        if s.broadcast_calls:
-            seconds += s.broadcast_calls * ab.broadcast_time(
-                s.broadcast_bytes / s.broadcast_calls, world_size)
-        return seconds
+    if ddp_hidden_s < 0:
+        raise ValueError(f"ddp_hidden_s must be >= 0 (hidden_s), got {ddp_hidden_s!r}")
 
-    return (ddp_step_s - communication(Sent(*ddp_sent)) + communication(Sent(*sent))
-            + added_compute_s + chain_wait_s)
+    def all_reduces(s: Sent, model: comm.AlphaBeta) -> float:
+        if not s.all_reduce_calls:
+            return 0.0
+        return s.all_reduce_calls * model.time(s.all_reduce_bytes / s.all_reduce_calls,
+                                               world_size)
+
+    def broadcasts(s: Sent) -> float:
+        if not s.broadcast_calls:
+            return 0.0
+        return s.broadcast_calls * ab.broadcast_time(
+            s.broadcast_bytes / s.broadcast_calls, world_size)
+
+    ddp, mine = Sent(*ddp_sent), Sent(*sent)
+    own = all_reduces(mine, sent_ab or ab)
+    hidden = min(ddp_hidden_s, own) if hides else 0.0
+    return (ddp_step_s - all_reduces(ddp, ab) - broadcasts(ddp) + ddp_hidden_s
+            + own - hidden + broadcasts(mine) + added_compute_s + chain_wait_s)
+
+
+def hidden_s(ddp_step_s: float, ddp_local_step_s: float, ddp_sent: Sent,
+             ab: comm.AlphaBeta, world_size: int) -> float:
+    """What of DDP's communication its backward hid: local step + alpha-beta - step.
+
+    Never below 0: a step longer than its local work and its all-reduces'
+    alpha-beta time holds overhead the model leaves in every method's step.
+    """
+    return max(0.0, ddp_local_step_s + predicted_step_s(0.0, Sent(0, 0), ddp_sent, ab,
+                                                         world_size) - ddp_step_s)
 
 
 class _Done:

@@ -90,6 +90,42 @@ def test_the_step_model_adds_the_compute_a_method_adds():
         == pytest.approx(0.018)
 
 
+def test_the_step_model_prices_a_method_s_all_reduces_with_their_own_fit():
+    ab, slow16 = comm.AlphaBeta(alpha=1e-4, beta=1e9), comm.AlphaBeta(1e-4, 4e8)
+    plain, half = send_less.Sent(8_000_000, 2), send_less.Sent(4_000_000, 2)
+    as_fp32 = send_less.predicted_step_s(0.02, plain, half, ab, 2)
+    as_fp16 = send_less.predicted_step_s(0.02, plain, half, ab, 2, sent_ab=slow16)
+    # fp16's 2 MB halves, priced by the slower fit: the difference is the fits'
+    assert as_fp16 - as_fp32 == pytest.approx(
+        2 * (slow16.time(2e6, 2) - ab.time(2e6, 2)))
+
+
+def test_what_ddp_hid_is_hidden_again_only_by_a_method_that_overlaps():
+    ab = comm.AlphaBeta(alpha=1e-4, beta=1e9)
+    plain, small = send_less.Sent(8_000_000, 2), send_less.Sent(40_000, 3)
+    comm_ddp = send_less.predicted_step_s(0.0, (0, 0), plain, ab, 2)
+    # a local step of 15 ms and a step of 20 ms: 15 + comm - 20 was hidden
+    hid = send_less.hidden_s(0.02, 0.015, plain, ab, 2)
+    assert hid == pytest.approx(0.015 + comm_ddp - 0.02)
+    assert send_less.hidden_s(0.02, 0.001, plain, ab, 2) == 0.0  # never below 0
+    # DDP itself, hiding as much as it did: its own step back
+    assert send_less.predicted_step_s(0.02, plain, plain, ab, 2,
+                                      ddp_hidden_s=hid) == pytest.approx(0.02)
+    overlapping = send_less.predicted_step_s(0.02, plain, small, ab, 2,
+                                             ddp_hidden_s=hid)
+    after = send_less.predicted_step_s(0.02, plain, small, ab, 2, ddp_hidden_s=hid,
+                                       hides=False)
+    own = send_less.predicted_step_s(0.0, (0, 0), small, ab, 2)
+    assert own < hid  # the small method's all-reduces are shorter than what DDP hid
+    # it hides at most all of its own; after the backward, none
+    assert overlapping == pytest.approx(0.015 + 0.0)
+    assert after == pytest.approx(0.015 + own)
+    assert send_less.hides("fp16") and send_less.hides("ZeRO + Adam")
+    assert not send_less.hides("PowerSGD r=1")
+    with pytest.raises(ValueError, match="ddp_hidden_s must be >= 0"):
+        send_less.predicted_step_s(0.02, plain, small, ab, 2, ddp_hidden_s=-0.001)
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_the_step_model_refuses_added_compute_that_is_not_finite(bad):
     ab = comm.AlphaBeta(alpha=1e-4, beta=1e9)
