@@ -392,13 +392,18 @@ def chain_shapes(table: dict) -> dict:
 
 
 def levers_predictions(both: list[dict], ab, world_size: int = 2,
-                       chains: dict | None = None) -> dict:
+                       chains: dict | None = None, ab16=None) -> dict:
     """Per method of one compare_methods(..., local=True) run: step, prediction.
 
     The model with the compute each method adds (its local step minus DDP's,
     DDP + Adam's for ZeRO, the ranks' mean) and without it (bytes only).
     With `chains` (chain_waits' answer), the first also adds what the method's
     all-reduces issued in callbacks cost (callback_chain, measured apart).
+    With `ab16` (alpha-beta fitted on float16 all-reduces), it also prices
+    fp16's all-reduces by it, and takes what of DDP's communication the
+    backward hid (send_less.hidden_s, from DDP's step and local step) as
+    hidden by the methods that overlap it too, not by PowerSGD
+    (send_less.hides).
     """
     import statistics
 
@@ -408,15 +413,22 @@ def levers_predictions(both: list[dict], ab, world_size: int = 2,
     for name in (name for name in send_less.METHODS if name in runs):
         base_name = "DDP + Adam" if "Adam" in name else "DDP"
         r, base = runs[name], runs[base_name]
-        added = statistics.mean(rank[name]["local_step_s"]
-                                - rank[base_name]["local_step_s"] for rank in both)
+
+        def local(method: str) -> float:
+            return statistics.mean(rank[method]["local_step_s"] for rank in both)
+
+        added = local(name) - local(base_name)
         per_call = (chains or {}).get(name, {}).get("per_call_s", 0.0)
         chain = per_call * callback_chain.chained_calls(
             name, r["sent"][-1].all_reduce_calls)
+        overlap = {} if ab16 is None else {
+            "sent_ab": ab16 if name == "fp16" else None, "hides": send_less.hides(name),
+            "ddp_hidden_s": send_less.hidden_s(base["step_s"], local(base_name),
+                                               base["sent"][-1], ab, world_size)}
         bytes_only, predicted = (
             send_less.predicted_step_s(base["step_s"], base["sent"][-1],
-                                       r["sent"][-1], ab, world_size, *extra)
-            for extra in ((0.0, 0.0), (added, chain)))
+                                       r["sent"][-1], ab, world_size, *extra, **kw)
+            for extra, kw in (((0.0, 0.0), {}), ((added, chain), overlap)))
         table[name] = {"bytes_per_step": r["bytes"][-1], "step_s": r["step_s"],
                        "step_ratio": r["step_s"] / base["step_s"],
                        "local_step_s": [rank[name]["local_step_s"] for rank in both],
@@ -441,23 +453,28 @@ def levers_table(ranks, steps: int) -> dict:
     dialled link (LEVERS_LINK, slow_link.combined with the fitted model),
     without ZeRO: the link slows all-reduces, not its broadcasts.
     """
+    import torch
+
     from labkit import comm, send_less, slow_link
 
     both = ranks.run(send_less.compare_methods, send_less.METHODS, None, steps, True)
     sizes = [4**k * 1024 for k in range(2, 8)]
     ab = comm.fit_alpha_beta(sizes, ranks.run(comm.allreduce_sweep, sizes, 5)[0], 2)
+    # fp16's all-reduces on their own fit: gloo sums float16 element by element
+    ab16 = comm.fit_alpha_beta(
+        sizes, ranks.run(comm.allreduce_sweep, sizes, 5, torch.float16)[0], 2)
     # PowerSGD's chain of all-reduces in callbacks, measured apart on a chain of
     # its shape (its all-reduces' size, its added compute), never on its steps;
     # on the loopback, and used over the link too, where the link's own delays
-    # are in the alpha-beta: the same chain run through SlowLink measured 30 to
-    # 110 ms a call, far beyond any step's (its timer threads, not understood).
+    # are in the alpha-beta.
     table = levers_predictions(both, ab)
     chains = ranks.run(chain_waits, chain_shapes(table))[0]
-    table = levers_predictions(both, ab, 2, chains)
+    table = levers_predictions(both, ab, 2, chains, ab16)
     names = tuple(name for name in send_less.METHODS if name != "ZeRO + Adam")
     link = levers_predictions(
         ranks.run(levers_over_link, names, *LEVERS_LINK.values(), steps),
-        slow_link.combined(ab, *LEVERS_LINK.values(), 2), 2, chains)
+        slow_link.combined(ab, *LEVERS_LINK.values(), 2), 2, chains,
+        slow_link.combined(ab16, *LEVERS_LINK.values(), 2))
     worst = {key: max(row[error] for row in rows.values())
              for key, rows, error in [
                  ("levers_model_max_rel_error", table, "error"),
@@ -465,7 +482,8 @@ def levers_table(ranks, steps: int) -> dict:
                  ("levers_link_model_max_rel_error", link, "error"),
                  ("levers_link_bytes_model_max_rel_error", link, "bytes_only_error")]}
     return {"levers": table, "levers_link": link,
-            "levers_alpha_beta": {"alpha": ab.alpha, "beta": ab.beta}, **worst}
+            "levers_alpha_beta": {"alpha": ab.alpha, "beta": ab.beta},
+            "levers_alpha_beta_fp16": {"alpha": ab16.alpha, "beta": ab16.beta}, **worst}
 
 
 # The slow link's bandwidths (bytes/s), slowest first, denser where the
@@ -1119,8 +1137,11 @@ def _levers_lines(results: dict) -> list[str]:
             f"{levers_steps(results['quick'])} interleaved steps; {results['date']}, "
             f"{'--quick' if results['quick'] else 'full'}"
             f"{', `--only levers`' if results.get('only') == 'levers' else ''}; "
-            f"alpha {ab['alpha'] * 1e6:.0f} us, beta {ab['beta'] / 1e9:.2f} GB/s; "
-            "the Adam pair against DDP + Adam; on the loopback):", "",
+            f"alpha {ab['alpha'] * 1e6:.0f} us, beta {ab['beta'] / 1e9:.2f} GB/s"
+            + (f", fitted on float16 alpha {ab16['alpha'] * 1e6:.0f} us, beta "
+               f"{ab16['beta'] / 1e9:.2f} GB/s"
+               if (ab16 := results.get("levers_alpha_beta_fp16")) else "")
+            + "; the Adam pair against DDP + Adam; on the loopback):", "",
             *_levers_rows(results["levers"]), "",
             f"The same over the slow link (alpha {link['alpha_s'] * 1e6:.0f} us, "
             f"beta {link['beta_Bps'] / 1e6:.0f} MB/s on top of the loopback; "

@@ -535,13 +535,16 @@ print(f"worst error: bytes only {worst['bytes only']:.0%}, "
 # 小さかったのは 16 回のうち 15 回でした。いつもではないので、このセルは表示するだけで、何も確かめません。
 # 確かめられるのは、上のセルのような、負荷に左右されない決まりごとです。
 #
-# bench (`bench/run.py --only levers`) は、計算と鎖の待ち時間を足したモデルで、レッスン 06 のすべての
-# 方法を予測します。ループバックでは、7 回の実行で最悪の誤差は 0.11〜0.22 で、目標の 0.2 を超えた実行が
-# 3 回ありました。鎖の待ち時間を足すと、PowerSGD の誤差は (実行, 方法) の 21 組のうち 14 組で小さくなり、
-# 6 組で大きくなりました。測った鎖の待ち時間そのものが、実行ごとに 1 ステップあたり -3.7〜11.7 ms と
-# 大きく揺れるからです (`bench/README.md`)。500 MB/s のリンクの上では、PowerSGD r = 2 のステップが
-# DDP の 2.8〜3.8 倍かかり、モデルは 0.59〜0.68 外れます。その理由はまだ分かっていません。モデルに
-# まだ入っていないのは、DDP の通信のうち逆伝播に隠れていた部分です。
+# bench (`bench/run.py --only levers`) は、さらに多くを知るモデルで、レッスン 06 のすべての方法を
+# 予測します。fp16 の all-reduce は、float16 の all-reduce で当てはめた α–β で見積もります。gloo は
+# CPU の上で float16 を 1 要素ずつ足すので、当てはめた β は float32 の 1.32 GB/s に対して 0.58 GB/s
+# でした。また、DDP の通信のうち逆伝播に隠れていた分を、PowerSGD 以外の方法には同じだけ隠れるものと
+# して戻します。PowerSGD のバケツは 1 つで、逆伝播が終わるまでそろわないからです
+# (`send_less.hidden_s`、`send_less.hides`)。2 回の実行で、PowerSGD 以外の方法は、ループバックでも
+# 500 MB/s のリンクの上でも 0.09 以内で予測できました。PowerSGD は、ループバックで最大 0.23、リンクの
+# 上で最大 0.27 外れ、いつも速すぎる予測でした。PowerSGD のステップは、ローカルの計算と 3 回の
+# all-reduce を足したものより数ミリ秒長いままで、その時間が何に使われているのかはまだ分かっていません
+# (`bench/README.md`)。
 
 # %% [markdown] lang="en"
 # The model that knows only the bytes predicts the compressing methods too fast (as in
@@ -556,14 +559,17 @@ print(f"worst error: bytes only {worst['bytes only']:.0%}, "
 # 16. Not always: so this cell prints and asserts nothing. What can be asserted are
 # rules no load changes, as in the cell above.
 #
-# The bench (`bench/run.py --only levers`) predicts all of lesson 06's methods with the
-# model that adds the chain's wait as well as the compute. On the loopback, over seven
-# runs, the worst error was 0.11 to 0.22, above the goal of 0.2 in three. Adding the
-# chain's wait lowered PowerSGD's error in 14 of 21 (run, method) pairs and raised it
-# in 6: the chain's wait as measured itself moves from -3.7 to 11.7 ms a step between
-# runs (`bench/README.md`). Over the 500 MB/s link, PowerSGD r = 2's step takes 2.8 to
-# 3.8 times DDP's, and the model is off by 0.59 to 0.68; why is not known yet. What the
-# model still lacks: the part of DDP's communication the backward pass hid.
+# The bench (`bench/run.py --only levers`) predicts all of lesson 06's methods with a
+# model that knows more again. It prices fp16's all-reduces by an α–β fitted on float16
+# all-reduces: gloo adds float16 on the CPU element by element, and the fitted β was
+# 0.58 GB/s against 1.32 GB/s for float32. It also gives back what of DDP's
+# communication the backward hid, except to PowerSGD, whose one bucket is ready only
+# when the backward ends (`send_less.hidden_s`, `send_less.hides`). In two runs,
+# every method but PowerSGD was then predicted within 0.09, on the loopback and over
+# the 500 MB/s link. PowerSGD was off by up to 0.23 on the loopback and 0.27 over the
+# link, always too fast: its step stays a few milliseconds longer than its local work
+# plus its three all-reduces, and what holds that time is not found yet
+# (`bench/README.md`).
 
 # %% [markdown] lang="ja"
 # ## ローカル SGD
