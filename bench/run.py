@@ -409,14 +409,13 @@ def levers_predictions(both: list[dict], ab, world_size: int = 2,
 
     from labkit import callback_chain, send_less
 
+    def local(method: str) -> float:  # the ranks' mean local step
+        return statistics.mean(rank[method]["local_step_s"] for rank in both)
+
     runs, table = both[0], {}
     for name in (name for name in send_less.METHODS if name in runs):
         base_name = "DDP + Adam" if "Adam" in name else "DDP"
         r, base = runs[name], runs[base_name]
-
-        def local(method: str) -> float:
-            return statistics.mean(rank[method]["local_step_s"] for rank in both)
-
         added = local(name) - local(base_name)
         per_call = (chains or {}).get(name, {}).get("per_call_s", 0.0)
         chain = per_call * callback_chain.chained_calls(
@@ -460,7 +459,7 @@ def levers_table(ranks, steps: int) -> dict:
     both = ranks.run(send_less.compare_methods, send_less.METHODS, None, steps, True)
     sizes = [4**k * 1024 for k in range(2, 8)]
     ab = comm.fit_alpha_beta(sizes, ranks.run(comm.allreduce_sweep, sizes, 5)[0], 2)
-    # fp16's all-reduces on their own fit: gloo sums float16 element by element
+    # fp16's all-reduces on their own fit: gloo's float16 sum costs more per byte here
     ab16 = comm.fit_alpha_beta(
         sizes, ranks.run(comm.allreduce_sweep, sizes, 5, torch.float16)[0], 2)
     # PowerSGD's chain of all-reduces in callbacks, measured apart on a chain of

@@ -536,9 +536,9 @@ print(f"worst error: bytes only {worst['bytes only']:.0%}, "
 # 確かめられるのは、上のセルのような、負荷に左右されない決まりごとです。
 #
 # bench (`bench/run.py --only levers`) は、さらに多くを知るモデルで、レッスン 06 のすべての方法を
-# 予測します。fp16 の all-reduce は、float16 の all-reduce で当てはめた α–β で見積もります。gloo は
-# CPU の上で float16 を 1 要素ずつ足すので、当てはめた β は float32 の 1.32 GB/s に対して 0.58 GB/s
-# でした。また、DDP の通信のうち逆伝播に隠れていた分を、PowerSGD 以外の方法には同じだけ隠れるものと
+# 予測します。fp16 の all-reduce は、float16 の all-reduce で当てはめた α–β で見積もります。この
+# マシンの CPU では、gloo の all-reduce は float16 のほうが 1 バイトあたり遅く、当てはめた β は
+# float32 の 1.32 GB/s に対して 0.58 GB/s でした。また、DDP の通信のうち逆伝播に隠れていた分を、PowerSGD 以外の方法には同じだけ隠れるものと
 # して戻します。PowerSGD のバケツは 1 つで、逆伝播が終わるまでそろわないからです
 # (`send_less.hidden_s`、`send_less.hides`)。2 回の実行で、PowerSGD 以外の方法は、ループバックでも
 # 500 MB/s のリンクの上でも 0.09 以内で予測できました。PowerSGD は、ループバックで最大 0.23、リンクの
@@ -561,7 +561,7 @@ print(f"worst error: bytes only {worst['bytes only']:.0%}, "
 #
 # The bench (`bench/run.py --only levers`) predicts all of lesson 06's methods with a
 # model that knows more again. It prices fp16's all-reduces by an α–β fitted on float16
-# all-reduces: gloo adds float16 on the CPU element by element, and the fitted β was
+# all-reduces: on this CPU gloo's float16 all-reduce costs more per byte; the fitted β was
 # 0.58 GB/s against 1.32 GB/s for float32. It also gives back what of DDP's
 # communication the backward hid, except to PowerSGD, whose one bucket is ready only
 # when the backward ends (`send_less.hidden_s`, `send_less.hides`). In two runs,

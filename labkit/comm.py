@@ -134,8 +134,8 @@ def allreduce_sweep(sizes: Sequence[int], repeat: int = 10,
                     dtype: torch.dtype = torch.float32) -> list[float]:
     """Median seconds of one all-reduce per message size in bytes (collective).
 
-    `dtype` is what is summed: gloo adds float16 on the CPU element by
-    element, and a float16 all-reduce took longer here than a float32 one of
+    `dtype` is what is summed: on this course's machine gloo's float16
+    all-reduce cost more per byte, and one took longer than a float32 one of
     twice its bytes (bench/README.md), so a model fitted on float32 prices it
     too low.
     """

@@ -302,12 +302,13 @@ def predicted_step_s(ddp_step_s: float, ddp_sent: Sent, sent: Sent,
     `callback_chain.chain_wait_s`), is added too.
 
     `sent_ab` prices the method's all-reduces where what they sum costs
-    otherwise than DDP's float32 (fp16's: gloo adds float16 element by
-    element; `comm.allreduce_sweep(..., dtype=torch.float16)`). `ddp_hidden_s`
-    is what of DDP's communication its backward hid (`hidden_s`): a method
-    whose all-reduces overlap the backward as DDP's do (`hides`) hides as
-    much, at most its own all-reduces' time; one that sends only after the
-    backward (PowerSGD in one bucket, `hides=False`) hides none. Broadcasts
+    otherwise than DDP's float32 (fp16's: gloo's float16 all-reduce costs
+    more per byte here; `comm.allreduce_sweep(..., dtype=torch.float16)`).
+    `ddp_hidden_s` is what of DDP's communication its backward hid
+    (`hidden_s`): a method whose all-reduces overlap the backward as DDP's do
+    (`hides`) hides as much, at most its own all-reduces' time; one that
+    sends only after the backward (PowerSGD in one bucket, `hides=False`)
+    hides none. Broadcasts
     (ZeRO's, in the optimizer's step) are never hidden.
     """
     for name, value in (("added_compute_s", added_compute_s),
