@@ -407,7 +407,7 @@ fig = plots.timeline(timeline, title="overlap_title")
 # セルは、大きなモデルの最大の誤差が 50% 未満であることを確かめます (混んだ 2 コアのマシンでも
 # 収まる幅です)。小さなモデルの更新は 1〜2 ms で、その大きな部分を gloo の all-reduce の待ちの揺れが
 # 占めます。ここでは静かなときでも誤差が 58% になったことがあるので、誤差は表示するだけにして、
-# K = 8 で `no_sync` の更新が全同期の半分以下の時間で済むことを確かめます。
+# K = 8 で `no_sync` の更新が全同期よりはっきり速い (1.5 倍以上) ことを確かめます。
 
 # %% [markdown] lang="en"
 # ## Predicting the time of an update
@@ -425,7 +425,7 @@ fig = plots.timeline(timeline, title="overlap_title")
 # margin that holds even on a busy 2-core machine). The small model's update lasts 1-2
 # ms, a large part of it the jittery wait of gloo's all-reduce: its error reached 58%
 # here even on a quiet machine, so the cell prints it and asserts what holds anyway:
-# at K = 8, a `no_sync` update takes less than half the time of a synced one.
+# at K = 8, a synced update takes at least 1.5 times as long as a `no_sync` one.
 
 # %%
 # %%px
@@ -459,10 +459,12 @@ fig = plots.measured_vs_model(measured, predicted, xlabel="accum_k",
 # it is busy (10-21% measured with a core kept busy); a model missing s or o is off
 # by more. The small model's 1-2 ms updates are mostly all-reduce wake-ups, whose
 # jitter put its error between 9% and 58% in six runs: printed, not asserted. Its
-# no_sync saving is asserted instead (3.8-6.7x at K = 8 in the same runs).
+# no_sync saving is asserted instead: 3.8-6.7x at K = 8 in the same runs, 1.9x once
+# in CI (its no_sync update 5.2 ms against the usual 2.4); 0.97-1.00x with no_sync
+# removed.
 assert errors["MLP 1024x3"] < 0.5, errors
 small_k8 = step_times["doc 004 MLP"][8]
-assert small_k8.sync > 2 * small_k8.no_sync, small_k8
+assert small_k8.sync > 1.5 * small_k8.no_sync, small_k8
 
 # %% [markdown] lang="ja"
 # c、s、o は時間なので、負にならないように求めます (非負の最小二乗法)。それでも o が 0 になることが
