@@ -449,8 +449,9 @@ def levers_table(ranks, steps: int) -> dict:
     factor (alpha and beta fitted on an all-reduce sweep of this run), with
     the compute the method adds (its step sending nothing, taken in the same
     rounds, minus DDP's) and without it (bytes only). Then the same over the
-    dialled link (LEVERS_LINK, slow_link.combined with the fitted model),
-    without ZeRO: the link slows all-reduces, not its broadcasts.
+    dialled link (LEVERS_LINK, slow_link.combined with the fitted model and
+    the link's own cost per all-reduce, slow_link.own_cost_s), without ZeRO:
+    the link slows all-reduces, not its broadcasts.
     """
     import torch
 
@@ -470,10 +471,14 @@ def levers_table(ranks, steps: int) -> dict:
     chains = ranks.run(chain_waits, chain_shapes(table))[0]
     table = levers_predictions(both, ab, 2, chains, ab16)
     names = tuple(name for name in send_less.METHODS if name != "ZeRO + Adam")
+    # Over the link each all-reduce also pays the link's own machinery (the
+    # hand-off to its thread and back), measured apart with no delay.
+    own = ranks.run(slow_link.own_cost_s)[0]
+    alpha, beta = LEVERS_LINK["alpha_s"] + own, LEVERS_LINK["beta_Bps"]
     link = levers_predictions(
         ranks.run(levers_over_link, names, *LEVERS_LINK.values(), steps),
-        slow_link.combined(ab, *LEVERS_LINK.values(), 2), 2, chains,
-        slow_link.combined(ab16, *LEVERS_LINK.values(), 2))
+        slow_link.combined(ab, alpha, beta, 2), 2, chains,
+        slow_link.combined(ab16, alpha, beta, 2))
     worst = {key: max(row[error] for row in rows.values())
              for key, rows, error in [
                  ("levers_model_max_rel_error", table, "error"),
@@ -482,7 +487,8 @@ def levers_table(ranks, steps: int) -> dict:
                  ("levers_link_bytes_model_max_rel_error", link, "bytes_only_error")]}
     return {"levers": table, "levers_link": link,
             "levers_alpha_beta": {"alpha": ab.alpha, "beta": ab.beta},
-            "levers_alpha_beta_fp16": {"alpha": ab16.alpha, "beta": ab16.beta}, **worst}
+            "levers_alpha_beta_fp16": {"alpha": ab16.alpha, "beta": ab16.beta},
+            "levers_link_own_cost_s": own, **worst}
 
 
 # The slow link's bandwidths (bytes/s), slowest first, denser where the

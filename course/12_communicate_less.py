@@ -65,11 +65,11 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 #
 # - **1 本の線**: リンクは 1 度に 1 つの all-reduce しか運びません。遅延は、本物の all-reduce が
 #   終わり、前の all-reduce がリンクを出てから数えます。
-# - **待つのはタイマーのスレッド**: DDP のフックは `async_op=True` で呼び、完了をフューチャーで受け取ります。
+# - **待つのはリンクのスレッド**: DDP のフックは `async_op=True` で呼び、完了をフューチャーで受け取ります。
 #   gloo は、フューチャーの完了とそのコールバックを自分のワーカースレッド (既定で 2 本、
 #   `ProcessGroupGloo` の `threads`) で実行します。そこで眠ると、グループのほかの集団通信まで止まって
-#   しまいます。そこで `SlowLink` は、完了を新しいフューチャーに移し、それを `threading.Timer` が
-#   時間どおりに完了させます (`labkit/slow_link.py`)。
+#   しまいます。そこで `SlowLink` は、完了を新しいフューチャーに移し、それをリンク専用のスレッド
+#   (名前が `slow_link` で始まり、使い回されます) が時間どおりに完了させます (`labkit/slow_link.py`)。
 # - `link.calls` には、all-reduce 1 回ごとに `LinkCall` (バイト数、規則による遅延、実際に止めた時間、
 #   予定より遅れた時間) が残ります。
 #
@@ -77,8 +77,8 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # 1 ms + 4,194,304 / 10⁸ 秒 ≈ 43 ms です。マシンが混んでいるとき、all-reduce はもっと長くかかることは
 # あっても、遅延より短く終わることはありません。確かめるのはその下限です。続けて 2 つ送ると、2 つ目は
 # 1 つ目がリンクを出るまで待つので、合わせて遅延の 2 倍以上かかります。DDP のフックと同じように
-# `async_op=True` で呼んだとき、フューチャーを完了させるのが `threading.Timer` のスレッドであることも
-# 確かめます。
+# `async_op=True` で呼んだとき、フューチャーを完了させるのが gloo のスレッドではなく、リンクのスレッド
+# であることも確かめます。
 
 # %% [markdown] lang="en"
 # ## A slow link you can dial
@@ -93,11 +93,12 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 #
 # - **One wire**: the link carries one all-reduce at a time. A call's delay starts when
 #   the real all-reduce is done and the call before it has left the link.
-# - **A timer thread waits**: DDP's hooks call with `async_op=True` and take the result
-#   as a future. gloo completes futures and runs their callbacks on its worker threads
-#   (two by default, `ProcessGroupGloo`'s `threads`); sleeping there would stall every
-#   other collective of the group. So `SlowLink` moves the result into a new future,
-#   which a `threading.Timer` completes on time (`labkit/slow_link.py`).
+# - **The link's own thread waits**: DDP's hooks call with `async_op=True` and take the
+#   result as a future. gloo completes futures and runs their callbacks on its worker
+#   threads (two by default, `ProcessGroupGloo`'s `threads`); sleeping there would stall
+#   every other collective of the group. So `SlowLink` moves the result into a new
+#   future, which a thread of the link's own (named `slow_link...`, reused from call to
+#   call) completes on time (`labkit/slow_link.py`).
 # - `link.calls` keeps a `LinkCall` per all-reduce: its bytes, the delay by the rule,
 #   how long it was really held, and how late against the schedule.
 #
@@ -105,8 +106,8 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # delay is 1 ms + 4,194,304 / 10⁸ s ≈ 43 ms. On a busy machine an all-reduce may take
 # longer than that, never shorter: that lower bound is what the cell checks. Two sent in
 # a row take at least twice the delay, the second waiting for the first to leave the
-# link. Called with `async_op=True`, as DDP's hooks call, the future is completed by a
-# `threading.Timer` thread: the cell checks that too.
+# link. Called with `async_op=True`, as DDP's hooks call, the future is completed by the
+# link's thread, not gloo's: the cell checks that too.
 
 # %%
 # %%px
@@ -152,7 +153,7 @@ assert [call.nbytes for call in link.calls] == [nbytes] * 3
 assert all(math.isclose(call.delay_s, delay) for call in link.calls)
 assert one_s >= delay  # at least the delay, whatever the load
 assert two_s >= 2 * delay  # one wire: the second waits for the first to leave it
-assert isinstance(completed_on.wait(), threading.Timer)  # not gloo's thread
+assert completed_on.wait().name.startswith("slow_link")  # the link's, not gloo's
 
 # %% [markdown] lang="ja"
 # `SlowLink` を外すと (`loopback`)、同じ all-reduce は数 ms で終わります。リンクを通すと、1 回は
@@ -445,7 +446,9 @@ assert crossover["fp16"] == fp16_crossover(t_ddp, t_fp16, S_ddp, S_fp16, calls,
 # 次の 2 つのセルは、α と β をループバックの all-reduce で当てはめ (レッスン 06 と同じ)、ループバックと
 # 500 MB/s のリンクで、2 つのモデルの予測と測った値を比べます。リンクの上では、当てはめた α–β に
 # リンクを足したもの (`slow_link.combined`) で通信の時間を数え、DDP の 1 ステップはリンクの上で
-# 測った値から始めます。
+# 測った値から始めます。リンクには、規則の α + バイト数 / β のほかに、それ自身の手間もあります。
+# 完了をリンクのスレッドに渡して戻すぶんで、all-reduce 1 回ごとにかかります。`slow_link.own_cost_s` が
+# 遅延 0 のリンクとループバックを交互に測って求め、モデルはそれを α に足します。
 
 # %% [markdown] lang="en"
 # ## A step model that knows compute too
@@ -471,7 +474,10 @@ assert crossover["fp16"] == fp16_crossover(t_ddp, t_fp16, S_ddp, S_fp16, calls,
 # The next two cells fit α and β on loopback all-reduces (as lesson 06 does) and compare
 # both models with the measured steps, on loopback and over the 500 MB/s link. Over the
 # link, communication is priced by the fitted α–β with the link added
-# (`slow_link.combined`), and DDP's step is the one measured over the link.
+# (`slow_link.combined`), and DDP's step is the one measured over the link. Beyond its
+# rule α + bytes / β the link has a cost of its own: handing each all-reduce's
+# completion to the link's thread and back. `slow_link.own_cost_s` measures it, a link
+# of no delay against the loopback in turns, and the model adds it to α.
 
 # %%
 # %%px
@@ -488,22 +494,27 @@ psgd, ddp_loop = over[float("inf")]["PowerSGD r=1"], over[float("inf")]["DDP"]
 chain = callback_chain.chain_wait_s(
     3, psgd["bytes"] // 3 // 4,
     max(0.0, psgd["local_step_s"] - ddp_loop["local_step_s"]) / 4, rounds=10)
+# The link's own cost per all-reduce (the hand-off to its thread and back),
+# measured with no delay against the loopback.
+own_s = slow_link.own_cost_s()
 
 # %%
 from labkit import callback_chain, comm
 
 ab = comm.fit_alpha_beta(ranks.pull("sizes")[0], ranks.pull("seconds")[0], world_size=2)
 chain = ranks.pull("chain")[0]  # the ranks' mean
+own_s = ranks.pull("own_s")[0]  # the ranks' mean
 LINK_BETA = 5e8
 local = [{name: o[math.inf][name]["local_step_s"] for name in METHODS} for o in over]
 added = {name: sum(r[name] - r["DDP"] for r in local) / len(local) for name in METHODS}
 worst = {}
 print(f"alpha = {ab.alpha * 1e6:.0f} µs, beta = {ab.beta / 1e9:.2f} GB/s, "
-      f"chain: {chain['per_call_s'] * 1e3:.2f} ms per all-reduce in a callback")
+      f"chain: {chain['per_call_s'] * 1e3:.2f} ms per all-reduce in a callback, "
+      f"the link's own cost: {own_s * 1e3:.2f} ms per all-reduce")
 print(f"{'link':>10} {'method':>13} {'measured':>9} {'bytes only':>15} "
       f"{'with compute':>15} {'added':>8} {'chain':>8}")
 for beta, model_ab in ((math.inf, ab), (LINK_BETA, slow_link.combined(
-        ab, LINK_ALPHA, LINK_BETA, 2))):
+        ab, LINK_ALPHA + own_s, LINK_BETA, 2))):
     ddp = steps[beta]["DDP"]
     for name in METHODS[1:]:
         r = steps[beta][name]

@@ -15,23 +15,30 @@ DDP's default in its Python form, as send_less.build does.
 
 The link is serial, like a wire: a collective's delay starts when the real
 collective is done and the one before it has left the link. The delay is
-waited on a timer thread, never on the thread that completes the collective:
-gloo completes futures and runs their callbacks on its worker threads (two
-by default, ProcessGroupGloo's `threads`), and a sleep there would stall
-every other collective of the group. The callbacks of a delayed future (a
-comm hook's next steps: PowerSGD's products) then run on that timer thread,
-which takes the rank's `torch.set_num_threads` first: `torch.set_num_threads(1)`
-in the main thread did not reach a new thread's MKL products here (torch
-2.13, measured: 1.9 CPU seconds per second of a batched product), and
-PowerSGD's gradients over the link then differed from the loopback's by
-3.5e-10 (tests/test_slow_link.py).
+waited on the link's own threads (a pool that lives on), never on the thread
+that completes the collective: gloo completes futures and runs their
+callbacks on its worker threads (two by default, ProcessGroupGloo's
+`threads`), and a sleep there would stall every other collective of the
+group. The callbacks of a delayed future (a comm hook's next steps:
+PowerSGD's products) then run on the link's thread, which takes the rank's
+`torch.set_num_threads` first: `torch.set_num_threads(1)` in the main thread
+did not reach a new thread's MKL products here (torch 2.13, measured: 1.9
+CPU seconds per second of a batched product), and PowerSGD's gradients over
+the link then differed from the loopback's by 3.5e-10
+(tests/test_slow_link.py).
+
+The hand-off to the link's thread and back costs each all-reduce a little
+on top of the rule (`own_cost_s` measures it); the step model over the link
+adds it per all-reduce (bench/README.md, `levers_link_own_cost_s`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import inspect
 import math
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -43,7 +50,7 @@ import torch.distributed as dist
 from . import comm, i18n
 
 __all__ = ["LinkCall", "SlowLink", "combined", "crossover_bandwidth", "link_time",
-           "steps_over_links"]
+           "own_cost_s", "steps_over_links"]
 
 i18n.register({
     "slow_link_describe": {
@@ -116,12 +123,38 @@ def crossover_bandwidth(points: Sequence[tuple[float, float]]) -> float | None:
     return None
 
 
+# The threads that wait out the delays and complete the delayed futures, whose
+# callbacks (a comm hook's next steps) then run there. They live on: with a
+# thread started per call (threading.Timer) the link's own cost was 0.34-0.36
+# ms per all-reduce and 1.1 ms for PowerSGD's chain of three, against
+# 0.22-0.25 and 0.5 ms with these (2026-12-06, 2 ranks, delay 0, medians of
+# 200; own_cost_s measures the first). Up to 32: a callback may wait on the
+# next delayed all-reduce, holding its thread (PowerSGD's P and Q), so the
+# pool must not run out while one waits; idle threads are reused, so only a
+# few are ever started.
+_POOL: list[concurrent.futures.ThreadPoolExecutor] = []
+_POOL_THREADS = 32
+
+
+def _waiters() -> concurrent.futures.ThreadPoolExecutor:
+    if not _POOL:
+        _POOL.append(concurrent.futures.ThreadPoolExecutor(
+            _POOL_THREADS, thread_name_prefix="slow_link"))
+    return _POOL[0]
+
+
+# A process forked from one that used the link has none of its threads
+# (Windows has no fork, nor this hook).
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_POOL.clear)
+
+
 class LinkCall(NamedTuple):
     """One all-reduce over the link: its bytes, the delay the rule adds, the hold.
 
     Measured: `held_s`, from the real collective's end to the moment the link
     let it complete (the delay, plus any wait for the link to be free), and
-    `late_s`, how much later than the link's schedule that was (a timer
+    `late_s`, how much later than the link's schedule that was (the link's
     thread waking late on a busy machine).
     """
 
@@ -219,31 +252,65 @@ class SlowLink:
             delayed = torch.futures.Future()
             threads = torch.get_num_threads()
 
+            def complete(done_at: float, delay: float, release: float,
+                         fut: torch.futures.Future) -> None:
+                # On one of the link's threads, which lives on: a thread torch
+                # did not start keeps MKL's own thread count (one per core)
+                # whatever the rank set, so a callback's products here would
+                # take the other rank's core and round otherwise.
+                if torch.get_num_threads() != threads:
+                    torch.set_num_threads(threads)
+                wait = release - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+                self._record(nbytes, delay, done_at, release)
+                try:
+                    delayed.set_result(fut.value())
+                except Exception as error:  # the collective failed: pass it on
+                    delayed.set_exception(error)
+
             def release_later(fut: torch.futures.Future) -> None:
                 # Runs on gloo's thread: book the link, and leave the waiting
-                # to a timer thread.
+                # to the link's own threads.
                 done_at = time.perf_counter()
-                delay, release = self._hold(nbytes, done_at)
-
-                def complete() -> None:
-                    # A thread torch did not start keeps MKL's own thread
-                    # count (one per core) whatever the rank set, until torch
-                    # initializes it: a callback's products here would take
-                    # the cores of the other rank, and round otherwise.
-                    torch.set_num_threads(threads)
-                    self._record(nbytes, delay, done_at, release)
-                    try:
-                        delayed.set_result(fut.value())
-                    except Exception as error:  # the collective failed: pass it on
-                        delayed.set_exception(error)
-
-                threading.Timer(max(0.0, release - time.perf_counter()),
-                                complete).start()
+                _waiters().submit(complete, done_at, *self._hold(nbytes, done_at), fut)
 
             work.get_future().add_done_callback(release_later)
             return _DelayedWork(delayed)
 
         return slowed
+
+
+def own_cost_s(numel: int = 3082, rounds: int = 200) -> float:
+    """Run on every rank: what the link's machinery adds to one all-reduce.
+
+    An all-reduce of `numel` floats called as the hooks call it
+    (`async_op=True`, then waited), over a link of no delay (alpha 0, beta
+    infinite) and on the loopback, taking turns for `rounds` rounds, each
+    started together: the ranks' mean of the difference of the medians. It is
+    the hand-off to the link's thread and back, which the rule alpha + bytes
+    / beta leaves out (the step model adds it per all-reduce over the link).
+    """
+    import statistics
+
+    from . import timing
+
+    tensor = torch.ones(numel)
+    link = SlowLink(0.0, math.inf)
+
+    def call() -> None:
+        dist.all_reduce(tensor, async_op=True).wait()
+
+    def over_link() -> None:
+        with link:
+            call()
+
+    times = timing.interleaved({"link": over_link, "loopback": call}, rounds,
+                               before=lambda name: dist.barrier())
+    own = torch.tensor([statistics.median(times["link"])
+                        - statistics.median(times["loopback"])])
+    dist.all_reduce(own)
+    return own.item() / dist.get_world_size()
 
 
 def steps_over_links(methods: Sequence[str], betas: Sequence[float], alpha_s: float,
@@ -293,7 +360,7 @@ def steps_over_links(methods: Sequence[str], betas: Sequence[float], alpha_s: fl
                  for name in copies})
     timing.interleaved(warm, rounds=1, warmup=send_less.POWERSGD_WARMUP)
     # Loopback is the link at alpha 0, beta infinite: the same machinery, so
-    # its own cost (a timer per all-reduce) is in every column alike.
+    # its own cost (the hand-off to the link's thread) is in every column alike.
     links = {beta: SlowLink(alpha_s if beta < math.inf else 0.0, beta)
              for beta in (math.inf, *betas)}
 

@@ -4,6 +4,7 @@ A separate module so that pytest does not rewrite it: the engines import it
 by name and run the same code as the test process sees.
 """
 
+import threading
 import time
 
 import torch
@@ -81,3 +82,36 @@ def blocking_allreduce(alpha_s, beta_Bps):
         torch.distributed.all_reduce(torch.ones(WIDTH))
         seconds = time.perf_counter() - start
     return [tuple(c) for c in link.calls], seconds
+
+
+def completing_threads(calls):
+    """The names of the threads that completed `calls` async all-reduces over a link."""
+    names = []
+    with slow_link.SlowLink(1e-4, float("inf")):
+        for _ in range(calls):
+            work = torch.distributed.all_reduce(torch.ones(8), async_op=True)
+            names.append(work.get_future().then(
+                lambda fut: threading.current_thread().name).wait())
+    return names
+
+
+class _SlowHandOff:
+    """The link's threads, each hand-off to them `extra_s` slower."""
+
+    def __init__(self, pool, extra_s):
+        self.pool, self.extra_s = pool, extra_s
+
+    def submit(self, fn, *args):
+        time.sleep(self.extra_s)
+        return self.pool.submit(fn, *args)
+
+
+def own_cost_with_hand_off(extra_s, rounds):
+    """slow_link.own_cost_s with every hand-off to the link's threads extra_s slower."""
+    saved = slow_link._waiters
+    pool = saved()
+    slow_link._waiters = lambda: _SlowHandOff(pool, extra_s)
+    try:
+        return slow_link.own_cost_s(rounds=rounds)
+    finally:
+        slow_link._waiters = saved

@@ -94,3 +94,19 @@ def test_a_blocking_allreduce_waits_too(ranks):
     for calls, seconds in ranks.run(trials.blocking_allreduce, ALPHA, BETA):
         assert [c[0] for c in calls] == [4 * trials.WIDTH]
         check_link(calls, seconds)
+
+
+def test_the_links_threads_live_on(ranks):
+    # Each delayed all-reduce is completed by one of the link's own threads,
+    # reused from call to call: a thread started per call (threading.Timer)
+    # would show 40 names.
+    for names in ranks.run(trials.completing_threads, 40):
+        assert all(name.startswith("slow_link") for name in names), names
+        assert len(set(names)) <= 4, sorted(set(names))
+
+
+def test_own_cost_measures_the_hand_off(ranks):
+    # A hand-off 3 ms slower shows in the measured cost; the real one costs less.
+    slower = ranks.run(trials.own_cost_with_hand_off, 3e-3, 20)[0]
+    plain = ranks.run(slow_link.own_cost_s, 3082, 20)[0]
+    assert slower >= 3e-3 > plain, (slower, plain)
