@@ -410,18 +410,18 @@ assert crossover["fp16"] == fp16_crossover(t_ddp, t_fp16, S_ddp, S_fp16, calls,
 # %% [markdown] lang="ja"
 # 分かれ目は、ループバックでの 2 つの方法の差が数 ms しかないところで決まります。その差はこのマシンの
 # 揺らぎと同じくらいなので、測った値も予測も、実行のたびに大きく動きます。bench (`bench/run.py
-# --only crossover`) の 4 回の実行では、fp16 の測った分かれ目は 1.2〜4.3 GB/s と、5 GB/s より上 (掃いた
-# どのリンクでも DDP より速い)、PowerSGD r = 1 は 0.75〜1.7 GB/s でした。どの実行でも、500 MB/s 以下では
-# 2 つとも DDP より速くなりました (`bench/README.md`)。このセルが確かめるのは、予測の式そのものと、
+# --only crossover`) の 7 回の実行では、fp16 の測った分かれ目は 1.2〜4.3 GB/s と、1 回は 5 GB/s より上
+# (掃いたどのリンクでも DDP より速い)、PowerSGD r = 1 は 0.75〜1.9 GB/s と、1 回は 5 GB/s より上でした。
+# どの実行でも、500 MB/s 以下では 2 つとも DDP より速くなりました (`bench/README.md`)。このセルが確かめるのは、予測の式そのものと、
 # 最も遅いリンクで圧縮が得になることまでです。
 
 # %% [markdown] lang="en"
 # The crossover is decided where the two methods' loopback steps differ by a few ms,
 # about this machine's noise, so both the measured and the predicted crossover move a
-# lot from run to run. Over four runs of the bench (`bench/run.py --only crossover`),
+# lot from run to run. Over seven runs of the bench (`bench/run.py --only crossover`),
 # fp16's measured crossover was 1.2 to 4.3 GB/s and once above 5 GB/s (faster than DDP
-# on every link swept), PowerSGD r = 1's 0.75 to 1.7 GB/s; in every run both beat DDP
-# at 500 MB/s and below (`bench/README.md`). What these cells check is the formula
+# on every link swept), PowerSGD r = 1's 0.75 to 1.9 GB/s and once above 5 GB/s; in
+# every run both beat DDP at 500 MB/s and below (`bench/README.md`). What these cells check is the formula
 # itself, and that compression pays on the slowest link.
 
 # %% [markdown] lang="ja"
@@ -549,12 +549,13 @@ print(f"worst error: bytes only {worst['bytes only']:.0%}, "
 # bench (`bench/run.py --only levers`) は、さらに多くを知るモデルで、レッスン 06 のすべての方法を
 # 予測します。fp16 の all-reduce は、float16 の all-reduce で当てはめた α–β で見積もります。この
 # マシンの CPU では、gloo の all-reduce は float16 のほうが 1 バイトあたり遅く、当てはめた β は
-# float32 の 1.32 GB/s に対して 0.58 GB/s でした。また、DDP の通信のうち逆伝播に隠れていた分を、PowerSGD 以外の方法には同じだけ隠れるものと
-# して戻します。PowerSGD のバケツは 1 つで、逆伝播が終わるまでそろわないからです
-# (`send_less.hidden_s`、`send_less.hides`)。2 回の実行で、PowerSGD 以外の方法は、ループバックでも
-# 500 MB/s のリンクの上でも 0.09 以内で予測できました。PowerSGD は、ループバックで最大 0.23、リンクの
-# 上で最大 0.27 外れ、いつも速すぎる予測でした。PowerSGD のステップは、ローカルの計算と 3 回の
-# all-reduce を足したものより数ミリ秒長いままで、その時間が何に使われているのかはまだ分かっていません
+# float32 の 1.59 GB/s に対して 0.79 GB/s でした。また、DDP の通信のうち逆伝播に隠れていた分を、
+# PowerSGD 以外の方法には同じだけ隠れるものとして戻します。PowerSGD のバケツは 1 つで、逆伝播が
+# 終わるまでそろわないからです (`send_less.hidden_s`、`send_less.hides`)。リンクの上では、上のセルと
+# 同じく、リンク自身の手間を all-reduce 1 回ごとに足します。静かなマシンでの 4 回の実行で、最悪の
+# 誤差はループバックで 0.08〜0.15、500 MB/s のリンクの上で 0.08〜0.11 でした (目標は 0.2)。ただし、
+# 別の日の 2 回の実行では、PowerSGD がループバックで 0.21〜0.23 外れました。鎖の測定
+# (`callback_chain.chain_wait_s`) がその日は小さく出ていて、なぜ日によって違うのかは分かっていません
 # (`bench/README.md`)。
 
 # %% [markdown] lang="en"
@@ -573,14 +574,15 @@ print(f"worst error: bytes only {worst['bytes only']:.0%}, "
 # The bench (`bench/run.py --only levers`) predicts all of lesson 06's methods with a
 # model that knows more again. It prices fp16's all-reduces by an α–β fitted on float16
 # all-reduces: on this CPU gloo's float16 all-reduce costs more per byte; the fitted β was
-# 0.58 GB/s against 1.32 GB/s for float32. It also gives back what of DDP's
+# 0.79 GB/s against 1.59 GB/s for float32. It also gives back what of DDP's
 # communication the backward hid, except to PowerSGD, whose one bucket is ready only
-# when the backward ends (`send_less.hidden_s`, `send_less.hides`). In two runs,
-# every method but PowerSGD was then predicted within 0.09, on the loopback and over
-# the 500 MB/s link. PowerSGD was off by up to 0.23 on the loopback and 0.27 over the
-# link, always too fast: its step stays a few milliseconds longer than its local work
-# plus its three all-reduces, and what holds that time is not found yet
-# (`bench/README.md`).
+# when the backward ends (`send_less.hidden_s`, `send_less.hides`). Over the link it
+# adds the link's own cost to every all-reduce, as the cell above does. In four runs on
+# a quiet machine the worst error was 0.08 to 0.15 on the loopback and 0.08 to 0.11 over
+# the 500 MB/s link (the goal: 0.2). In two runs on another day, though, PowerSGD was off
+# by 0.21 to 0.23 on the loopback: that day the chain measured apart
+# (`callback_chain.chain_wait_s`) came out small, and why it differs between days is not
+# known (`bench/README.md`).
 
 # %% [markdown] lang="ja"
 # ## ローカル SGD

@@ -166,10 +166,13 @@ def _compare_logged(names: tuple[str, ...], steps: int) -> tuple[dict, int]:
     return runs, len(log.calls)
 
 
-def test_the_compute_powersgd_adds_is_positive_and_grows_with_r(ranks):
-    """Its step sending nothing, against DDP's, in the same rounds; the margins
-    are wide (on the large MLP here, r = 1 adds about 4 ms to DDP's local 7 ms,
-    and r = 4 about 15 ms) since the machine may be busy."""
+def test_the_compute_powersgd_adds_shows_in_its_local_step(ranks):
+    """Its step sending nothing, against DDP's, in the same rounds. On the large
+    MLP here r = 1 added 4.5-5.4 ms and r = 4 6.0-6.8 ms to DDP's local step
+    (22 medians of 100 rounds in 11 bench runs, 2026-12-06): r = 4 more by about 1 ms,
+    within a busy machine's noise over 20 rounds, so the test asserts that
+    each adds at least 1 ms, which a local step skipping the hook's products
+    (about 0) would not."""
     names = ("DDP", "PowerSGD r=1", "PowerSGD r=4")
     for by, calls in ranks.run(_compare_logged, names, 20):
         # The local steps sent nothing: only the real steps' collectives, and
@@ -177,7 +180,7 @@ def test_the_compute_powersgd_adds_is_positive_and_grows_with_r(ranks):
         assert calls == sum(sum(by[name]["calls"]) + 1 for name in names)
         local = {name: by[name]["local_step_s"] for name in names}
         added = {r: local[f"PowerSGD r={r}"] - local["DDP"] for r in (1, 4)}
-        assert 0 < added[1] < added[4], local
+        assert min(added.values()) > 1e-3, local
         assert all(by[name]["step_s"] > 0 for name in names)
 
 
