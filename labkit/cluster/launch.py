@@ -20,7 +20,6 @@ import uuid
 from collections.abc import Callable
 
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from .. import i18n
 from . import rendezvous, stalls
@@ -142,7 +141,10 @@ def _catch_swallowed_ctrl_c() -> None:
     sys.unraisablehook = _interrupt_again
 
 
-@record
+# No @record here: torch's launcher wraps every entrypoint in it already
+# (torch/distributed/elastic/multiprocessing/api.py, `_wrap`: record(fn), in
+# torch 2.13.0 and 2.14.1), so the failing rank's traceback reaches the error
+# file either way (test_cli_faults_name_the_rank, "raise").
 def _worker(fn: Callable, kwargs: dict, backend: str, timeout_s: float, port: int,
             prefix: str, fault: tuple[str, int] | None = None):
     """One rank under the elastic launcher: join our loopback store, run, leave."""
