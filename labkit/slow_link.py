@@ -127,7 +127,7 @@ def crossover_bandwidth(points: Sequence[tuple[float, float]]) -> float | None:
 # callbacks (a comm hook's next steps) then run there. They live on: with a
 # thread started per call (threading.Timer) the link's own cost was 0.34-0.36
 # ms per all-reduce and 1.1 ms for PowerSGD's chain of three, against
-# 0.22-0.25 and 0.5 ms with these (2026-12-06, 2 ranks, delay 0, medians of
+# 0.22-0.26 and 0.5 ms with these (2026-12-06, 2 ranks, delay 0, medians of
 # 200; own_cost_s measures the first). Up to 32: a callback may wait on the
 # next delayed all-reduce, holding its thread (PowerSGD's P and Q), so the
 # pool must not run out while one waits; idle threads are reused, so only a
