@@ -132,21 +132,15 @@ def crossover_bandwidth(points: Sequence[tuple[float, float]]) -> float | None:
 # next delayed all-reduce, holding its thread (PowerSGD's P and Q), so the
 # pool must not run out while one waits; idle threads are reused, so only a
 # few are ever started.
-_POOL: list[concurrent.futures.ThreadPoolExecutor] = []
-_POOL_THREADS = 32
-
-
+@functools.cache
 def _waiters() -> concurrent.futures.ThreadPoolExecutor:
-    if not _POOL:
-        _POOL.append(concurrent.futures.ThreadPoolExecutor(
-            _POOL_THREADS, thread_name_prefix="slow_link"))
-    return _POOL[0]
+    return concurrent.futures.ThreadPoolExecutor(32, thread_name_prefix="slow_link")
 
 
 # A process forked from one that used the link has none of its threads
 # (Windows has no fork, nor this hook).
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_POOL.clear)
+    os.register_at_fork(after_in_child=_waiters.cache_clear)
 
 
 class LinkCall(NamedTuple):
