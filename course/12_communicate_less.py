@@ -412,8 +412,8 @@ assert crossover["fp16"] == fp16_crossover(t_ddp, t_fp16, S_ddp, S_fp16, calls,
 # 揺らぎと同じくらいなので、測った値も予測も、実行のたびに大きく動きます。bench (`bench/run.py
 # --only crossover`) の 7 回の実行では、fp16 の測った分かれ目は 1.2〜4.3 GB/s と、1 回は 5 GB/s より上
 # (掃いたどのリンクでも DDP より速い)、PowerSGD r = 1 は 0.75〜1.9 GB/s と、1 回は 5 GB/s より上でした。
-# どの実行でも、500 MB/s 以下では 2 つとも DDP より速くなりました (`bench/README.md`)。このセルが確かめるのは、予測の式そのものと、
-# 最も遅いリンクで圧縮が得になることまでです。
+# どの実行でも、500 MB/s 以下では 2 つとも DDP より速くなりました (`bench/README.md`)。
+# このセルが確かめるのは、予測の式そのものと、最も遅いリンクで圧縮が得になることまでです。
 
 # %% [markdown] lang="en"
 # The crossover is decided where the two methods' loopback steps differ by a few ms,
@@ -421,8 +421,8 @@ assert crossover["fp16"] == fp16_crossover(t_ddp, t_fp16, S_ddp, S_fp16, calls,
 # lot from run to run. Over seven runs of the bench (`bench/run.py --only crossover`),
 # fp16's measured crossover was 1.2 to 4.3 GB/s and once above 5 GB/s (faster than DDP
 # on every link swept), PowerSGD r = 1's 0.75 to 1.9 GB/s and once above 5 GB/s; in
-# every run both beat DDP at 500 MB/s and below (`bench/README.md`). What these cells check is the formula
-# itself, and that compression pays on the slowest link.
+# every run both beat DDP at 500 MB/s and below (`bench/README.md`). What these cells
+# check is the formula itself, and that compression pays on the slowest link.
 
 # %% [markdown] lang="ja"
 # ## 計算も知っているステップのモデル
