@@ -13,13 +13,14 @@
 #
 # 出発点の 2 つの記事 (記事 000: `no_sync` と高速化の方法、記事 004: `data_parallel`、Horovod、
 # フレームワーク) の記述とコードを 1 つずつ取り上げ、判定、正しい内容、それを確かめるセルへのリンクを
-# 表にまとめます。各行の id (記事 000 なら 000-1、000-2、…) でどの行かを指せます。
-# 最後の表は、各レッスンが事実として述べることと、それを確かめるセルです。判定は 4 種類です。
+# 表にまとめます。各行の id (記事 000 なら 000-1、000-2、…) でどの行かを指せます。判定は 4 種類です。
 #
 # - **正しい**: そのとおり (条件つきのものは「実際」の欄に条件を書きます)
 # - **誤り**: 事実と違う、またはコードが動かない
 # - **誤解を招く**: 一部は正しいが、そのまま受け取ると間違える
 # - **古い**: かつては正しかったが、いまは別の方法を使う
+#
+# 最後の表は、各レッスンが事実として述べることと、それを確かめるセルです。
 #
 # リンクは、この日本語版のノートブックの、見出しのあるセルを指します (`#cell-id=…`)。クリックすると
 # ノートブックが開き、その見出しまでスクロールします。見出しの名前へのリンク (`#見出し`) では、JupyterLab 4
@@ -27,6 +28,7 @@
 # ([jupyterlab#12402](https://github.com/jupyterlab/jupyterlab/issues/12402))。見出しまでスクロールされたまま
 # 表示されるのは、`make lab` が使うこのコースの JupyterLab の設定 (`jupyterlab-settings/`) を使ったときです。
 # それ以外の環境でずれたときは、左の目次から見出しを選んでください。
+#
 # コードのセルが表示する出力は英語のままです (確認のメッセージは日本語です)。
 
 # %% [markdown] lang="en"
@@ -35,13 +37,15 @@
 # Every statement and code snippet of the two source articles (doc 000: `no_sync` and
 # speed-up tips; doc 004: `data_parallel`, Horovod, frameworks), with a verdict, the
 # correction, and a link to the cell that demonstrates it. Each row has an id (000-1,
-# 000-2, … for doc 000) to refer to it by. The last table lists what the lessons
-# themselves state as fact, and the cell that shows it. There are four verdicts:
+# 000-2, … for doc 000) to refer to it by. There are four verdicts:
 #
 # - **correct**: right as stated (conditions, if any, are in the "in fact" column)
 # - **wrong**: not true, or the code does not run
 # - **misleading**: partly true, but taken as written it leads you astray
 # - **outdated**: was right once; today something else is used
+#
+# The last table lists what the lessons themselves state as fact, and the cell that
+# shows it.
 #
 # The links point at the cells of the English notebooks that hold the headings
 # (`#cell-id=…`): a click opens the notebook and scrolls to the heading. A link to a
@@ -50,8 +54,10 @@
 # ([jupyterlab#12402](https://github.com/jupyterlab/jupyterlab/issues/12402)). The
 # heading stays on screen with the course's JupyterLab settings
 # (`jupyterlab-settings/`, which `make lab` uses); elsewhere, if it is off, pick the
-# heading in the table of contents on the left. The code cells print in English in both
-# editions; checks follow the notebook's language.
+# heading in the table of contents on the left.
+#
+# The code cells print in English in both editions; checks follow the notebook's
+# language.
 
 # %%
 import labkit
@@ -66,16 +72,16 @@ labkit.set_lang("ja")
 # |---|---|---|---|---|
 # | 000-1 | 「DistributedDataParallel は複数の GPU で並列処理し、大規模なデータセットや複雑なモデルの訓練時間を大幅に短縮できる」 | 誤解を招く | 速くなるかは、1 ステップの計算と、そのステップで all-reduce する勾配 (パラメータと同じバイト数) の比で決まる。データセットの大きさはステップ数を変えるだけで、この比は変えない。2 ランクで半分になるのは計算だけで、勾配は全部 all-reduce する (セルが数える) | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
 # | 000-2 | 「各 GPU はモデルのパラメータの一部を保持し、それらを更新します」 | 誤り | DDP の各ランクは全パラメータの複製を持つ。一部を持つのは FSDP / ZeRO-3 | [03: 各ランクはモデル全体を持つ](03_ddp.ipynb#cell-id=03-every-rank-holds-the-whole-model) |
-# | 000-3 | 「各 GPU のパラメータ更新は独立して行われるため整合性が失われる…各パラメータ更新後に勾配同期を行う」 | 誤り | 同期では、逆伝播の途中 (更新の前) に勾配を all-reduce する。だから全ランクが同じ更新をする | [03: 何が、いつ通信されるか](03_ddp.ipynb#cell-id=03-what-is-communicated-and-when) |
+# | 000-3 | 「各 GPU のパラメータ更新は独立して行われるため整合性が失われる…各パラメータ更新後に勾配同期を行う」 | 誤り | 同期では、逆伝播の途中 (更新の前) に勾配を all-reduce する。そのため全ランクが同じ更新をする | [03: 何が、いつ通信されるか](03_ddp.ipynb#cell-id=03-what-is-communicated-and-when) |
 # | 000-4 | 「no_sync() は勾配同期を無効にするオプション」 | 誤解を招く | `with` で使うコンテキストマネージャで、同期を次の `with` の外の逆伝播まで先送りする | [04: 正しい使い方](04_no_sync.ipynb#cell-id=04-correct-use) |
 # | 000-5 | 「各 GPU はパラメータ更新後にすぐ次の更新を開始できる」 | 誤り | `no_sync` の中で `step` するとレプリカがずれ、同期を再開しても元に戻らない | [04: 誤用 3: no_sync の中で optimizer.step() する](04_no_sync.ipynb#cell-id=04-misuse-3-optimizer-step-inside-no-sync) |
 # | 000-6 | 「メリット: 訓練速度の向上」 | 誤解を招く | 速くなるのは勾配累積で all-reduce が K 回から 1 回に減るときだけ | [04: 1 ステップの時間: K と no_sync](04_no_sync.ipynb#cell-id=04-time-per-step-k-and-no-sync) |
 # | 000-7 | 「デメリット: 訓練の不安定化、収束が遅くなる可能性」 | 誤り | 正しく使えば K 倍のバッチと数学的に同じで、更新ごとの曲線は重なる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
 # | 000-8 | 「使うべき場合 / 使わないべき場合」(速度優先、安定性重視など) | 誤り | 基準は勾配累積をするかどうか | [04: いつ使うか (記事のリストの書き直し)](04_no_sync.ipynb#cell-id=04-when-to-use-it-the-document-s-lists-rewritten) |
 # | 000-9 | 「速度と安定性のトレードオフを調整するオプション」 | 誤り | トレードオフはない。結果は同じで時間だけが変わる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
-# | 000-10 | コード `x = x.view(-1)` | 誤り | バッチ全体を 1 本にしてしまう。`x.flatten(1)` | [01: 直し方: サンプルごとに平坦化する](01_models.ipynb#cell-id=01-the-fix-flatten-each-sample) |
+# | 000-10 | コード `x = x.view(-1)` | 誤り | バッチ全体を 1 本にしてしまう。`x.flatten(1)` を使う | [01: 直し方: サンプルごとに平坦化する](01_models.ipynb#cell-id=01-the-fix-flatten-each-sample) |
 # | 000-11 | コード `DistributedDataParallel(model)` (プロセスグループなし) | 誤り | 先に `init_process_group`。なければ ValueError | [01: DDP はプロセスグループなしでは作れない](01_models.ipynb#cell-id=01-ddp-cannot-be-built-without-a-process-group) |
-# | 000-12 | コード `ddp_model.no_sync()` (1 行だけ) | 誤り | 何も起きない。`with model.no_sync():` の中で順伝播と逆伝播 | [04: 誤用 1: ddp_model.no_sync() と 1 行書く](04_no_sync.ipynb#cell-id=04-misuse-1-writing-ddp-model-no-sync-on-its-own-line) |
+# | 000-12 | コード `ddp_model.no_sync()` (1 行だけ) | 誤り | 何も起きない。`with model.no_sync():` の中で順伝播と逆伝播を行う | [04: 誤用 1: ddp_model.no_sync() と 1 行書く](04_no_sync.ipynb#cell-id=04-misuse-1-writing-ddp-model-no-sync-on-its-own-line) |
 # | 000-13 | コード「# 訓練コード」で同期あり/なしを比較 | 誤り | 比較のコードがない。同じ条件で比べると曲線は重なり、no_sync は時間が短い | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
 # | 000-14 | コード「モデルを 2 つ (4 つ) の GPU に分散」`MyModel().cuda()` | 誤解を招く | `.cuda()` は 1 台の GPU に置くだけ。DDP は 1 GPU に 1 プロセスを起動する | [03: ランクを起動する](03_ddp.ipynb#cell-id=03-start-the-ranks) |
 # | 000-15 | コード `for epoch in range(10):` の次がコメント「# 訓練コード」だけ | 誤り | 本体のない `for` は構文エラー (IndentationError)。2 つ目と 3 つ目のコード例は実行すら始まらない | [13: 記事 000 の本体のない for 文](13_errata.ipynb#cell-id=13-doc-000-s-for-loops-without-a-body) |
@@ -244,28 +250,28 @@ labkit.set_lang("ja")
 # | L10-9 | `DistributedSampler` は先頭のサンプルを繰り返して水増しし、ランクの平均の平均は正しい値からずれる | [10: DistributedSampler の水増し](10_troubleshooting.ipynb#cell-id=10-distributedsampler-s-padding) |
 # | L10-10 | DDP の `model.state_dict()` のキーの先頭には `module.` が付き、包んでいないモデルに読み込めない。ランク 0 が保存し終える前に読むと、前のチェックポイントをエラーなしに読む | [10: DDP でのチェックポイント](10_troubleshooting.ipynb#cell-id=10-checkpoints-under-ddp) |
 # | L10-11 | torchrun の `--max-restarts` で起動し直し、チェックポイントから続けた学習は、止まらなかった学習と 1 ビットも違わない | [10: 学習の途中で死ぬランク](10_troubleshooting.ipynb#cell-id=10-a-rank-that-dies-mid-step) |
-# | L11-1 | fp32 の Adam は、パラメータ 1 つにつき `exp_avg` と `exp_avg_sq` (合わせて 8 バイト) を、パラメータのテンソル 1 つにつき 4 バイトの `step` を持つ。1 ランクあたり DDP は 16Ψ、ZeRO-1 は 8Ψ + 8Ψ/N、ZeRO-2 は 4Ψ + 12Ψ/N、ZeRO-3 は 16Ψ/N バイト | [11: メモリはどこに使われるか](11_sharding.ipynb#cell-id=11-where-the-memory-goes) |
+# | L11-1 | fp32 の Adam は、パラメータ 1 つにつき `exp_avg` と `exp_avg_sq` (合わせて 8 バイト) を、パラメータのテンソル 1 つにつき 4 バイトの `step` を持つ。1 ランクあたり DDP は 16Ψ、ZeRO-1 は 8Ψ + 8Ψ/N、ZeRO-2 は 4Ψ + 12Ψ/N、ZeRO-3 は 16Ψ/N バイト | [11: メモリは何に使われるか](11_sharding.ipynb#cell-id=11-where-the-memory-goes) |
 # | L11-2 | 手で書いた ZeRO-1 (勾配の reduce-scatter、自分のシャードの更新、all-gather) は、重みを共有する層と凍結した層のあるモデルで、2 ランクの DDP と 1 ビットも違わず、1 プロセスとの差は 1e-6 以内。各ランクの Adam の状態は自分のシャードの分だけ | [11: ZeRO ステージ 1 を手で書く](11_sharding.ipynb#cell-id=11-zero-stage-1-by-hand) |
 # | L11-3 | 手で書いた ZeRO-2 も同じく正確で、Adam が動くときに持つ勾配は自分のシャードだけ | [11: ZeRO ステージ 2 を手で書く](11_sharding.ipynb#cell-id=11-zero-stage-2-by-hand) |
-# | L11-4 | 手で書いた ZeRO-3 (層ごとに、順伝播の前と逆伝播の前にパラメータを集め、使い終わったら解放する) も DDP と 1 ビットも違わない。Adam が動くとき各ランクが持つのは自分のシャードと凍結した層だけで、集めたパラメータは順伝播のあとに残らない | [11: 演習: ZeRO-3 の層が逆伝播のあとで解放する](11_sharding.ipynb#cell-id=11-exercise-a-zero-3-layer-frees-after-backward) |
+# | L11-4 | 手で書いた ZeRO-3 (層ごとに、順伝播の前と逆伝播の前にパラメータを集め、使い終わったら解放する) も DDP と 1 ビットも違わない。Adam が動くとき各ランクが持つのは自分のシャードと凍結した層だけで、集めたパラメータは順伝播のあとに残らない | [11: 演習: ZeRO-3 で、集めたパラメータを層ごとに解放する](11_sharding.ipynb#cell-id=11-exercise-a-zero-3-layer-frees-after-backward) |
 # | L11-5 | 各ステージが持つメモリを測ると、式の値にパディングと `step` の分を足した値になり、DDP > ZeRO-1 > ZeRO-2 > ZeRO-3 の順に減る | [11: 各ステージが持つメモリ](11_sharding.ipynb#cell-id=11-memory-each-stage-holds) |
 # | L11-6 | リングのアルゴリズム (NCCL) では、ZeRO-1 と ZeRO-2 が 1 ステップに送るバイト数は DDP と同じ (reduce-scatter + all-gather = all-reduce) で、ZeRO-3 は逆伝播の前の all-gather のぶん 1.5 倍 | [11: 1 ステップで送るバイト数](11_sharding.ipynb#cell-id=11-bytes-sent-per-step) |
 # | L11-7 | gloo の reduce-scatter は中で all-reduce を実行する (プロファイラには `gloo:all_reduce` だけが記録され、ソケットに all-reduce と同じ 2(N − 1)/N × S バイトを書く)。そのため gloo の 2 ランクでは、1 ステップにソケットに書くバイト数は DDP に対して ZeRO-1 と ZeRO-2 が 1.5 倍、ZeRO-3 が 2 倍 | [11: gloo が実際に送るバイト数](11_sharding.ipynb#cell-id=11-what-gloo-really-sends) |
 # | L11-8 | FSDP2 (`fully_shard`) で 5 ステップ学習したパラメータは、1 プロセスとの差が 1e-6 以内で、手で書いた ZeRO-3 と 1 ビットも違わない。共有した重みは 1 つのテンソルのままで、凍結したパラメータは変わらない。重みを共有する 2 つのモジュールを別のユニットにすると、最初の順伝播で ValueError | [11: FSDP2: fully_shard](11_sharding.ipynb#cell-id=11-fsdp2-fully-shard) |
 # | L11-9 | `reshard_after_forward=True` では順伝播と逆伝播の間にシャードだけを持ち、逆伝播でもう一度 all-gather する。False では集めたパラメータ (省いた all-gather と同じバイト数) を持ち続け、逆伝播では集めない | [11: FSDP2: fully_shard](11_sharding.ipynb#cell-id=11-fsdp2-fully-shard) |
 # | L11-10 | `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` は CPU の gloo で動き、all-gather のバイト数はちょうど半分、reduce-scatter は float32 のまま | [11: FSDP2: fully_shard](11_sharding.ipynb#cell-id=11-fsdp2-fully-shard) |
-# | L11-11 | 2 ランクで保存した `torch.distributed.checkpoint` は、プロセスグループのない 1 プロセスに読み込め (シャードの組み直し)、ランクの全体の state dict と等しい | [11: FSDP2: fully_shard](11_sharding.ipynb#cell-id=11-fsdp2-fully-shard) |
+# | L11-11 | 2 ランクで保存した `torch.distributed.checkpoint` は、プロセスグループのない 1 プロセスに読み込め (再シャーディング)、ランクの全体の state dict と等しい | [11: FSDP2: fully_shard](11_sharding.ipynb#cell-id=11-fsdp2-fully-shard) |
 # | L11-12 | 130 億パラメータを 1 ランク 80 GB で学習するとき、DDP と ZeRO-1 はランクをいくつ増やしても収まらず、ZeRO-3 は 3 ランクから、ZeRO-2 は 6 ランクから収まる | [11: いつシャードするか](11_sharding.ipynb#cell-id=11-when-to-shard) |
-# | L12-1 | `slow_link.SlowLink(α, β)` が有効なあいだ、all-reduce は本物の通信のあと α + バイト数 / β だけ遅れて完了する (負荷にかかわらず、かかる時間はその遅れ以上)。リンクは 1 本の線で、続けた 2 回は遅れの 2 倍以上かかる。`async_op=True` の呼び出しはすぐに戻り、gloo のスレッドではなくリンク専用のスレッドが完了させる | [12: 遅いリンク](12_communicate_less.ipynb#cell-id=12-a-slow-link-you-can-dial) |
-# | L12-2 | 大きな MLP の 1 ステップで、DDP はすべての勾配を float32 で、fp16 はそのちょうど半分を、PowerSGD r=1 はバイアスと P、Q をリンクに渡し、リンクが足す遅れは 呼び出し回数 × α + バイト数 / β に等しい。100 MB/s では fp16 も PowerSGD も DDP の 0.8 倍未満の時間 | [12: fp16 と PowerSGD は、どの帯域から得になるか](12_communicate_less.ipynb#cell-id=12-when-fp16-and-powersgd-pay) |
+# | L12-1 | `slow_link.SlowLink(α, β)` が有効なあいだ、all-reduce は実際の通信のあと α + バイト数 / β だけ遅れて完了する (負荷にかかわらず、かかる時間はその遅延以上)。リンクの回線は 1 本で、続けて送った 2 回は遅延の 2 倍以上かかる。`async_op=True` の呼び出しはすぐに戻り、gloo のスレッドではなくリンク専用のスレッドが完了させる | [12: 遅いリンク](12_communicate_less.ipynb#cell-id=12-a-slow-link-you-can-dial) |
+# | L12-2 | 大きな MLP の 1 ステップで、DDP はすべての勾配を float32 で、fp16 はそのちょうど半分を、PowerSGD r=1 はバイアスと P、Q をリンクに渡し、リンクが足す遅延は、呼び出し回数 × α + バイト数 / β に等しい。100 MB/s では fp16 も PowerSGD も DDP の 0.8 倍未満の時間 | [12: fp16 と PowerSGD は、帯域がどこまで下がると得になるか](12_communicate_less.ipynb#cell-id=12-when-fp16-and-powersgd-pay) |
 # | L12-3 | fp16 は β* = (S_DDP − S_fp16) / (t_fp16 − t_DDP) より遅いリンクで DDP より速い (t はループバックでの 1 ステップ。呼び出しの数が同じなので α は消える)。t_fp16 ≤ t_DDP ならどの帯域でも速い。式は 2 つの曲線が交わる帯域と 0.1% 以内で一致する | [12: 演習: fp16 の分かれ目を予測する](12_communicate_less.ipynb#cell-id=12-exercise-predict-fp16-s-crossover) |
-# | L12-4 | モーメンタムのない SGD で H = 1 のローカル SGD は DDP と 1e-6 以内で等しい (更新が勾配について線形)。平均のあいだにレプリカは離れ、平均の直後はビットまで同じになる | [12: ローカル SGD](12_communicate_less.ipynb#cell-id=12-local-sgd) |
-# | L12-5 | ローカル SGD の平均 1 回はパラメータ全体の all-reduce 1 回 (数えたバイト数) で、H ステップごとに平均すると送るバイト数は 1/H。この課題では 64 ステップのあとの H = 16 の損失は H = 1 と 1% 以内 | [12: 損失を、ステップ数と送ったバイト数に対して](12_communicate_less.ipynb#cell-id=12-loss-against-steps-and-against-bytes-sent) |
-# | L12-6 | CPU では、`post_localSGD_hook` を既定の `subgroup=None` で使うと、ウォームアップのあとの最初の逆伝播で ValueError になる (既定のサブグループの大きさは GPU の数)。`post_local_gradient_allreduce=False` か `subgroup=dist.new_subgroups(group_size=1)[0]` を渡す。平均器の `warmup_steps` を W + H − 1 にすると手で書いたループとビットまで同じで、ドキュメントどおりの W では違う | [12: torch の PostLocalSGDOptimizer](12_communicate_less.ipynb#cell-id=12-torch-s-postlocalsgdoptimizer) |
-# | L12-7 | 外側の学習率 1、モーメンタムなしの DiLoCo はローカル SGD と 1e-6 以内で等しい。DiLoCo の外側の一歩はネステロフのモーメンタムで、8 ラウンドのあとの θ_global は式をカーネルで計算し直した値と 1e-6 以内で等しい (モーメンタムを除くと 1e-2 より離れる) | [12: DiLoCo](12_communicate_less.ipynb#cell-id=12-diloco) |
-# | L12-8 | 同じバイト数 (H = 16) では、ローカル SGD の損失は DDP の 0.2 倍未満、DiLoCo はローカル SGD の 0.95 倍未満 (どれも乱数の種で決まる値) | [12: 同じバイト数で比べる](12_communicate_less.ipynb#cell-id=12-at-equal-bytes-sent) |
-# | L12-9 | DDP の通信フックで、all-reduce の前の各ランクの勾配と後の平均を記録すると、勾配のノイズスケール B_simple = tr(Σ) / |G|² を、サンプルごとの勾配から求めた正確な値と 25% 以内で推定できる。1 ステップだけの推定は信頼できない (tr(Σ) が負になる) ので、ノルムを平均してから比をとる | [12: バッチはどこまで大きくできるか](12_communicate_less.ipynb#cell-id=12-how-large-a-batch-can-grow) |
-# | L12-10 | 目標の損失までのステップ数は、B_simple より小さい全体バッチでは 4 倍のバッチで 2.5 分の 1 以下になり、それより大きいバッチでは 1.5 分の 1 までしか減らない。処理するサンプル数はバッチとともに増える | [12: 臨界バッチサイズ: ステップ数はどこで減らなくなるか](12_communicate_less.ipynb#cell-id=12-the-critical-batch-size-where-the-steps-stop-falling) |
+# | L12-4 | モーメンタムのない SGD で H = 1 のローカル SGD は DDP と 1e-6 以内で等しい (更新が勾配について線形)。平均と平均のあいだにレプリカは離れ、平均の直後は 1 ビットも違わない | [12: ローカル SGD](12_communicate_less.ipynb#cell-id=12-local-sgd) |
+# | L12-5 | ローカル SGD の平均 1 回はパラメータ全体の all-reduce 1 回 (数えたバイト数) で、H ステップごとに平均すると送るバイト数は 1/H。この課題では 64 ステップのあとの H = 16 の損失は H = 1 と 1% 以内 | [12: ステップ数と送ったバイト数で見た損失](12_communicate_less.ipynb#cell-id=12-loss-against-steps-and-against-bytes-sent) |
+# | L12-6 | CPU では、`post_localSGD_hook` を既定の `subgroup=None` で使うと、ウォームアップのあとの最初の逆伝播で ValueError になる (既定のサブグループの大きさは GPU の数)。`post_local_gradient_allreduce=False` か `subgroup=dist.new_subgroups(group_size=1)[0]` を渡す。`PeriodicModelAverager` の `warmup_steps` を W + H − 1 にすると手で書いたループと 1 ビットも違わず、ドキュメントどおりの W では違う | [12: torch の PostLocalSGDOptimizer](12_communicate_less.ipynb#cell-id=12-torch-s-postlocalsgdoptimizer) |
+# | L12-7 | 外側の学習率 1、モーメンタムなしの DiLoCo はローカル SGD と 1e-6 以内で等しい。DiLoCo の外側のステップはネステロフのモーメンタムで、8 ラウンドのあとの θ_global は式をカーネルで計算し直した値と 1e-6 以内で等しい (モーメンタムを除くと 1e-2 より離れる) | [12: DiLoCo](12_communicate_less.ipynb#cell-id=12-diloco) |
+# | L12-8 | 同じバイト数 (H = 16) では、ローカル SGD の損失は DDP の 0.2 倍未満、DiLoCo はローカル SGD の 0.95 倍未満 (どれも乱数のシードで決まる値) | [12: 同じバイト数で比べる](12_communicate_less.ipynb#cell-id=12-at-equal-bytes-sent) |
+# | L12-9 | DDP の通信フックで、all-reduce の前の各ランクの勾配とあとの平均を記録すると、勾配のノイズスケール B_simple = tr(Σ) / \|G\|² を、サンプルごとの勾配から求めた正確な値と 25% 以内で推定できる。1 ステップだけの推定は信頼できない (tr(Σ) が負になる) ので、ノルムを平均してから比をとる | [12: バッチはどこまで大きくできるか](12_communicate_less.ipynb#cell-id=12-how-large-a-batch-can-grow) |
+# | L12-10 | 目標の損失までのステップ数は、B_simple よりずっと小さい全体バッチ (B = 2 → 8) では 4 倍のバッチで 2.5 分の 1 以下になり、ずっと大きいバッチ (B = 64 → 256) では 1.5 分の 1 までしか減らない。処理するサンプル数はバッチとともに増え、B = 256 では B = 2 の 4 倍以上 | [12: 臨界バッチサイズ: ステップ数はどこで減らなくなるか](12_communicate_less.ipynb#cell-id=12-the-critical-batch-size-where-the-steps-stop-falling) |
 # | L12-11 | ランクやマイクロバッチのサンプル数が不揃いだと、DDP の平均はランクごとの平均の平均で、全サンプルの平均の勾配ではない。サンプル数で重み付けすると (レッスン 04 の `no_sync.accumulate_by_count`) 一致する | [12: 不揃いなバッチの平均](12_communicate_less.ipynb#cell-id=12-averages-over-unequal-batches) |
 
 # %% [markdown] lang="en"
@@ -329,11 +335,11 @@ labkit.set_lang("ja")
 # | L12-3 | fp16 beats DDP on links slower than β* = (S_DDP − S_fp16) / (t_fp16 − t_DDP) (t the loopback step; as many calls, so α cancels), and on every link when t_fp16 ≤ t_DDP; the formula gives the bandwidth where the two curves cross, within 0.1% | [12: Exercise: predict fp16's crossover](12_communicate_less.ipynb#cell-id=12-exercise-predict-fp16-s-crossover) |
 # | L12-4 | with SGD without momentum and H = 1, local SGD equals DDP within 1e-6 (the update is linear in the gradient); between averages the replicas drift apart, and right after one they are identical, bit for bit | [12: Local SGD](12_communicate_less.ipynb#cell-id=12-local-sgd) |
 # | L12-5 | one average of local SGD is one all-reduce of all the parameters (bytes counted), so averaging every H steps sends 1/H of the bytes; on this task H = 16's loss after 64 steps is within 1% of H = 1's | [12: Loss against steps and against bytes sent](12_communicate_less.ipynb#cell-id=12-loss-against-steps-and-against-bytes-sent) |
-# | L12-6 | on the CPU, `post_localSGD_hook` with its default `subgroup=None` raises ValueError at the first backward after the warm-up (the default subgroup's size is the GPU count): pass `post_local_gradient_allreduce=False` or `subgroup=dist.new_subgroups(group_size=1)[0]`; the averager's `warmup_steps` set to W + H − 1 matches the hand-written loop bit for bit, the documented W does not | [12: torch's PostLocalSGDOptimizer](12_communicate_less.ipynb#cell-id=12-torch-s-postlocalsgdoptimizer) |
+# | L12-6 | on the CPU, `post_localSGD_hook` with its default `subgroup=None` raises ValueError at the first backward after the warm-up (the default subgroup's size is the GPU count): pass `post_local_gradient_allreduce=False` or `subgroup=dist.new_subgroups(group_size=1)[0]`; `PeriodicModelAverager`'s `warmup_steps` set to W + H − 1 matches the hand-written loop bit for bit, the documented W does not | [12: torch's PostLocalSGDOptimizer](12_communicate_less.ipynb#cell-id=12-torch-s-postlocalsgdoptimizer) |
 # | L12-7 | DiLoCo with outer learning rate 1 and no momentum equals local SGD within 1e-6; DiLoCo's outer step is Nesterov's: θ_global after 8 rounds equals the formula recomputed in the kernel within 1e-6 (more than 1e-2 away without the momentum) | [12: DiLoCo](12_communicate_less.ipynb#cell-id=12-diloco) |
 # | L12-8 | at equal bytes sent (H = 16), local SGD's loss is under 0.2 times DDP's and DiLoCo's under 0.95 times local SGD's (all fixed by the seeds) | [12: At equal bytes sent](12_communicate_less.ipynb#cell-id=12-at-equal-bytes-sent) |
-# | L12-9 | a DDP comm hook recording each rank's gradient before the all-reduce and the mean after estimates the gradient noise scale B_simple = tr(Σ) / |G|² within 25% of the exact value from per-sample gradients; one step's estimate is unreliable (tr(Σ) comes out negative), so the norms are averaged before the ratio is taken | [12: How large a batch can grow](12_communicate_less.ipynb#cell-id=12-how-large-a-batch-can-grow) |
-# | L12-10 | below B_simple, 4 times the global batch cuts the steps to a target loss at least 2.5-fold; above it, at most 1.5-fold; the samples processed grow with the batch | [12: The critical batch size: where the steps stop falling](12_communicate_less.ipynb#cell-id=12-the-critical-batch-size-where-the-steps-stop-falling) |
+# | L12-9 | a DDP comm hook recording each rank's gradient before the all-reduce and the mean after estimates the gradient noise scale B_simple = tr(Σ) / \|G\|² within 25% of the exact value from per-sample gradients; one step's estimate is unreliable (tr(Σ) comes out negative), so the norms are averaged before the ratio is taken | [12: How large a batch can grow](12_communicate_less.ipynb#cell-id=12-how-large-a-batch-can-grow) |
+# | L12-10 | well below B_simple (B = 2 → 8), 4 times the global batch cuts the steps to a target loss at least 2.5-fold; well above it (B = 64 → 256), at most 1.5-fold; the samples processed grow with the batch: B = 256 takes at least 4 times B = 2's | [12: The critical batch size: where the steps stop falling](12_communicate_less.ipynb#cell-id=12-the-critical-batch-size-where-the-steps-stop-falling) |
 # | L12-11 | with unequal sample counts over ranks or micro-batches, DDP's average is a mean of per-rank means, not the gradient of the mean over the samples; weighting by count (lesson 04's `no_sync.accumulate_by_count`) makes it exact | [12: Averages over unequal batches](12_communicate_less.ipynb#cell-id=12-averages-over-unequal-batches) |
 
 # %% [markdown] lang="ja"
@@ -500,7 +506,7 @@ if torch.cuda.is_available():  # a real GPU: .cuda() puts the whole batch on one
 #
 # - DDP の `nccl` バックエンドが扱うのは CUDA のテンソルだけです。TPU では使えません。
 # - PyTorch だけではテンソルを TPU に置けません。`xla` というデバイスの種類は PyTorch にありますが、
-#   その上で動く演算は torch_xla パッケージが入れます。`xla` の通信バックエンドも torch_xla が登録します。
+#   その上で動く演算は torch_xla パッケージが提供します。`xla` の通信バックエンドも torch_xla が登録します。
 # - torch_xla で動かすにはコードを書き換えます。デバイスは `torch_xla.device()`、データは
 #   `torch_xla.distributed.parallel_loader.MpDeviceLoader` で送り、XLA は演算をためてからまとめて
 #   コンパイルして実行するので、ステップごとに `torch_xla.sync()` (または `xm.optimizer_step(optimizer)`)
