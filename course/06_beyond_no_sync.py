@@ -423,7 +423,7 @@ fig = plots.methods_chart({
 # (P は n × r、Q は m × r) で近似し、M の n·m 個の値の代わりに P と Q を all-reduce します。
 #
 # - **ウォームアップ**: 最初の `start_powerSGD_iter` ステップ (ここでは 10) は、ふつうの all-reduce を
-#   します。学習の始めは、勾配の誤差に敏感だからです (PowerSGD のドキュメントが挙げる理由)。
+#   します。学習のはじめは、勾配の誤差に敏感だからです (PowerSGD のドキュメントが挙げる理由)。
 # - **誤差のフィードバック** (`use_error_feedback`、既定で有効): このランクの勾配 (前のステップの
 #   誤差を足したもの) から、実際に使われた勾配 (全ランクで平均し、P Qᵀ に戻したもの) を引いた差を
 #   覚えておき、次のステップの勾配に足します (torch の `powerSGD_hook.py`:
@@ -434,7 +434,7 @@ fig = plots.methods_chart({
 # PowerSGD には、ここではバケットを 1 つだけ使わせます (`bucket_cap_mb=100`)。フック自身が送るのは
 # 圧縮しないテンソルだけで、P と Q の all-reduce は、前の all-reduce が終わったときに走るコールバック
 # (future の `.then`) から呼ばれます (tests/test_levers.py が確かめます)。バケットが 2 つ以上あると、
-# それが次のバケットの all-reduce の前になるか後になるかがランクごとに変わりうるので、集団通信の順が
+# それが次のバケットの all-reduce の前になるかあとになるかがランクごとに変わりうるので、集団通信の順が
 # 食い違います (レッスン 10)。
 
 # %% [markdown] lang="en"
@@ -531,7 +531,7 @@ fig = plots.loss_curves({m: by_method[m]["loss"] for m in
 
 # %% [markdown] lang="ja"
 # 誤差のフィードバックが何をするかは、毎ステップ同じ勾配 C (16 × 16 の行列) になる層で確かめられます。
-# ランク 1 の近似では、C の大部分が毎回落ちます。下のセルは、ウォームアップのあと k ステップで
+# 近似ランク 1 では、C の大部分が毎回落ちます。下のセルは、ウォームアップのあと k ステップで
 # 実際に使われた勾配の和が、本当の和 k C からどれだけ離れているか (相対誤差) を比べます。
 # フィードバックがなければ落ちた分は失われたままで、あれば次のステップに足されるので、和が追いつきます。
 
@@ -628,7 +628,7 @@ for r in (1, 2, 4):
 # %% [markdown] lang="ja"
 # ### ZeroRedundancyOptimizer: オプティマイザの状態を分割して持つ (シャード)
 #
-# Adam は、パラメータ 1 つにつき 2 つの値 (勾配の移動平均と 2 乗の移動平均) を持つので、状態は
+# Adam は、パラメータ 1 つにつき 2 つの値 (勾配の移動平均と二乗の移動平均) を持つので、状態は
 # パラメータの 2 倍の大きさです (ほかにテンソルごとのステップ数)。DDP では、その全部を全ランクが持ちます。
 # `ZeroRedundancyOptimizer` (ZeRO-1 の考え方) では、各ランクがパラメータの一部だけを更新し、その部分の
 # 状態だけを持ちます。更新したパラメータは、ステップの終わりに `broadcast` で全ランクに配ります。
@@ -684,9 +684,9 @@ else:  # macOS, Windows: no /proc/self/io
 assert zero["loss"] == adam["loss"]  # the same training, bit for bit
 
 # %% [markdown] lang="ja"
-# 状態が分かれているので、チェックポイントを書く前に、1 つのランクに集める必要があります。
+# 状態が分かれているので、チェックポイントを保存する前に、1 つのランクに集める必要があります。
 # `consolidate_state_dict(to=0)` を全ランクで呼ぶと、ランク 0 だけが `state_dict()` を返せます。
-# 呼ばずに `state_dict()` を呼ぶとエラーになります。
+# `consolidate_state_dict` を呼ばずに `state_dict()` を呼ぶとエラーになります。
 
 # %% [markdown] lang="en"
 # Since the state is shared out, it must be gathered on one rank before writing a
@@ -719,7 +719,7 @@ assert message is not None and "consolidate_state_dict" in message
 # ふつうの DDP は、勾配をバケットにコピーしてから送るので、勾配を二重に (`.grad` とバケットに)
 # 持っています。下のセルは、勾配とバケットが使うメモリ (重ならない記憶領域の合計) を比べます。
 # ただし、コピーがなくなるわけではありません。`zero_grad()` の既定 (`set_to_none=True`) は毎ステップ
-# `.grad` を捨てるので、次の逆伝播の勾配は新しいテンソルにでき、DDP はそれをバケットにコピーしてから
+# `.grad` を None にする (解放する) ので、次の逆伝播の勾配は新しいテンソルにでき、DDP はそれをバケットにコピーしてから
 # `.grad` をバケットの view に付け替えます (torch 2.13 の `DistributedDataParallel` のドキュメント。
 # tests/test_levers.py が数えて確かめます)。節約できるのはメモリで、コピーの時間ではありません。`static_graph=True` は、毎ステップ同じ
 # パラメータが使われると DDP に約束します (レッスン 10)。このモデルでは送るものも学習も変わりません。
@@ -889,7 +889,7 @@ assert sending < plain["step_s"]  # a part of a step: all that sending less can 
 # モデルは、送るバイト数が減った分だけ速くなると予測します。PowerSGD の実測は予測より遅く
 # (誤差がマイナス)、1 ステップは DDP の半分の時間にもなりません (表の measured の列で、この実行の
 # DDP と比べられます)。ここで当てはめた帯域 β では、DDP の勾配を送るのは 1 ステップより短い時間で、
-# 送る量を減らして得られるのは、多くてもその時間です。
+# 通信量を減らして得られるのは、多くてもその時間です。
 #
 # 予測との差がどこから来るかは、このセルでは測っていません。モデルにないものは少なくとも 2 つあります。
 # 1 つは圧縮の計算 (P と Q を求める行列の積と直交化) です。もう 1 つは重なりです。モデルは DDP の
