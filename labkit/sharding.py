@@ -80,7 +80,10 @@ class FlatParameters:
     Each parameter's data becomes a view of `full`, so whatever is written into
     `full` (an all-gather, say) is what the model computes with. The padding
     (at most world_size - 1 zeros at the end) lets every rank's shard have the
-    same numel, as all-gather and reduce-scatter need.
+    same numel, as all-gather and reduce-scatter need. A shard may cut a tensor
+    anywhere: fit for optimizers that work element by element (SGD, Adam,
+    AdamW), not for those that use a whole tensor's norm or shape (Adafactor,
+    Muon).
     """
 
     def __init__(self, params: Iterable[nn.Parameter], world_size: int):

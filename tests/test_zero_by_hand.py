@@ -2,13 +2,14 @@
 
 The lesson defines `Zero1`, `Zero2`, `Zero3Base` and `Zero3` (the solution of
 its exercise 3) in `%%px` cells and asserts, in the cells after, that each
-trains like torch's DDP and one process, holds what its stage holds, and
-sends what its stage sends. These tests run those very cells, read from the
-built notebook, on the test engines: as written, the assertions and the
-exercise's check pass; with one of the typical mistakes put in (the gather
-skipped, the averaging dropped, a shard offset off by one, the backward
-re-gather removed, ...), the lesson's assertions fail, and the check names the
-mistakes a learner makes in exercise 3.
+trains like torch's DDP and one process (accumulating gradients too), holds
+what its stage holds, and sends what its stage sends. These tests run those
+very cells, read from the built notebook, on the test engines: as written, the
+assertions and the exercise's check pass; with one of the typical mistakes put
+in (the gather skipped, the averaging dropped, a shard offset off by one, the
+backward re-gather removed, a gradient assigned where it should add, ...), the
+lesson's assertions fail, and the check names the mistakes a learner makes in
+exercise 3.
 """
 
 import os
@@ -35,6 +36,7 @@ def _cells() -> dict[str, str]:
         "zero3": find("class Zero3(", "solution"),
         "zero3_exercise": find("class Zero3(", "exercise"),
         "check3": find("zero3 = train(Zero3)"),
+        "accumulate": find("def train_accumulating("),
         "memory_ddp": find("def memory_run("),
         "memory": find("memory_table = {}"),
         "memory_table": find('ranks.pull("memory_table")'),
@@ -48,8 +50,8 @@ def _cells() -> dict[str, str]:
 CELLS = _cells()
 DEFINITIONS = ("imports", "ddp", "zero1", "helpers", "shard_of_mean", "zero2",
                "zero3base", "zero3")
-CHECKS = ("check1", "check2", "check3", "memory_ddp", "memory", "traffic", "sent",
-          "wire", "wire_step")
+CHECKS = ("check1", "check2", "check3", "accumulate", "memory_ddp", "memory", "traffic",
+          "sent", "wire", "wire_step")
 
 
 def _with(source: str, old: str, new: str) -> str:
@@ -80,6 +82,7 @@ def test_the_lessons_stages_pass_its_assertions_and_the_check(ranks, capsys):
     out = capsys.readouterr().out
     assert "bit for bit DDP's: True" in out and "1.5003 x DDP" in out
     assert "each rank holds only its shards, 1668 bytes" in out
+    assert "Zero3, 2 micro-batches a step" in out
 
 
 # (the cell changed, the text replaced, its replacement, the check that fails)
@@ -119,6 +122,15 @@ BROKEN = {
         "zero3", "    def after_backward(self, flat):\n"
                  "        flat.full.untyped_storage().resize_(0)\n",
         "    def after_backward(self, flat):\n        pass\n", "check3"),
+    # Gradient accumulation: two backward passes before a step must add up.
+    "stage 1 zeroing the gradients at the start of its step": (
+        "zero1", "        loss = loss_fn(self.model(X), y)\n",
+        "        self.model.zero_grad()\n        loss = loss_fn(self.model(X), y)\n",
+        "accumulate"),
+    "stage 3 assigning each shard's gradient instead of adding to it": (
+        "zero3base",
+        "shard.grad = mean if shard.grad is None else shard.grad.add_(mean)",
+        "shard.grad = mean", "accumulate"),
     "stage 3 with the averaging dropped": (
         "shard_of_mean", "    return shard / world_size  # the sum -> the mean\n",
         "    return shard\n", "check3"),
