@@ -125,6 +125,29 @@ def test_an_asynchronous_call_never_waited_for_says_so(one_rank):
     assert math.isnan(log.calls[0]["waited"]) and not math.isnan(log.calls[0]["end"])
 
 
+def test_an_asynchronous_collective_without_a_future_is_logged_and_waited(one_rank):
+    """gloo's reduce-scatter returns a work with no future ("Work::getFuture not
+    implemented"), whose wait() copies the result out: the log hands it back."""
+    whole, shard = torch.arange(1.0, 5.0), torch.zeros(4)  # one rank: shard is whole
+    work = dist.reduce_scatter_single(shard, whole, async_op=True)
+    with pytest.raises(RuntimeError, match="getFuture not implemented"):
+        work.get_future()  # the premise, in this torch
+    work.wait()
+    shard.zero_()
+    with comm_counting.CollectiveLog() as log:
+        work = dist.reduce_scatter_single(shard, whole, async_op=True)
+        assert math.isnan(log.calls[0]["end"]) and not shard.any()  # copied at wait
+        work.wait()
+        gathered = torch.zeros(4)
+        dist.all_gather_single(gathered, whole, async_op=True).wait()  # has a future
+    assert torch.equal(shard, whole) and torch.equal(gathered, whole)
+    assert [(c["op"], c["bytes"], c["async"]) for c in log.calls] == [
+        ("reduce_scatter", 16, True), ("all_gather", 16, True)]
+    scatter, gather = log.calls
+    assert scatter["start"] <= scatter["waited"] <= scatter["end"]  # ended at wait
+    assert gather["start"] <= min(gather["waited"], gather["end"])
+
+
 def test_the_log_puts_torch_back_after_an_error_and_refuses_to_nest_itself(one_rank):
     original = dist.broadcast
     log = comm_counting.CollectiveLog()
