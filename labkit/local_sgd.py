@@ -22,7 +22,7 @@ i18n.register({
     "bytes_sent_per_rank": {"ja": "1 ランクが送ったバイト数",
                             "en": "bytes sent per rank"},
     "loss_vs_bytes": {"ja": "送ったバイト数に対する損失", "en": "Loss vs bytes sent"},
-    "held_out_loss": {"ja": "評価データの損失 (MSE)", "en": "held-out loss (MSE)"},
+    "held_out_loss": {"ja": "検証データの損失 (MSE)", "en": "held-out loss (MSE)"},
 })
 
 

@@ -1020,6 +1020,29 @@ def shard_of_mean_gradient_avg(flat_grad, rank, world_size):
     return shard
 
 
+def shard_of_mean_gradient_async(flat_grad, rank, world_size):
+    """Asynchronous, then waited for: gloo's reduce-scatter work has no future,
+    and its wait() is what copies the result into the shard."""
+    shard = torch.empty(flat_grad.numel() // world_size, dtype=flat_grad.dtype)
+    work = dist.reduce_scatter_single(shard, flat_grad, async_op=True)
+    work.wait()
+    return shard / world_size
+
+
+def shard_of_mean_gradient_async_avg(flat_grad, rank, world_size):
+    shard = torch.empty(flat_grad.numel() // world_size, dtype=flat_grad.dtype)
+    dist.reduce_scatter_single(shard, flat_grad, op=dist.ReduceOp.AVG,
+                               async_op=True).wait()
+    return shard
+
+
+def shard_of_mean_gradient_async_not_waited(flat_grad, rank, world_size):
+    """The work dropped: on gloo the shard is never written."""
+    shard = torch.empty(flat_grad.numel() // world_size, dtype=flat_grad.dtype)
+    dist.reduce_scatter_single(shard, flat_grad, async_op=True)
+    return shard / world_size
+
+
 def _averaged(flat_grad, world_size):
     """DDP's way: every rank gets the whole mean."""
     dist.all_reduce(flat_grad)
@@ -1115,6 +1138,53 @@ def shard_of_mean_gradient_todo(flat_grad, rank, world_size):
     return None
 
 
+# 11: ZeRO-3's two methods. Mixed, on the ranks, into the lesson's Zero3Base
+# (`class Zero3(Zero3Frees, Zero3Base): pass`), which gathers and calls them.
+
+
+class Zero3Frees:
+    """The lesson's solution: each layer freed right after its own use."""
+
+    def after_forward(self, flat, output):
+        flat.full.untyped_storage().resize_(0)
+        output.register_hook(lambda grad: self.gather(flat))
+
+    def after_backward(self, flat):
+        flat.full.untyped_storage().resize_(0)
+
+
+class Zero3FreesAtTheRoot(Zero3Frees):
+    """Every layer freed only when the root's forward ends (its unit is last),
+    and all gathered again when the backward starts: the whole model is held
+    gathered through the forward pass, and again at the backward's start."""
+
+    def after_forward(self, flat, output):
+        if flat is self.units[-1]:
+            for unit in self.units:
+                unit.full.untyped_storage().resize_(0)
+                output.register_hook(lambda grad, unit=unit: self.gather(unit))
+
+
+class Zero3FreesAfterTheLastBackward(Zero3Frees):
+    """Forward right; after backward every layer freed at the root's, the last."""
+
+    def after_backward(self, flat):
+        if flat is self.units[-1]:
+            for unit in self.units:
+                unit.full.untyped_storage().resize_(0)
+
+
+class Zero3FreesOneLayerLate(Zero3Frees):
+    """Each layer's forward frees the layer before it; the root's, what is left."""
+
+    def after_forward(self, flat, output):
+        at = self.units.index(flat)
+        late = self.units[at - 1:] if flat is self.units[-1] else self.units[at - 1:at]
+        for unit in late if at else []:
+            unit.full.untyped_storage().resize_(0)
+            output.register_hook(lambda grad, unit=unit: self.gather(unit))
+
+
 # 11: the bytes of model state per rank, fp32 Adam
 
 
@@ -1158,6 +1228,14 @@ def bytes_per_rank_values(params, world_size, stage):
 def bytes_per_rank_integer(params, world_size, stage):
     return _bytes_per_rank_with(params, world_size, stage,
                                 share=lambda x: x // world_size)
+
+
+def bytes_per_rank_integer_bytes(params, world_size, stage):
+    """The bytes divided with //: 8 * 1001 // 3 = 2669, not 2669.33."""
+    n = world_size
+    p, g, o = 4 * params, 4 * params, 8 * params
+    return {"DDP": p + g + o, "ZeRO-1": p + g + o // n, "ZeRO-2": p + (g + o) // n,
+            "ZeRO-3": (p + g + o) // n}[stage]
 
 
 def bytes_per_rank_padded(params, world_size, stage):
@@ -1261,5 +1339,220 @@ def bytes_sent_per_rank_bits(params, world_size, stage):
     return 8 * bytes_sent_per_rank(params, world_size, stage)
 
 
+def bytes_sent_per_rank_integer_share(params, world_size, stage):
+    """(N − 1) // N: 0 in integer division."""
+    return _sent_with(params, world_size, stage,
+                      share=(world_size - 1) // world_size)
+
+
+def bytes_sent_per_rank_integer_bytes(params, world_size, stage):
+    """The bytes divided with //: 2 × 2 × 4004 // 3 = 5338, not 5338.67."""
+    calls = {"DDP": 2, "ZeRO-1": 2, "ZeRO-2": 2, "ZeRO-3": 3}[stage]
+    return calls * (world_size - 1) * 4 * params // world_size
+
+
 def bytes_sent_per_rank_constant(params, world_size, stage):
     return 1.0
+
+
+# 12: fp16's crossover bandwidth (runs in the kernel)
+
+
+def fp16_crossover(t_ddp, t_fp16, S_ddp, S_fp16, calls, alpha_s):
+    if t_fp16 <= t_ddp:
+        return math.inf
+    return (S_ddp - S_fp16) / (t_fp16 - t_ddp)
+
+
+def _crossover_with(rule):
+    """`rule(t_ddp, t_fp16, S_ddp, S_fp16, calls, alpha_s)` where fp16 is slower
+    on loopback, math.inf where it pays at every bandwidth."""
+    def answer(t_ddp, t_fp16, S_ddp, S_fp16, calls, alpha_s):
+        if t_fp16 <= t_ddp:
+            return math.inf
+        return rule(t_ddp, t_fp16, S_ddp, S_fp16, calls, alpha_s)
+    return answer
+
+
+# Right for fp16 alone, which sends exactly half: S_ddp − S_fp16 = S_fp16 = S_ddp/2.
+fp16_crossover_fp16_bytes = _crossover_with(lambda td, tf, Sd, Sf, c, a: Sf / (tf - td))
+fp16_crossover_half = _crossover_with(lambda td, tf, Sd, Sf, c, a: Sd / (2 * (tf - td)))
+fp16_crossover_ddp_bytes = _crossover_with(lambda td, tf, Sd, Sf, c, a: Sd / (tf - td))
+fp16_crossover_upside_down = _crossover_with(
+    lambda td, tf, Sd, Sf, c, a: (tf - td) / (Sd - Sf))
+fp16_crossover_sign = _crossover_with(
+    lambda td, tf, Sd, Sf, c, a: (Sd - Sf) / (td - tf))
+fp16_crossover_bits = _crossover_with(lambda *case: 8 * fp16_crossover(*case))
+fp16_crossover_megabytes = _crossover_with(lambda *case: fp16_crossover(*case) / 1e6)
+fp16_crossover_alpha_kept = _crossover_with(
+    lambda td, tf, Sd, Sf, c, a: (Sd - Sf) / (tf - td + c * a))
+fp16_crossover_alpha_other_side = _crossover_with(
+    lambda td, tf, Sd, Sf, c, a: (Sd - Sf) / (tf - td - c * a))
+fp16_crossover_guess = _crossover_with(lambda *case: 1e9)
+
+
+def fp16_crossover_no_branch(t_ddp, t_fp16, S_ddp, S_fp16, calls, alpha_s):
+    """No math.inf where fp16 already pays: a negative bandwidth there."""
+    return (S_ddp - S_fp16) / (t_fp16 - t_ddp) if t_fp16 != t_ddp else math.nan
+
+
+def fp16_crossover_todo(t_ddp, t_fp16, S_ddp, S_fp16, calls, alpha_s):
+    return None
+
+
+# 12: DiLoCo's outer step (these run on the ranks)
+
+
+def diloco_outer_step(model, global_params, momentum, outer_lr=0.7, mu=0.9):
+    world_size = dist.get_world_size()
+    with torch.no_grad():
+        for g, p, m in zip(global_params, model.parameters(), momentum, strict=True):
+            delta = g - p
+            dist.all_reduce(delta)
+            delta /= world_size
+            m.mul_(mu).add_(delta)
+            g.sub_(outer_lr * (delta + mu * m))
+            p.copy_(g)
+
+
+def diloco_outer_step_momentum_before_update(model, global_params, momentum,
+                                             outer_lr=0.7, mu=0.9):
+    """Nesterov's step with the momentum before this round's update."""
+    world_size = dist.get_world_size()
+    with torch.no_grad():
+        for g, p, m in zip(global_params, model.parameters(), momentum, strict=True):
+            delta = g - p
+            dist.all_reduce(delta)
+            delta /= world_size
+            g.sub_(outer_lr * (delta + mu * m))
+            m.mul_(mu).add_(delta)
+            p.copy_(g)
+
+
+def diloco_outer_step_heavy_ball(model, global_params, momentum, outer_lr=0.7,
+                                 mu=0.9):
+    """Plain momentum: torch.optim.SGD(momentum=0.9) without nesterov=True."""
+    world_size = dist.get_world_size()
+    with torch.no_grad():
+        for g, p, m in zip(global_params, model.parameters(), momentum, strict=True):
+            delta = g - p
+            dist.all_reduce(delta)
+            delta /= world_size
+            m.mul_(mu).add_(delta)
+            g.sub_(outer_lr * m)
+            p.copy_(g)
+
+
+def diloco_outer_step_momentum_unused(model, global_params, momentum, outer_lr=0.7,
+                                      mu=0.9):
+    """The momentum kept up to date, but the step is plain SGD on Δ."""
+    world_size = dist.get_world_size()
+    with torch.no_grad():
+        for g, p, m in zip(global_params, model.parameters(), momentum, strict=True):
+            delta = g - p
+            dist.all_reduce(delta)
+            delta /= world_size
+            m.mul_(mu).add_(delta)
+            g.sub_(outer_lr * delta)
+            p.copy_(g)
+
+
+def diloco_outer_step_no_momentum(model, global_params, momentum, outer_lr=0.7,
+                                  mu=0.9):
+    """FedAvg with a learning rate: no momentum at all, `momentum` left at zero."""
+    world_size = dist.get_world_size()
+    with torch.no_grad():
+        for g, p in zip(global_params, model.parameters(), strict=True):
+            delta = g - p
+            dist.all_reduce(delta)
+            delta /= world_size
+            g.sub_(outer_lr * delta)
+            p.copy_(g)
+
+
+def diloco_outer_step_torch_sgd(model, global_params, momentum, outer_lr=0.7,
+                                mu=0.9):
+    """torch's own Nesterov SGD, its buffer seeded with the momentum given."""
+    world_size = dist.get_world_size()
+    with torch.no_grad():
+        params = [torch.nn.Parameter(g.clone()) for g in global_params]
+        for q, g, p in zip(params, global_params, model.parameters(), strict=True):
+            q.grad = g - p
+            dist.all_reduce(q.grad)
+            q.grad /= world_size
+        sgd = torch.optim.SGD(params, lr=outer_lr, momentum=mu, nesterov=True)
+        for q, m in zip(params, momentum, strict=True):
+            sgd.state[q]["momentum_buffer"] = m  # updated in place by step()
+        sgd.step()
+        for q, g, p in zip(params, global_params, model.parameters(), strict=True):
+            g.copy_(q)
+            p.copy_(q)
+
+
+# 12: the noise scale from two batch sizes (runs in the kernel)
+
+
+def noise_scale_estimate(b, world_size, g2_small, g2_big):
+    b_small, b_big = b, world_size * b
+    norm_sq = (b_big * g2_big - b_small * g2_small) / (b_big - b_small)
+    trace = (g2_small - g2_big) / (1 / b_small - 1 / b_big)
+    return trace / norm_sq
+
+
+def noise_scale_estimate_swapped(b, world_size, g2_small, g2_big):
+    """The sizes of the two norms exchanged."""
+    b_small, b_big = world_size * b, b
+    norm_sq = (b_big * g2_big - b_small * g2_small) / (b_big - b_small)
+    return (g2_small - g2_big) / (1 / b_small - 1 / b_big) / norm_sq
+
+
+def noise_scale_estimate_big_alone(b, world_size, g2_small, g2_big):
+    """|G|² taken as the big batch's squared norm: biased upwards."""
+    trace = (g2_small - g2_big) / (1 / b - 1 / (world_size * b))
+    return trace / g2_big
+
+
+def noise_scale_estimate_no_inverse(b, world_size, g2_small, g2_big):
+    """tr(Σ) as the norms' difference, without the 1/B terms."""
+    b_small, b_big = b, world_size * b
+    norm_sq = (b_big * g2_big - b_small * g2_small) / (b_big - b_small)
+    return (g2_small - g2_big) / norm_sq
+
+
+def noise_scale_estimate_inverted(b, world_size, g2_small, g2_big):
+    return 1 / noise_scale_estimate(b, world_size, g2_small, g2_big)
+
+
+def noise_scale_estimate_per_rank(b, world_size, g2_small, g2_big):
+    """b for the big batch too, not world_size × b: a division by zero."""
+    return noise_scale_estimate(b, 1, g2_small, g2_big)
+
+
+def noise_scale_estimate_per_rank_torch(b, world_size, g2_small, g2_big):
+    """The same in torch: inf or nan, and no error."""
+    small, big = torch.tensor(g2_small), torch.tensor(g2_big)
+    return ((small - big) / (1 / b - 1 / b) / ((b * big - b * small) / (b - b))).item()
+
+
+def noise_scale_estimate_two_ranks(b, world_size, g2_small, g2_big):
+    return noise_scale_estimate(b, 2, g2_small, g2_big)
+
+
+def noise_scale_estimate_b_plus_n(b, world_size, g2_small, g2_big):
+    """The big batch taken as b + world_size samples."""
+    b_small, b_big = b, b + world_size
+    norm_sq = (b_big * g2_big - b_small * g2_small) / (b_big - b_small)
+    return (g2_small - g2_big) / (1 / b_small - 1 / b_big) / norm_sq
+
+
+def noise_scale_estimate_trace_only(b, world_size, g2_small, g2_big):
+    """tr(Σ) returned, not divided by |G|²."""
+    return (g2_small - g2_big) / (1 / b - 1 / (world_size * b))
+
+
+def noise_scale_estimate_off(b, world_size, g2_small, g2_big):
+    return 1.1 * noise_scale_estimate(b, world_size, g2_small, g2_big)
+
+
+def noise_scale_estimate_todo(b, world_size, g2_small, g2_big):
+    return None

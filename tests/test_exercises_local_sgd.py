@@ -55,9 +55,13 @@ MISTAKES = {
         ("g.sub_(outer_lr * (delta + mu * m))  # Nesterov's step\n"
          "            p.copy_(g)",
          "p.sub_(outer_lr * (delta + mu * m))"), "ex_dl_local",
-        "the momentum step went to θ_local"),
+        "the outer update went to θ_local"),
     "Nesterov off": (("g.sub_(outer_lr * (delta + mu * m))", "g.sub_(outer_lr * m)"),
-                     "ex_dl_heavy_ball", "not Nesterov's"),
+                     "ex_dl_old_momentum", "For round 2 on rank 0, θ_global moved by "
+                     "lr × (Δ + μ × m) with m the momentum from before"),
+    "the momentum not in the step": (
+        ("g.sub_(outer_lr * (delta + mu * m))", "g.sub_(outer_lr * delta)"),
+        "ex_dl_no_momentum", "For round 2 on rank 0, θ_global moved by lr × Δ alone"),
     "not restarted": (("            p.copy_(g)  # every rank restarts from θ_global\n",
                        ""), "ex_dl_no_restart", "restarts from θ_global"),
     "nothing done": (("            delta = g - p", "            continue\n"
@@ -97,3 +101,43 @@ def test_the_exercise_as_given_is_not_right_yet(ranks):
     _define(ranks, _cell("def diloco_outer_step(", "exercise"))
     with pytest.raises(exercises.WrongAnswer, match="still None"):
         exercises.grade_diloco_outer_step(ranks)
+
+
+def _grade_answer(ranks, answer):
+    ranks.execute(f"from exercise_answers import {answer}")
+    exercises.grade_diloco_outer_step(ranks, answer)
+
+
+@pytest.mark.parametrize("answer", ["diloco_outer_step", "diloco_outer_step_torch_sgd"])
+def test_a_written_step_and_torch_s_nesterov_sgd_pass(ranks, capsys, answer):
+    _grade_answer(ranks, answer)
+    assert "In all 3 rounds θ_global and the momentum equal" in capsys.readouterr().out
+
+
+# In round 1 the momentum is still 0, where these steps all move θ_global by lr × Δ:
+# round 2 tells which it is. (answer, key, the round named, English, Japanese)
+MOMENTUM_MISTAKES = [
+    ("momentum_before_update", "ex_dl_old_momentum", 2,
+     "Nesterov's step taken before m is updated",
+     "このラウンドで更新する前のモーメンタム"),
+    ("heavy_ball", "ex_dl_old_momentum", 2, "plain (heavy-ball) momentum",
+     "ふつうの (heavy-ball) モーメンタム"),
+    ("momentum_unused", "ex_dl_no_momentum", 2, "the step has no momentum in it",
+     "更新にモーメンタムが入っていません"),
+    ("no_momentum", "ex_dl_no_momentum", 1, "the step has no momentum in it",
+     "更新にモーメンタムが入っていません"),
+]
+
+
+@pytest.mark.parametrize(("answer", "key", "round_", "en", "ja"), MOMENTUM_MISTAKES)
+def test_each_momentum_mistake_is_named_in_the_round_that_tells(ranks, answer, key,
+                                                                round_, en, ja):
+    with pytest.raises(exercises.WrongAnswer) as wrong:
+        _grade_answer(ranks, f"diloco_outer_step_{answer}")
+    assert wrong.value.key == key and en in str(wrong.value)
+    assert f"For round {round_} on rank 0," in str(wrong.value)
+    labkit.set_lang("ja")
+    with pytest.raises(exercises.WrongAnswer) as wrong:
+        _grade_answer(ranks, f"diloco_outer_step_{answer}")
+    assert wrong.value.key == key and ja in str(wrong.value)
+    assert f"{round_} ラウンド目、ランク 0 で、" in str(wrong.value)

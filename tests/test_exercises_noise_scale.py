@@ -7,6 +7,7 @@ its own hint, in both languages.
 
 from pathlib import Path
 
+import exercise_answers as answers
 import nbformat
 import pytest
 import torch
@@ -33,11 +34,7 @@ def _answer(tag: str):
     return namespace["noise_scale_estimate"]
 
 
-def right(b, n, small, big):
-    b_small, b_big = b, n * b
-    norm_sq = (b_big * big - b_small * small) / (b_big - b_small)
-    trace = (small - big) / (1 / b_small - 1 / b_big)
-    return trace / norm_sq
+right = answers.noise_scale_estimate
 
 
 def with_torch(b, n, small, big):
@@ -67,66 +64,33 @@ def test_the_lessons_solution_passes_and_its_exercise_is_not_yet_filled_in(capsy
     assert "noise_scale_estimate(b=8, world_size=4" in str(caught.value)
 
 
-def swapped(b, n, small, big):  # the sizes of the two norms exchanged
-    b_small, b_big = n * b, b
-    norm_sq = (b_big * big - b_small * small) / (b_big - b_small)
-    return (small - big) / (1 / b_small - 1 / b_big) / norm_sq
-
-
-def big_alone(b, n, small, big):  # |G|² taken as the big batch's norm: biased
-    return (small - big) / (1 / b - 1 / (n * b)) / big
-
-
-def no_inverse(b, n, small, big):  # tr(Σ) without the 1/B terms
-    return (small - big) / ((n * b * big - b * small) / (n * b - b))
-
-
-def inverted(b, n, small, big):
-    return 1 / right(b, n, small, big)
-
-
-def per_rank(b, n, small, big):  # b for B_big, not N·b
-    return right(b, 1, small, big)
-
-
-def per_rank_torch(b, n, small, big):  # the same in torch: inf or nan, no error
-    small, big = torch.tensor(small), torch.tensor(big)
-    return ((small - big) / (1 / b - 1 / b) / ((b * big - b * small) / (b - b))).item()
-
-
-def two_ranks(b, n, small, big):  # world_size written as 2
-    return right(b, 2, small, big)
-
-
-def todo(b, n, small, big):
-    return None
-
-
-def off(b, n, small, big):
-    return 1.1 * right(b, n, small, big)
-
-
 # answer, diagnosis, what the English and the Japanese message say
 MISTAKES = [
-    (swapped, "ex_ns_hint_swapped", "the two batch sizes are swapped",
-     "2 つのバッチサイズが入れ替わっています"),
-    (big_alone, "ex_ns_hint_big_alone", "g2_big alone overestimates |G|²",
-     "g2_big だけで見積もると"),
-    (no_inverse, "ex_ns_hint_no_inverse", "divide by the difference of the 1/B",
-     "1/B の差で割ります"),
-    (inverted, "ex_ns_hint_inverted", "the ratio is upside down", "比が逆です"),
-    (per_rank, "ex_ns_hint_per_rank", "N·b samples, not b", "N·b サンプルです"),
-    (per_rank_torch, "ex_ns_hint_per_rank", "N·b samples, not b", "N·b サンプルです"),
-    (two_ranks, "ex_ns_hint_two_ranks", "right for world_size = 2 only",
-     "world_size = 2 のときだけ"),
-    (todo, "ex_fill_in", "is still None", "がまだ None です"),
-    (off, "ex_ns_hint_formula", "with B_small = b and B_big = N·b",
-     "B_small = b、B_big = N·b として"),
+    (answers.noise_scale_estimate_swapped, "ex_ns_hint_swapped",
+     "the two batch sizes are swapped", "2 つのバッチサイズが入れ替わっています"),
+    (answers.noise_scale_estimate_big_alone, "ex_ns_hint_big_alone",
+     "g2_big alone overestimates |G|²", "g2_big だけで見積もると"),
+    (answers.noise_scale_estimate_no_inverse, "ex_ns_hint_no_inverse",
+     "divide by the difference of the 1/B", "1/B の差で割ります"),
+    (answers.noise_scale_estimate_inverted, "ex_ns_hint_inverted",
+     "the ratio is upside down", "比が逆です"),
+    (answers.noise_scale_estimate_per_rank, "ex_ns_hint_per_rank",
+     "N·b samples, not b", "N·b サンプルです"),
+    (answers.noise_scale_estimate_per_rank_torch, "ex_ns_hint_per_rank",
+     "N·b samples, not b", "N·b サンプルです"),
+    (answers.noise_scale_estimate_two_ranks, "ex_ns_hint_two_ranks",
+     "right for world_size = 2 only", "world_size = 2 のときだけ"),
+    (answers.noise_scale_estimate_todo, "ex_fill_in", "is still None",
+     "がまだ None です"),
+    *((getattr(answers, f"noise_scale_estimate_{name}"), "ex_ns_hint_formula",
+       "with B_small = b and B_big = N·b", "B_small = b、B_big = N·b として")
+      for name in ("b_plus_n", "trace_only", "off")),
 ]
 
 
 @pytest.mark.parametrize(("answer", "key", "en", "ja"), MISTAKES,
-                         ids=[m[0].__name__ for m in MISTAKES])
+                         ids=[m[0].__name__.removeprefix("noise_scale_estimate_")
+                              for m in MISTAKES])
 def test_each_mistake_gets_its_own_hint_in_both_languages(answer, key, en, ja):
     with wrong(key) as caught:
         exercises.grade_noise_scale(answer, NUMBERS)

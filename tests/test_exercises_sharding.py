@@ -1,8 +1,9 @@
 """Lesson 11's exercise checks pass the reference answer and name typical mistakes.
 
 Stage 2's reduce-scatter runs on two ranks: each answer is imported into the
-ranks' namespace, where the lesson's %%px cell would define it. Every hint is
-checked in both languages.
+ranks' namespace, where the lesson's %%px cell would define it. ZeRO-3's two
+methods are mixed there into the lesson's own Zero3Base. Every hint is checked
+in both languages.
 """
 
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import exercise_answers as answers
 import nbformat
 import pytest
+from lesson_cells import finder
 
 import labkit
 from labkit import cluster, exercises
@@ -29,7 +31,9 @@ def _grade_on_ranks(ranks, answer):
 
 
 @pytest.mark.parametrize("answer", ["shard_of_mean_gradient",
-                                    "shard_of_mean_gradient_avg"])
+                                    "shard_of_mean_gradient_avg",
+                                    "shard_of_mean_gradient_async",
+                                    "shard_of_mean_gradient_async_avg"])
 def test_gradient_shard_passes_sum_then_divide_and_avg(ranks, capsys, answer):
     _grade_on_ranks(ranks, answer)
     assert "every rank got its shard of the mean, through one reduce-scatter" in \
@@ -62,7 +66,7 @@ GRADIENT_SHARD_MISTAKES = [
      "2,000 bytes", "4,000 バイトのバッファの一部 (ビュー)"),
     ("list", "ex_rs_unseen", "no call of `dist.reduce_scatter_single` was seen "
      "(collectives recorded: -)",
-     "`dist.reduce_scatter_single` の呼び出しが見えません"),
+     "`dist.reduce_scatter_single` の呼び出しが記録されませんでした"),
     ("halves", "ex_rs_many", "you make 2 reduce-scatters for one gradient",
      "reduce-scatter を 2 回使っています"),
     ("gathered", "ex_rs_extra", "you call other collectives (all_gather)",
@@ -70,6 +74,9 @@ GRADIENT_SHARD_MISTAKES = [
     ("as_list", "ex_rs_not_tensor", "you return a list", "返したのは list です"),
     ("todo", "ex_fill_in", "shard_of_mean_gradient_todo(...) is still None",
      "shard_of_mean_gradient_todo(...) がまだ None です"),
+    ("async_not_waited", "ex_rs_not_waited", "you return the shard without waiting "
+     "for the asynchronous reduce-scatter", "非同期の reduce-scatter (`async_op=True`) "
+     "を待たずに"),
 ]
 
 
@@ -115,6 +122,10 @@ BYTES_MISTAKES = [
     ("values", "ex_bytes_hint_values", "bytes, not values", "値の数ではなく"),
     ("integer", "ex_bytes_hint_rounded", "the formula counts no padding",
      "パディングを数えません"),
+    # Shown with its decimals, the right value differs from the answer.
+    ("integer_bytes", "ex_bytes_hint_rounded", '(1,001, 3, "ZeRO-1") = 10,677, but '
+     "the formula gives 10,677.33 bytes",
+     "= 10,677 ですが、式では 10,677.33 バイトです"),
     ("padded", "ex_bytes_hint_rounded", "keep Ψ ÷ N a fraction", "小数のままに"),
     ("stage1_grads", "ex_bytes_hint_stage1_grads",
      'bytes_per_rank(7,500,000,000, 64, "ZeRO-1") = 31,406,250,000, but the formula '
@@ -253,6 +264,10 @@ SENT_MISTAKES = [
     ("fp16", "ex_sent_hint_fp16", "a gradient or parameter value takes 4 bytes",
      "1 つ 4 バイトです"),
     ("bits", "ex_sent_hint_bits", "return bytes, not bits", "ビットではなく"),
+    ("integer_share", "ex_sent_hint_integer", "in integer division (N − 1) // N is 0",
+     "(N − 1) // N は 0 です"),
+    ("integer_bytes", "ex_sent_hint_integer", '(1,001, 3, "DDP") = 5338, but the '
+     "formula gives 5338.67 bytes", "`//` ではなく `/` で割り"),
     ("constant", "ex_sent_hint_formula", "DDP makes an all-reduce (both)",
      "DDP は all-reduce (その 2 つ分)"),
 ]
@@ -304,3 +319,88 @@ def test_the_cell_after_the_check_asserts_avg_and_what_a_view_holds(lesson_on_ra
         assert source.count(old) == 1
         with pytest.raises(cluster.RankError, match="AssertionError"):
             ranks.execute(source.replace(old, new))
+
+
+# ZeRO-3's two methods, mixed into the lesson's Zero3Base on the ranks
+
+FIND = finder("11_sharding")
+
+
+@pytest.fixture
+def zero3_base(ranks):
+    """The ranks with what the lesson's Zero3Base needs, and `define(mixin,
+    shard)`: the class Zero3 of exercise_answers' `mixin` and the lesson's
+    Zero3Base, using exercise_answers' `shard` as exercise 2's function."""
+    ranks.execute("import torch.distributed as dist\n"
+                  "rank, world_size = dist.get_rank(), dist.get_world_size()")
+    ranks.execute(FIND("from labkit import comm_counting, models, sharding"))
+    ranks.execute(FIND("class Zero3Base:"))
+
+    def define(mixin, shard="shard_of_mean_gradient"):
+        ranks.execute(f"from exercise_answers import {mixin}, {shard}\n"
+                      f"shard_of_mean_gradient = {shard}\n"
+                      f"class Zero3({mixin}, Zero3Base):\n    pass")
+    yield define
+    ranks.execute("Zero3 = shard_of_mean_gradient = None\n"
+                  "del Zero3, shard_of_mean_gradient")
+
+
+@pytest.mark.parametrize("shard", ["shard_of_mean_gradient",
+                                   "shard_of_mean_gradient_async"])
+def test_zero3_passes_each_layer_freed_after_its_own_use(zero3_base, ranks, capsys,
+                                                         shard):
+    zero3_base("Zero3Frees", shard)
+    exercises.grade_zero3_frees(ranks)
+    assert "Each layer's gathered parameters are freed right after its own " \
+           "forward and backward pass" in capsys.readouterr().out
+    labkit.set_lang("ja")
+    exercises.grade_zero3_frees(ranks)
+    assert "その層の順伝播と逆伝播の直後に解放されました" in capsys.readouterr().out
+
+
+# Freed in the end, but later than the layer's own pass: after the whole forward
+# and the whole backward nothing is held, so only a measure per layer tells.
+ZERO3_LATE = [
+    ("Zero3FreesAtTheRoot", "forward pass", "順伝播の直後も"),
+    ("Zero3FreesOneLayerLate", "forward pass", "順伝播の直後も"),
+    ("Zero3FreesAfterTheLastBackward", "backward pass", "逆伝播の直後も"),
+]
+
+
+@pytest.mark.parametrize(("mixin", "when", "ja"), ZERO3_LATE)
+def test_zero3_freeing_a_layer_later_than_its_own_pass_is_named(zero3_base, ranks,
+                                                                 mixin, when, ja):
+    zero3_base(mixin)
+    with wrong("ex_z3_late") as caught:
+        exercises.grade_zero3_frees(ranks)
+    assert f"Right after a layer's {when}, its gathered parameters still hold" in \
+        str(caught.value) and "free the `flat` each call is given" in str(caught.value)
+    labkit.set_lang("ja")
+    with wrong("ex_z3_late") as caught:
+        exercises.grade_zero3_frees(ranks)
+    assert ja in str(caught.value) and "受け取った `flat` をその場で解放" in \
+        str(caught.value)
+
+
+# The lesson's own cells with an asynchronous answer to exercise 2: its checks,
+# which record the collectives with CollectiveLog, pass, and so do the graders.
+LESSON_DEFINITIONS = ("from labkit import comm_counting, models, sharding",
+                      "class DDPAdam:", "class Zero1:", "def train(make",
+                      "class Zero2(", "class Zero3Base:")
+LESSON_CHECKS = ("zero1 = train(Zero1)", "zero2 = train(Zero2)", "zero3 = train(Zero3)",
+                 "def memory_run(", "memory_table = {}", "def traffic(",
+                 "def sent(calls)")
+
+
+def test_the_lesson_passes_with_an_asynchronous_reduce_scatter(zero3_base, ranks,
+                                                               capsys):
+    for line in LESSON_DEFINITIONS:
+        ranks.execute(FIND(line))
+    ranks.execute(FIND("class Zero3(", "solution"))
+    ranks.execute("from exercise_answers import shard_of_mean_gradient_async as "
+                  "shard_of_mean_gradient")
+    for line in LESSON_CHECKS:  # each asserts what its stage holds and sends
+        ranks.execute(FIND(line))
+    exercises.grade_gradient_shard(ranks, "shard_of_mean_gradient")
+    exercises.grade_zero3_frees(ranks)
+    assert capsys.readouterr().out.count("Correct") == 2

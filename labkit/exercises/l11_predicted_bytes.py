@@ -30,12 +30,12 @@ register({  # key: (ja, en)
         "Hint: {hint}"),
     "ex_bytes_right_for": ("合っているのは {stages} です。", "Right for {stages}. "),
     "ex_bytes_hint_mixed": (
-        "16 バイト (2 + 2 + 12) は ZeRO の論文の混合精度の場合です。ここは fp32 の"
-        "学習です: パラメータ 4、勾配 4、Adam の状態 8 (exp_avg と exp_avg_sq、"
-        "4 バイトずつ) です。",
+        "16 バイト (2 + 2 + 12) は ZeRO の論文の混合精度の場合です。ここでは fp32 で"
+        "学習するので、1 パラメータあたりパラメータ 4、勾配 4、Adam の状態 8 "
+        "(exp_avg と exp_avg_sq、4 バイトずつ) です。",
         "16 bytes (2 + 2 + 12) is the ZeRO paper's mixed precision. This is fp32 "
-        "training: parameter 4, gradient 4, Adam's state 8 (exp_avg and exp_avg_sq, "
-        "4 bytes each)."),
+        "training, so per parameter: parameter 4, gradient 4, Adam's state 8 "
+        "(exp_avg and exp_avg_sq, 4 bytes each)."),
     "ex_bytes_hint_adam_one": (
         "Adam の状態は 1 パラメータあたり 2 つのテンソル (exp_avg と exp_avg_sq) で、"
         "fp32 なら 8 バイトです。",
@@ -82,23 +82,25 @@ register({  # key: (ja, en)
         "値の数ではなくバイト数です。fp32 は 1 つ 4 バイトです。",
         "bytes, not values: an fp32 value takes 4 bytes."),
     "ex_bytes_hint_rounded": (
-        "Ψ ÷ N は、割り切れないときも小数のままにします。この式はパディングを"
+        "Ψ ÷ N は、割り切れないときも小数のままにします (`//` ではなく `/` で割り、"
+        "丸めません)。この式はパディングを"
         "数えません (実際の平坦化したバッファは、長さがランクの数の倍数になるまで"
         "パディングするので、測った値はその分だけ多くなります)。",
-        "keep Ψ ÷ N a fraction when N does not divide Ψ: the formula counts no "
+        "keep Ψ ÷ N a fraction when N does not divide Ψ (divide with `/`, not `//`, "
+        "and round nothing): the formula counts no "
         "padding (a real flat buffer is padded to a multiple of the number of ranks, "
         "so the measured bytes are larger by that)."),
     "ex_bytes_hint_formula": (
         "1 パラメータあたり、パラメータ 4、勾配 4、Adam の状態 8 バイトです。DDP は"
-        "全部、ステージ 1 は状態を、ステージ 2 は勾配と状態を、ステージ 3 は全部を "
-        "world_size で割ります。",
+        "何も world_size で割りません。ステージ 1 は状態を、ステージ 2 は勾配と状態を、"
+        "ステージ 3 は全部を world_size で割ります。",
         "per parameter: parameter 4, gradient 4, Adam's state 8 bytes. DDP divides "
         "nothing by world_size; stage 1 the state; stage 2 the gradients and the "
         "state; stage 3 everything."),
     "ex_bytes_ok": (
-        "Ψ = 10〜75 億、N = 1〜64 のどの組み合わせでも、4 つのステージが式と一致"
-        "しました。75 億パラメータ、64 ランクの fp32 Adam では、1 ランクあたり {table}"
-        "です。",
+        "Ψ = 10 から 75 億まで、N = 1〜64 のどの組み合わせでも、4 つのステージが"
+        "式と一致しました。75 億パラメータ、64 ランクの fp32 Adam では、"
+        "1 ランクあたり {table}です。",
         "All four stages agree with the formula for Ψ from 10 to 7.5 billion and N "
         "from 1 to 64. For 7.5 billion parameters on 64 ranks, fp32 Adam takes "
         "per rank {table}."),
@@ -139,6 +141,8 @@ _FORMULA_MISTAKES: tuple[tuple[str, Callable], ...] = (
     ("ex_bytes_hint_values", lambda p, n, s: _bytes(p, n, s) / 4),
     ("ex_bytes_hint_rounded", lambda p, n, s: _rounded(p, n, s, math.ceil)),
     ("ex_bytes_hint_rounded", lambda p, n, s: _rounded(p, n, s, math.floor)),
+    # the bytes, not Ψ ÷ N, divided with // (8 * params // world_size)
+    ("ex_bytes_hint_rounded", lambda p, n, s: math.floor(_bytes(p, n, s))),
 )
 _STAGE_MISTAKES: tuple[tuple[str, Callable], ...] = (
     ("ex_bytes_hint_stage1_grads",
@@ -163,8 +167,11 @@ def _matches(rule: Callable, answers: dict, stages: tuple[str, ...]) -> bool:
 
 
 def _shown(value: float) -> str:
-    """Bytes as a reader compares them: whole bytes with commas, small ones as is."""
-    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.6g}"
+    """Bytes as a reader compares them: with commas, and decimals unless whole
+    (10,677.33, not 10,677), small ones as they are."""
+    if abs(value) < 1e4 or not math.isfinite(value):
+        return f"{value:.6g}"
+    return f"{value:,.0f}" if value == round(value) else f"{value:,.2f}"
 
 
 def _agrees(got: float, want: float) -> bool:
@@ -284,6 +291,11 @@ register({  # key: (ja, en)
         "this is fp32 training: a gradient or parameter value takes 4 bytes."),
     "ex_sent_hint_bits": ("ビットではなくバイトで返します。",
                           "return bytes, not bits."),
+    "ex_sent_hint_integer": (
+        "(N − 1)/N は小数のままにします。`//` ではなく `/` で割り、丸めません "
+        "(整数の割り算では、(N − 1) // N は 0 です)。",
+        "keep (N − 1)/N a fraction: divide with `/`, not `//`, and round nothing "
+        "(in integer division (N − 1) // N is 0)."),
     "ex_sent_hint_formula": (
         "S = 4Ψ とすると、リングの reduce-scatter と all-gather は、各ランクが "
         "(N − 1)/N × S を送ります。DDP は all-reduce (その 2 つ分)、ステージ 1 と 2 は "
@@ -293,10 +305,10 @@ register({  # key: (ja, en)
         "all-gather. DDP makes an all-reduce (both), stages 1 and 2 a reduce-scatter "
         "and an all-gather, stage 3 two all-gathers and a reduce-scatter."),
     "ex_sent_ok": (
-        "Ψ = 10〜75 億、N = 1〜64 のどの組み合わせでも、4 つのステージがリングの"
-        "式と一致しました。75 億パラメータ、64 ランクでは、1 ステップに各ランクが "
-        "{table} を送ります。ステージ 1 と 2 は DDP と同じで、ステージ 3 は 1.5 倍"
-        "です。",
+        "Ψ = 10 から 75 億まで、N = 1〜64 のどの組み合わせでも、4 つのステージが"
+        "リングの式と一致しました。75 億パラメータ、64 ランクでは、1 ステップに"
+        "各ランクが {table} を送ります。ステージ 1 と 2 は DDP と同じで、"
+        "ステージ 3 は 1.5 倍です。",
         "All four stages agree with the ring's bytes for Ψ from 10 to 7.5 billion and "
         "N from 1 to 64. For 7.5 billion parameters on 64 ranks, each rank sends per "
         "step {table}: stages 1 and 2 what DDP sends, stage 3 1.5 times as much."),
@@ -327,6 +339,8 @@ _SENT_FORMULA_MISTAKES: tuple[tuple[str, Callable], ...] = (
     ("ex_sent_hint_divided", lambda p, n, s: _sent(p, n, s) / n),
     ("ex_sent_hint_fp16", lambda p, n, s: _sent(p, n, s, value_bytes=2)),
     ("ex_sent_hint_bits", lambda p, n, s: _sent(p, n, s) * 8),
+    ("ex_sent_hint_integer", lambda p, n, s: _sent(p, n, s, share=(n - 1) // n)),
+    ("ex_sent_hint_integer", lambda p, n, s: math.floor(_sent(p, n, s))),
     ("ex_bytes_hint_gb", lambda p, n, s: _sent(p, n, s) / 1e9),
     ("ex_bytes_hint_values", lambda p, n, s: _sent(p, n, s) / 4),
 )

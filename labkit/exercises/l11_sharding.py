@@ -10,6 +10,7 @@ mistake in a hint. Lesson 11's predictions: l11_predicted_bytes.py.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -67,8 +68,8 @@ register({  # key: (ja, en)
         "a reduce-scatter adds up by default (ReduceOp.SUM); divide by world_size, "
         "or pass `op=dist.ReduceOp.AVG` (gloo has it too)."),
     "ex_rs_divisor": (
-        "{case}で、シャードがランクの和を {d:.4g} で割った値です。ヒント: ランクの"
-        "平均は、和をランクの数 world_size = {n} で割ります。",
+        "{case}で、シャードがランクの和を {d:.4g} で割った値です。ヒント: ランク間の"
+        "平均は、和をランクの数 world_size = {n} で割って求めます。",
         "For {case} the shard is the ranks' sum divided by {d:.4g}. Hint: the mean "
         "over the ranks divides the sum by the number of ranks, world_size = {n}."),
     "ex_rs_other_shard": (
@@ -98,6 +99,14 @@ register({  # key: (ja, en)
         "are not added in. Hint: the reduce-scatter writes the ranks' sum into its "
         "output (its first argument); return that (averaged), not a slice of "
         "`flat_grad`."),
+    "ex_rs_not_waited": (
+        "{case}で、非同期の reduce-scatter (`async_op=True`) を待たずにシャードを"
+        "返しています。ヒント: 返された work の `wait()` を呼んでから出力を読みます。"
+        "gloo の reduce-scatter は、`wait()` の中で出力に結果を書きます。",
+        "For {case} you return the shard without waiting for the asynchronous "
+        "reduce-scatter (`async_op=True`). Hint: call `wait()` on the work it "
+        "returns before reading the output: gloo's reduce-scatter writes the result "
+        "into it in `wait()`."),
     "ex_rs_off": (
         "{case}で、シャードが正解と最大 {diff:.1e} 違います。ヒント: ランク r の"
         "シャードは、全ランクの平坦化した勾配の r × k 番目から (r + 1) × k − 1 "
@@ -117,7 +126,7 @@ register({  # key: (ja, en)
         "followed by an all-gather, and stage 2 needs only the first half: "
         "`dist.reduce_scatter_single(shard, flat_grad)`."),
     "ex_rs_unseen": (
-        "値は合っていますが、`dist.reduce_scatter_single` の呼び出しが見えません"
+        "値は合っていますが、`dist.reduce_scatter_single` の呼び出しが記録されません"
         "でした (記録した集団通信: {ops})。この確認が数えるのは "
         "`dist.all_reduce`、`dist.broadcast`、`dist.reduce_scatter_single`、"
         "`dist.all_gather_single` です。ヒント: 平坦化した勾配全体を 1 回の "
@@ -131,11 +140,11 @@ register({  # key: (ja, en)
         "`reduce_scatter_tensor`)."),
     "ex_rs_many": (
         "値は合っていますが、1 つの勾配に reduce-scatter を {count} 回使っています。"
-        "ヒント: 平坦化した勾配全体を 1 回で送ります。1 回ごとに、通信の立ち上がりの"
-        "時間 (レッスン 05 の α) がかかります。",
+        "ヒント: 平坦化した勾配全体を 1 回で送ります。1 回ごとに、固定の遅延 "
+        "(レッスン 05 の α) がかかります。",
         "The values are right, but you make {count} reduce-scatters for one "
         "gradient. Hint: send the whole flat gradient in one; every call pays the "
-        "start-up time again (lesson 05's alpha)."),
+        "fixed latency again (lesson 05's α)."),
     "ex_rs_extra": (
         "値は合っていますが、reduce-scatter のほかにも集団通信をしています ({ops})。"
         "ヒント: シャードの平均は reduce-scatter 1 回で手に入ります。",
@@ -195,6 +204,7 @@ def _shard_trial(name: str, numels: tuple[int, ...]) -> list[dict]:
             "got": got.detach().clone() if tensor else None,
             "kind": type(got).__name__, "changed": not torch.equal(flat_grad, before),
             "ops": [c["op"] for c in log.calls], "bytes": log.nbytes(),
+            "unwaited": any(c["async"] and math.isnan(c["waited"]) for c in log.calls),
             "held": sharding.held_bytes([got]) if tensor else 0})
     return out
 
@@ -295,6 +305,8 @@ def grade_gradient_shard(ranks: Ranks, name: str = "shard_of_mean_gradient") -> 
             want = torch.stack([g.double() for g in grads]).mean(0)[rank * k:
                                                                     (rank + 1) * k]
             if not _close(r["got"].flatten(), want) or r["got"].numel() != k:
+                if r["unwaited"]:
+                    raise WrongAnswer("ex_rs_not_waited", case=case)
                 _judge_values(r["got"], grads, rank)
     for per_rank in results:  # values right everywhere: how they came
         for i, numel in enumerate(numels):
@@ -337,7 +349,7 @@ register({  # key: (ja, en)
         "(`output.register_hook(lambda grad: self.gather(flat))`) that gathers "
         "them again before the backward pass."),
     "ex_z3_error": (
-        "ステップ {step} の{where}でエラーになりました: {error}",
+        "{step} ステップ目の{where}でエラーになりました: {error}",
         "Step {step} failed in the {where}: {error}"),
     "ex_z3_forward": ("順伝播", "forward pass"),
     "ex_z3_backward": ("逆伝播", "backward pass"),
@@ -355,6 +367,17 @@ register({  # key: (ja, en)
         "(0 のはずです)。ヒント: {fix}",
         "After the {when}, the gathered parameters still hold {nbytes} bytes "
         "(should be 0). Hint: {fix}"),
+    "ex_z3_late": (
+        "層の{when}の直後も、その層の集めたパラメータが {nbytes} バイトのメモリを"
+        "持っています。あとでまとめて解放すると、それまで全部の層のパラメータを"
+        "集めたまま持つので、シャードしていないのと同じです。ヒント: ステージ 3 が"
+        "一度に持つのは 1 つの層のパラメータだけです。呼ばれるたびに、受け取った "
+        "`flat` をその場で解放します (`flat.full.untyped_storage().resize_(0)`)。",
+        "Right after a layer's {when}, its gathered parameters still hold {nbytes} "
+        "bytes: freed later, all together, every layer's stay gathered until then, "
+        "as if unsharded. Hint: stage 3 holds one layer's parameters at a time: "
+        "free the `flat` each call is given, in that call "
+        "(`flat.full.untyped_storage().resize_(0)`)."),
     "ex_z3_fix_forward": (
         "`after_forward` でも解放します。`del full` のように名前を消しても、"
         "パラメータが `full` のビューなのでメモリは残ります。"
@@ -375,12 +398,14 @@ register({  # key: (ja, en)
         "torch's DDP (by up to {diff:.1e}). Hint: do you gather the freed "
         "parameters again (`self.gather(flat)`) before the backward pass?"),
     "ex_z3_ok": (
-        "順伝播のあとも逆伝播のあとも、集めたパラメータは 0 バイト、各ランクが持つ"
-        "のはシャードの {shard} バイトだけです。{steps} ステップのあとのパラメータは、"
-        "torch の DDP とビットまで同じです。",
-        "After the forward and after the backward pass the gathered parameters hold "
-        "0 bytes; each rank holds only its shards, {shard} bytes. After {steps} "
-        "steps the parameters equal torch's DDP's bit for bit."),
+        "各層の集めたパラメータは、その層の順伝播と逆伝播の直後に解放されました "
+        "(順伝播と逆伝播のあとは 0 バイト)。各ランクが持つのはシャードの {shard} "
+        "バイトだけです。{steps} ステップのあとのパラメータは、torch の DDP と"
+        "ビット単位で一致します。",
+        "Each layer's gathered parameters are freed right after its own forward and "
+        "backward pass (0 bytes after each pass); each rank holds only its shards, "
+        "{shard} bytes. After {steps} steps the parameters equal torch's DDP's bit "
+        "for bit."),
 })
 
 
@@ -406,14 +431,25 @@ def _zero3_trial(name: str, steps: int) -> dict:
                for s in trainer.shards):
             raise _Broken("ex_z3_shard_freed", when)
 
+    late = {"forward": 0, "backward": 0}  # a layer's bytes right after its own pass
+
+    def freed_at_once(trainer, flat, when: str) -> None:
+        # The root's gather spans the whole forward pass: only the others count.
+        root = {id(p) for module, params in sharding.shard_units(trainer.model)
+                if module is trainer.model for p in params}
+        if not any(id(p) in root for p in flat.params):
+            late[when] = max(late[when], sharding.held_bytes([flat.full]))
+
     class Watched(shell.user_ns[name]):
         def after_forward(self, flat, output):
             super().after_forward(flat, output)
             intact(self, "ex_z3_forward")
+            freed_at_once(self, flat, "forward")
 
         def after_backward(self, flat):
             super().after_backward(flat)
             intact(self, "ex_z3_backward")
+            freed_at_once(self, flat, "backward")
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     loss_fn = nn.CrossEntropyLoss()
@@ -458,7 +494,7 @@ def _zero3_trial(name: str, steps: int) -> dict:
                 "step": step + 1}
     diff = max((a - b).abs().max().item()
                for a, b in zip(full, reference.module.parameters(), strict=True))
-    return {"held": held, "zeroed": zeroed, "diff": diff,
+    return {"held": held, "zeroed": zeroed, "late": late, "diff": diff,
             "shard": sharding.held_bytes(trainer.shards)}
 
 
@@ -466,8 +502,9 @@ def grade_zero3_frees(ranks: Ranks, name: str = "Zero3", steps: int = 3) -> None
     """The class `name`, defined on the ranks, frees what it gathers, and trains right.
 
     Measured on the ranks with `sharding.held_bytes`: the gathered parameters
-    after each forward and each backward pass (0 bytes once freed), the
-    shards kept; the parameters after `steps` steps against torch's DDP from
+    after each forward and each backward pass (0 bytes once freed), each
+    layer's but the root's right after its own pass (freed there, not later),
+    the shards kept; the parameters after `steps` steps against torch's DDP from
     the same weights on the same batches (bit for bit on 2 ranks).
     """
     results = ranks.run(_zero3_trial, name, steps)
@@ -491,6 +528,9 @@ def grade_zero3_frees(ranks: Ranks, name: str = "Zero3", steps: int = 3) -> None
                 raise WrongAnswer("ex_z3_zeroed", when=t(f"ex_z3_{when}"), nbytes=kept)
             raise WrongAnswer("ex_z3_kept", when=t(f"ex_z3_{when}"), nbytes=kept,
                               fix=t(fix))
+        late = max(r["late"][when] for r in results)
+        if late:
+            raise WrongAnswer("ex_z3_late", when=t(f"ex_z3_{when}"), nbytes=late)
     diff = max(r["diff"] for r in results)
     if diff > (0.0 if ranks.world_size == 2 else 1e-6):  # bitwise where exact: 2 ranks
         raise WrongAnswer("ex_z3_values", steps=steps, diff=diff)

@@ -28,10 +28,11 @@ register({  # key: (ja, en)
         "ランク {rank} に {name} がありません。先に、それを定義する %%px のセルを"
         "実行してください。",
         "Rank {rank} has no {name}: run the %%px cell that defines it first."),
-    "ex_dl_round": ("ラウンド {round} のランク {rank}", "round {round} on rank {rank}"),
+    "ex_dl_round": ("{round} ラウンド目、ランク {rank}",
+                    "round {round} on rank {rank}"),
     "ex_dl_sign": (
         "{case}で、θ_global が逆向きに動きました。疑似勾配の符号が逆です。ヒント: "
-        "Δ = θ_global − (θ_local のランク平均) です。Δ を勾配として引くので、"
+        "Δ = θ_global − (全ランクの θ_local の平均) です。Δ を勾配として引くので、"
         "θ_global は平均した θ_local のほうへ進みます。",
         "For {case}, θ_global moved the wrong way: the pseudo-gradient's sign is "
         "flipped. Hint: Δ = θ_global − (the ranks' mean of θ_local); subtracting Δ "
@@ -49,24 +50,35 @@ register({  # key: (ja, en)
         "all-reduce のあと world_size で割ります。",
         "For {case}, the pseudo-gradient is the ranks' sum, not their mean. Hint: "
         "divide by world_size after the all-reduce."),
-    "ex_dl_heavy_ball": (
-        "{case}で、θ_global が lr × m だけ動きました。ふつうのモーメンタムで、"
-        "ネステロフではありません。ヒント: ネステロフの一歩は "
-        "θ_global −= lr × (Δ + μ × m) です (m は更新したあとのモーメンタム。"
-        "torch.optim.SGD の nesterov=True と同じ式です)。",
-        "For {case}, θ_global moved by lr × m: plain (heavy-ball) momentum, not "
-        "Nesterov's. Hint: Nesterov's step is θ_global −= lr × (Δ + μ × m), with m "
-        "the momentum just updated (torch.optim.SGD's nesterov=True)."),
+    "ex_dl_old_momentum": (
+        "{case}で、θ_global が lr × (Δ + μ × m) だけ動きましたが、その m が"
+        "このラウンドで更新する前のモーメンタムです。更新したあとの m で "
+        "θ_global −= lr × m とする、ふつうの (heavy-ball) モーメンタムも同じ値に"
+        "なります。ヒント: 先に m = μ × m + Δ と更新し、その新しい m で "
+        "θ_global −= lr × (Δ + μ × m) とします (torch.optim.SGD の nesterov=True "
+        "と同じ式です)。",
+        "For {case}, θ_global moved by lr × (Δ + μ × m) with m the momentum from "
+        "before this round's update: Nesterov's step taken before m is updated, "
+        "which is also what plain (heavy-ball) momentum, θ_global −= lr × m with m "
+        "updated, gives. Hint: update m first, m = μ × m + Δ, then step with the new "
+        "m: θ_global −= lr × (Δ + μ × m) (torch.optim.SGD's nesterov=True)."),
+    "ex_dl_no_momentum": (
+        "{case}で、θ_global が lr × Δ だけ動きました。更新にモーメンタムが入って"
+        "いません。ヒント: モーメンタムをその場で更新し (m = μ × m + Δ)、それを"
+        "使って θ_global −= lr × (Δ + μ × m) とします。",
+        "For {case}, θ_global moved by lr × Δ alone: the step has no momentum in it. "
+        "Hint: update the momentum in place, m = μ × m + Δ, and step with it: "
+        "θ_global −= lr × (Δ + μ × m)."),
     "ex_dl_local": (
-        "{case}で、モーメンタムの一歩を θ_local (ランクのモデルのパラメータ) に"
-        "かけています。ヒント: 外側のオプティマイザが動かすのは θ_global "
+        "{case}で、外側の更新を θ_local (ランクのモデルのパラメータ) に適用して"
+        "います。ヒント: 外側のオプティマイザが動かすのは θ_global "
         "(`global_params`) です。モデルはそのあと θ_global をコピーして再開します。",
-        "For {case}, the momentum step went to θ_local (the rank's model "
+        "For {case}, the outer update went to θ_local (the rank's model "
         "parameters). Hint: the outer optimizer steps θ_global (`global_params`); "
         "the model then restarts from a copy of θ_global."),
     "ex_dl_no_accumulation": (
         "{case}で、`momentum` が前のラウンドのままです。モーメンタムがラウンドを"
-        "またいでたまりません。ヒント: 新しいテンソルを名前に入れ直したり、"
+        "またいでたまりません。ヒント: 変数に新しいテンソルを代入し直したり、"
         "ラウンドごとに新しいオプティマイザを作ったりせず、渡された `momentum` を"
         "その場で更新します: `m.mul_(mu).add_(delta)`。",
         "For {case}, `momentum` is what it was before the round: the momentum never "
@@ -75,14 +87,14 @@ register({  # key: (ja, en)
         "place: `m.mul_(mu).add_(delta)`."),
     "ex_dl_no_restart": (
         "{case}で、θ_global は正しいのですが、モデルのパラメータ (θ_local) が "
-        "θ_global と違います。ヒント: 外側の一歩のあと、どのランクも θ_global から"
+        "θ_global と違います。ヒント: 外側のステップのあと、どのランクも θ_global から"
         "再開します: `p.copy_(g)`。",
         "For {case}, θ_global is right but the model's parameters (θ_local) differ "
         "from it. Hint: after the outer step every rank restarts from θ_global: "
         "`p.copy_(g)`."),
     "ex_dl_off": (
         "{case}で、θ_global が正解と最大 {diff:.1e} 違います。ヒント: Δ = "
-        "θ_global − (θ_local のランク平均)、m = μ × m + Δ、θ_global −= lr × "
+        "θ_global − (全ランクの θ_local の平均)、m = μ × m + Δ、θ_global −= lr × "
         "(Δ + μ × m) の順です。",
         "For {case}, θ_global is off by up to {diff:.1e}. Hint: in this order: "
         "Δ = θ_global − (the ranks' mean of θ_local), m = μ × m + Δ, "
@@ -163,14 +175,24 @@ def _judge(k: int, rank: int, records: list[list[dict]]) -> None:
         raise WrongAnswer("ex_fill_in", name="diloco_outer_step(...)")
     if _close(r["G1"], G) or _close(r["L1"], L - _LR * (delta + _MU * want_M)):
         raise WrongAnswer("ex_dl_local", case=case)
+    plain = G - _LR * delta  # the averaged pseudo-gradient's step, no momentum
     if _close(r["M1"], M) and not _close(M, want_M):
-        raise WrongAnswer("ex_dl_no_accumulation", case=case)
+        raise WrongAnswer("ex_dl_no_momentum" if _close(r["G1"], plain)
+                          else "ex_dl_no_accumulation", case=case)
     for key, d in (("ex_dl_sign", -delta), ("ex_dl_no_average", own),
                    ("ex_dl_sum", n * delta)):
         if _close(r["G1"], nesterov(d)[0]):
             raise WrongAnswer(key, case=case)
-    if _close(r["G1"], G - _LR * want_M):
-        raise WrongAnswer("ex_dl_heavy_ball", case=case)
+    # Nesterov's step with the momentum before its update, and heavy-ball
+    # momentum, both move θ_global by lr × (Δ + μM). With M = 0 (round 1) that
+    # is lr × Δ, the step with no momentum at all: a later round tells them apart.
+    started = not _close(M, torch.zeros_like(M))
+    if started and _close(r["G1"], G - _LR * (delta + _MU * M)):
+        raise WrongAnswer("ex_dl_old_momentum", case=case)
+    if _close(r["G1"], plain):
+        if not started and k + 1 < len(records[rank]):
+            _judge(k + 1, rank, records)
+        raise WrongAnswer("ex_dl_no_momentum", case=case)
     raise WrongAnswer("ex_dl_off", case=case,
                       diff=(r["G1"] - want_G).abs().max().item())
 

@@ -35,8 +35,8 @@ register({  # key: (ja, en)
         "g2_big alone overestimates |G|² by the noise the big batch still has, "
         "tr(Σ)/B_big (it is biased); use both batch sizes' formula."),
     "ex_ns_hint_no_inverse": (
-        "tr(Σ) は g2_small − g2_big を (1/B_small − 1/B_big) で割ります。差はノイズ"
-        "の項 tr(Σ)/B の差なので、1/B の差で割ります。",
+        "tr(Σ) は、g2_small − g2_big を (1/B_small − 1/B_big) で割って求めます。"
+        "差はノイズの項 tr(Σ)/B の差なので、1/B の差で割ります。",
         "tr(Σ) is g2_small − g2_big divided by (1/B_small − 1/B_big): the difference "
         "is that of the noise terms tr(Σ)/B, so divide by the difference of the 1/B."),
     "ex_ns_hint_inverted": (
@@ -57,10 +57,10 @@ register({  # key: (ja, en)
         "(B_big − B_small), tr(Σ) = (g2_small − g2_big) / (1/B_small − 1/B_big), "
         "B_simple = tr(Σ) / |G|²."),
     "ex_ns_ok": (
-        "どの場合も B_simple = tr(Σ) / |G|² と一致しました。このレッスンの数では "
-        "B_simple = {value:.1f} です。",
-        "Every case agrees with B_simple = tr(Σ) / |G|². With the lesson's numbers, "
-        "B_simple = {value:.1f}."),
+        "どの場合も B_simple = tr(Σ) / |G|² と一致しました。このレッスンで測った値"
+        "では B_simple = {value:.1f} です。",
+        "Every case agrees with B_simple = tr(Σ) / |G|². With the values this lesson "
+        "measured, B_simple = {value:.1f}."),
 })
 
 # (b, world_size, tr(Σ), |G|²): the squared norms follow from them exactly.

@@ -1,9 +1,11 @@
 """Lesson 12 (communicate less), the slow link: predict fp16's crossover bandwidth.
 
 The grader runs in the kernel. It calls the learner's function with the steps
-and bytes the lesson measured and with fixed cases, one of them where fp16 is
-already faster on loopback (the answer is math.inf there) and one with a
-large α, where an α term that should have cancelled shows.
+and bytes the lesson measured and with fixed cases: one with a large α, where
+an α term that should have cancelled shows; one where the compressed method
+sends other than half of DDP's bytes, where a formula that holds only for
+S_fp16 = S_ddp / 2 shows; and two where fp16 is already as fast on loopback
+(the answer is math.inf there).
 """
 
 from __future__ import annotations
@@ -22,23 +24,36 @@ register({  # key: (ja, en)
         "S_fp16 = {S_fp16:,}、calls = {calls}、alpha_s = {alpha_s:g}",
         "t_ddp = {t_ddp:.2f} ms, t_fp16 = {t_fp16:.2f} ms, S_ddp = {S_ddp:,}, "
         "S_fp16 = {S_fp16:,}, calls = {calls}, alpha_s = {alpha_s:g}"),
+    "ex_xover_not_half": (
+        "(ここでは S_fp16 が S_ddp の半分ではありません。送るバイト数が半分とは"
+        "限らない圧縮でも、式は同じです)",
+        "(here S_fp16 is not half of S_ddp: the formula holds for any compression, "
+        "whatever share it sends)"),
     "ex_xover_wrong": (
         "{case}のとき、答えは{got}ですが、正しくは{want}バイト/秒です。"
         "ヒント: {hint}",
         "With {case}, your answer is {got}; the crossover is {want} bytes/s. "
         "Hint: {hint}"),
     "ex_xover_hint_whole": (
-        "リンクが 2 つの方法に足す時間の差は、送るバイト数の差 "
-        "(S_ddp − S_fp16) / β です。S の全体ではなく、差を使います。",
+        "リンクが 2 つの方法に足す時間の差は (S_ddp − S_fp16) / β で、送るバイト数"
+        "の差で決まります。S の全体ではなく、差を使います。",
         "what the link adds to the two methods differs by the difference of their "
         "bytes, (S_ddp − S_fp16) / β: the difference, not a whole S."),
+    "ex_xover_hint_half": (
+        "S_ddp − S_fp16 を S_ddp / 2 と置いています。fp16 は半分を送るので等しく"
+        "なりますが、送るバイト数が半分でない圧縮では違います。差 S_ddp − S_fp16 "
+        "をそのまま使います。",
+        "you take S_ddp − S_fp16 as S_ddp / 2: equal for fp16, which sends half, but "
+        "not for a compression that sends another share. Use the difference "
+        "S_ddp − S_fp16 itself."),
     "ex_xover_hint_upside_down": (
         "比が逆さまです。帯域はバイト/秒なので、バイト数の差を時間の差で割ります。",
         "the ratio is upside down: a bandwidth is bytes per second, so divide the "
         "bytes' difference by the time's."),
     "ex_xover_hint_sign": (
-        "答えが負です。fp16 がループバックで遅いぶん (t_fp16 − t_ddp > 0) を、"
-        "送るバイト数が少ないぶん (S_ddp − S_fp16 > 0) が取り返す帯域です。",
+        "答えが負になっています。β* は、fp16 がループバックで遅いぶん "
+        "(t_fp16 − t_ddp > 0) を、送るバイト数が少ないぶん (S_ddp − S_fp16 > 0) で"
+        "取り返せる帯域なので、正の値になります。",
         "the answer is negative: it is the bandwidth at which the bytes fp16 saves "
         "(S_ddp − S_fp16 > 0) make up for its longer loopback step "
         "(t_fp16 − t_ddp > 0)."),
@@ -55,8 +70,8 @@ register({  # key: (ja, en)
         "cancels. α has no place in the answer."),
     "ex_xover_hint_pays": (
         "fp16 がループバックですでに DDP と同じか速いとき (t_fp16 <= t_ddp)、"
-        "リンクは fp16 により少ない時間を足すので、どの帯域でも得になります。"
-        "そのときは `math.inf` を返します。",
+        "リンクが fp16 に足す時間のほうが DDP より少ないので、どの帯域でも得に"
+        "なります。そのときは `math.inf` を返します。",
         "where fp16 is already as fast as DDP or faster on loopback "
         "(t_fp16 <= t_ddp), the link adds less to fp16's step at every bandwidth: "
         "return `math.inf` there."),
@@ -79,10 +94,13 @@ register({  # key: (ja, en)
 })
 
 # (t_ddp, t_fp16, S_ddp, S_fp16, calls, alpha_s): lesson 06's large MLP with
-# fp16 slower on loopback, the same with a large α (1 ms), and fp16 faster or
-# even on loopback, where it pays at every bandwidth.
+# fp16 slower on loopback, the same with a large α (1 ms), a compression that
+# sends 3 MB, not half (with half, S_ddp − S_fp16 = S_fp16 = S_ddp / 2, and
+# formulas right for fp16 alone pass), and fp16 faster or even on loopback,
+# where it pays at every bandwidth.
 _FIXED = ((15e-3, 16e-3, 8_482_856, 4_241_428, 2, 100e-6),
           (20e-3, 26e-3, 8_482_856, 4_241_428, 2, 1e-3),
+          (15e-3, 16e-3, 8_482_856, 3_000_000, 2, 100e-6),
           (16e-3, 15e-3, 8_482_856, 4_241_428, 2, 100e-6),
           (15e-3, 15e-3, 8_482_856, 4_241_428, 2, 100e-6))
 
@@ -104,6 +122,7 @@ def _branched(rule: Callable) -> Callable:
 _MISTAKES: tuple[tuple[str, Callable], ...] = (
     ("ex_xover_hint_whole", lambda td, tf, Sd, Sf, c, a: Sd / (tf - td)),
     ("ex_xover_hint_whole", lambda td, tf, Sd, Sf, c, a: Sf / (tf - td)),
+    ("ex_xover_hint_half", lambda td, tf, Sd, Sf, c, a: Sd / 2 / (tf - td)),
     ("ex_xover_hint_upside_down", lambda td, tf, Sd, Sf, c, a: (tf - td) / (Sd - Sf)),
     ("ex_xover_hint_sign", lambda td, tf, Sd, Sf, c, a: (Sd - Sf) / (td - tf)),
     ("ex_xover_hint_bits", lambda *case: 8 * _crossover(*case)),
@@ -164,5 +183,6 @@ def grade_crossover_bandwidth(fn: Callable, t_ddp: float, t_fp16: float, S_ddp: 
 
 
 def _case(t_ddp, t_fp16, S_ddp, S_fp16, calls, alpha_s) -> str:
+    note = " " + t("ex_xover_not_half") if 2 * S_fp16 != S_ddp else ""
     return t("ex_xover_case", t_ddp=t_ddp * 1e3, t_fp16=t_fp16 * 1e3, S_ddp=S_ddp,
-             S_fp16=S_fp16, calls=calls, alpha_s=alpha_s)
+             S_fp16=S_fp16, calls=calls, alpha_s=alpha_s) + note
