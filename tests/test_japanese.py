@@ -34,6 +34,8 @@ SPACE_IN_JAPANESE = re.compile(f"{JAPANESE}( +){JAPANESE}")
 KANA_KANJI = "[\u3040-\u30ff\u3400-\u9fff]"
 UNSPACED = re.compile(f"[A-Za-z0-9_)\\]`]{KANA_KANJI}|{KANA_KANJI}[A-Za-z0-9_(\\[`]")
 MARKDOWN = re.compile(r"\*\*|__|~~|^#+ |\[[^\]]*\]\([^)]*\)", re.MULTILINE)
+# A half-width space after or before Japanese punctuation (です。 3 ステップ, 、 499).
+PUNCTUATION_SPACED = re.compile("[、。「」] +[0-9A-Za-z`(]|[0-9A-Za-z)`] +[、。「」]")
 
 
 def problems(ja: str, en: str) -> list[str]:
@@ -42,6 +44,8 @@ def problems(ja: str, en: str) -> list[str]:
              for m in SPACE_IN_JAPANESE.finditer(ja)]
     found += [f"no space between Latin text and Japanese: {m.group(0)!r}"
               for m in UNSPACED.finditer(ja)]
+    found += [f"a space beside Japanese punctuation: {m.group(0)!r}"
+              for m in PUNCTUATION_SPACED.finditer(ja)]
     found += [f"Markdown {m.group(0)!r}" for m in MARKDOWN.finditer(ja)]
     if ja.count("`") % 2:
         found.append("an unpaired backtick")
@@ -102,6 +106,8 @@ def _values() -> tuple[dict[str, list], dict[tuple[str, str], list]]:
         ("ex_lr_warmup_end", "step"): [40],
         ("ex_lr_ok", "steps"): [20],
         ("ex_dl_ok", "rounds"): [3], ("ex_dl_round", "round"): [1],
+        **{(key, "case"): [t("ex_dl_round", round=2, rank=0)] for key in i18n.MESSAGES
+           if key.startswith("ex_dl_")},
         ("ex_accum_k", "first"): [4], ("ex_accum_k", "K"): [2],
         ("ex_chunks_ok", "sizes"): [{(10, 3): [4, 4, 2], (7, 3): [3, 3, 1]}],
         ("ex_buckets_case", "sizes"): [[4000, 40]],
@@ -171,7 +177,8 @@ def _lesson_11_values() -> dict[tuple[str, str], list]:
         ("ex_bytes_wrong", "hint"): [t("ex_bytes_hint_mixed"),
                                      t("ex_sent_hint_buffer")],
         **{(k, "when"): [t("ex_z3_forward"), t("ex_z3_backward")] for k in (
-            "ex_z3_shard_freed", "ex_z3_deleted", "ex_z3_zeroed", "ex_z3_kept")},
+            "ex_z3_shard_freed", "ex_z3_deleted", "ex_z3_zeroed", "ex_z3_kept",
+            "ex_z3_late")},
         ("ex_z3_kept", "fix"): [t("ex_z3_fix_forward"), t("ex_z3_fix_backward")],
         ("ex_z3_no_regather", "error"): [
             "setStorage: sizes [16, 16], strides [16, 1], storage offset 0, and "
@@ -200,8 +207,10 @@ def _crossover_values() -> dict[tuple[str, str], list]:
     """Lesson 12's crossover grader: the case it shows, its answers, the hints."""
     fields = {"t_ddp": 13.4, "t_fp16": 14.9, "S_ddp": 8_482_856, "S_fp16": 4_241_428,
               "calls": 2, "alpha_s": 1e-4}
+    not_half = t("ex_xover_case", **fields | {"S_fp16": 3_000_000}) + " " + t(
+        "ex_xover_not_half")
     return {**{("ex_xover_case", name): [value] for name, value in fields.items()},
-            ("ex_xover_wrong", "case"): [t("ex_xover_case", **fields)],
+            ("ex_xover_wrong", "case"): [t("ex_xover_case", **fields), not_half],
             ("ex_xover_wrong", "got"): ["22,620,949,333", "-2,827,618,667", "inf"],
             ("ex_xover_wrong", "want"): ["2,827,618,667", "inf"],
             ("ex_xover_wrong", "hint"): [t("ex_xover_hint_bits"),
@@ -262,6 +271,10 @@ def test_a_latin_value_is_spaced_and_a_japanese_one_is_not():
     step = feedback.message("ex_scratch_sum", step=t("ex_scratch_step", n=2),
                             world_size=2)
     assert step.startswith("2 ステップ目の勾配が")
+    # Beside 、 and 。 a number gets no space, beside kana it does.
+    size = feedback.message("ex_rs_size", case="ランク 0", got=499, k=500)
+    assert "、499 要素を返しています" in size and "ランク 0 で" in size
+    assert "です。3 ステップ" in feedback.message("ex_z3_ok", shard=1668, steps=3)
 
 
 @pytest.mark.parametrize("template, fields", [
@@ -292,3 +305,22 @@ def test_a_latin_value_formatted_without_its_space_is_caught():
 ])
 def test_right_forms_pass(ja):
     assert problems(ja, "send after `wait()`") == []
+
+
+def test_lesson_prose_has_no_space_between_japanese_characters():
+    # The build joins the lines of a Japanese sentence, so a space left between
+    # two Japanese characters (遅延は 呼び出し回数) is one the learner sees.
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "notebooks" / "ja"
+    spaced = re.compile(f"{KANA_KANJI} +{KANA_KANJI}")
+    found = []
+    for path in sorted(folder.glob("*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] == "markdown":
+                text = re.sub(r"```.*?```", "", "".join(cell["source"]), flags=re.S)
+                text = re.sub(r"`[^`\n]*`", "`x`", text)
+                found += [f"{path.name} {cell['id']}: {m.group(0)!r}"
+                          for m in spaced.finditer(text)]
+    assert len(list(folder.glob("*.ipynb"))) >= 13 and found == []

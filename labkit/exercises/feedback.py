@@ -38,8 +38,11 @@ register({  # key: (ja, en)
 })
 
 
-# Kana, kanji and Japanese punctuation: what a half-width space never touches.
+# Kana, kanji and Japanese punctuation: a value starting or ending in these is
+# Japanese and gets no space. Latin text gets one only beside kana or kanji,
+# never beside punctuation (、 and 。 and 「」 carry their own space).
 _JAPANESE = re.compile(r"[\u3000-\u30ff\u3400-\u9fff\uff00-\uffef]")
+_KANA_KANJI = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")
 
 
 def message(key: str, **fields: object) -> str:
@@ -48,7 +51,8 @@ def message(key: str, **fields: object) -> str:
     A Japanese template puts no space between a field and the text next to it
     (`{what}が`), because the field may hold Japanese (評価の損失が). A value that
     begins or ends in Latin text, a number or code gets a half-width space on
-    that side (`p.grad が`), as Japanese typesetting spaces Latin text.
+    that side (`p.grad が`), as Japanese typesetting spaces Latin text; beside
+    、。「」 it gets none (`、499 要素`).
     """
     text = t(key, **fields)
     if get_lang() != "ja":
@@ -63,10 +67,10 @@ def message(key: str, **fields: object) -> str:
                        else {"r": repr, "s": str, "a": ascii}[conversion](fields[name]),
                        spec or "")
         after = parsed[i + 1][0] if i + 1 < len(parsed) else ""
-        if value and literal and _JAPANESE.match(literal[-1]) \
+        if value and literal and _KANA_KANJI.match(literal[-1]) \
                 and not _JAPANESE.match(value[0]):
             value = " " + value
-        if value and after and _JAPANESE.match(after[0]) \
+        if value and after and _KANA_KANJI.match(after[0]) \
                 and not _JAPANESE.match(value[-1]):
             value += " "
         parts.append(value)
