@@ -827,9 +827,10 @@ class Zero3Base:
 # - `after_backward(flat)`: 層の勾配を reduce-scatter したあとに呼ばれます。`flat.full` のメモリを
 #   解放します。
 #
-# 自分のシャード (`self.shards`) は解放しないでください。Adam が更新するのはそれです。確認のセルは、
-# 順伝播のあとと逆伝播のあとに各ランクが持つバイト数を `sharding.held_bytes` で測り、3 ステップの
-# あとのパラメータを torch の DDP と比べます。
+# 自分のシャード (`self.shards`) は解放しないでください。Adam が更新するのはそれです。あとで
+# まとめて解放するのではなく、層ごとに、使い終えた直後に解放します。確認のセルは、各層の順伝播と
+# 逆伝播の直後と、順伝播と逆伝播の全体のあとに各ランクが持つバイト数を `sharding.held_bytes` で
+# 測り、3 ステップのあとのパラメータを torch の DDP と比べます。
 
 # %% [markdown] lang="en"
 # ## Exercise: a ZeRO-3 layer frees after backward
@@ -845,9 +846,11 @@ class Zero3Base:
 # - `after_backward(flat)`: called once the layer's gradients are reduce-scattered.
 #   Free the memory of `flat.full`.
 #
-# Do not free this rank's shards (`self.shards`): they are what Adam updates. The check
-# measures with `sharding.held_bytes` what each rank holds after the forward pass and
-# after the backward pass, and compares the parameters after 3 steps with torch's DDP.
+# Do not free this rank's shards (`self.shards`): they are what Adam updates. Free each
+# layer as soon as it is used, not all at once later. The check measures with
+# `sharding.held_bytes` what each rank holds right after each layer's forward and
+# backward pass and after the whole passes, and compares the parameters after 3 steps
+# with torch's DDP.
 
 # %% tags=["exercise"]
 # %%px
@@ -1762,7 +1765,8 @@ on_ranks = {stage: (2, measured[stage] / measured["DDP"]) for stage in sharding.
 big, budget = 13e9, 80e9  # parameters, and bytes per rank for the model states
 fig = plots.memory_vs_world_size(
     formula, on_ranks, ylabel="memory_share", title="when_to_shard_title",
-    budget=(budget / (16 * big), labkit.t("budget_line", gb=80, billions=13)))
+    budget=(budget / (16 * big), labkit.t("budget_line", gb=80, billions=big / 1e9,
+                                             oku=big / 1e8)))
 
 # %% [markdown] lang="ja"
 # 予算の線より下にあるステージが収まります。

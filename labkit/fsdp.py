@@ -43,8 +43,9 @@ i18n.register({
                      "en": "memory per rank / DDP's"},
     "when_to_shard_title": {"ja": "モデル状態のメモリ (Adam、float32)",
                             "en": "Model-state memory (Adam, float32)"},
-    # gb: the budget per rank in GB (1e9 bytes); billions: the model's parameters
-    "budget_line": {"ja": "予算: 1 ランク {gb:g} GB ({billions:g}B パラメータのモデル)",
+    # gb: the budget per rank in GB (1e9 bytes); billions and oku (1e8): the model's
+    # parameters, in the unit each language counts them in
+    "budget_line": {"ja": "予算: 1 ランク {gb:g} GB ({oku:g} 億パラメータのモデル)",
                     "en": "budget: {gb:g} GB per rank ({billions:g}B-parameter model)"},
 })
 
