@@ -18,18 +18,23 @@ collective is done and the one before it has left the link. The delay is
 waited on the link's own threads (a pool that lives on), never on the thread
 that completes the collective: gloo completes futures and runs their
 callbacks on its worker threads (two by default, ProcessGroupGloo's
-`threads`), and a sleep there would stall every other collective of the
-group. The callbacks of a delayed future (a comm hook's next steps:
-PowerSGD's products) then run on the link's thread, which takes the rank's
-`torch.set_num_threads` first: `torch.set_num_threads(1)` in the main thread
-did not reach a new thread's MKL products here (torch 2.13, measured: 1.9
-CPU seconds per second of a batched product), and PowerSGD's gradients over
-the link then differed from the loopback's by 3.5e-10
-(tests/test_slow_link.py).
+`threads`, serving one queue), and a sleep there would hold one of the two,
+and with it the collectives queued behind it. The callbacks of a delayed
+future (a comm hook's next steps: PowerSGD's products) then run on the link's
+thread, which takes the rank's `torch.set_num_threads` first:
+`torch.set_num_threads(1)` in the main thread did not reach a new thread's MKL
+products here (torch 2.13, measured: 1.9 CPU seconds per second of a batched
+product), and PowerSGD's gradients over the link then differed from the
+loopback's by 3.5e-10 (tests/test_slow_link.py).
 
 The hand-off to the link's thread and back costs each all-reduce a little
 on top of the rule (`own_cost_s` measures it); the step model over the link
 adds it per all-reduce (bench/README.md, `levers_link_own_cost_s`).
+
+Each call's record names the thread that let it complete (`LinkCall.thread`),
+written on that thread before the future completes. A `.then` attached after
+the call returns cannot tell: on a future already complete it runs at once,
+on the caller's thread.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ __all__ = ["LinkCall", "SlowLink", "combined", "crossover_bandwidth", "link_time
 
 i18n.register({
     "slow_link_describe": {
-        "ja": "遅いリンク: all-reduce 1 回ごとに、実際の通信の後に α + バイト数 / β "
+        "ja": "遅いリンク: all-reduce 1 回ごとに、実際の通信のあとに α + バイト数 / β "
               "を足しています (α = {alpha_ms:g} ms、β = {beta_MBps:g} MB/s)",
         "en": "Slow link: each all-reduce takes alpha + bytes / beta longer than the "
               "real one (alpha = {alpha_ms:g} ms, beta = {beta_MBps:g} MB/s)",
@@ -149,13 +154,16 @@ class LinkCall(NamedTuple):
     Measured: `held_s`, from the real collective's end to the moment the link
     let it complete (the delay, plus any wait for the link to be free), and
     `late_s`, how much later than the link's schedule that was (the link's
-    thread waking late on a busy machine).
+    thread waking late on a busy machine). `thread`: the name of the thread
+    that let it complete (a `slow_link...` one for `async_op=True`; the
+    caller's for a blocking call, which waits where it was called).
     """
 
     nbytes: int
     delay_s: float
     held_s: float
     late_s: float
+    thread: str
 
 
 class _DelayedWork:
@@ -224,9 +232,10 @@ class SlowLink:
 
     def _record(self, nbytes: int, delay: float, done_at: float,
                 release: float) -> None:
-        now = time.perf_counter()
+        now, thread = time.perf_counter(), threading.current_thread().name
         with self._lock:
-            self.calls.append(LinkCall(nbytes, delay, now - done_at, now - release))
+            self.calls.append(LinkCall(nbytes, delay, now - done_at, now - release,
+                                       thread))
 
     def _slowed(self, original):
         signature = inspect.signature(original)  # tensor, async_op: by position or name
@@ -257,6 +266,8 @@ class SlowLink:
                 wait = release - time.perf_counter()
                 if wait > 0:
                     time.sleep(wait)
+                # Recorded here, before the future completes: whoever waits on
+                # it finds its record, thread included.
                 self._record(nbytes, delay, done_at, release)
                 try:
                     delayed.set_result(fut.value())
@@ -281,9 +292,10 @@ def own_cost_s(numel: int = 3082, rounds: int = 200) -> float:
     An all-reduce of `numel` floats called as the hooks call it
     (`async_op=True`, then waited), over a link of no delay (alpha 0, beta
     infinite) and on the loopback, taking turns for `rounds` rounds, each
-    started together: the ranks' mean of the difference of the medians. It is
-    the hand-off to the link's thread and back, which the rule alpha + bytes
-    / beta leaves out (the step model adds it per all-reduce over the link).
+    started together: the ranks' mean of the difference of the medians, and
+    never below 0. It is the hand-off to the link's thread and back, which the
+    rule alpha + bytes / beta leaves out (the step model adds it per
+    all-reduce over the link).
     """
     import statistics
 
@@ -304,7 +316,10 @@ def own_cost_s(numel: int = 3082, rounds: int = 200) -> float:
     own = torch.tensor([statistics.median(times["link"])
                         - statistics.median(times["loopback"])])
     dist.all_reduce(own)
-    return own.item() / dist.get_world_size()
+    # The link's call is the loopback's plus a hand-off, so its true cost is not
+    # negative: a negative difference of the medians is the load's noise (other
+    # processes keeping the cores busy), and `combined` refuses a negative alpha.
+    return max(0.0, own.item() / dist.get_world_size())
 
 
 def steps_over_links(methods: Sequence[str], betas: Sequence[float], alpha_s: float,

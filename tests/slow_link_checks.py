@@ -13,7 +13,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labkit import slow_link
+from labkit import comm, slow_link
 
 WIDTH = 256  # two 256 x 256 layers: about 0.5 MB of gradients, two buckets
 
@@ -85,14 +85,74 @@ def blocking_allreduce(alpha_s, beta_Bps):
 
 
 def completing_threads(calls):
-    """The names of the threads that completed `calls` async all-reduces over a link."""
-    names = []
-    with slow_link.SlowLink(1e-4, float("inf")):
+    """The names of the threads that completed `calls` async all-reduces over a link.
+
+    As the link recorded them, on the completing thread before the future was
+    complete: what a `.then` attached after the call returned cannot tell.
+    """
+    with slow_link.SlowLink(1e-4, float("inf")) as link:
         for _ in range(calls):
-            work = torch.distributed.all_reduce(torch.ones(8), async_op=True)
-            names.append(work.get_future().then(
-                lambda fut: threading.current_thread().name).wait())
-    return names
+            torch.distributed.all_reduce(torch.ones(8), async_op=True).wait()
+    return [call.thread for call in link.calls]
+
+
+def late_then(calls):
+    """A caller that attaches `.then` only once the future is complete.
+
+    As a main thread set back longer than the delay would: returns the threads
+    the `.then` callbacks ran on, and those the link recorded.
+    """
+    ran_on = []
+    with slow_link.SlowLink(1e-4, float("inf")) as link:
+        for _ in range(calls):
+            future = torch.distributed.all_reduce(torch.ones(8),
+                                                  async_op=True).get_future()
+            future.wait()
+            ran_on.append(future.then(lambda fut: threading.current_thread().name)
+                          .wait())
+    return ran_on, [call.thread for call in link.calls]
+
+
+def own_cost_with_link_faster(by_s, rounds):
+    """slow_link.own_cost_s where every step over the link timed `by_s` shorter.
+
+    As noise on a busy machine can make the link's median the smaller.
+    """
+    from labkit import timing
+
+    saved = timing.interleaved
+
+    def interleaved(*args, **kwargs):
+        times = saved(*args, **kwargs)
+        times["link"] = [seconds - by_s for seconds in times["link"]]
+        return times
+
+    timing.interleaved = interleaved
+    try:
+        own = slow_link.own_cost_s(rounds=rounds)
+    finally:
+        timing.interleaved = saved
+    # what lesson 12 does with it: the link's alpha plus its own cost
+    slow_link.combined(comm.AlphaBeta(30e-6, 2e9), 100e-6 + own, 5e8, 2)
+    return own
+
+
+def step_model_inputs(rounds):
+    """Lesson 12's measured inputs of the step model over the link, and their use.
+
+    The link's own cost and the callback chain's wait, measured as the lesson
+    measures them, then handed to `slow_link.combined` and
+    `send_less.predicted_step_s` as the lesson hands them.
+    """
+    from labkit import callback_chain, send_less
+
+    own = slow_link.own_cost_s(rounds=rounds)
+    chain = callback_chain.chain_wait_s(3, 3082, 1e-3, rounds=rounds)
+    ab = slow_link.combined(comm.AlphaBeta(30e-6, 2e9), 100e-6 + own, 5e8, 2)
+    send_less.predicted_step_s(0.02, send_less.Sent(8_000_000, 2),
+                               send_less.Sent(40_000, 3), ab, 2, 0.001,
+                               2 * chain["per_call_s"])
+    return own, chain["per_call_s"]
 
 
 class _SlowHandOff:
