@@ -3,9 +3,11 @@
 torch's PowerSGD hook (torch/distributed/algorithms/ddp_comm_hooks/
 powerSGD_hook.py, the end of `powerSGD_hook`) sends three all-reduces one
 after the other: the uncompressed tensors from the hook, then P and Q, each
-issued inside a `Future.then` callback and waited there (`.wait()`), with
-compute between them (P's product, its orthogonalization, Q's product) and
-after the last (the decompression). gloo completes a future on one of its
+issued inside a `Future.then` callback and waited there (`.wait()`). P's
+product comes before the first; unpacking the uncompressed tensors before
+P's all-reduce; P's orthogonalization and Q's product before Q's; the
+decompression after it. The chain here splits the compute evenly over those
+four places, a model of where it falls. gloo completes a future on one of its
 worker threads and runs the callbacks there. Each all-reduce is also a point
 where a rank waits for the other: on a loaded machine, whichever rank the
 scheduler set back last decides when the chain goes on.

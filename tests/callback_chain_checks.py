@@ -4,7 +4,7 @@ A separate module so that pytest does not rewrite it: the engines import it
 by name and run the same code as the test process sees.
 """
 
-import threading
+import sys
 
 import torch
 import torch.distributed as dist
@@ -12,12 +12,27 @@ import torch.distributed as dist
 from labkit import callback_chain
 
 
+def _in_a_callback() -> bool:
+    """Whether the chain's callback (`next_call`) is on the caller's stack."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "next_call":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def issuing_threads(calls: int = 3) -> list[bool]:
-    """Per all-reduce of callback_chain's chain: whether the main thread issued it."""
+    """Per all-reduce of callback_chain's chain: whether a callback issued it.
+
+    Asked of the stack, not of the thread: a `.then` attached once the future
+    is complete runs at once on the caller's (main) thread, which the load
+    decides; gloo's thread runs it otherwise.
+    """
     issued, original = [], dist.all_reduce
 
     def recorded(*args, **kwargs):
-        issued.append(threading.current_thread() is threading.main_thread())
+        issued.append(_in_a_callback())
         return original(*args, **kwargs)
 
     dist.all_reduce = recorded
