@@ -122,3 +122,18 @@ def test_the_claims_on_the_steps_fail_where_the_steps_do_not_flatten():
         batches, [45.3, 23.7, 13.3, 8.7, 5.7, 4.0, 4.0, 3.3], strict=True))}
     for claim in claims:  # the lesson's run, as it printed it
         exec(claim, dict(measured))
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0], ids=["halved", "doubled"])
+def test_the_paper_s_curve_fails_with_the_noise_scale_off_twofold(factor):
+    """The lesson's steps against the paper's curve: with B_simple off by 2 either
+    way, the claim that the curve fits fails."""
+    curve = _claims()[-1]
+    assert "s_min * (1 + B_simple / B)" in curve
+    batches = [2, 4, 8, 16, 32, 64, 128, 256]
+    measured = {"B_simple": 17.387, "s_min": 10 / 3, "batches": batches,
+                "steps_at": dict(zip(batches, [136 / 3, 71 / 3, 40 / 3, 26 / 3, 17 / 3,
+                                               4.0, 4.0, 10 / 3], strict=True))}
+    exec(curve, dict(measured))
+    with pytest.raises(AssertionError):
+        exec(curve, {**measured, "B_simple": factor * 17.387})
