@@ -194,9 +194,16 @@ _ = widgets.interact(per_rank_batch, world_size=(1, 8), batch_size=(8, 256, 8))
 # gloo works. Lesson 03 uses two ranks and more.
 
 # %%
+import os
+
 import torch
 import torch.distributed as dist
 
+from labkit.cluster import rendezvous
+
+# gloo listens on the address the host name resolves to, often the LAN's (on
+# Windows, a firewall prompt): the loopback interface keeps it on this machine.
+os.environ.setdefault("GLOO_SOCKET_IFNAME", rendezvous.loopback_interface())
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 x = torch.arange(4.0)
 dist.all_reduce(x)  # sum over ranks: with one rank, x itself
@@ -224,6 +231,7 @@ dist.destroy_process_group()
 
 # %%
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -233,7 +241,14 @@ with tempfile.TemporaryDirectory() as tmp:
     out = Path(tmp) / "doctor.json"
     cmd = [sys.executable, "-m", "labkit", "--lang", labkit.get_lang(), "doctor",
            "--json", str(out)]
-    subprocess.run(cmd, check=True)
+    # The child writes UTF-8 and this cell prints what it wrote: a child's own
+    # output reaches the notebook only on Linux and macOS (on Windows it goes to
+    # the terminal that runs JupyterLab).
+    done = subprocess.run(cmd, capture_output=True, encoding="utf-8",
+                          env={**os.environ, "PYTHONUTF8": "1"})
+    print(done.stdout, end="")
+    print(done.stderr, end="", file=sys.stderr)
+    assert done.returncode == 0, done.stderr
     saved = json.loads(out.read_text())
 assert saved["torch_version"] == torch.__version__
 
@@ -242,11 +257,11 @@ assert saved["torch_version"] == torch.__version__
 #
 # | 環境 | 使い方 |
 # |---|---|
-# | GPU のない PC (この講座の基準) | `make lab`。DDP は gloo、DataParallel は CPU 上の再現で学びます。 |
-# | GPU のあるマシン | `make lab TORCH="torch==2.13.0 …"` で CUDA 版の PyTorch を指定します。ノートブックのランクは、ここでも gloo で CPU の上で動きます。実際の GPU を使うのは、GPU が 2 台以上あるときのレッスン 02 の DataParallel と、コマンドラインです (`torchrun --nproc-per-node N -m labkit nosync --backend nccl`、1 ランクに GPU 1 台)。 |
-# | リモートの GPU サーバー | サーバーで `make lab` (127.0.0.1 で待ち受け) し、手元から `ssh -L 8888:127.0.0.1:8888 サーバー` で転送してブラウザで開きます。 |
+# | GPU のない PC (この講座の基準) | Linux と macOS では `python3 tools/course.py lab` (`make lab` でも同じ)、Windows では `py tools\course.py lab` (`py` がなければ `python tools\course.py lab`)。DDP は gloo、DataParallel は CPU 上の再現で学びます。 |
+# | GPU のあるマシン | `python3 tools/course.py lab --torch "torch==2.13.0 …"` (`make lab TORCH="torch==2.13.0 …"`) で CUDA 版の PyTorch を指定します。ノートブックのランクは、ここでも gloo で CPU の上で動きます。実際の GPU を使うのは、GPU が 2 台以上あるときのレッスン 02 の DataParallel と、コマンドラインです (`torchrun --nproc-per-node N -m labkit nosync --backend nccl`、1 ランクに GPU 1 台)。 |
+# | リモートの GPU サーバー | サーバーで `python3 tools/course.py lab` (127.0.0.1 で待ち受け) し、手元から `ssh -L 8888:127.0.0.1:8888 サーバー` で転送してブラウザで開きます。 |
 # | クラスタ | ノートブックではなく `torchrun` でスクリプトを起動します (レッスン 09)。 |
-# | コンテナ (VS Code の Dev Containers、GitHub Codespaces) | リポジトリを開くと `.devcontainer/devcontainer.json` が Python 3.11 と CPU 版の PyTorch で環境を作ります (`make setup`)。ターミナルで `make lab` を実行すると、エディタがポート 8888 を転送します。CPU 2 コアを指定してあります。 |
+# | コンテナ (VS Code の Dev Containers、GitHub Codespaces) | リポジトリを開くと `.devcontainer/devcontainer.json` が Python 3.11 と CPU 版の PyTorch で環境を作ります (`python tools/course.py setup`)。ターミナルで `python tools/course.py lab` を実行すると、エディタがポート 8888 を転送します。CPU 2 コアを指定してあります。 |
 # | Binder | `binder/` の設定で、ブラウザだけで開けます (URL は `https://mybinder.org/v2/gh/<リポジトリ>/HEAD?urlpath=lab`)。mybinder.org は CPU 1 つ、メモリは多くて 2 GB です ([利用の目安](https://mybinder.readthedocs.io/en/latest/about/user-guidelines.html))。ランクを使うレッスンは遅く、メモリが足りずにカーネルが再起動することがあります。読むだけならサイト (README) が向いています。 |
 # | Google Colab | 下の「Colab で動かす」を見てください。 |
 #
@@ -260,11 +275,11 @@ assert saved["torch_version"] == torch.__version__
 #
 # | machine | how |
 # |---|---|
-# | a PC without a GPU (what the course is built for) | `make lab`. DDP runs on gloo; DataParallel is simulated on the CPU. |
-# | a machine with GPUs | `make lab TORCH="torch==2.13.0 …"` to pick a CUDA build of PyTorch. The notebooks' ranks still use gloo on the CPU there; real GPUs are used by lesson 02's DataParallel (with two or more GPUs) and by the command line (`torchrun --nproc-per-node N -m labkit nosync --backend nccl`, one GPU per rank). |
-# | a remote GPU server | run `make lab` there (it listens on 127.0.0.1) and forward it with `ssh -L 8888:127.0.0.1:8888 server`, then open it in your browser. |
+# | a PC without a GPU (what the course is built for) | `python3 tools/course.py lab` on Linux and macOS (or `make lab`), `py tools\course.py lab` on Windows (`python tools\course.py lab` where there is no `py`). DDP runs on gloo; DataParallel is simulated on the CPU. |
+# | a machine with GPUs | `python3 tools/course.py lab --torch "torch==2.13.0 …"` (or `make lab TORCH="torch==2.13.0 …"`) to pick a CUDA build of PyTorch. The notebooks' ranks still use gloo on the CPU there; real GPUs are used by lesson 02's DataParallel (with two or more GPUs) and by the command line (`torchrun --nproc-per-node N -m labkit nosync --backend nccl`, one GPU per rank). |
+# | a remote GPU server | run `python3 tools/course.py lab` there (it listens on 127.0.0.1) and forward it with `ssh -L 8888:127.0.0.1:8888 server`, then open it in your browser. |
 # | a cluster | start scripts with `torchrun`, not notebooks (lesson 09). |
-# | a container (VS Code's Dev Containers, GitHub Codespaces) | opening the repository, `.devcontainer/devcontainer.json` builds the environment with Python 3.11 and the CPU build of PyTorch (`make setup`). Run `make lab` in its terminal; the editor forwards port 8888. It asks for 2 CPU cores. |
+# | a container (VS Code's Dev Containers, GitHub Codespaces) | opening the repository, `.devcontainer/devcontainer.json` builds the environment with Python 3.11 and the CPU build of PyTorch (`python tools/course.py setup`). Run `python tools/course.py lab` in its terminal; the editor forwards port 8888. It asks for 2 CPU cores. |
 # | Binder | `binder/` opens the course in a browser alone (`https://mybinder.org/v2/gh/<repository>/HEAD?urlpath=lab`). mybinder.org gives one CPU and at most 2 GB of memory ([guidelines](https://mybinder.readthedocs.io/en/latest/about/user-guidelines.html)): lessons with ranks run slowly and their kernel may restart for lack of memory. To read, the website (README) suits better. |
 # | Google Colab | see "Running on Colab" below. |
 #
@@ -278,11 +293,11 @@ assert saved["torch_version"] == torch.__version__
 #
 # Google Colab のランタイムには、Colab 自身の Python と PyTorch が入っています。2026 年 8 月の時点では
 # Python 3.13 と torch 2.11 です ([googlecolab/backend-info](https://github.com/googlecolab/backend-info))。
-# この講座の `make lab` は使えないので、講座のフォルダ (git clone したもの、またはアップロードしたもの) で
+# この講座の `tools/course.py lab` は使えないので、講座のフォルダ (git clone したもの、またはアップロードしたもの) で
 # `%pip install -e ".[lab]"` を実行し、セッションを再起動してからレッスンを開きます。labkit は torch 2.4
 # 以上なら受け付けるので、この行は Colab の torch を入れ替えません。
 #
-# この講座の事実は torch 2.13.0 と 2.14.1 で確かめてあります (`make lab` が入れるのは 2.13.0 です。2.14.1 は
+# この講座の事実は torch 2.13.0 と 2.14.1 で確かめてあります (`tools/course.py lab` が入れるのは 2.13.0 です。2.14.1 は
 # PyPI から入る CUDA 版を、GPU のないマシンで動かしました)。2 つの版で事実が違うところは、どちらの版で
 # 何が起きるかをレッスンに書いてあります (レッスン 09: torch のヘッダが要求する C++ の規格)。ほかの版の
 # torch では、どのレッスンも最初のセルの `labkit.require` がそう警告します (`TorchVersionWarning`)。
@@ -293,11 +308,11 @@ assert saved["torch_version"] == torch.__version__
 #
 # Google Colab's runtime comes with its own Python and PyTorch: in August 2026, Python 3.13
 # and torch 2.11 ([googlecolab/backend-info](https://github.com/googlecolab/backend-info)).
-# The course's `make lab` does not apply there: in the course's folder (cloned with git,
+# The course's `tools/course.py lab` does not apply there: in the course's folder (cloned with git,
 # or uploaded), run `%pip install -e ".[lab]"`, restart the session, then open a lesson.
 # labkit accepts torch 2.4 or newer, so that line leaves Colab's torch in place.
 #
-# The course's facts were checked with torch 2.13.0 and 2.14.1 (`make lab` installs
+# The course's facts were checked with torch 2.13.0 and 2.14.1 (`tools/course.py lab` installs
 # 2.13.0; 2.14.1 ran as PyPI's CUDA build, on a machine without a GPU). Where a fact
 # differs between the two, the lesson says which shows what (lesson 09: the C++ standard
 # torch's headers require). With another torch, every lesson's first cell warns so
@@ -306,7 +321,7 @@ assert saved["torch_version"] == torch.__version__
 # %%
 colab_note = labkit.torch_note("2.11.0+cpu")  # what require() warns with Colab's torch
 print(colab_note)
-# every version checked is named; labkit.CHECKED_TORCH is the one make lab pins
+# every version checked is named; labkit.CHECKED_TORCH is the one tools/course.py lab pins
 assert "2.11.0+cpu" in colab_note and labkit.CHECKED_TORCH in colab_note
 assert all(checked in colab_note for checked in labkit.CHECKED_TORCH_VERSIONS)
 print(labkit.torch_note() or f"here: torch {torch.__version__}, a version checked")

@@ -805,6 +805,7 @@ assert saved["MLP 1024x3"][8] > saved["doc 004 MLP"][8]
 
 # %%
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -812,8 +813,14 @@ from pathlib import Path
 
 with tempfile.TemporaryDirectory() as tmp:
     out = Path(tmp) / "misuse.json"
-    subprocess.run([sys.executable, "-m", "labkit", "misuse", "--steps", "5",
-                    "--json", str(out)], check=True)
+    # Printed from here: a child's own output reaches the notebook only on Linux
+    # and macOS (lesson 00).
+    done = subprocess.run([sys.executable, "-m", "labkit", "misuse", "--steps", "5",
+                           "--json", str(out)], capture_output=True, encoding="utf-8",
+                          env={**os.environ, "PYTHONUTF8": "1"})
+    print(done.stdout, end="")
+    print(done.stderr, end="", file=sys.stderr)
+    assert done.returncode == 0, done.stderr
     misuse = json.loads(out.read_text())
 checks.allreduce_calls(misuse["bare_call_allreduce_calls"], 4)
 checks.allreduce_calls(misuse["sync_allreduce_calls"], 4)
