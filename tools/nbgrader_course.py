@@ -26,7 +26,7 @@ import argparse
 import contextlib
 import os
 import sys
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import execute
 import nbcells
@@ -41,7 +41,7 @@ CONFIG = '''\
 c = get_config()  # noqa: F821
 c.CourseDirectory.root = {root!r}
 c.CourseDirectory.course_id = "labkit"
-c.CourseDirectory.db_url = "sqlite:///{root}/gradebook.db"
+c.CourseDirectory.db_url = {db_url!r}
 # The student's version of an answer is the exercise as handed out: nothing is
 # put where the reference solution was.
 c.ClearSolutions.code_stub = {{"python": ""}}
@@ -114,12 +114,22 @@ def assignments(notebooks: Path) -> dict[str, Path]:
     return found
 
 
+def config_text(course: PurePath) -> str:
+    """nbgrader_config.py for the course folder `course`.
+
+    Both paths go in as Python literals (repr), so a Windows path's backslashes stay
+    backslashes (C:\\Users would otherwise be a \\U escape); the database URL takes
+    forward slashes, which SQLAlchemy's sqlite URL and Windows both accept.
+    """
+    db_url = "sqlite:///" + (course / "gradebook.db").as_posix()
+    return CONFIG.format(root=str(course), db_url=db_url, timeout=execute.TIMEOUT_S)
+
+
 def write_course(course: Path, notebooks: Path = ROOT / "notebooks") -> list[str]:
     """nbgrader_config.py and source/ in `course`; the assignment ids."""
     course = course.resolve()
     course.mkdir(parents=True, exist_ok=True)
-    config = CONFIG.format(root=str(course), timeout=execute.TIMEOUT_S)
-    (course / "nbgrader_config.py").write_text(config)
+    (course / "nbgrader_config.py").write_text(config_text(course), encoding="utf-8")
     found = assignments(notebooks)
     for assignment, path in found.items():
         target = course / "source" / assignment / path.name
