@@ -13,9 +13,11 @@ __all__ = ["CHECKED_TORCH", "CHECKED_TORCH_VERSIONS", "TorchVersionWarning",
 i18n.register({
     "version_too_old": {
         "ja": "labkit {have} が入っていますが、この教材には {need} 以上が必要です。"
-        "`make lab` で環境を作り直してください。",
+        "`python3 tools/course.py lab` (Windows では `py tools\\course.py lab`) "
+        "で環境を作り直してください。",
         "en": "labkit {have} is installed but this lesson needs {need} or newer. "
-        "Run `make lab` to update the environment.",
+        "Run `python3 tools/course.py lab` (on Windows, `py tools\\course.py lab`) "
+        "to update the environment.",
     },
     "torch_differs": {
         "ja": "この教材は torch {checked} で確かめてあります。"

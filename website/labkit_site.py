@@ -53,7 +53,8 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 TEXT = {
     "ja": {
         "run": "このレッスンを実行するには: ",
-        "run_how": " で JupyterLab を開き、",
+        "run_windows": " (Windows では ",
+        "run_how": ") で JupyterLab を開き、",
         "run_open": " を開きます。",
         "student": "演習の解答を除いた受講者用のコピー: ",
         "solutions": "このページでは、各演習の解答と、解答を確認した結果を"
@@ -66,11 +67,13 @@ TEXT = {
         "ran": "このページの出力は、コミット {commit} のレッスンを {when} に"
                "実行した結果です (make test の nbval による実行、{seconds:g} 秒)。",
         "widget": "ここにはスライダー (ipywidgets) があります。カーネルを動かすと"
-                  "使えます: make lab で開いたレッスンで、このセルを実行してください。",
+                  "使えます: このページの冒頭のとおりに開いたレッスンで、このセルを"
+                  "実行してください。",
     },
     "en": {
         "run": "To run this lesson: ",
-        "run_how": " opens JupyterLab; open ",
+        "run_windows": " (on Windows, ",
+        "run_how": ") opens JupyterLab; open ",
         "run_open": ".",
         "student": "The student copy, without the exercises' solutions: ",
         "solutions": "On this page each exercise's solution is folded away below "
@@ -83,9 +86,14 @@ TEXT = {
         "ran": "The outputs on this page come from running this lesson at commit "
                "{commit} on {when} (make test's nbval run, {seconds:g} s).",
         "widget": "Here the lesson has sliders (ipywidgets), which need a running "
-                  "kernel: run this cell in the lesson opened by make lab.",
+                  "kernel: run this cell in the lesson opened as the top of this page "
+                  "says.",
     },
 }
+
+# What opens the course in JupyterLab: on Linux and macOS (`make lab` runs it), and
+# on Windows, which has no make.
+LAB = ("python3 tools/course.py lab", r"py tools\course.py lab")
 
 # JupyterLab's link to a cell, as the lessons write it: 06_x.ipynb#cell-id=06-y
 _CELL_LINK = re.compile(r"\]\((\d\d_[A-Za-z0-9_]+)\.ipynb#cell-id=([A-Za-z0-9_-]+)\)")
@@ -159,7 +167,9 @@ def _run_note(app: Sphinx, lang: str, docname: str) -> nodes.Node:
     box = nodes.container(classes=["labkit-run"])
     run = nodes.paragraph()
     run += nodes.Text(text["run"])
-    run += nodes.literal(text="make lab")
+    run += nodes.literal(text=LAB[0])
+    run += nodes.Text(text["run_windows"])
+    run += nodes.literal(text=LAB[1])
     run += nodes.Text(text["run_how"])
     run += nodes.literal(text=f"{lang}/{name}.ipynb")
     run += nodes.Text(text["run_open"])
