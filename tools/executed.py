@@ -81,7 +81,8 @@ def commit() -> str:
     """The commit the lessons ran at; `+changes` when notebooks/ or labkit/ differ
     from it (a run from a working tree, not from the commit alone)."""
     def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True,
+                              encoding="utf-8", errors="replace")
         return done.stdout.strip() if done.returncode == 0 else ""
 
     head = git("rev-parse", "--short=12", "HEAD") or "unknown"

@@ -67,8 +67,10 @@ def _run_once(label: str, args: list[str], out: Path, index: int,
     cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", f"--junitxml={junit}", *args]
     start = time.monotonic()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=executed.tools_env(),
-                              capture_output=True, text=True, timeout=timeout_s)
+        # pytest writes UTF-8 (UTF-8 mode), whatever the locale's encoding.
+        env = {**executed.tools_env(), "PYTHONUTF8": "1"}
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
+                              encoding="utf-8", errors="replace", timeout=timeout_s)
         rc, output = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as err:
         rc = "timeout"
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "settings.json").write_text(json.dumps(
         {**vars(args), "summarize": None, "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-            text=True).stdout.strip(), "cores": os.cpu_count()}, indent=1))
+            encoding="utf-8").stdout.strip(), "cores": os.cpu_count()}, indent=1))
     spinners = [mp.Process(target=_spin, daemon=True) for _ in range(args.busy)]
     for s in spinners:
         s.start()
