@@ -26,7 +26,7 @@
 # ノートブックが開き、その見出しまでスクロールします。見出しの名前へのリンク (`#見出し`) では、JupyterLab 4
 # はノートブックを開いても先頭に留まります。とくに日本語の見出しは見つけられません
 # ([jupyterlab#12402](https://github.com/jupyterlab/jupyterlab/issues/12402))。見出しまでスクロールされたまま
-# 表示されるのは、`make lab` が使うこのコースの JupyterLab の設定 (`jupyterlab-settings/`) を使ったときです。
+# 表示されるのは、`tools/course.py lab` (`make lab`) が使うこのコースの JupyterLab の設定 (`jupyterlab-settings/`) を使ったときです。
 # それ以外の環境でずれたときは、左の目次から見出しを選んでください。
 #
 # コードのセルが表示する出力は英語のままです (確認のメッセージは日本語です)。
@@ -53,8 +53,8 @@
 # Japanese heading is never found
 # ([jupyterlab#12402](https://github.com/jupyterlab/jupyterlab/issues/12402)). The
 # heading stays on screen with the course's JupyterLab settings
-# (`jupyterlab-settings/`, which `make lab` uses); elsewhere, if it is off, pick the
-# heading in the table of contents on the left.
+# (`jupyterlab-settings/`, which `tools/course.py lab` and `make lab` use); elsewhere,
+# if it is off, pick the heading in the table of contents on the left.
 #
 # The code cells print in English in both editions; checks follow the notebook's
 # language.

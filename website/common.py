@@ -28,7 +28,7 @@ def settings(lang: str) -> dict:
                        "en": "labkit: learning PyTorch data parallelism"}[lang],
         "html_theme_options": {
             # Nothing fetched at build time or when a page opens: no repository
-            # buttons, no launch buttons (the course runs locally: make lab).
+            # buttons, no launch buttons (the course runs locally: tools/course.py lab).
             "use_download_button": True,
             "use_fullscreen_button": False,
             "show_toc_level": 2,
