@@ -1,13 +1,14 @@
 # The course's commands. `make lab` opens the course, `make test` checks everything.
-# Both create the virtual environment first if it is missing. Each target runs the
-# step of the same name in tools/course.py, which is where the steps are written
-# (the same commands without make, on Linux, macOS and Windows: README).
+# Both create the virtual environment first if it is missing (lab with what a learner
+# needs, test with the checks' tools too). Each target runs the step of the same name
+# in tools/course.py, which is where the steps are written (the same commands without
+# make, on Linux, macOS and Windows: README).
 
 PYTHON ?= python3
 VENV ?= .venv
-# The PyTorch build to install first; empty: tools/course.py's (the CPU build on
-# this course's reference machine; on a GPU machine the same pin from PyPI is a
-# CUDA build), or pass another, e.g.
+# The PyTorch build to install first; empty: tools/course.py's (on Linux without an
+# NVIDIA driver the CPU build, elsewhere the pin from PyPI, a CUDA build on Linux),
+# or pass another, e.g.
 # make lab TORCH="torch==2.13.0 --index-url <your wheel index>".
 TORCH ?=
 LAB_ARGS ?=
@@ -21,7 +22,8 @@ STEPS := setup course notebooks check-notebooks lint unit nbval executed student
     site-check nbgrader-check nbgrader-check-all ecosystem-check test check lock clean-venv
 .PHONY: $(STEPS) lab nbgrader
 
-## setup: only .venv, from the lock (torch first, then constraints.txt's pins).
+## setup: only .venv, from the lock (torch first, then constraints.txt's pins), with
+##   the tools make test uses (pyproject's dev extra); CI runs it first.
 ## course: every notebook executed headless (tools/execute.py, as JupyterLab
 ##   runs it); goes on past a failing one and fails at the end.
 ## nbval: every lesson of both languages run by nbval, once: a cell that raises

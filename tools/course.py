@@ -2,6 +2,7 @@
 
     python tools/course.py lab      # set up .venv if needed, then open the course
     python tools/course.py test     # set up .venv if needed, then every check CI runs
+    python tools/course.py lab --no-venv  # in a conda environment (environment.yml)
     python tools/course.py --help   # every step (setup, check, unit, nbval, site, ...)
 
 `make TARGET` runs `python3 tools/course.py TARGET`: each step is written once,
@@ -9,7 +10,9 @@ here. Only the standard library is used, so any Python 3.10+ runs this before
 .venv exists; every step after the set-up runs with .venv's Python. The set-up
 installs torch first and alone (TORCH below, or --torch), then the course with
 pip's constraints file constraints.txt, the lock: every other package at the
-version it pins. `python tools/course.py lock` refreshes the lock.
+version it pins. `lab` installs what a learner needs (pyproject's lab extra);
+`setup`, `test` and the other steps the maintainers' tools as well (dev).
+`python tools/course.py lock` refreshes the lock.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import glob
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -28,9 +32,16 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "constraints.txt"
 # The torch the course was checked with (labkit.CHECKED_TORCH; a test keeps them
 # equal). From PyPI this is the CPU build on macOS and Windows and a CUDA build of
-# several GB on Linux: pass the CPU index there, as CI and the dev container do.
+# several GB on Linux: on Linux without an NVIDIA driver the set-up takes the CPU
+# index instead (default_torch), unless --torch says otherwise.
 TORCH = "torch==2.13.0"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl, measured with du.
+CPU_WHEEL_MB = 192
+NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
+# torch alone from that index: what it requires (sympy, ...) comes with the course
+# from pip's usual index, at the lock's versions.
+CPU_TORCH = f"{TORCH} --no-deps --index-url {CPU_INDEX}"
 # Left out of the lock: torch, which TORCH pins, and what only torch's CUDA builds
 # bring. Each torch build pins those itself, exactly; in the lock they would clash
 # with any other torch a learner asks for (TORCH="torch==2.14.1 ...").
@@ -38,6 +49,8 @@ TORCH_BUILD_PACKAGES = ("torch", "triton", "nvidia-*", "cuda-*")
 # The oldest Python the lock resolves for: pyproject's requires-python (a test
 # keeps them equal). Newer ones get their own pins where a package needs it.
 PYTHON_FLOOR = "3.10"
+# The set-up's extras, each holding the one before it (pyproject.toml).
+EXTRAS = ("lab", "dev")
 LINT = ["labkit", "tests", "tools", "bench", "course", "website"]
 # make test's steps, in order; each name is a step of this script. Each runs
 # pytest with -rs: a test skipped for a tool this system lacks (Chromium,
@@ -53,44 +66,79 @@ def python_in(venv: Path) -> Path:
 
 
 class Course:
-    """The steps, with the options they share (the venv, torch, dry run)."""
+    """The steps, with the options they share (the venv, torch, dry run).
+    `venv=None`: this Python's own environment (a conda one), set up already."""
 
-    def __init__(self, venv: Path, torch: str = TORCH, dry_run: bool = False):
-        self.venv, self.torch, self.dry_run = venv, torch, dry_run
-        self.py = python_in(venv)
+    def __init__(self, venv: Path | None, torch: str | None = TORCH,
+                 dry_run: bool = False):
+        self.torch, self.torch_note = (torch, None) if torch else default_torch()
+        self.own_env = venv is None
+        self.venv = Path(sys.prefix) if venv is None else venv
+        self.py = Path(sys.executable) if venv is None else python_in(venv)
+        self.dry_run = dry_run
         self.ran: list[list[str]] = []  # each command, as run (or printed)
-        self.set_up = False  # once a run: test's steps each ask for it
+        self.set_up: str | None = None  # once a run: test's steps each ask for it
 
-    def run(self, cmd: list, env: dict[str, str] | None = None) -> None:
-        """Run `cmd` in the repository's root; a failure ends the step."""
+    def run(self, cmd: list, env: dict[str, str] | None = None,
+            terminal: bool = False) -> None:
+        """Run `cmd` in the repository's root; a failure ends the step with its
+        exit status. `terminal`: the command owns Ctrl-C (JupyterLab asks
+        whether to shut down), so this process ignores it while the command runs."""
         cmd = [str(part) for part in cmd]
         self.ran.append(cmd)
         shown = " ".join(f"{k}={v}" for k, v in (env or {}).items())
         print(" ".join(filter(None, [shown, shlex.join(cmd)])), flush=True)
         if self.dry_run:
             return
-        status = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})})
-        if status.returncode:
-            raise SystemExit(status.returncode)
+        env = {**os.environ, **(env or {})}
+        if terminal:
+            # Started before SIGINT is ignored here: a child inherits an ignored
+            # SIGINT, and Python then leaves it ignored (no KeyboardInterrupt).
+            child = subprocess.Popen(cmd, cwd=ROOT, env=env)
+            before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                code = child.wait()
+            finally:
+                signal.signal(signal.SIGINT, before)
+        else:
+            code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+        if code:  # killed by signal N (POSIX): 128 + N, as a shell reports it
+            raise SystemExit(128 - code if code < 0 else code)
 
-    def pip_install(self, python: Path, *what: str) -> None:
-        self.run([python, "-m", "pip", "install", "--quiet", *what])
+    def pip_install(self, python: Path, *what: str, quiet: bool = True) -> None:
+        self.run([python, "-m", "pip", "install", *["--quiet"] * quiet, *what])
 
     # --- set-up: .venv from the lock ---
 
-    def setup(self, force: bool = False) -> None:
-        """Set up .venv (what lab and test do first): torch, then the course."""
-        stamp = self.venv / ".labkit-installed"
-        if self.set_up or not force and fresh(stamp, ROOT / "pyproject.toml", LOCK):
+    def setup(self, force: bool = False, extra: str = "dev") -> None:
+        """Set up .venv (what every step does first): torch, then the course with
+        pyproject's `extra` (lab for lab; dev, which holds lab, for the rest)."""
+        if self.own_env or covers(self.set_up, extra):
             return
-        self.set_up = True
+        stamp = self.venv / ".labkit-installed"
+        have = installed_extra(stamp)
+        if not force and covers(have, extra):
+            return
+        self.set_up = extra
+        made_by = venv_version(self.venv)
+        if made_by and made_by != RUNNING and not have:
+            # e.g. a set-up under macOS's Python 3.9 failed, and 3.11 runs it now
+            print(f"course.py: {self.venv} was made by Python {made_by}, this is "
+                  f"Python {RUNNING}: making it again", flush=True)
+            if not self.dry_run:
+                shutil.rmtree(self.venv)
         if self.dry_run or not self.py.exists():
             self.run([sys.executable, "-m", "venv", self.venv])
         # torch first and alone, so that nothing below pulls another build; the
         # lock then holds the packages torch needs (sympy, ...) at its versions.
-        self.pip_install(self.py, *shlex.split(self.torch))
-        self.pip_install(self.py, "-c", LOCK, "-e", ".[dev]")
-        self.touch(stamp)
+        # pip shows its progress: these two downloads take minutes.
+        if force or not have:
+            if self.torch_note:
+                print(self.torch_note, flush=True)
+            self.pip_install(self.py, *shlex.split(self.torch), quiet=False)
+        self.pip_install(self.py, "-c", LOCK, "-e", f".[{extra}]", quiet=False)
+        if not self.dry_run:
+            stamp.write_text(f"{extra}\n")
 
     def grading(self) -> None:
         """nbgrader, for the nbgrader steps only (pyproject's grading extra)."""
@@ -145,13 +193,13 @@ class Course:
     def lab(self, root: str = "notebooks", args: list[str] = ()) -> None:
         """Open the course in JupyterLab (on 127.0.0.1 only), with the course's
         defaults for its settings (jupyterlab-settings/overrides.json5)."""
-        self.setup()
+        self.setup(extra="lab")
         # Jupyter refuses to run as root unless told; containers and CI often are.
         as_root = ["--allow-root"] if getattr(os, "geteuid", lambda: 1)() == 0 else []
         self.run([self.py, "-m", "jupyterlab", "--ServerApp.ip=127.0.0.1",
                   f"--ServerApp.root_dir={root}",
                   f"--LabApp.app_settings_dir={ROOT / 'jupyterlab-settings'}",
-                  *as_root, *args])
+                  *as_root, *args], terminal=True)
 
     def notebooks(self) -> None:
         self.setup()
@@ -264,6 +312,58 @@ class Course:
         print("test: every step passed", *took, sep="\n")
 
 
+RUNNING = f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def python_problem(version: tuple = tuple(sys.version_info),
+                   executable: str = sys.executable) -> str | None:
+    """Why this Python cannot set up the course (one line), or None."""
+    floor = tuple(int(part) for part in PYTHON_FLOOR.split("."))
+    if tuple(version[:2]) >= floor:
+        return None
+    found = ".".join(str(part) for part in version[:3])
+    return (f"course.py: this is Python {found} ({executable}); the course needs "
+            f"Python {PYTHON_FLOOR} or newer: install Python 3.11 (python.org, or "
+            "your system's packages) and run this script with it")
+
+
+def venv_version(venv: Path) -> str | None:
+    """major.minor of the Python that made `venv` (its pyvenv.cfg), or None."""
+    cfg = venv / "pyvenv.cfg"
+    if not cfg.is_file():
+        return None
+    for line in cfg.read_text(errors="replace").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() in ("version", "version_info"):  # venv's, virtualenv's
+            return ".".join(value.strip().split(".")[:2])
+    return None
+
+
+def default_torch(platform: str = sys.platform, driver: Path = NVIDIA_DRIVER,
+                  which=shutil.which) -> tuple[str, str | None]:
+    """The torch to install when --torch is not given, and a line saying why
+    where it is not PyPI's: on Linux without an NVIDIA driver, the CPU build
+    (PyPI's for Linux is a CUDA build of several GB that needs one)."""
+    if not platform.startswith("linux") or driver.exists() or which("nvidia-smi"):
+        return TORCH, None
+    return (CPU_TORCH,
+            f"course.py: no NVIDIA driver here, so torch's CPU build (a "
+            f"{CPU_WHEEL_MB} MB download); --torch chooses another")
+
+
+def installed_extra(stamp: Path) -> str | None:
+    """The extra a set-up installed (its stamp; an empty stamp is dev's), or None
+    where there is none or pyproject.toml or the lock changed since."""
+    if not fresh(stamp, ROOT / "pyproject.toml", LOCK):
+        return None
+    return stamp.read_text().strip() or "dev"
+
+
+def covers(have: str | None, extra: str) -> bool:
+    """Whether an install of the extra `have` holds `extra` (EXTRAS' order)."""
+    return have in EXTRAS and EXTRAS.index(have) >= EXTRAS.index(extra)
+
+
 def fresh(stamp: Path, *sources: Path) -> bool:
     """Whether `stamp` exists and is newer than every one of `sources`."""
     return stamp.exists() and all(stamp.stat().st_mtime >= s.stat().st_mtime
@@ -301,9 +401,11 @@ def drop_packages(compiled: str, patterns: tuple[str, ...]) -> str:
 
 
 STEPS = {
-    "setup": "set up .venv only (what lab and test do first); --force installs again",
-    "lab": "open the course in JupyterLab; --root FOLDER (e.g. dist/student), "
-           "JupyterLab's own options after --",
+    "setup": "set up .venv only, with the tools test needs (what test does first); "
+             "--force installs again",
+    "lab": "open the course in JupyterLab (setting up .venv with what a learner "
+           "needs); --root FOLDER (e.g. dist/student), JupyterLab's own options "
+           "after --",
     "test": "every check CI runs: " + ", ".join(TEST_STEPS),
     "check": "the quick check while you edit: lint, notebooks in sync, the tests "
              "that start no process",
@@ -336,9 +438,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("args", nargs="*", help="notebooks for nbval; after --, "
                         "pytest's (unit) or JupyterLab's (lab) own arguments")
     parser.add_argument("--venv", default=".venv", help="the virtual environment")
-    parser.add_argument("--torch", default=TORCH,
-                        help=f"the torch to install first (default {TORCH}), e.g. "
-                        f"'{TORCH} --index-url {CPU_INDEX}'")
+    parser.add_argument("--no-venv", action="store_true",
+                        help="run with this Python's own environment, installing "
+                        "nothing (a conda environment made from environment.yml)")
+    parser.add_argument("--torch", help=f"the torch to install first (default "
+                        f"{TORCH}; on Linux without an NVIDIA driver, '{CPU_TORCH}')")
     parser.add_argument("--root", default="notebooks", help="the folder lab opens")
     parser.add_argument("--out", default="build/nbgrader", help="nbgrader's course")
     parser.add_argument("--force", action="store_true", help="setup: install again")
@@ -360,9 +464,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    problem = python_problem(tuple(sys.version_info))  # no := : 3.7 reads this too
+    if problem:
+        raise SystemExit(problem)
     options = parse(sys.argv[1:] if argv is None else argv)
     venv = Path(options.venv)
-    course = Course(venv if venv.is_absolute() else ROOT / venv, options.torch,
+    course = Course(None if options.no_venv else
+                    venv if venv.is_absolute() else ROOT / venv, options.torch,
                     options.dry_run)
     step, args = options.step, options.args
     if step == "setup":
@@ -376,6 +484,9 @@ def main(argv: list[str] | None = None) -> None:
     elif step == "nbgrader-check-all":
         course.nbgrader_check("all")
     elif step == "clean-venv":
+        if course.own_env:  # never this Python's own environment
+            raise SystemExit("course.py: clean-venv removes --venv; with --no-venv "
+                             "there is none")
         shutil.rmtree(course.venv, ignore_errors=True)
     else:
         getattr(course, step.replace("-", "_"))()
