@@ -373,8 +373,9 @@ def fresh(stamp: Path, *sources: Path) -> bool:
 def purelib(python: Path) -> Path:
     """Where `python` installs pure-Python packages (site-packages)."""
     where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    return Path(subprocess.run([str(python), "-c", where], check=True,
-                               capture_output=True, text=True).stdout.strip())
+    # UTF-8 both ways: a user's path (C:\Users\田中) piped in cp1252 would fail
+    return Path(subprocess.run([str(python), "-X", "utf8", "-c", where], check=True,
+                               capture_output=True, encoding="utf-8").stdout.strip())
 
 
 def owned_by_torch(name: str, patterns: tuple[str, ...] = TORCH_BUILD_PACKAGES) -> bool:
