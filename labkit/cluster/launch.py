@@ -180,6 +180,24 @@ def _agent_signals() -> tuple[signal.Signals, ...]:
                  ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, name))
 
 
+# The rendezvous backend name under which run's agent meets on labkit's store.
+_RENDEZVOUS = "labkit-store"
+
+
+def _rendezvous_on_our_store(params):  # -> RendezvousHandler
+    """torch's c10d rendezvous, on the store that run passes in its config."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+        C10dRendezvousBackend,
+    )
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    class OnOurStore(C10dRendezvousBackend):
+        name = _RENDEZVOUS  # torch checks the handler's name against the config's
+
+    store = params.config["store"]
+    return create_handler(store, OnOurStore(store, params.run_id), params)
+
+
 def run(fn: Callable, kwargs: dict, world_size: int, backend: str = "gloo",
         timeout_s: float = 60.0, port: int = 0,
         fault: tuple[str, int] | None = None) -> list:
@@ -212,17 +230,23 @@ def run(fn: Callable, kwargs: dict, world_size: int, backend: str = "gloo",
     # Every store is ours, on 127.0.0.1 only and a port the OS picked. Left to
     # itself the agent would host two that listen on every interface: one for
     # the rendezvous and one it shares with the workers (disabled below; the
-    # workers join our store instead).
+    # workers join our store instead). The rendezvous runs on our store too:
+    # torch's c10d rendezvous would make a TCPStore of its own, which asks for
+    # libuv whatever USE_LIBUV says (torch 2.13, 2.14.1), and Windows' torch
+    # has none.
     store = rendezvous.local_store(timeout_s, port)
     run_id = f"labkit-{uuid.uuid4().hex[:8]}"
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(_RENDEZVOUS, _rendezvous_on_our_store)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=world_size,
         run_id=run_id,
-        rdzv_backend="c10d",
+        rdzv_backend=_RENDEZVOUS,
         rdzv_endpoint=f"127.0.0.1:{store.port}",
-        rdzv_configs={"is_host": False},
+        rdzv_configs={"store": store},
         max_restarts=0,  # an experiment that failed once fails again: report it
         monitor_interval=0.1,
         local_addr="127.0.0.1",

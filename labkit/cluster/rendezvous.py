@@ -22,9 +22,11 @@ __all__ = [
     "check_args",
     "init_from_env",
     "init_rank",
+    "libuv_available",
     "local_store",
     "loopback_interface",
     "set_collective_timeout",
+    "tcp_store",
 ]
 
 BACKENDS = ("gloo", "nccl")
@@ -78,12 +80,62 @@ def _port_taken(port: int) -> ValueError:
 
 
 def loopback_interface() -> str:
-    """The name of the loopback network interface ("lo" on Linux, "lo0" on macOS)."""
-    names = [name for _, name in socket.if_nameindex()]
-    for name in ("lo", "lo0"):
-        if name in names:
+    """The name gloo knows the loopback interface by: "lo" on Linux, "lo0" on
+    macOS, "Loopback Pseudo-Interface 1" on Windows.
+
+    Found by its address, 127.0.0.1, among psutil's interfaces: on Windows
+    psutil names them by their friendly name, as libuv (gloo's transport there)
+    does, while socket.if_nameindex() gives names like "loopback_0" that gloo
+    cannot find.
+    """
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == "127.0.0.1"
+               for a in addresses):
             return name
-    return names[0] if names else "lo"
+    return "lo"
+
+
+# Whether this torch's TCPStore has its libuv server: None until asked.
+_libuv: bool | None = None
+_NO_LIBUV = "built without libuv support"
+
+
+def libuv_available() -> bool:
+    """Whether this torch can run a TCPStore on libuv, its default since 2.4.
+
+    torch's Windows wheels are built without it, and a TCPStore that asks for it
+    there raises "use_libuv was requested but PyTorch was built without libuv
+    support" before it touches the network. torch has no Python call that says
+    so; this asks once, with a store on a socket of our own on 127.0.0.1.
+    """
+    global _libuv
+    if _libuv is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(1)
+            fd = os.dup(sock.fileno())  # the store closes it once it has it
+            try:
+                dist.TCPStore("127.0.0.1", sock.getsockname()[1], is_master=True,
+                              wait_for_workers=False, use_libuv=True,
+                              master_listen_fd=fd)
+                _libuv = True
+            except RuntimeError as err:  # DistStoreError, raised before it took fd
+                os.close(fd)
+                if _NO_LIBUV not in str(err):
+                    raise
+                _libuv = False
+    return _libuv
+
+
+def tcp_store(host: str, port: int, **kwargs) -> dist.TCPStore:
+    """`dist.TCPStore(host, port, **kwargs)`, on libuv only where torch has it.
+
+    Left to itself TCPStore asks for libuv, and USE_LIBUV=0 reaches only the
+    stores torch's own rendezvous makes, not a direct call.
+    """
+    return dist.TCPStore(host, port, use_libuv=libuv_available(), **kwargs)
 
 
 def local_store(timeout_s: float, port: int = 0) -> dist.TCPStore:
@@ -104,7 +156,7 @@ def local_store(timeout_s: float, port: int = 0) -> dist.TCPStore:
             raise _port_taken(port) from None
         raise
     # The store takes the file descriptor over and closes it when it is freed.
-    return dist.TCPStore(
+    return tcp_store(
         "127.0.0.1",
         port,
         is_master=True,
@@ -142,7 +194,7 @@ def init_rank(rank: int, world_size: int, backend: str, port: int, prefix: str,
                       LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     join = datetime.timedelta(seconds=max(timeout_s, JOIN_TIMEOUT_S))
-    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=join)
+    client = tcp_store("127.0.0.1", port, is_master=False, timeout=join)
     dist.init_process_group(backend, store=dist.PrefixStore(prefix, client),
                             rank=rank, world_size=world_size, timeout=join)
     if timeout_s < JOIN_TIMEOUT_S:
@@ -175,5 +227,7 @@ def init_from_env(backend: str, timeout_s: float) -> tuple[int, int]:
     """
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _prepare(backend, int(os.environ.get("LOCAL_RANK", rank)), None)
+    if not libuv_available():
+        os.environ.setdefault("USE_LIBUV", "0")  # env://'s store reads it
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return rank, world_size

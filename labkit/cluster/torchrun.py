@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["JOB_SCRIPTS", "NODE_SCRIPT", "NodeRun", "command", "free_port",
-           "run_nodes"]
+           "main", "run_nodes"]
 
 _HERE = Path(__file__).resolve().parent
 # Lesson 09's job scripts, by scheduler: each has its launcher run
@@ -85,7 +85,12 @@ def run_nodes(args: list[str], nnodes: int = 2, nproc_per_node: int = 1,
     run_id = f"labkit-{uuid.uuid4().hex[:8]}"
     cmd = command(args, nnodes=nnodes, nproc_per_node=nproc_per_node,
                            endpoint=endpoint, run_id=run_id, max_restarts=max_restarts)
+    from . import rendezvous
+
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if not rendezvous.libuv_available():  # Windows: see main below
+        cmd[cmd.index("torch.distributed.run")] = "labkit.cluster.torchrun"
+        env.update(_WITHOUT_LIBUV)
     if max_restarts:
         # torch 2.13's agent keeps one store across restarts, and the new workers
         # can read the dead ones' addresses (dynamic_rendezvous.py): with the
@@ -150,3 +155,45 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             worker.kill()
         except Exception:  # already gone
             pass
+
+
+# Where torch lacks libuv, what its workers' stores need: USE_LIBUV=0 reaches
+# the one each group's rank 0 hosts, and none reaches the client of the agent's
+# shared store, which torch builds without use_libuv (2.13, 2.14.1): no sharing.
+_WITHOUT_LIBUV = {"USE_LIBUV": "0", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def main() -> None:
+    """torchrun, its own stores kept off libuv where torch lacks it.
+
+    torch's rendezvous builds its TCPStores without use_libuv (the c10d and
+    static backends, and the store the agent shares with its workers; torch 2.13
+    and 2.14.1), so they ask for libuv, and USE_LIBUV=0 does not reach them: on
+    Windows torchrun itself stops there. Its workers need _WITHOUT_LIBUV.
+    """
+    import torch.distributed as dist
+    from torch.distributed.run import main as torchrun
+
+    from . import rendezvous
+
+    if not rendezvous.libuv_available():
+        real = dist.TCPStore
+
+        class TCPStore(real):
+            def __init__(self, *args, **kwargs):
+                kwargs.setdefault("use_libuv", False)  # torch passes the rest by name
+                super().__init__(*args, **kwargs)
+
+        import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend  # noqa: F401
+        import torch.distributed.elastic.rendezvous.static_tcp_rendezvous  # noqa: F401
+
+        for name, module in list(sys.modules.items()):
+            if name.startswith("torch.distributed") and getattr(
+                    module, "TCPStore", None) is real:
+                module.TCPStore = TCPStore
+        os.environ.update(_WITHOUT_LIBUV)
+    torchrun()
+
+
+if __name__ == "__main__":
+    main()
