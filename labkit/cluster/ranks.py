@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from .. import i18n
 from ..i18n import t
 from . import engine, failures, forkserver, notebook, rendezvous
+from .cpus import usable_cpus
 from .failures import RankError
 from .watch import RankWatch
 
@@ -167,18 +168,21 @@ class Ranks:
         try:
             if not result.wait(self.task_timeout_s):
                 stuck = self._unfinished(result)
-                self._interrupt(result, stuck)
+                refused = self._interrupt(result, stuck)
                 found = self._failures(result)
                 for r in stuck:
                     note = (f"rank {r} did not finish within {self.task_timeout_s:g} s "
-                            "and was interrupted (hung?)")
+                            + ("and was interrupted (hung?)" if refused is None
+                               else f"(hung?) and {refused}"))
                     found[r] = note + ("\n" + found[r] if r in found else "")
                 self.damage = failures.worse(self.damage, "reset")
                 raise RankError(found)
             return result.get()
         except KeyboardInterrupt:
             # The learner pressed stop: stop the ranks too, not just the wait.
-            self._interrupt(result, self._unfinished(result))
+            refused = self._interrupt(result, self._unfinished(result))
+            if refused is not None:
+                print(f"labkit: the ranks {refused}", file=sys.stderr, flush=True)
             self.damage = failures.worse(self.damage, "reset")
             raise
         except ipp.error.CompositeError as err:
@@ -211,12 +215,26 @@ class Ranks:
                 if md.get("completed")}
         return [r for r in range(self.world_size) if r not in done]
 
-    def _interrupt(self, result, ranks: list[int]) -> None:
-        """SIGINT the engines of `ranks`, and give them a moment to stop."""
+    def _interrupt(self, result, ranks: list[int]) -> str | None:
+        """SIGINT the engines of `ranks`, and give them a moment to stop.
+
+        Where the signal cannot be sent (Windows: the engine's nanny sends it with
+        psutil, which refuses SIGINT there), the engines are restarted at the next
+        call instead, since a rank stuck outside a collective never times out;
+        returns what the learner is told then.
+        """
         targets = [self.view.targets[r] for r in ranks]
         if targets:
-            self.client.send_signal(signal.SIGINT, targets=targets, block=True)
+            try:
+                self.client.send_signal(signal.SIGINT, targets=targets, block=True)
+            except Exception as err:  # the nanny's error, re-raised here
+                self.damage = failures.worse(self.damage, "restart")
+                why = str(err).strip().splitlines()[-1] if str(err).strip() else ""
+                return ("could not be interrupted: this system does not let one "
+                        f"process send SIGINT to another ({type(err).__name__}: "
+                        f"{why}); fresh ranks replace them at the next call")
         result.wait(self.timeout_s + 5)  # a rank inside a collective returns late
+        return None
 
     def _rank_of(self, engine_id) -> int:
         ids = list(self.view.targets)
@@ -372,14 +390,6 @@ def _check_engine_backend(backend: str) -> None:
             "torchrun --nproc-per-node N -m labkit nosync --backend nccl")
 
 
-def _usable_cores() -> int:
-    """Cores this process may use (CPU affinity, as containers set it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def start(world_size: int = 2, backend: str = ENGINE_BACKEND, *,
           timeout_s: float = 20.0, threads_per_rank: int | None = None,
           task_timeout_s: float | None = None,
@@ -407,7 +417,7 @@ def start(world_size: int = 2, backend: str = ENGINE_BACKEND, *,
     if task_timeout_s is not None and task_timeout_s <= 0:
         raise ValueError(f"task_timeout_s must be > 0, got {task_timeout_s}")
     if threads_per_rank is None:
-        threads_per_rank = max(1, _usable_cores() // world_size)
+        threads_per_rank = max(1, usable_cpus() // world_size)
     if threads_per_rank < 1:
         raise ValueError(f"threads_per_rank must be >= 1, got {threads_per_rank}")
     # A wrong LABKIT_FORKSERVER fails here, before any process starts.

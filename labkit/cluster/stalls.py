@@ -10,9 +10,9 @@ another process; py-spy needs ptrace rights (root on macOS, a relaxed
 ptrace_scope on most Linux desktops) and cannot read a stopped process either.
 A process that never called `enable_dumps` is never signalled: SIGUSR1 would
 end it. Windows has neither SIGUSR1 nor faulthandler.register: there no rank
-can be asked for its stacks, `enable_dumps` does nothing, and a report says so
-in place of each rank's stacks (py-spy, which reads them from outside, works
-there without extra rights).
+can be asked for its stacks and `enable_dumps` does nothing: a report reads
+each rank's stacks with py-spy instead (from outside, which works there without
+extra rights), and where py-spy is missing says so in their place.
 
 `stacks_report` gathers the stacks of this process and of the ranks it started;
 a `Watchdog` calls it when something takes far longer than it should;
@@ -207,8 +207,9 @@ def py_spy_dump(pid: int) -> subprocess.CompletedProcess:
     if py_spy is None:
         return subprocess.CompletedProcess(
             ["py-spy"], 127, "", "py-spy is not installed (pip install py-spy)")
+    # py-spy writes UTF-8 (a Rust program); paths in a stack may not be ASCII.
     return subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True,
-                          text=True, timeout=30)
+                          encoding="utf-8", errors="replace", timeout=30)
 
 
 def this_process_stacks() -> str:
@@ -227,7 +228,8 @@ def stacks_report(pids: dict[str, int] | None = None, *, me: str | None = None) 
     """The stacks of `pids` ({label: pid}), and of this process if `me` names it.
 
     Without `pids`: every process started from this one (directly or not) that
-    enabled dumps. A rank that is stopped or has exited is named as such.
+    enabled dumps. A rank that is stopped or has exited is named as such. Where
+    no rank can be asked (no SIGUSR1), py-spy reads them, if it can.
     """
     if pids is None:
         pids = labelled_children()
@@ -245,6 +247,9 @@ def stacks_report(pids: dict[str, int] | None = None, *, me: str | None = None) 
             parts.append(f"=== {label} (pid {pid}) has exited ===")
             continue
         stacks = process_stacks(pid)
+        if stacks is None and not can_dump_stacks():  # Windows: read from outside
+            spy = py_spy_dump(pid)
+            stacks = spy.stdout if spy.returncode == 0 else None
         missing = ("(no stacks: it did not answer SIGUSR1)" if can_dump_stacks()
                    else i18n.t("no_stack_dumps", pid=pid))
         parts.append(f"=== {label} (pid {pid}, {now}) ===\n" + (stacks or missing))
