@@ -22,11 +22,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def _can_write(text: str) -> bool:
+    """Whether stdout's encoding has every character of `text`."""
+    try:
+        text.encode(getattr(sys.stdout, "encoding", None) or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from . import doctor
 
     report = doctor.collect()
-    print(doctor.format_report(report))
+    marks = doctor.MARKS if _can_write("".join(doctor.MARKS)) else doctor.ASCII_MARKS
+    print(doctor.format_report(report, marks))
     if args.json:
         _write_json(args.json, report.as_dict())
     return 0
@@ -208,10 +218,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     i18n.set_lang(args.lang)
+    # Redirected or piped, Python on Windows writes cp1252 or cp932 (not UTF-8):
+    # what those cannot encode (Japanese in cp1252) is written as \uXXXX escapes
+    # instead of ending the command.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # ipykernel's streams write UTF-8 anyway
+            stream.reconfigure(errors="backslashreplace")
     from .checkpoint import CheckpointError
 
     try:
         return args.func(args)
+    except UnicodeError:  # a ValueError too, but never the learner's input
+        raise
     except ValueError as err:  # bad input: one line, no traceback
         parser.exit(2, f"{parser.prog} {args.command}: error: {err}\n")
     except CheckpointError as err:

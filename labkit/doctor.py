@@ -21,7 +21,7 @@ from . import checkpoint, comm, fonts, i18n
 from .cluster import forkserver, stalls
 from .i18n import t
 
-__all__ = ["Report", "collect", "format_report", "version"]
+__all__ = ["ASCII_MARKS", "MARKS", "Report", "collect", "format_report", "version"]
 
 i18n.register({
     "no_torch_xla": {
@@ -234,15 +234,25 @@ def _width(text: str) -> int:
     return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
-def format_report(report: Report) -> str:
-    """The report as aligned text in the current language."""
+MARKS = ("✓", "✗")
+# For an output that cannot encode the marks: cp1252 and cp932, where a Windows
+# Python writes a redirected `doctor > report.txt` or a pipe.
+ASCII_MARKS = ("OK", "NO")
+
+
+def format_report(report: Report, marks: tuple[str, str] = MARKS) -> str:
+    """The report as aligned text in the current language; `marks` for yes and no."""
+    yes, no = marks
     build = (t("build_cuda", v=report.cuda_version) if report.cuda_version
              else t("build_cpu"))
-    backends = ", ".join(f"{name} {'✓' if ok else '✗'}"
+    backends = ", ".join(f"{name} {yes if ok else no}"
                          for name, ok in report.backends.items())
+    from .cluster.cpus import usable_cpus  # what the ranks' threads share
+
     rows = [
         (t("python"), report.python),
         (t("cpu_cores"), str(report.cpu_cores)),
+        (t("usable_cpus"), str(usable_cpus())),
         (t("torch_threads"), str(report.torch_threads)),
         (t("torch"), report.torch_version),
         (t("torch_build"), build),
@@ -255,9 +265,9 @@ def format_report(report: Report) -> str:
     lines = [f"== {t('doctor_title')} =="]
     lines += [k + " " * (width - _width(k) + 2) + v for k, v in rows]
     lines.append(f"{t('can_run')}:")
-    lines += [f"  ✓ {t(k)}" for k in report.can_run]
+    lines += [f"  {yes} {t(k)}" for k in report.can_run]
     lines.append(f"{t('cannot_run')}:")
-    lines += [f"  ✗ {t(k)}" for k in report.cannot_run] or [f"  ({t('none')})"]
+    lines += [f"  {no} {t(k)}" for k in report.cannot_run] or [f"  ({t('none')})"]
     lines.append(f"{t('lacks_title')}:")
     lines += [f"  - {t(k)}" for k in report.lacks] or [f"  ({t('none')})"]
     return "\n".join(lines)
