@@ -51,6 +51,9 @@ def test_without_sigusr1_no_rank_is_signalled_and_the_report_says_why(
                             lambda *a, **k: registered.append(a))
     sent = []
     monkeypatch.setattr(os, "kill", lambda *args: sent.append(args))
+    # and no py-spy, which a report reads the stacks with in their place
+    monkeypatch.setattr(stalls, "py_spy_dump", lambda pid: subprocess.CompletedProcess(
+        ["py-spy"], 127, "", "py-spy is not installed (pip install py-spy)"))
     assert not stalls.can_dump_stacks()
     assert stalls.enable_dumps("rank 0") is None and registered == []
     pid = os.getpid()  # a rank that is running: asked for nothing
