@@ -288,8 +288,13 @@ def test_ctrl_c_in_the_terminal_reaches_the_child_with_no_traceback():
     parent = ("import sys; sys.path.insert(0, 'tools'); import course\n"
               f"course.Course(course.ROOT / 'build' / 'no-venv', 'x')"
               f".run([sys.executable, '-c', {child!r}], terminal=True)\n")
+    # SIGINT at its default, as in a terminal: a shell's background job (CI run
+    # with `&`, nohup) starts with SIGINT ignored, which its children inherit
+    # and Python keeps, and then neither process could be interrupted at all.
     done = subprocess.run([sys.executable, "-c", parent], cwd=ROOT, text=True,
-                          capture_output=True, timeout=60, start_new_session=True)
+                          capture_output=True, timeout=60, start_new_session=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                           signal.SIG_DFL))
     assert done.returncode == 3, done.stderr
     assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr
 

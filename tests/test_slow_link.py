@@ -123,10 +123,14 @@ def test_a_blocking_call_is_held_on_the_callers_thread(ranks):
 
 
 def test_own_cost_measures_the_hand_off(ranks):
-    # A hand-off 3 ms slower shows in the measured cost; the real one costs less.
-    slower = ranks.run(trials.own_cost_with_hand_off, 3e-3, 20)[0]
+    # A hand-off 20 ms slower shows in the measured cost; the real one costs far
+    # less. The cost is a difference of two medians of 20 calls, which a loaded
+    # machine moves by a millisecond or two (3 ms slower once measured 2.06 ms):
+    # hence an extra well above that noise, and a margin below it.
+    extra = 20e-3
+    slower = ranks.run(trials.own_cost_with_hand_off, extra, 20)[0]
     plain = ranks.run(slow_link.own_cost_s, 3082, 20)[0]
-    assert slower >= 3e-3 > plain >= 0, (slower, plain)
+    assert slower >= 0.75 * extra and 0 <= plain < 0.25 * extra, (slower, plain)
 
 
 def test_own_cost_is_never_negative(ranks):
