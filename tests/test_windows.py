@@ -1,9 +1,12 @@
 """The ranks as a Windows learner's machine starts them, faked on Linux in every
 process (tests/windows_fakes/sitecustomize.py, on PYTHONPATH): torch without
-libuv, Windows' interface names, psutil refusing SIGINT, no os.fork, no SIGUSR1.
+libuv, Windows' interface names, psutil refusing SIGINT, no os.fork, no SIGUSR1,
+a cp932 standard output, no bash.
 
-Each fake is shown to break what labkit did before (the old call, run under it),
-and with all of them at once lessons 03 and 10 run whole. sys.platform stays
+Each fake is shown to break what labkit did before (the old call, run under it;
+cp932 and no bash in tests/test_output_encoding.py, with a Windows path for
+nbgrader's config, which no process meets), and with all of them at once lessons
+03 and 10 run whole. sys.platform stays
 "linux": the standard library chooses its Windows code by it at import, and the
 rules labkit follows here depend on what the system does, not on its name.
 """
@@ -25,7 +28,7 @@ from labkit.cluster import cpus, forkserver, ranks, rendezvous
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKES = Path(__file__).resolve().parent / "windows_fakes"
-ALL = ("libuv", "ifnames", "sigint", "fork", "sigusr1")
+ALL = ("libuv", "ifnames", "sigint", "fork", "sigusr1", "cp932", "nobash")
 NO_LIBUV = "use_libuv was requested but PyTorch was built without libuv support"
 
 
@@ -283,8 +286,8 @@ def test_lessons_03_and_10_run_whole_as_on_windows(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "pytest", *executed.nbval_args(tmp_path),
          *map(str, lessons)],
-        cwd=ROOT, env=windows_env(*ALL), capture_output=True, text=True,
-        timeout=870)
+        cwd=ROOT, env=windows_env(*ALL), capture_output=True, encoding="cp932",
+        errors="replace", timeout=870)  # what the cp932 fake writes
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     said = ""
     for lesson in lessons:

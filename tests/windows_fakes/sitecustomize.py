@@ -10,6 +10,9 @@ LABKIT_FAKE_WINDOWS names the conditions, comma-separated:
 - sigint: psutil refuses every signal but SIGTERM, as on Windows.
 - fork: no os.fork, and multiprocessing spawns.
 - sigusr1: no SIGUSR1 and no faulthandler.register.
+- cp932: standard output and error in cp932, as a Japanese Windows Python writes
+  to a pipe or a file (strict: what cp932 lacks raises).
+- nobash: no bash on PATH, and starting one fails as on a stock Windows.
 """
 
 import importlib.abc
@@ -96,3 +99,29 @@ if "sigusr1" in FAKES:
     for module, name in ((signal, "SIGUSR1"), (faulthandler, "register")):
         if hasattr(module, name):
             delattr(module, name)
+
+if "cp932" in FAKES:
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None and hasattr(stream, "reconfigure"):
+            stream.reconfigure(encoding="cp932")
+
+if "nobash" in FAKES:
+    import shutil
+    import subprocess
+
+    _which, _Popen = shutil.which, subprocess.Popen
+
+    def _is_bash(command) -> bool:
+        return os.path.basename(str(command)).lower() in {"bash", "bash.exe"}
+
+    def which(cmd, *args, **kwargs):
+        return None if _is_bash(cmd) else _which(cmd, *args, **kwargs)
+
+    class Popen(_Popen):
+        def __init__(self, args, *rest, **kwargs):
+            first = args if isinstance(args, (str, bytes, os.PathLike)) else args[0]
+            if _is_bash(first) and not kwargs.get("shell"):
+                raise FileNotFoundError(2, "No such file or directory", str(first))
+            super().__init__(args, *rest, **kwargs)
+
+    shutil.which, subprocess.Popen = which, Popen
