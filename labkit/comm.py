@@ -14,9 +14,11 @@ sends than 2(n-1) for large messages), nccl picks ring or tree by size.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -140,8 +142,20 @@ def allreduce_sweep(sizes: Sequence[int], repeat: int = 10,
     too low.
     """
     size = torch.empty((), dtype=dtype).element_size()
-    return [allreduce_time(max(1, nbytes // size), repeat, dtype=dtype)
-            for nbytes in sizes]
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    buffers = [torch.ones(max(1, nbytes // size), dtype=dtype, device=device)
+               for nbytes in sizes]
+    # The sizes take turns: a busy moment falls on one round of every size, which
+    # the median drops. Timed one size after the other, a stall could inflate the
+    # small sizes alone until the times stopped growing with the size, and
+    # fit_alpha_beta found no bandwidth (it happened once in lesson 11). The ranks
+    # line up before each call: a large all-reduce ends at different moments on
+    # each rank, and without the barrier that skew fell on the next, small size
+    # (4 KiB measured 3.3 ms once).
+    times = timing.interleaved(
+        {i: functools.partial(dist.all_reduce, x) for i, x in enumerate(buffers)},
+        rounds=repeat, warmup=2, device=device, before=lambda _: dist.barrier())
+    return [statistics.median(times[i]) for i in range(len(buffers))]
 
 
 def bandwidths(nbytes: float, seconds: float, world_size: int) -> tuple[float, float]:

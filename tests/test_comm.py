@@ -310,3 +310,25 @@ def test_gloo_s_reduce_scatter_writes_an_all_reduce_s_bytes(ranks):
 def test_bytes_written_per_call_refuses_bad_input():
     with pytest.raises(ValueError, match="repeat must be >= 1"):
         comm.bytes_written_per_call(lambda: None, repeat=0)
+
+
+def test_a_stall_at_the_start_of_a_sweep_leaves_the_fit_standing(monkeypatch):
+    """A busy moment as the sweep begins (the first 15 calls 30 ms late) falls on
+    one round of every size, not on the small sizes alone: timed one size after
+    the other, their medians rose above the large ones' and no bandwidth fitted."""
+    import time
+
+    calls = []
+
+    def all_reduce(x, *args, **kwargs):  # 50 us + the bytes at 2 GB/s
+        calls.append(x.numel())
+        time.sleep(30e-3 if len(calls) <= 15 else 50e-6 + x.numel() * 4 / 2e9)
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(dist, "barrier", lambda *args, **kwargs: None)
+    monkeypatch.setattr(dist, "get_backend", lambda *args, **kwargs: "gloo")
+    sizes = [2**k for k in range(10, 23, 2)]  # 1 KiB to 4 MiB, as lesson 11
+    seconds = comm.allreduce_sweep(sizes, repeat=7)
+    assert max(seconds) < 20e-3, seconds  # no median is a stalled call
+    ab = comm.fit_alpha_beta(sizes, seconds, world_size=2)
+    assert 0.5e9 < ab.beta < 8e9, ab  # 2 GB/s given; sleeps only add to the times
