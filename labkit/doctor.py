@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, comm, fonts, i18n
-from .cluster import forkserver, stalls
+from .cluster import cpus, forkserver, stalls
 from .i18n import t
 
 __all__ = ["ASCII_MARKS", "MARKS", "Report", "collect", "format_report", "version"]
@@ -165,6 +165,7 @@ class Report:
 
     python: str
     cpu_cores: int
+    usable_cpus: int  # affinity and cgroup quota: what the ranks' threads share
     torch_threads: int
     torch_version: str
     cuda_version: str | None
@@ -216,6 +217,7 @@ def collect() -> Report:
     return Report(
         python=platform.python_version(),
         cpu_cores=os.cpu_count() or 1,
+        usable_cpus=cpus.usable_cpus(),
         torch_threads=torch.get_num_threads(),
         torch_version=torch.__version__,
         cuda_version=torch.version.cuda,
@@ -247,12 +249,10 @@ def format_report(report: Report, marks: tuple[str, str] = MARKS) -> str:
              else t("build_cpu"))
     backends = ", ".join(f"{name} {yes if ok else no}"
                          for name, ok in report.backends.items())
-    from .cluster.cpus import usable_cpus  # what the ranks' threads share
-
     rows = [
         (t("python"), report.python),
         (t("cpu_cores"), str(report.cpu_cores)),
-        (t("usable_cpus"), str(usable_cpus())),
+        (t("usable_cpus"), str(report.usable_cpus)),
         (t("torch_threads"), str(report.torch_threads)),
         (t("torch"), report.torch_version),
         (t("torch_build"), build),

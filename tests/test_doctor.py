@@ -15,6 +15,7 @@ def test_report_describes_this_machine():
     report = doctor.collect()
     assert report.torch_version == torch.__version__
     assert report.cpu_cores >= 1
+    assert 1 <= report.usable_cpus <= report.cpu_cores
     assert set(report.backends) == {"gloo", "nccl", "mpi"}
     # The font reported is the one plots use, and it draws Japanese (whatever
     # its name: matplotlib-fontja may ship another font one day).
