@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _source_files() -> set[str]:
     """The files under labkit/ that the package needs at run time."""
     return {p.relative_to(ROOT).as_posix() for p in (ROOT / "labkit").rglob("*")
-            if p.is_file() and p.suffix in (".py", ".sh")
+            if p.is_file() and p.suffix in (".py", ".sh", ".toml")
             and "__pycache__" not in p.parts}
 
 
