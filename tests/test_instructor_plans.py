@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import lesson_time
+import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,3 +144,27 @@ def test_a_timed_run_starts_in_the_notebooks_folder_and_fails_on_an_error(tmp_pa
     with pytest.raises(CellExecutionError, match="a wrong answer"):
         execute.run(path)
     assert execute.main([str(path)]) == 1
+
+
+def test_a_folded_note_is_read_apart_and_lab_sentences_are_counted(tmp_path):
+    """What the shape columns count: words in a fold are not in the minutes, a
+    sentence about the machine is `lab`, and the tags say summary and self-check."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_markdown_cell(
+            "Two ranks average one gradient. On this machine it took 3 ms.\n\n"
+            "<details><summary>How</summary>\n\nTen more words of detail are "
+            "folded away here.\n\n</details>"),
+        nbformat.v4.new_code_cell("plots.timeline(t)\nx = 1"),
+        nbformat.v4.new_markdown_cell("## What to remember", metadata={
+            "tags": ["summary"]}),
+    ]
+    path = tmp_path / "07_x.ipynb"
+    nbformat.write(nb, path)
+    t = lesson_time.measure(path, "en", run=False)
+    # the fold's tags count as words (details, summary twice, How)
+    assert t.prose_units == 5 + 7 + 3 and t.fold_units == 5 + 9
+    assert t.lab_share == pytest.approx(7 / 15)
+    assert (t.figures, t.summary, t.self_check) == (1, True, False)
+    ja = "この実行では 3 ms でした。勾配は同じです。"
+    assert lesson_time.lab_units(ja, "ja") == 11

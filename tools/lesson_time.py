@@ -10,6 +10,14 @@ CODE_LINES_PER_MIN lines a minute, EXERCISE_MIN minutes for each exercise (its
 attempt and the check). `--run` adds the seconds the notebook takes to execute
 here (tools/execute.py); without it that column is empty. The instructor
 guides' plans are built from this table.
+
+A folded note (`<details>…</details>`, "how this was measured") is read only by
+who opens it: its words are counted apart (`fold`) and not in the minutes. The
+table also says how the lesson is shaped: its figure calls (`fig`, the `plots.`
+calls a learner runs), whether it has a summary and a self-check (cells tagged
+so), and `lab %`, the share of the prose outside folds in sentences that report
+runs, machines or torch's files rather than teach (LAB_SENTENCE: a rough
+detector, for comparing a lesson with itself over time).
 """
 
 from __future__ import annotations
@@ -30,6 +38,16 @@ EXERCISE_MIN = 8
 # A Japanese reading unit is one CJK or kana character, or one Latin word
 # (code names and numbers inside the prose).
 _JA_UNIT = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uff00-\uffef]|[A-Za-z0-9_.]+")
+_FOLD = re.compile(r"<details>.*?</details>", re.S)
+_SENTENCE = re.compile(r"[^.!?。！？\n]+[.!?。！？]?")
+# Words of a sentence that reports a run, a machine or torch's sources.
+LAB_SENTENCE = re.compile(
+    r"this machine|on this run|run to run|from run|on another day|\bCI\b|loaded|"
+    r"busy|quiet machine|shared CPU|two shared|in \d+ runs|\bruns? (?:gave|took)|"
+    r"torch/[\w/]+\.py|\.py:\d+|このマシン|この実行|実行ごと|別の日|負荷|"
+    r"\d+ 回の実行|回のうち|out of \d+ runs|torch \d\.\d+'s|`_[a-z]\w*`|\bbench\b|"
+    r"\d[\d.]*\s*(?:to|〜|-|–)\s*\d[\d.]*\s*(?:ms|s|%|GB/s|MB/s)\b", re.I)
+_FIGURE = re.compile(r"\bplots\.\w+\(|noise_scale\.steps_vs_batch\(")
 
 
 @dataclass
@@ -41,6 +59,11 @@ class LessonTime:
     code_lines: int
     exercises: int
     run_s: float | None
+    fold_units: int = 0
+    figures: int = 0
+    summary: bool = False
+    self_check: bool = False
+    lab_share: float = 0.0
 
     def minutes(self, lang: str) -> float:
         run_min = (self.run_s or 0.0) / 60
@@ -57,17 +80,30 @@ def prose_units(text: str, lang: str) -> int:
     return len(re.findall(r"[A-Za-z0-9][A-Za-z0-9_'.-]*", text))
 
 
+def lab_units(text: str, lang: str) -> int:
+    """The reading units of `text`'s sentences that LAB_SENTENCE calls reports."""
+    return sum(prose_units(m.group(), lang) for m in _SENTENCE.finditer(text)
+               if LAB_SENTENCE.search(m.group()))
+
+
 def measure(path: Path, lang: str, run: bool) -> LessonTime:
     """The reading, code and exercises of one notebook; its run time if `run`."""
     nb = nbformat.read(path, as_version=4)
-    prose = sum(prose_units(c.source, lang)
-                for c in nb.cells if c.cell_type == "markdown")
+    markdown = [c.source for c in nb.cells if c.cell_type == "markdown"]
+    shown = [_FOLD.sub("", text) for text in markdown]
+    prose = sum(prose_units(text, lang) for text in shown)
+    fold = sum(prose_units(text, lang) for text in markdown) - prose
+    lab = sum(lab_units(text, lang) for text in shown)
     # A learner reads the code they run; solutions are hidden in the student copy.
     code = [c for c in nb.cells if c.cell_type == "code" and not nbcells.is_solution(c)]
     lines = sum(1 for c in code for line in c.source.splitlines() if line.strip())
     exercises = sum(map(nbcells.is_exercise, nb.cells))
     run_s = execute.run(path) if run else None
-    return LessonTime(path.stem, prose, lines, exercises, run_s)
+    figures = sum(len(_FIGURE.findall(c.source)) for c in code)
+    tagged = {tag for c in nb.cells for tag in nbcells.tags(c)}
+    return LessonTime(path.stem, prose, lines, exercises, run_s, fold, figures,
+                      "summary" in tagged, "self-check" in tagged,
+                      lab / prose if prose else 0.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,14 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     unit = "words" if args.lang == "en" else "chars"
     print(f"assumed: prose {READ_RATE[args.lang]} {unit}/min, code "
           f"{CODE_LINES_PER_MIN} lines/min, {EXERCISE_MIN} min per exercise")
-    print(f"{'lesson':<20} {'prose':>6} {'code':>5} {'ex':>3} {'run s':>6} {'min':>5}")
+    print(f"{'lesson':<20} {'prose':>6} {'code':>5} {'ex':>3} {'run s':>6} {'min':>5}"
+          f" {'fold':>5} {'fig':>3} {'sum':>3} {'chk':>3} {'lab %':>5}")
     total = 0.0
     for path in sorted((args.notebooks / args.lang).glob("*.ipynb")):
         t = measure(path, args.lang, args.run)
         run = f"{t.run_s:6.1f}" if t.run_s is not None else f"{'':>6}"
         total += t.minutes(args.lang)
         print(f"{t.name:<20} {t.prose_units:>6} {t.code_lines:>5} {t.exercises:>3} "
-              f"{run} {t.minutes(args.lang):5.0f}")
+              f"{run} {t.minutes(args.lang):5.0f} {t.fold_units:>5} {t.figures:>3} "
+              f"{'yes' if t.summary else 'no':>3} {'yes' if t.self_check else 'no':>3} "
+              f"{100 * t.lab_share:5.1f}")
     print(f"{'total':<20} {'':>6} {'':>5} {'':>3} {'':>6} {total:5.0f}")
     return 0
 
