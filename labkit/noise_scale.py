@@ -153,7 +153,7 @@ def steps_vs_batch(steps: Mapping[int, float], noise_scale: float,
         if s_min is not None:
             ax.plot(sizes, [s_min * (1 + noise_scale / b) for b in sizes], "--",
                     color="gray", label=i18n.t("paper_model"))
-        ax.axvline(noise_scale, color="tab:red", linestyle=":",
+        ax.axvline(noise_scale, color=plots.VERMILLION, linestyle=":",
                    label=i18n.t("noise_scale_line", value=noise_scale))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
+from cycler import cycler
 
 from . import i18n
 from .fonts import MissingGlyphError, checked_glyphs, setup_japanese_font
@@ -15,7 +16,53 @@ from .i18n import t
 # never import it).
 setup_japanese_font()
 
+# Okabe and Ito's colours for colour-blind readers (Color Universal Design, 2008):
+# blue, orange, bluish green, vermillion, sky blue, reddish purple, black. Under
+# simulated protanopia, deuteranopia and tritanopia any two stay apart, where
+# matplotlib's default orange and green nearly meet (tests/test_plots.py). Their
+# yellow is left out: too pale for a line on white.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7",
+           "#000000")
+BLUE, ORANGE, GREEN, VERMILLION = PALETTE[:4]
+# A marker and a line style per series too, so that no series is told by its colour
+# alone (and a grey print keeps them apart).
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+HATCHES = ("", "//", "..", "xx", "\\\\", "++", "oo")
+LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)),
+              (0, (1, 2)))
+# Read on a projector: no text under 11 pt.
+MIN_FONT_PT = 11
+plt.rcParams.update({
+    "axes.prop_cycle": (cycler(color=PALETTE) + cycler(marker=MARKERS)
+                        + cycler(linestyle=LINESTYLES)),
+    "lines.markersize": 5,
+    "font.size": 12,
+    "axes.titlesize": 13,
+    "axes.labelsize": 12,
+    "xtick.labelsize": MIN_FONT_PT,
+    "ytick.labelsize": MIN_FONT_PT,
+    "legend.fontsize": MIN_FONT_PT,
+    "figure.titlesize": 13,
+    "hatch.linewidth": 1.0,
+})
+
+
+def _sharp_in_notebooks() -> None:
+    """Figures at twice the resolution in a notebook (sharp on a retina screen and
+    on the site, which shows the notebook's images); elsewhere nothing."""
+    try:
+        from IPython import get_ipython
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
+    except ImportError:
+        return
+    if get_ipython() is not None:
+        set_matplotlib_formats("retina")
+
+
+_sharp_in_notebooks()
+
 __all__ = [
+    "PALETTE",
     "bar_chart",
     "checked_figure",
     "convergence",
@@ -81,6 +128,11 @@ def checked_figure(build: Callable[[], plt.Figure]) -> plt.Figure:
     return fig
 
 
+def _every(ys: Sequence[float]) -> int:
+    """A marker every so many points: about a dozen on a long curve."""
+    return max(1, len(ys) // 12)
+
+
 def loss_curves(curves: Mapping[str, Sequence[float]], *, xlabel: str = "step",
                 title: str = "loss_curve_title", logy: bool = False,
                 references: Mapping[str, float] | None = None):
@@ -92,7 +144,7 @@ def loss_curves(curves: Mapping[str, Sequence[float]], *, xlabel: str = "step",
     def build():
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for label, ys in curves.items():
-            ax.plot(range(1, len(ys) + 1), ys, label=label, marker=".")
+            ax.plot(range(1, len(ys) + 1), ys, label=label, markevery=_every(ys))
         for label, y in (references or {}).items():
             ax.axhline(y, linestyle="--", color="gray", linewidth=1, label=label)
         ax.set_xlabel(t(xlabel))
@@ -138,7 +190,7 @@ def line_chart(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
     def build():
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for label, (xs, ys) in series.items():
-            ax.plot(list(xs), list(ys), label=label, marker="o", markersize=4)
+            ax.plot(list(xs), list(ys), label=label)
         _decorate(ax, xlabel, ylabel, title, logx, logy)
         if logx:  # label the measured x values (1, 2, 4, 8), not powers of two
             ticks = sorted({x for xs, _ in series.values() for x in xs})
@@ -166,11 +218,13 @@ def bar_chart(groups: Mapping[str, Mapping[str, float]], *, ylabel: str, title: 
     def build():
         fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups) + 0.6, 3.5),
                                  squeeze=False)
-        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
         labels = list(dict.fromkeys(k for g in groups.values() for k in g))
         for ax, (name, values) in zip(axes[0], groups.items(), strict=True):
             bars = ax.bar(list(values), list(values.values()),
-                          color=[colors[labels.index(k) % len(colors)] for k in values])
+                          color=[PALETTE[labels.index(k) % len(PALETTE)]
+                                 for k in values],
+                          hatch=[HATCHES[labels.index(k) % len(HATCHES)]
+                                 for k in values], edgecolor="white")
             ax.bar_label(bars, labels=[fmt.format(v) for v in values.values()])
             ax.set_title(name)
             ax.margins(y=0.15)
@@ -199,10 +253,10 @@ def methods_chart(panels: Mapping[str, Mapping[str, float]], *, title: str,
                                           0.38 * len(methods) + 1.6))
         for ax, (key, values) in zip(axes[0], panels.items(), strict=True):
             rows = [methods.index(m) for m in values]
-            bars = ax.barh(rows, list(values.values()), color="tab:blue")
+            bars = ax.barh(rows, list(values.values()), color=BLUE)
             ax.bar_label(bars, labels=[fmt.format(v) for v in values.values()],
-                         fontsize="small", padding=2)
-            ax.set_title(t(key), fontsize="medium")
+                         padding=2)
+            ax.set_title(t(key))
             if key in logx:
                 ax.set_xscale("log")
             ax.margins(x=0.35)
@@ -223,9 +277,9 @@ def convergence(by_step: Mapping[str, Sequence[float]],
     def build():
         fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
         for label, ys in by_step.items():
-            left.plot(range(1, len(ys) + 1), ys, label=label)
+            left.plot(range(1, len(ys) + 1), ys, label=label, markevery=_every(ys))
         for label, (xs, ys) in by_time.items():
-            right.plot(xs, ys, label=label)
+            right.plot(xs, ys, label=label, markevery=_every(ys))
         _decorate(left, "optimizer_step", "loss", "loss_vs_steps", False, True)
         _decorate(right, "seconds", None, "loss_vs_time", False, True)
         fig.tight_layout()
@@ -258,7 +312,9 @@ def timeline(steps: Sequence[Mapping], *, show: int = -1, title: str,
     step's gradients are synchronized (`end_label`, a message key). Bottom:
     hidden and exposed milliseconds of every step. `title` is a message key.
     """
-    hidden_c, exposed_c = "tab:green", "tab:red"
+    # Green and vermillion stay apart for colour-blind readers; the exposed part is
+    # hatched too, so that it reads without its colour.
+    hidden_c, exposed_c, exposed_h = GREEN, VERMILLION, "//"
 
     def build():
         step = steps[show]
@@ -267,16 +323,17 @@ def timeline(steps: Sequence[Mapping], *, show: int = -1, title: str,
         fig, (ax, ax2) = plt.subplots(
             2, 1, figsize=(8.5, 0.4 * len(spans) + 4.5),
             gridspec_kw={"height_ratios": [len(spans) + 2, 3]})
-        ax.barh(0, grad_end, height=0.6, color="tab:blue", label=t("grad_compute"))
+        ax.barh(0, grad_end, height=0.6, color=BLUE, label=t("grad_compute"))
         for i, (start, stop) in enumerate(spans, start=1):
             if start < grad_end:
                 ax.barh(i, min(stop, grad_end) - start, left=start, height=0.6,
                         color=hidden_c, label=t("comm_hidden") if i == 1 else None)
             if stop > grad_end:
                 ax.barh(i, stop - max(start, grad_end), left=max(start, grad_end),
-                        height=0.6, color=exposed_c,
+                        height=0.6, color=exposed_c, hatch=exposed_h,
+                        edgecolor="white",
                         label=t("comm_exposed") if i == len(spans) else None)
-        ax.axvline(grad_end, color="tab:blue", linestyle="--", linewidth=1)
+        ax.axvline(grad_end, color=BLUE, linestyle="--", linewidth=1)
         ax.axvline(returned, color="black", linestyle=":", linewidth=1,
                    label=t(end_label))
         buckets = [t("bucket_n", i=i) for i in range(len(spans))]
@@ -287,17 +344,17 @@ def timeline(steps: Sequence[Mapping], *, show: int = -1, title: str,
         _decorate(ax, None, None, title, False, False)
         number = show + 1 if show >= 0 else len(steps) + show + 1
         ax.set_title(f"{t(title)} ({t('step')} {number})")
-        ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
+        ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
         numbers = range(1, len(steps) + 1)
         hidden = [s["hidden_s"] * 1e3 for s in steps]
         exposed = [s["exposed_s"] * 1e3 for s in steps]
         ax2.bar(numbers, hidden, color=hidden_c, label=t("comm_hidden"))
-        ax2.bar(numbers, exposed, bottom=hidden, color=exposed_c,
-                label=t("comm_exposed"))
+        ax2.bar(numbers, exposed, bottom=hidden, color=exposed_c, hatch=exposed_h,
+                edgecolor="white", label=t("comm_exposed"))
         ax2.set_xticks(list(numbers))
         _decorate(ax2, "step", None, "overlap_steps_title", False, False)
         ax2.set_ylabel("ms")
-        ax2.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
+        ax2.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
         fig.tight_layout()
         return fig
 
@@ -307,17 +364,19 @@ def timeline(steps: Sequence[Mapping], *, show: int = -1, title: str,
 def measured_vs_model(measured: Mapping[str, tuple[Sequence[float], Sequence[float]]],
                       model: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
                       xlabel: str, ylabel: str, title: str):
-    """Dots for measurements, dashed lines for the model, one colour per label."""
+    """Markers for measurements, dashed lines for the model, one colour and one
+    marker per label."""
 
     def build():
         fig, ax = plt.subplots(figsize=(7.5, 4))
-        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
         for i, (label, (xs, ys)) in enumerate(measured.items()):
-            color = colors[i % len(colors)]
-            ax.plot(list(xs), list(ys), "o", color=color, label=label)
+            color, marker = PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)]
+            ax.plot(list(xs), list(ys), marker=marker, linestyle="none", color=color,
+                    label=label)
             if label in model:
                 mx, my = model[label]
-                ax.plot(list(mx), list(my), "--", color=color)
+                ax.plot(list(mx), list(my), linestyle="--", marker="none",
+                        color=color)
         _decorate(ax, xlabel, ylabel, title, True, True)
         ticks = sorted({x for xs, _ in measured.values() for x in xs})
         ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
@@ -345,15 +404,15 @@ def memory_vs_world_size(formula: Mapping[str, tuple[Sequence[int], Sequence[flo
 
     def build():
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
         handles = []
         for i, (stage, (xs, ys)) in enumerate(formula.items()):
-            color = colors[i % len(colors)]
-            handles += ax.plot(list(xs), list(ys), "-", color=color, label=stage)
+            color = PALETTE[i % len(PALETTE)]
+            handles += ax.plot(list(xs), list(ys), color=color, marker="none",
+                               linestyle=LINESTYLES[i % len(LINESTYLES)], label=stage)
             if stage in measured:
                 x, y = measured[stage]
-                ax.plot([x], [y], "o", color=color, markersize=11, fillstyle="none",
-                        markeredgewidth=2)
+                ax.plot([x], [y], marker=MARKERS[i % len(MARKERS)], color=color,
+                        markersize=11, fillstyle="none", markeredgewidth=2)
         if budget is not None:
             handles.append(ax.axhline(budget[0], color="black", linestyle="--",
                                       linewidth=1, label=budget[1]))
@@ -370,7 +429,7 @@ def memory_vs_world_size(formula: Mapping[str, tuple[Sequence[int], Sequence[flo
         ax.xaxis.set_minor_locator(plt.NullLocator())
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         # Bottom left stays empty: every line starts at the top left.
-        ax.legend(handles=handles, loc="lower left", fontsize="small")
+        ax.legend(handles=handles, loc="lower left")
         fig.tight_layout()
         return fig
 

@@ -1,0 +1,158 @@
+"""Each plotting function on fixed data: what it draws, its labels in both
+languages, text a projector shows, and colours a colour-blind reader tells apart."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import matplotlib
+import matplotlib.pyplot as plt
+import pytest
+from matplotlib.text import Text
+
+import labkit
+from labkit import plots
+from labkit.fonts import MissingGlyphError
+
+# Machado, Oliveira and Fernandes (2009), severity 1: each dichromacy as a matrix on
+# linear RGB.
+CVD = {
+    "protanopia": ((0.152286, 1.052583, -0.204868), (0.114503, 0.786281, 0.099216),
+                   (-0.003882, -0.048116, 1.051998)),
+    "deuteranopia": ((0.367322, 0.860646, -0.227968), (0.280085, 0.672501, 0.047413),
+                     (-0.011820, 0.042940, 0.968881)),
+    "tritanopia": ((1.255528, -0.076749, -0.178779), (-0.078411, 0.930809, 0.147602),
+                   (0.004733, 0.691367, 0.303900)),
+}
+# CIELAB distance below which two colours of a figure's key read as one; about a
+# "just noticeable" 2.3 times five, for thin lines and small markers.
+APART = 12.0
+TAB10 = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728")  # matplotlib's default, first 4
+
+
+def _lab(color: str, matrix=None) -> tuple[float, float, float]:
+    """`color` in CIELAB (D65), as a reader with `matrix`'s dichromacy sees it."""
+    srgb = matplotlib.colors.to_rgb(color)
+    rgb = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in srgb]
+    if matrix is not None:
+        rgb = [min(1.0, max(0.0, sum(m * c for m, c in zip(row, rgb, strict=True))))
+               for row in matrix]
+    r, g, b = rgb
+    xyz = (0.4124564 * r + 0.3575761 * g + 0.1804375 * b,
+           0.2126729 * r + 0.7151522 * g + 0.0721750 * b,
+           0.0193339 * r + 0.1191920 * g + 0.9503041 * b)
+    white = (0.95047, 1.0, 1.08883)
+    d = 6 / 29
+    fx, fy, fz = (t ** (1 / 3) if t > d ** 3 else t / (3 * d * d) + 4 / 29
+                  for t in (v / n for v, n in zip(xyz, white, strict=True)))
+    return 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
+
+
+def closest_pair(colors) -> dict[str, tuple[float, str, str]]:
+    """For normal vision and each dichromacy, the two of `colors` that come closest."""
+    out = {}
+    for name, matrix in {"normal": None, **CVD}.items():
+        out[name] = min((math.dist(_lab(a, matrix), _lab(b, matrix)), a, b)
+                        for a, b in itertools.combinations(colors, 2))
+    return out
+
+
+def test_the_palette_stays_apart_under_each_colour_vision_deficiency():
+    worst = closest_pair(plots.PALETTE)
+    assert all(d >= APART for d, _, _ in worst.values()), worst
+
+
+def test_the_check_of_colours_fails_on_matplotlib_s_default_cycle():
+    """What the palette replaced: orange and green nearly meet under protanopia,
+    green and red under deuteranopia."""
+    worst = closest_pair(TAB10)
+    assert worst["protanopia"][0] < APART and worst["deuteranopia"][0] < APART
+    assert worst["normal"][0] > 30  # apart for a reader without a deficiency
+
+
+def _texts(fig) -> list[Text]:
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+
+
+def _figures():
+    """One figure from each plotting function, on fixed data."""
+    step = {"events": [(0.001, 0.004), (0.003, 0.009)], "grad_end": 0.005,
+            "backward_end": 0.0095, "hidden_s": 0.004, "exposed_s": 0.004}
+    series = {"DDP": ([1, 2, 4], [3.0, 2.0, 1.5]), "no_sync": ([1, 2, 4], [3, 1, .5])}
+    return {
+        "loss_curves": plots.loss_curves({"a": [1.0, 0.5, 0.3], "b": [1.1, 0.4, 0.2]},
+                                         references={"floor": 0.1}),
+        "line_chart": plots.line_chart(series, xlabel="world_size",
+                                       ylabel="step_time_ms", title="loss_vs_steps",
+                                       logx=True),
+        "bar_chart": plots.bar_chart({"p1": {"x": 1.0, "y": 2.0}, "p2": {"x": 3.0}},
+                                     ylabel="step_time_ms", title="loss_vs_steps"),
+        "methods_chart": plots.methods_chart(
+            {"step_time_ms": {"DDP": 2.0, "fp16": 1.0}}, title="loss_vs_steps"),
+        "convergence": plots.convergence({"a": [1.0, 0.5]}, {"a": ([0.1, 0.2],
+                                                                   [1.0, 0.5])}),
+        "timeline": plots.timeline([step, step], title="overlap_steps_title"),
+        "measured_vs_model": plots.measured_vs_model(
+            series, series, xlabel="world_size", ylabel="step_time_ms",
+            title="loss_vs_steps"),
+        "memory_vs_world_size": plots.memory_vs_world_size(
+            series, {"DDP": (2, 2.0)}, ylabel="step_time_ms", title="loss_vs_steps"),
+        "font_check": plots.font_check(),
+    }
+
+
+@pytest.mark.parametrize("lang", ["ja", "en"])
+def test_every_plot_labels_in_the_lesson_s_language_at_a_readable_size(lang):
+    labkit.set_lang(lang)
+    try:
+        figures = _figures()
+        for name, fig in figures.items():
+            texts = _texts(fig)
+            small = [(t.get_text(), t.get_fontsize()) for t in texts
+                     if t.get_fontsize() < plots.MIN_FONT_PT]
+            assert small == [], (name, small)
+        words = {t.get_text() for t in _texts(figures["timeline"])}
+        hidden = labkit.t("comm_hidden")
+        assert hidden in words and ("隠れた" in hidden) == (lang == "ja")
+        title = figures["loss_curves"].axes[0].get_title()
+        assert title == labkit.t("loss_curve_title")
+    finally:
+        plt.close("all")
+        labkit.set_lang("en")
+
+
+def test_a_series_is_told_by_marker_and_line_style_not_colour_alone():
+    fig = plots.line_chart({"a": ([1, 2], [1, 2]), "b": ([1, 2], [2, 3]),
+                            "c": ([1, 2], [3, 4])}, xlabel="world_size",
+                           ylabel="step_time_ms", title="loss_vs_steps")
+    lines = fig.axes[0].get_lines()
+    assert len({ln.get_marker() for ln in lines}) == 3
+    assert len({str(ln.get_linestyle()) for ln in lines}) == 3
+    assert len({ln.get_color() for ln in lines}) == 3
+    plt.close(fig)
+
+
+def test_the_timeline_hatches_the_exposed_communication():
+    step = {"events": [(0.001, 0.004), (0.003, 0.009)], "grad_end": 0.005,
+            "backward_end": 0.0095, "hidden_s": 0.004, "exposed_s": 0.004}
+    fig = plots.timeline([step], title="overlap_steps_title")
+    top = fig.axes[0]
+    colours = {matplotlib.colors.to_hex(p.get_facecolor()): p.get_hatch()
+               for p in top.patches}
+    assert colours[plots.VERMILLION.lower()] == "//"  # exposed: colour and hatching
+    assert not colours[plots.GREEN.lower()]  # hidden: its colour alone
+    assert closest_pair([plots.BLUE, plots.GREEN, plots.VERMILLION])[
+        "deuteranopia"][0] >= APART
+    plt.close(fig)
+
+
+def test_a_missing_glyph_is_still_refused():
+    labkit.set_lang("ja")
+    try:
+        with matplotlib.rc_context({"font.family": "DejaVu Sans"}):
+            with pytest.raises(MissingGlyphError):
+                plots.line_chart({"ランク": ([1, 2], [1, 2])}, xlabel="world_size",
+                                 ylabel="step_time_ms", title="loss_vs_steps")
+    finally:
+        labkit.set_lang("en")
