@@ -16,7 +16,8 @@ import tomllib
 
 from . import i18n
 
-__all__ = ["Choice", "Question", "check", "load", "predicted", "show"]
+__all__ = ["Choice", "Question", "check", "feedback", "load", "markdown", "predicted",
+           "show"]
 
 _DIR = Path(__file__).with_name("selfchecks")
 KEYS = ("a", "b", "c", "d")
@@ -132,21 +133,32 @@ def _markdown(questions: tuple[Question, ...], lang: str) -> str:
     return "\n".join(lines)
 
 
-def show(lesson: str) -> str:
-    """Display the lesson's questions in the current language; returns the Markdown."""
-    text = _markdown(load(lesson), i18n.get_lang())
+def markdown(lesson: str) -> str:
+    """The lesson's questions in the current language, each answer folded."""
+    return _markdown(load(lesson), i18n.get_lang())
+
+
+def show(lesson: str) -> None:
+    """Display the lesson's questions in the current language (returns nothing, so
+    that a cell ending in it shows them once)."""
+    text = markdown(lesson)
     try:
         from IPython.display import Markdown, display
     except ImportError:  # plain Python: the text itself
         print(text)
     else:
         display(Markdown(text))
-    return text
 
 
-def check(lesson: str, answers: dict[int, str | None]) -> list[bool | None]:
-    """Feedback on `answers` ({question number: "a".."d" or None}); prints it, and
-    returns per question True (right), False (wrong) or None (not answered)."""
+def check(lesson: str, answers: dict[int, str | None]) -> None:
+    """Print the feedback on `answers` ({question number: "a".."d" or None})."""
+    print(feedback(lesson, answers)[1])
+
+
+def feedback(lesson: str, answers: dict[int, str | None]
+             ) -> tuple[list[bool | None], str]:
+    """Per question True (right), False (wrong) or None (not answered), and the
+    feedback's text in the current language."""
     questions = load(lesson)
     for n in answers:
         if not isinstance(n, int) or not 1 <= n <= len(questions):
@@ -169,16 +181,14 @@ def check(lesson: str, answers: dict[int, str | None]) -> list[bool | None]:
     if any(r is not None for r in results):
         lines.append(i18n.t("sc_score", right=sum(r is True for r in results),
                             total=len(questions)))
-    print("\n".join(lines))
-    return results
+    return results, "\n".join(lines)
 
 
-def predicted(guess: object, actual: object) -> bool | None:
-    """Compare a learner's `guess` with the run's `actual` value; prints feedback.
-    Returns None when there is no guess yet, else whether they are equal."""
+def predicted(guess: object, actual: object) -> None:
+    """Compare a learner's `guess` (None: not yet) with the run's `actual` value,
+    and print what the learner should make of it."""
     if guess is None:
         print(i18n.t("pred_none", actual=actual))
-        return None
-    right = guess == actual
-    print(i18n.t("pred_right" if right else "pred_wrong", guess=guess, actual=actual))
-    return right
+    else:
+        print(i18n.t("pred_right" if guess == actual else "pred_wrong", guess=guess,
+                     actual=actual))

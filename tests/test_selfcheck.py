@@ -84,7 +84,8 @@ def test_every_lesson_opens_with_outcomes_and_ends_with_summary_and_self_check(l
 
 def test_show_gives_the_questions_with_each_answer_folded(sample, capsys):
     i18n.set_lang("ja")
-    text = selfcheck.show("99_sample")
+    assert selfcheck.show("99_sample") is None  # a cell ending in it shows them once
+    text = selfcheck.markdown("99_sample")
     assert text.count("いくつ?") == 3 and "- (a) 1" in text
     # The explanation of the right choice appears only inside a fold.
     outside = re.sub(r"<details>.*?</details>", "", text, flags=re.S)
@@ -94,20 +95,22 @@ def test_show_gives_the_questions_with_each_answer_folded(sample, capsys):
 
 
 def test_check_gives_the_feedback_of_each_choice(sample, capsys):
-    results = selfcheck.check("99_sample", {1: "b", 2: "a", 3: None})
+    results, text = selfcheck.feedback("99_sample", {1: "b", 2: "a", 3: None})
     assert results == [True, False, None]
+    assert selfcheck.check("99_sample", {1: "b", 2: "a", 3: None}) is None
     out = capsys.readouterr().out
+    assert out == text + "\n"
     assert "1. Right (b). Two ranks, one each." in out
     assert "2. Not (a). One is the count of a single rank." in out
     assert "3. Not answered yet." in out and "1 of 3 right." in out
     i18n.set_lang("ja")
-    assert selfcheck.check("99_sample", {1: "(B)"}) == [True, None, None]
-    assert "1. 正解 (b)。" in capsys.readouterr().out
+    results, text = selfcheck.feedback("99_sample", {1: "(B)"})
+    assert results == [True, None, None] and "1. 正解 (b)。" in text
 
 
 def test_nothing_answered_prints_no_score(sample, capsys):
-    assert selfcheck.check("99_sample", {1: None, 2: None, 3: None}) == [None] * 3
-    assert "right." not in capsys.readouterr().out
+    results, text = selfcheck.feedback("99_sample", {1: None, 2: None, 3: None})
+    assert results == [None] * 3 and "right." not in text
 
 
 @pytest.mark.parametrize("answers, named", [
@@ -134,9 +137,9 @@ def test_an_unknown_lesson_and_a_broken_file_are_refused(sample):
 
 
 def test_a_prediction_is_compared_and_never_raises(capsys):
-    assert selfcheck.predicted(None, 4) is None
+    selfcheck.predicted(None, 4)
     assert "write yours in `guess`" in capsys.readouterr().out
-    assert selfcheck.predicted(4, 4) is True
-    assert selfcheck.predicted(3, 4) is False
-    assert capsys.readouterr().out.splitlines()[-1].startswith(
-        "You predicted 3; the run gave 4.")
+    selfcheck.predicted(4, 4)
+    assert capsys.readouterr().out == "As you predicted: 4.\n"
+    selfcheck.predicted(3, 4)
+    assert capsys.readouterr().out.startswith("You predicted 3; the run gave 4.")
