@@ -8,37 +8,39 @@
 #     name: python3
 # ---
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["outcomes"]
 # # 08 学習の設定: 大きなバッチ、スケジューラ、DDP
 #
-# 記事 000 の「訓練速度を向上させる他の方法」のうち、1 ステップの時間ではなく**学習の進み方**を変えるものを
-# 扱います (1 ステップの時間とメモリを変えるものはレッスン 07)。
+# 記事 000 の「訓練速度を向上させる他の方法」のうち、1 ステップの時間ではなく**学習の進み方**を変えるもの
+# (バッチサイズ、データシャッフル、学習率、オプティマイザー、スケジューラー、チェックポイント) を扱います。
+# どれも 1 ステップを速くはしません。変わるのは、目標の損失に届くまでのステップ数や、止まったときにやり直す
+# 手間です。後半は 2 つのランクで、これらの設定を DDP と組み合わせます。
 #
-# - データローダー: バッチサイズを増やす、データシャッフルを有効にする
-# - 訓練設定: 学習率の調整、オプティマイザーの変更、スケジューラー、チェックポイントの活用
+# このレッスンを終えると、次のことができます。
 #
-# どれも 1 ステップを速くはしません。目標の損失に届くまでのステップ数や、止まったときにやり直す時間を
-# 変えます。そこでこのレッスンのセルは、教師ネットワークの課題で、学習に使わない検証データの損失を比べます
-# (`labkit.training` の学習ループ)。後半は 2 つのランクで、これらの設定を DDP と組み合わせるときの注意 (`set_epoch`、BatchNorm の統計、記事の `dim=1`) を確かめます。
-# コードのセルが表示する出力は英語のままです (図と確認のメッセージは日本語です)。
+# - 学習率をバッチサイズに比例させ、ウォームアップを加え、それぞれがなぜ要るかを説明できる。
+# - シャッフルが速さではなく収束のためのものだと示せる。
+# - 学習状態を保存して再開し、1 ビットも違わない結果を得られる。
+# - DDP の各ランクの BatchNorm がどの統計で学習し評価するかを説明し、SyncBatchNorm の全体の統計を
+#   all-reduce で計算できる。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["outcomes"]
 # # 08 Training settings: large batches, schedules, and DDP
 #
 # Of doc 000's "other ways to speed up training", this lesson takes those that change
-# **how training progresses** rather than how long a step takes (what changes the time
-# and memory of a step is lesson 07):
+# **how training progresses** (the batch size, shuffling, the learning rate, the
+# optimizer, a scheduler, checkpoints). None of them makes a step faster: they change
+# how many steps reach a target loss, or how much work a stop costs. The second half,
+# on two ranks, combines them with DDP.
 #
-# - data loader: larger batches, shuffling enabled
-# - training settings: tune the learning rate, change the optimizer, use a scheduler, use
-#   checkpoints
+# After this lesson you can:
 #
-# None of them makes a step faster. They change how many steps it takes to reach a
-# target loss, or how much work a stop costs. So the cells compare the loss on held-out
-# data, never trained on, on the teacher task (`labkit.training`'s loop). The second
-# half, on two ranks, checks what to watch for when these settings meet DDP
-# (`set_epoch`, BatchNorm's statistics, the document's `dim=1`). The code cells print in
-# English in both editions; figures and checks follow the notebook's language.
+# - scale the learning rate with the batch size, add a warm-up, and say why each is
+#   needed;
+# - show that shuffling serves convergence, not speed;
+# - save and resume the training state with bit-identical results;
+# - say whose statistics each DDP rank's BatchNorm trains and evaluates with, and
+#   compute SyncBatchNorm's global statistics with all-reduce.
 
 # %%
 import labkit
@@ -61,6 +63,9 @@ torch.manual_seed(0)
 # バッチ 512 の更新回数はバッチ 32 の 16 分の 1 です。学習率が同じなら、損失の下がり方は遅くなります。
 # よく使われる対策は**学習率をバッチサイズに比例させる** (linear scaling rule: バッチが 16 倍なら学習率も 16 倍)
 # ことです。検証データ (学習に使わない 1024 サンプル) の損失で比べます。
+#
+# **予想してから実行:** 10 エポックでバッチ 32 は 640 回更新します。バッチ 512 は何回でしょうか。
+# 3 つの実行のうち、検証損失がいちばん高く終わるのはどれでしょうか?
 
 # %% [markdown] lang="en"
 # ## Large batches and the learning rate
@@ -71,6 +76,9 @@ torch.manual_seed(0)
 # loss falls more slowly. The usual remedy is to **scale the learning rate with the batch
 # size** (the linear scaling rule: 16 times the batch, 16 times the rate). Compare the
 # loss on held-out data (1024 samples never trained on).
+#
+# **Predict, then run:** in 10 epochs batch 32 makes 640 updates. How many does batch
+# 512 make, and which of the three runs ends with the highest held-out loss?
 
 # %%
 from dataclasses import replace
@@ -94,6 +102,7 @@ fig = plots.line_chart({k: (r["samples"], r["heldout_loss"]) for k, r in results
 final = {k: r["heldout_loss"][-1] for k, r in results.items()}
 assert final["batch 512, lr 0.05"] > 1.5 * final["batch 32, lr 0.05"]  # too few updates
 assert final["batch 512, lr 0.8"] < 0.5 * final["batch 512, lr 0.05"]  # scaling helps
+assert [cfg.steps for cfg in runs.values()] == [640, 40, 40]  # 16 times fewer updates
 
 # %% [markdown] lang="ja"
 # ## ウォームアップ
@@ -127,6 +136,7 @@ fig = plots.line_chart({k: (r["steps"], r["heldout_loss"]) for k, r in warm.item
                        xlabel="optimizer_step", ylabel="heldout_loss",
                        title="loss_curve_title", logy=True)
 assert warm["lr 3.2 + warm-up 20"]["heldout_loss"][-1] < 0.7 * warm["lr 3.2"]["heldout_loss"][-1]
+assert [round(x, 2) for x in warm["lr 3.2 + warm-up 20"]["lr"][:3]] == [0.16, 0.31, 0.46]
 
 # %% [markdown] lang="ja"
 # 大きなバッチは、数学的には `no_sync` による勾配累積 (レッスン 04) と同じです。勾配累積で実効バッチを
@@ -137,28 +147,24 @@ assert warm["lr 3.2 + warm-up 20"]["heldout_loss"][-1] < 0.7 * warm["lr 3.2"]["h
 # 04): growing the effective batch by accumulation needs the same learning-rate care.
 
 # %% [markdown] lang="ja"
-# ## 演習: 大きなバッチの学習率
+# ## 演習 (任意): 大きなバッチの学習率
 #
-# 上のウォームアップの実行と同じ学習率を返す関数 `lr_at(step, batch_size)` を書いてください。`step` は
-# オプティマイザのステップ (0, 1, 2, …)、`batch_size` はバッチサイズです。
+# この任意の演習では、上の 2 つの考えを計算でたどります。上のウォームアップの実行と同じ学習率を返す関数
+# `lr_at(step, batch_size)` を書いてください。`step` はオプティマイザのステップ (0, 1, 2, …) です。
 #
 # - 最大の学習率は、バッチ 32 での 0.2 を、バッチサイズに比例させた値です。
 # - ウォームアップは `LinearLR(start_factor=1/20, total_iters=20)` です。最大の学習率に掛ける倍率が、
 #   ステップ 0 の 1/20 からステップ 20 の 1 まで直線で上がり、そのあとは 1 のままです。
 #
 # 上の実行では、バッチ 512 の最初の 3 ステップの学習率は 0.16、0.31、0.46 でした。確認のセルは、
-# バッチ 128、512、2048、80 のそれぞれについて、ステップ 0〜59 の学習率を torch の `LinearLR` と比べます
-# (80 は 32 で割り切れません)。
-#
-# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
-# 違っていれば、どこが違うかがヒントとともに表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
-# ありますが、まず自分で解いてみてください。
+# バッチ 128、512、2048、80 のそれぞれについて、ステップ 0〜59 の学習率を torch の `LinearLR` と比べます。
 
 # %% [markdown] lang="en"
-# ## Exercise: the learning rate of a large batch
+# ## Optional exercise: the learning rate of a large batch
 #
-# Write `lr_at(step, batch_size)`, which returns the learning rate of the warm-up run
-# above at optimizer step `step` (0, 1, 2, ...) for a batch of `batch_size`:
+# This optional exercise works the two ideas above out as arithmetic. Write
+# `lr_at(step, batch_size)`: the learning rate of the warm-up run above at optimizer
+# step `step` (0, 1, 2, ...):
 #
 # - the peak rate is 0.2 at batch 32, scaled with the batch size;
 # - the warm-up is `LinearLR(start_factor=1/20, total_iters=20)`: the factor that
@@ -167,11 +173,7 @@ assert warm["lr 3.2 + warm-up 20"]["heldout_loss"][-1] < 0.7 * warm["lr 3.2"]["h
 #
 # In the run above, the first three steps of batch 512 had the rates 0.16, 0.31 and
 # 0.46. The check compares your rates at steps 0 to 59 with torch's `LinearLR`, for
-# batches of 128, 512, 2048 and 80 (not a multiple of 32).
-#
-# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
-# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
-# solution cell follows each exercise: try on your own first.
+# batches of 128, 512, 2048 and 80.
 
 # %% tags=["exercise"]
 base_lr, base_batch, warmup_steps = 0.2, 32, 20  # the warm-up run above
@@ -389,16 +391,8 @@ assert sum(len(X) for X, _ in loader) == len(dataset) // world_size
 #
 # 評価で使う `running_mean` (バッファ) はどうなるでしょうか。DDP の既定 (`forward_sync_buffers=True`) では、
 # **順伝播を始める前に**ランク 0 のバッファを全ランクにコピー (broadcast) し、そのあと各ランクが自分の
-# バッチで更新します。そのため学習のあと、
-# - ランク 0 の `running_mean` は、ランク 0 のデータだけの統計です。
-# - ほかのランクの `running_mean` は、1 つ前の順伝播までのランク 0 の統計を、自分の最後のバッチで 1 回
-#   更新したものです。
-# - 次に DDP を通して順伝播すると (評価のときなど)、その前にまたランク 0 の値がコピーされるので、
-#   **どのランクもランク 0 のデータだけの統計で評価します**。
-#
-# `forward_sync_buffers=False` にすると、このコピーはなくなり、各ランクの `running_mean` は自分のデータだけの
-# 統計になります。ランクごとにデータの平均をずらして (並べ替えたデータを分けたときのように)、各ランクの
-# `running_mean` の 1 つ目の値を並べます。
+# バッチで更新します。`forward_sync_buffers=False` にすると、このコピーはなくなります。
+# ランクごとにデータの平均をずらして (並べ替えたデータを分けたときのように) 確かめます。
 
 # %% [markdown] lang="en"
 # ## BatchNorm statistics are per replica
@@ -409,17 +403,9 @@ assert sum(len(X) for X, _ in loader) == len(dataset) // world_size
 #
 # What about the `running_mean` (a buffer) used for evaluation? By default
 # (`forward_sync_buffers=True`) DDP copies (broadcasts) rank 0's buffers to all ranks
-# **before every forward**, and then each rank updates them with its own batch. So after
-# training
-# - rank 0's `running_mean` holds statistics of rank 0's data only;
-# - every other rank's holds rank 0's statistics up to the previous forward, updated
-#   once with its own last batch;
-# - the next forward through DDP (evaluation, for instance) first copies rank 0's again,
-#   so **every rank evaluates with statistics of rank 0's data only**.
-#
-# With `forward_sync_buffers=False` there is no such copy, and every rank's
-# `running_mean` holds statistics of its own data. Give each rank data with another mean
-# (as when sorted data is split) and list the first value of each rank's `running_mean`.
+# **before every forward**, and then each rank updates them with its own batch; with
+# `forward_sync_buffers=False` there is no such copy. Give each rank data with another
+# mean (as when sorted data is split) and see.
 
 # %%
 # %%px
@@ -446,11 +432,17 @@ assert compare.max_abs_diff(out, out_whole) > 0.1  # each replica, its own stati
 # %% [markdown] lang="ja"
 # 次に `running_mean` です。学習のあとと、評価モードで DDP を通してもう 1 回順伝播したあとの値を、
 # 1 プロセスの BatchNorm に決まったバッチを順に見せた場合 (`batchnorm.after_forwards`) と比べます。
+#
+# **予想してから実行:** 評価の順伝播のあと、ランク 1 の `running_mean` は、どのランクのデータの統計に
+# なっているでしょうか?
 
 # %% [markdown] lang="en"
 # Now `running_mean`, after training and after one more forward through DDP in
 # evaluation mode, compared with one-process BatchNorms shown given batches in turn
 # (`batchnorm.after_forwards`).
+#
+# **Predict, then run:** after the evaluation forward, whose data do the statistics
+# in rank 1's `running_mean` describe?
 
 # %%
 # %%px
@@ -478,9 +470,23 @@ else:
     assert compare.max_abs_diff(trained, own) > 0.1  # the others: not their own data
 
 # %% [markdown] lang="ja"
+# 学習のあと、
+# - ランク 0 の `running_mean` は、ランク 0 のデータだけの統計です。
+# - ほかのランクの `running_mean` は、1 つ前の順伝播までのランク 0 の統計を、自分の最後のバッチで 1 回
+#   更新したものです。
+# - 次に DDP を通して順伝播すると (評価のときなど)、その前にまたランク 0 の値がコピーされるので、
+#   **どのランクもランク 0 のデータだけの統計で評価します**。
+#
 # `forward_sync_buffers=False` では、どのランクも自分のデータだけの統計を持ち、ランクどうしで違います。
 
 # %% [markdown] lang="en"
+# So after training
+# - rank 0's `running_mean` holds statistics of rank 0's data only;
+# - every other rank's holds rank 0's statistics up to the previous forward, updated
+#   once with its own last batch;
+# - the next forward through DDP (evaluation, for instance) first copies rank 0's again,
+#   so **every rank evaluates with statistics of rank 0's data only**.
+#
 # With `forward_sync_buffers=False` every rank holds statistics of its own data only, and
 # the ranks differ.
 
@@ -497,21 +503,17 @@ assert compare.rank_max_diff(kept) > 0.1  # so the ranks differ
 # %% [markdown] lang="ja"
 # torch 2.13 は、それまでの引数 `broadcast_buffers` を非推奨にして `forward_sync_buffers` を加えました。
 # ただし名前を変えただけではありません。DDP は作られるときにも、ランク 0 のパラメータとバッファを全ランクに
-# コピーします (`init_sync=True`)。古い `broadcast_buffers=False` は、このときのバッファのコピーも止めます。
-# 新しい `forward_sync_buffers=False` が止めるのは順伝播の前のコピーだけで、作るときのコピーは残ります。
-# torch 自身も `broadcast_buffers` を渡すと `FutureWarning` でそう警告します。ランク r のバッファを r で
-# 埋めてから DDP を作り、作った直後の値を見ます。(上のセルでは、どのランクも同じバッファから始めたので、
-# この違いは結果を変えませんでした。)
+# コピーします (`init_sync=True`)。古い `broadcast_buffers=False` は、このときのバッファのコピーも止めますが、
+# 新しい `forward_sync_buffers=False` が止めるのは順伝播の前のコピーだけです (torch の `FutureWarning` も
+# そう言います)。ランク r のバッファを r で埋めてから DDP を作り、作った直後の値を見ます。
 
 # %% [markdown] lang="en"
 # torch 2.13 deprecates the argument `broadcast_buffers` and adds `forward_sync_buffers`,
 # but it is not a plain rename. DDP also copies rank 0's parameters and buffers to all
 # ranks when it is built (`init_sync=True`). The old `broadcast_buffers=False` leaves the
 # buffers out of that copy too; the new `forward_sync_buffers=False` stops only the copy
-# before each forward, and buffers are still copied when DDP is built. torch itself says
-# so in the `FutureWarning` it gives for `broadcast_buffers`. Fill rank r's buffer with
-# r, build DDP, and look at the value right after. (In the cells above every rank
-# started from the same buffers, so there the difference changed nothing.)
+# before each forward (torch's `FutureWarning` says so). Fill rank r's buffer with r,
+# build DDP, and look at the value right after.
 
 # %%
 # %%px
@@ -597,19 +599,15 @@ def global_mean_var(x):
 exercises.grade_global_statistics(ranks, global_mean_var)
 
 # %% [markdown] lang="ja"
-# labkit の `batchnorm.global_batch_norm` も同じ計算をします。こちらはサンプル数、和、二乗和を 1 つの
-# テンソルにまとめて 1 回の all-reduce で足し合わせ (分散は「二乗の平均 − 平均の二乗」で求めます)、
-# 全体の平均と分散で自分のバッチを正規化します。次のセルは、その結果を上の `out_whole` (1 プロセスで全体の
-# バッチを正規化したもののうち、このランクの行) と比べます。両者は一致します。GPU では `nn.SyncBatchNorm` が
-# この正規化を行います。
+# labkit の `batchnorm.global_batch_norm` は、サンプル数、和、二乗和をまとめた 1 回の all-reduce で同じ統計を
+# 求め、自分のバッチを正規化します。次のセルは、その結果が上の `out_whole` (1 プロセスで全体のバッチを
+# 正規化したもののうち、このランクの行) と一致することを確かめます。GPU では `nn.SyncBatchNorm` がこれを行います。
 
 # %% [markdown] lang="en"
-# labkit's `batchnorm.global_batch_norm` computes the same with a single all-reduce: it
-# stacks the count, the sum and the sum of squares into one tensor (the variance is then
-# the mean of the squares minus the square of the mean), and normalizes the local batch
-# with the global mean and variance. The next cell compares its result with `out_whole`
-# above (this rank's rows of one process normalizing the whole batch): the two agree.
-# On GPUs `nn.SyncBatchNorm` does this normalization.
+# labkit's `batchnorm.global_batch_norm` gets the same statistics with one all-reduce
+# of the count, the sum and the sum of squares, and normalizes the local batch with
+# them. The next cell checks that it agrees with `out_whole` above (this rank's rows
+# of one process normalizing the whole batch). On GPUs `nn.SyncBatchNorm` does this.
 
 # %%
 # %%px
@@ -650,24 +648,51 @@ assert torch.equal(out_plain, out_dim) and out_dim.shape == (6, 10)
 # %%
 ranks.stop()
 
-# %% [markdown] lang="ja"
-# ## まとめ
+# %% [markdown] lang="ja" tags=["summary"]
+# ## 覚えておくこと
 #
-# | 記事 000 の方法 | このマシンで確かめたこと |
-# |---|---|
-# | バッチサイズを増やす | 同じサンプル数では更新の回数が減る。収束には学習率の調整 (比例させる) とウォームアップが必要 |
-# | データシャッフルを有効にする | 速さは変わらない。収束のために必要 (並べ替えたままだと悪くなる) |
-# | 学習率、オプティマイザ、スケジューラ | 1 ステップは速くならない。少ないステップで収束させる。課題ごとに調整する |
-# | チェックポイントを活用する (学習状態の保存) | 速くはならない。止まっても再開でき、結果は 1 ビットも違わない。活性化チェックポイントはレッスン 07 |
-# | DDP と組み合わせる | `DistributedSampler` と `set_epoch`。BatchNorm はレプリカごと。SyncBatchNorm は GPU のみ。`dim=1` は何もしない |
+# - **速く処理できても、速く学習するとは限りません**。同じサンプル数なら大きなバッチは更新が少ないので、
+#   学習率をバッチサイズに比例させます。
+# - **大きくした学習率にはウォームアップを組み合わせます**。最初の数十ステップで小さな値から上げないと、
+#   最初の更新で学習が崩れます。
+# - **シャッフルは速さではなく収束のためのもの**で、DDP では `DistributedSampler` と `set_epoch` が行います。
+# - **学習状態 (重み、オプティマイザ、乱数の状態、ステップ数) を保存すれば**、止まっても 1 ビットも違わずに
+#   再開できます。
+# - **DDP の BatchNorm はレプリカごと**で、各ランクは自分のバッチで正規化し、既定ではランク 0 の統計で評価します。
+#   全体の統計には all-reduce が要ります (GPU では SyncBatchNorm)。
 
-# %% [markdown] lang="en"
-# ## Summary
+# %% [markdown] lang="en" tags=["summary"]
+# ## What to remember
 #
-# | doc 000's method | what this machine showed |
-# |---|---|
-# | larger batches | fewer updates for the same samples; convergence needs the learning rate scaled, and warm-up |
-# | enable shuffling | no change in speed; needed for convergence (sorted data converges worse) |
-# | learning rate, optimizer, scheduler | a step is no faster; converge in fewer steps; tune per task |
-# | use checkpoints (saving the training state) | no faster; a stopped run resumes with bit-identical results; activation checkpointing is in lesson 07 |
-# | with DDP | `DistributedSampler` and `set_epoch`; BatchNorm is per replica; SyncBatchNorm needs GPUs; `dim=1` does nothing |
+# - **Processing faster is not learning faster**: for the same samples a larger batch
+#   makes fewer updates, so scale the learning rate with the batch size.
+# - **A scaled-up rate needs a warm-up**: raise it from a small value over the first
+#   tens of steps, or the first updates throw training off.
+# - **Shuffling is for convergence, not speed**; under DDP `DistributedSampler` with
+#   `set_epoch` does it.
+# - **Saving the whole training state** (weights, optimizer, random state, step) lets
+#   a stopped run resume bit for bit.
+# - **BatchNorm under DDP is per replica**: each rank normalizes with its own batch and
+#   by default evaluates with rank 0's statistics; global statistics take an
+#   all-reduce (SyncBatchNorm on GPUs).
+
+# %% [markdown] lang="ja" tags=["self-check"]
+# ## 確認問題
+#
+# 先へ進む前に、次の 3 問に答えてください。答えの折りたたみは、自分の答えを決めてから開きます。
+
+# %% [markdown] lang="en" tags=["self-check"]
+# ## Self-check
+#
+# Answer the three questions below before reading on; open an answer's fold only
+# after you have chosen.
+
+# %% tags=["self-check"]
+from labkit import selfcheck
+
+selfcheck.show("08_training_settings")
+
+# %% tags=["self-check"]
+# Your answers, "a", "b", "c" or "d" for each question; then run this cell.
+my_answers = {1: None, 2: None, 3: None}
+selfcheck.check("08_training_settings", my_answers)
