@@ -8,45 +8,35 @@
 #     name: python3
 # ---
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["outcomes"]
 # # 09 エコシステムとスケールアウト
 #
-# 記事 004 は最後に、`data_parallel()` 以外の方法として「手動で並列処理を実装する」「Horovod などの
-# ライブラリ」「PyTorch Lightning や TensorFlow Lattice などの分散訓練用フレームワーク」を挙げています。
-# 記事 000 も Apex と Horovod を挙げ、「各 GPU はモデルのパラメータの一部を保持し」と書いています。
+# このレッスンを終えると、次のことができます。
 #
-# このレッスンで見ること:
-# 1. `torchrun` で 1 台、そして 2 台のマシン (このマシンの上で模擬) に広げる。実機のクラスタの SLURM スクリプト
-# 2. 手動の並列化とは何か
-# 3. PyTorch Lightning と Hugging Face Accelerate の勾配累積は、中で `no_sync` を使っている (両者が
-#    インストールされているときだけ確かめられる。既定の環境では確かめない)
-# 4. Horovod のいま
-# 5. TensorFlow Lattice は分散学習のフレームワークではない
-# 6. パラメータを分割して持つのは FSDP と ZeRO
+# - DDP のプログラムを `torchrun` で 1 台のマシンで、また複数のマシンで (ノードごとに 1 つの torchrun を
+#   起動し、c10d のランデブーで待ち合わせて) 動かす
+# - torchrun が各プロセスに渡す `RANK`、`LOCAL_RANK`、`WORLD_SIZE` を求める
+# - ノードごとに torchrun を 1 つ起動する SLURM、PBS、PJM のジョブスクリプトを、自分のシステムに合わせて直す
+# - Lightning と Accelerate が DDP の上で代わりにしてくれることを説明し、DDP (モデルを丸ごと複製) と
+#   FSDP / ZeRO (分割して持つ) を区別する
 #
-# コードのセルが表示する出力は英語のままです (確認のメッセージは日本語です)。
+# 「記事の補足」と書いた節 (Horovod、TensorFlow Lattice) は、記事 000 と 004 の記述を確かめる節です。
+# 記事に興味がなければ飛ばしてかまいません。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["outcomes"]
 # # 09 Ecosystem and scale-out
 #
-# Doc 004 ends with alternatives to `data_parallel()`: "implement parallelism by hand",
-# "libraries such as Horovod", and "distributed-training frameworks such as PyTorch
-# Lightning and TensorFlow Lattice". Doc 000 also names Apex and Horovod, and says "each
-# GPU holds part of the model's parameters".
+# After this lesson you can:
 #
-# In this lesson:
-# 1. scale out with `torchrun` on one machine, then on two (simulated on this one); a
-#    SLURM script for a real cluster
-# 2. what parallelism "by hand" is
-# 3. PyTorch Lightning's and Hugging Face Accelerate's gradient accumulation use
-#    `no_sync` underneath (checked only where they are installed, not in the default
-#    environment)
-# 4. Horovod today
-# 5. TensorFlow Lattice is not a distributed-training framework
-# 6. holding part of the parameters is FSDP and ZeRO
+# - run a DDP program with `torchrun` on one machine, and on several (one torchrun per
+#   node, meeting through c10d rendezvous);
+# - work out the `RANK`, `LOCAL_RANK` and `WORLD_SIZE` torchrun hands each process;
+# - adapt a SLURM, PBS or PJM job script that starts one torchrun per node to your site;
+# - say what Lightning and Accelerate do for you on top of DDP, and tell DDP (a whole
+#   copy of the model on every rank) from FSDP and ZeRO (shards).
 #
-# The code cells print in English in both editions; checks follow the notebook's
-# language.
+# The sections marked *article material* (Horovod, TensorFlow Lattice) check what docs
+# 000 and 004 say; skip them unless you came for the articles.
 
 # %%
 import labkit
@@ -61,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from labkit import doctor, ecosystem, exercises, plots, sharding
+from labkit import doctor, ecosystem, exercises
 from labkit.cluster import torchrun
 
 # %% [markdown] lang="ja"
@@ -75,7 +65,7 @@ from labkit.cluster import torchrun
 # torchrun --nproc-per-node 2 -m labkit nosync --accum 2 --steps 2 --repeat 1
 # ```
 #
-# 次のセルは同じことをこのマシンで実行します (`torchrun.run_nodes` は torchrun を子プロセスとして起動し、
+# 次のセルは同じことをここで実行します (`torchrun.run_nodes` は torchrun を子プロセスとして起動し、
 # 時間切れなら子プロセスごと止めます)。
 
 # %% [markdown] lang="en"
@@ -113,9 +103,12 @@ assert one_node["allreduce_calls_per_step_nosync"] == 1
 # `--rdzv-endpoint` (どれか 1 台の「ホスト:ポート」) をそろえます。torchrun どうしが c10d の
 # ランデブー (待ち合わせ) で互いを見つけ、ランク番号を割り振ります。
 #
-# ここではマシン 2 台を、このマシンの上の torchrun 2 つで模擬します (それぞれ 1 プロセス、待ち合わせは
+# ここではマシン 2 台を、1 台の上の torchrun 2 つで模擬します (それぞれ 1 プロセス、待ち合わせは
 # 127.0.0.1 の空きポート)。2 つのランクは別々の「ノード」から同じプロセスグループに入り、
 # 1 台のときと同じ実験をします。
+#
+# **予想してから実行:** ランクが見る world size はいくつで、マイクロバッチ 2 個の 1 ステップの all-reduce は、
+# `no_sync` なしとありでそれぞれ何回でしょうか (モデルのバケットは 1 つです)?
 
 # %% [markdown] lang="en"
 # ## Two machines, simulated
@@ -128,6 +121,9 @@ assert one_node["allreduce_calls_per_step_nosync"] == 1
 # Here two machines are simulated by two torchrun agents on this one (one process each,
 # meeting on a free port of 127.0.0.1). The two ranks join one process group from
 # different "nodes" and run the same experiment as on one machine.
+#
+# **Predict, then run:** what world size do the ranks see, and how many all-reduces does
+# a step of 2 micro-batches make, without and with `no_sync` (the model has one bucket)?
 
 # %%
 print(" ".join(torchrun.command(
@@ -158,12 +154,8 @@ assert two_nodes["allreduce_calls_per_step_nosync"] == 1
 # `torchrun_env(nnodes, nproc_per_node, node_rank)` を書いてください。ノード `node_rank` で動く各プロセスの
 # `{"RANK": ..., "LOCAL_RANK": ..., "WORLD_SIZE": ...}` を、`LOCAL_RANK` の順に並べたリストを返します。
 #
-# 確認のセルは、いくつかの組み合わせ (最大 4 ノード × 8 プロセス) で答えを確かめてから、このマシンで実際の
+# 確認のセルは、いくつかの組み合わせ (最大 4 ノード × 8 プロセス) で答えを確かめてから、ここで実際の
 # torchrun (2 ノード × 2 プロセス) を実行し、各プロセスが受け取った環境変数と比べます (数秒かかります)。
-#
-# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
-# 違っていれば、どこが違うかがヒントとともに表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
-# ありますが、まず自分で解いてみてください。
 
 # %% [markdown] lang="en"
 # ## Exercise: the numbers torchrun hands each process
@@ -180,10 +172,6 @@ assert two_nodes["allreduce_calls_per_step_nosync"] == 1
 # The check tries your answer on a few set-ups (up to 4 nodes × 8 processes), then runs
 # a real torchrun here (2 nodes × 2 processes) and compares with the environment each
 # process received (it takes a few seconds).
-#
-# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
-# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
-# solution cell follows each exercise: try on your own first.
 
 # %% tags=["exercise"]
 def torchrun_env(nnodes, nproc_per_node, node_rank):
@@ -225,9 +213,14 @@ exercises.grade_torchrun_env(torchrun_env)
 # `module load` の行、ノードあたりのプロセス数 (`PROCS_PER_NODE`、GPU の数) です。`pbs_example.sh` は
 # ABCI 3.0 の、`pjm_example.sh` は Wisteria/BDEC-01 Aquarius の書き方に合わせてあります。富岳のノードには
 # GPU がないので、そこではランクを CPU で動かします (`BACKEND=gloo`)。
+#
+# <details><summary>測り方の詳細</summary>
+#
 # `tests/test_cluster_scripts.py` は、3 つのスクリプトを、スケジューラの環境 (ノードの一覧、ジョブ ID) と
 # 起動コマンドを模擬して、この 1 台で 2 ノードとして実行し、結果を確かめます。実機のクラスタでは
 # 動かしたことがありません。
+#
+# </details>
 
 # %% [markdown] lang="en"
 # ## A real cluster: SLURM, PBS, PJM
@@ -248,9 +241,15 @@ exercises.grade_torchrun_env(torchrun_env)
 # group, time), the `module load` line, and the processes per node (`PROCS_PER_NODE`, the
 # number of GPUs). `pbs_example.sh` follows ABCI 3.0's conventions, `pjm_example.sh`
 # Wisteria/BDEC-01 Aquarius's. Fugaku's nodes have no GPU: there the ranks run on the
-# CPU (`BACKEND=gloo`). `tests/test_cluster_scripts.py` runs each of the three scripts on
-# this one machine as two nodes, with the scheduler's environment (node list, job id) and
-# its launcher faked, and checks the result. None has run on a real cluster.
+# CPU (`BACKEND=gloo`).
+#
+# <details><summary>How this was measured</summary>
+#
+# `tests/test_cluster_scripts.py` runs each of the three scripts on this one machine as
+# two nodes, with the scheduler's environment (node list, job id) and its launcher
+# faked, and checks the result. None has run on a real cluster.
+#
+# </details>
 
 # %%
 import os
@@ -275,6 +274,75 @@ for scheduler, path in torchrun.JOB_SCRIPTS.items():
     assert '"$PWD/labkit/cluster/torchrun_node.sh"' in script  # one node's part, the same for all
 node = torchrun.NODE_SCRIPT.read_text()
 assert "--rdzv-backend c10d" in node and '--nnodes "$nnodes"' in node
+
+# %% [markdown] lang="ja"
+# ## PyTorch Lightning と Hugging Face Accelerate
+#
+# どちらも、DDP の学習ループ (プロセスの起動、`DistributedSampler`、勾配累積、チェックポイントなど) を
+# 代わりに書いてくれるライブラリです。勾配累積はそれぞれ
+#
+# - Lightning: `Trainer(strategy="ddp", accumulate_grad_batches=K)`
+# - Accelerate: `Accelerator(gradient_accumulation_steps=K)` と `with accelerator.accumulate(model):`
+#
+# と書きます。レッスン 04 で見たとおり、DDP で勾配累積を速く行うには `no_sync` が要ります (結果は
+# `no_sync` があってもなくても同じで、ない場合はマイクロバッチごとに all-reduce するぶん遅くなります)。
+# 両者が中で `no_sync` を使うことを、ソースコードと、`DistributedDataParallel.no_sync` の呼び出し回数で
+# 確かめます。8 バッチを K = 4 で累積すると、更新は 2 回、`no_sync` に入るのは 8 − 2 = 6 回のはずです。
+#
+# 2 つとも**任意の追加パッケージ**で、このコースの既定の環境には入っていません。入っていなければ、次のセルは
+# 飛ばしたライブラリ名と、この実行では確かめていないことを表示します。確かめるには
+# `pip install lightning accelerate` を実行してから、このセルをもう一度実行してください。
+
+# %% [markdown] lang="en"
+# ## PyTorch Lightning and Hugging Face Accelerate
+#
+# Both write the DDP training loop for you (starting processes, `DistributedSampler`,
+# gradient accumulation, checkpoints, and so on). Gradient accumulation is
+#
+# - Lightning: `Trainer(strategy="ddp", accumulate_grad_batches=K)`
+# - Accelerate: `Accelerator(gradient_accumulation_steps=K)` and
+#   `with accelerator.accumulate(model):`
+#
+# As lesson 04 showed, gradient accumulation under DDP needs `no_sync` to be fast (the
+# result is the same either way; without it, every micro-batch costs an all-reduce).
+# Check that both use `no_sync` underneath, in their source and by counting calls of
+# `DistributedDataParallel.no_sync`. Accumulating 8 batches with K = 4 should give 2
+# updates and 8 − 2 = 6 entries into `no_sync`.
+#
+# Both are **optional extras**, not in the course's default environment. Without them
+# the next cell says which it skipped and that this run does not check them. To check,
+# run `pip install lightning accelerate` and run the cell again.
+
+# %%
+checked = []
+for name in ecosystem.FRAMEWORKS:
+    installed = doctor.version(name)
+    if installed is None:
+        print(labkit.t("framework_skip", name=name))
+        continue
+    checked.append(name)
+    print(f"{name} {installed}:", *ecosystem.no_sync_lines(name), sep="\n    ")
+    counted = ecosystem.run_counted(name)
+    for r in counted:
+        print(f"  rank {r['rank']}: wrapped in {r['wrapped_in']}, {r['batches']} batches, "
+              f"{r['optimizer_steps']} optimizer steps, no_sync entered "
+              f"{r['no_sync_entries']} times")
+        assert r["wrapped_in"] == "DistributedDataParallel"
+        assert r["optimizer_steps"] == r["batches"] // r["accum_steps"]
+        assert r["no_sync_entries"] == r["batches"] - r["optimizer_steps"]
+print(labkit.t("frameworks_checked", checked=", ".join(checked) or "-",
+               skipped=", ".join(n for n in ecosystem.FRAMEWORKS if n not in checked)
+               or "-"))
+
+# %% [markdown] lang="ja"
+# 記事は「コードを変更することなく、複数の GPU 上でモデルを訓練することができます」と書いていますが、
+# Lightning では学習コードを `LightningModule` の形に書き直し、Accelerate では `accelerator.prepare` と
+# `accelerator.backward` を書き加えます。正確には「少ない変更で済む」です。
+
+# %% [markdown] lang="en"
+# The document says these frameworks train on several GPUs "without changing the code".
+# Lightning needs the training code rewritten as a `LightningModule`; Accelerate needs
+# `accelerator.prepare` and `accelerator.backward` added. "With few changes" is accurate.
 
 # %% [markdown] lang="ja"
 # ## 手動の並列化
@@ -312,82 +380,131 @@ print(calls)  # scatter appears as scatter_kwargs, which splits args and kwargs
 assert calls == ["scatter", "replicate", "parallel_apply", "gather"]
 
 # %% [markdown] lang="ja"
-# ## PyTorch Lightning と Hugging Face Accelerate
+# ## FSDP と ZeRO: パラメータを分割して持つ
 #
-# どちらも、DDP の学習ループ (プロセスの起動、`DistributedSampler`、勾配累積、チェックポイントなど) を
-# 代わりに書いてくれるライブラリです。勾配累積はそれぞれ
+# 記事 000 の「各 GPU はモデルのパラメータの一部を保持し」は DDP には当てはまりません (DDP の各ランクは
+# 全パラメータを持ちます。レッスン 03)。パラメータを分割して持つのは **ZeRO** (DeepSpeed) と
+# PyTorch の **FSDP** です。
 #
-# - Lightning: `Trainer(strategy="ddp", accumulate_grad_batches=K)`
-# - Accelerate: `Accelerator(gradient_accumulation_steps=K)` と `with accelerator.accumulate(model):`
+# - ZeRO-1 はオプティマイザの状態を、ZeRO-2 はさらに勾配を、ZeRO-3 はさらにパラメータそのものを
+#   ランクに分割して持ちます。
+# - FSDP2 (`torch.distributed.fsdp.fully_shard`) は ZeRO-3 と同じく 3 つとも分け、各パラメータを
+#   0 番目の次元でランク数で分割して (`torch.chunk(dim=0)`) 持ちます。順伝播と逆伝播の前に、その層の
+#   パラメータを all-gather で一時的に集め、使い終わったら解放します
+#   ([fully_shard のドキュメント](https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html))。
 #
-# と書きます。レッスン 04 で見たとおり、DDP で勾配累積を速く行うには `no_sync` が要ります (結果は
-# `no_sync` があってもなくても同じで、ない場合はマイクロバッチごとに all-reduce するぶん遅くなります)。
-# 両者が中で `no_sync` を使うことを、ソースコードと、`DistributedDataParallel.no_sync` の呼び出し回数で
-# 確かめます。8 バッチを K = 4 で累積すると、更新は 2 回、`no_sync` に入るのは 8 − 2 = 6 回のはずです。
+# FSDP2 は gloo バックエンドを使えば CPU でも動きます。小さな MLP (2,110 パラメータ) を 2 ランクで分割し、
+# 各ランクが各パラメータの半分だけを持つこと、それでも勾配は 1 プロセスで全体のバッチを使ったものと一致する
+# ことを確かめます。分割されたパラメータは DTensor で、`placement` の `Shard(dim=0)` は「0 番目の次元で
+# 切ってランクに配った」という意味です。ここでは分け方を見るだけです。各ステージが 1 パラメータあたり
+# 何バイトを持つか (float32 の Adam と混合精度) は [11: メモリは何に使われるか](11_zero_by_hand.ipynb#cell-id=11-where-the-memory-goes)
+# で数え、ステージ 1〜3 を手で書きます。FSDP2 で学習してチェックポイントを保存するのは
+# [12: FSDP2: fully_shard](12_fsdp2.ipynb#cell-id=12-fsdp2-fully-shard) です。
 #
-# 2 つとも**任意の追加パッケージ**で、このコースの既定の環境には入っていません。入っていなければ、
-# 次のセルは読むソースも動かすものもなく、何も確かめられません。そのときセルは、飛ばしたライブラリ名と、
-# この実行では「中で `no_sync` を使う」ことを確かめていない旨を表示します。確かめるには
-# `pip install lightning accelerate` を実行してから、このセルをもう一度実行してください。
+# **予想してから実行:** 2,110 個の値のうち、各ランクはいくつを持つでしょうか?
 
 # %% [markdown] lang="en"
-# ## PyTorch Lightning and Hugging Face Accelerate
+# ## FSDP and ZeRO: holding part of the parameters
 #
-# Both write the DDP training loop for you (starting processes, `DistributedSampler`,
-# gradient accumulation, checkpoints, and so on). Gradient accumulation is
+# Doc 000's "each GPU holds part of the model's parameters" is not DDP (every DDP rank
+# holds all parameters: lesson 03). Holding parts of the parameters is **ZeRO**
+# (DeepSpeed) and PyTorch's **FSDP**.
 #
-# - Lightning: `Trainer(strategy="ddp", accumulate_grad_batches=K)`
-# - Accelerate: `Accelerator(gradient_accumulation_steps=K)` and
-#   `with accelerator.accumulate(model):`
+# - ZeRO-1 shards the optimizer states over the ranks, ZeRO-2 the gradients as well, and
+#   ZeRO-3 the parameters themselves too.
+# - FSDP2 (`torch.distributed.fsdp.fully_shard`) shards all three like ZeRO-3: it cuts
+#   every parameter along dimension 0 into one chunk per rank (`torch.chunk(dim=0)`).
+#   Before a layer's forward and backward it gathers that layer's parameters with an
+#   all-gather, and frees them afterwards
+#   ([fully_shard documentation](https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html)).
 #
-# As lesson 04 showed, gradient accumulation under DDP needs `no_sync` to be fast (the
-# result is the same either way; without it, every micro-batch costs an all-reduce). Check that both use `no_sync` underneath, in their source and by counting calls
-# of `DistributedDataParallel.no_sync`. Accumulating 8 batches with K = 4 should give 2
-# updates and 8 − 2 = 6 entries into `no_sync`.
+# FSDP2 runs on gloo on the CPU. Shard a tiny MLP (2,110 parameters) over two ranks and
+# check that each rank holds half of every parameter, and that the gradients still equal
+# those of one process on the whole batch. A sharded parameter is a DTensor; its
+# placement `Shard(dim=0)` says "cut along dimension 0 and dealt out to the ranks". This
+# is only a look at how the parameters are cut: how many bytes per parameter each stage
+# holds (fp32 Adam and mixed precision) is counted in
+# [11: Where the memory goes](11_zero_by_hand.ipynb#cell-id=11-where-the-memory-goes),
+# which also writes stages 1 to 3 by hand; training with FSDP2 and saving a sharded
+# checkpoint is [12: FSDP2: fully_shard](12_fsdp2.ipynb#cell-id=12-fsdp2-fully-shard).
 #
-# Both are **optional extras**, not in the course's default environment. Without them
-# the next cell has no source to read and nothing to run, so it cannot check anything:
-# it then says which it skipped, and that this run does not show that they use
-# `no_sync`. To check, run `pip install lightning accelerate` and run the cell again.
+# **Predict, then run:** of the 2,110 values, how many does each rank hold?
 
 # %%
-checked = []
-for name in ecosystem.FRAMEWORKS:
-    installed = doctor.version(name)
-    if installed is None:
-        print(labkit.t("framework_skip", name=name))
-        continue
-    checked.append(name)
-    print(f"{name} {installed}:", *ecosystem.no_sync_lines(name), sep="\n    ")
-    counted = ecosystem.run_counted(name)
-    for r in counted:
-        print(f"  rank {r['rank']}: wrapped in {r['wrapped_in']}, {r['batches']} batches, "
-              f"{r['optimizer_steps']} optimizer steps, no_sync entered "
-              f"{r['no_sync_entries']} times")
-        assert r["wrapped_in"] == "DistributedDataParallel"
-        assert r["optimizer_steps"] == r["batches"] // r["accum_steps"]
-        assert r["no_sync_entries"] == r["batches"] - r["optimizer_steps"]
-print(labkit.t("frameworks_checked", checked=", ".join(checked) or "-",
-               skipped=", ".join(n for n in ecosystem.FRAMEWORKS if n not in checked)
-               or "-"))
+from labkit import cluster
+
+ranks = cluster.start(2)
+
+# %%
+# %%px
+from labkit import sharding
+
+fsdp = sharding.fsdp_experiment(rank, world_size)
+for name, s in fsdp["shards"].items():
+    print(f"rank {rank} {name:10s} whole {s['global']}, held here {s['local']} ({s['placement']})")
+print(f"rank {rank}: holds {fsdp['local_numel']} of {fsdp['full_numel']} values; "
+      f"|grad - whole-batch grad| = {fsdp['grad_max_abs_diff']:.1e}")
+assert fsdp["local_numel"] * world_size == fsdp["full_numel"]
+assert fsdp["shards"]["fc1.weight"]["local"] == (100 // world_size, 10)
+assert fsdp["grad_max_abs_diff"] <= 1e-6
 
 # %% [markdown] lang="ja"
-# 記事は「コードを変更することなく、複数の GPU 上でモデルを訓練することができます」と書いていますが、
-# Lightning では学習コードを `LightningModule` の形に書き直し、Accelerate では `accelerator.prepare` と
-# `accelerator.backward` を書き加えます。正確には「少ない変更で済む」です。
+# ## 演習 (任意): 各ランクはいくつの値を持つか
+#
+# 2 ランクでは、小さな MLP のどのパラメータも行数が偶数なので、各ランクはちょうど半分を持ちました。
+# 行数がランク数で割り切れないときはどうなるでしょうか。`values_held(shape, rank, world_size)` を
+# 書いてください。`fully_shard` で `world_size` ランクに分けたとき、形が `shape` のパラメータの値を
+# ランク `rank` がいくつ持つかを返します。FSDP2 は 0 番目の次元を `torch.chunk` と同じように切ります
+# (レッスン 02 の `scatter` がバッチを切るのと同じ切り方です)。
+#
+# 確認のセルは、このレッスンの 2 ランクで、行数が奇数の MLP (`Linear(10, 5)` と `Linear(5, 1)`) を
+# 実際に `fully_shard` で分けた結果と比べ、さらに小さな MLP を 3 ランクと 8 ランクに分けた場合を
+# `torch.chunk` と比べます。この関数はカーネルで実行されます。
 
 # %% [markdown] lang="en"
-# The document says these frameworks train on several GPUs "without changing the code".
-# Lightning needs the training code rewritten as a `LightningModule`; Accelerate needs
-# `accelerator.prepare` and `accelerator.backward` added. "With few changes" is accurate.
+# ## Exercise (optional): how much does each rank hold?
+#
+# On two ranks every parameter of the tiny MLP has an even number of rows, so each rank
+# held exactly half. What if the rows do not divide by the number of ranks? Write
+# `values_held(shape, rank, world_size)`: how many values of a parameter of shape
+# `shape` rank `rank` holds when `fully_shard` shards it over `world_size` ranks. FSDP2
+# cuts dimension 0 as `torch.chunk` does (the way lesson 02's `scatter` cuts a batch).
+#
+# The check compares with what `fully_shard` really does on this lesson's two ranks to an
+# MLP with odd numbers of rows (`Linear(10, 5)` and `Linear(5, 1)`), then with
+# `torch.chunk` for the tiny MLP on 3 and 8 ranks. The function runs in the kernel.
+
+# %% tags=["exercise"]
+import math
+
+
+def values_held(shape, rank, world_size):
+    """How many values of a parameter of `shape` rank `rank` holds under fully_shard."""
+    return None  # TODO: the rows of this rank's piece of dimension 0, times a row's values
+
+# %% tags=["solution"]
+def values_held(shape, rank, world_size):
+    """How many values of a parameter of `shape` rank `rank` holds under fully_shard."""
+    rows, per_row = shape[0], math.prod(shape[1:])
+    piece = math.ceil(rows / world_size)  # torch.chunk: every piece but the last this size
+    mine = min(piece, max(0, rows - rank * piece))  # the last pieces: fewer rows, or none
+    return mine * per_row
+
+# %%
+exercises.grade_shard_sizes(ranks, values_held)
+
+# %%
+ranks.stop()
 
 # %% [markdown] lang="ja"
 # ## Horovod のいま
 #
+# *記事の補足: 記事 000 と 004 が挙げる Horovod が、いまどうなっているかを確かめます。*
+#
 # Horovod は Uber が作り、LF AI & Data Foundation に移された分散学習ライブラリです。記事 000 と 004 は
 # 選択肢として挙げていますが、PyTorch で新しく使う理由はほとんどありません。
 #
-# - **最新のリリースは 0.28.1** です (このマシンで `pip index versions horovod` を実行して確認。PyPI に
+# - **最新のリリースは 0.28.1** です (`pip index versions horovod` で確認。PyPI に
 #   あるのは 0.28.1 まで)。配布物の `PKG-INFO` の日付は 2023-06-12 で、それ以降のリリースはありません。
 # - **ホイールがなく、ソースからビルドします** (`pip download --only-binary :all: horovod==0.28.1` は
 #   「No matching distribution」)。CMake と C++ コンパイラが要り、PyTorch に対してビルドされます。
@@ -396,7 +513,7 @@ print(labkit.t("frameworks_checked", checked=", ".join(checked) or "-",
 #   ([horovod#3996](https://github.com/horovod/horovod/issues/3996))。修正
 #   ([horovod#3998](https://github.com/horovod/horovod/pull/3998)、C++17 でコンパイル) はリリースに
 #   含まれていません。torch のヘッダが要求する規格は、そのあとさらに上がりました。torch 2.13 のヘッダは
-#   C++17、torch 2.14 のヘッダは C++20 を要求します (次のセルが、このマシンの torch のヘッダで確かめます)。
+#   C++17、torch 2.14 のヘッダは C++20 を要求します (次のセルが、インストールされた torch のヘッダで確かめます)。
 # - Databricks は Horovod と HorovodRunner を非推奨とし、PyTorch には TorchDistributor を勧めています
 #   ([Databricks のドキュメント、フランス語版](https://docs.databricks.com/aws/fr/archive/machine-learning/train-model/horovod))。
 #
@@ -419,12 +536,14 @@ print(labkit.t("frameworks_checked", checked=", ".join(checked) or "-",
 # %% [markdown] lang="en"
 # ## Horovod today
 #
+# *Article material: where Horovod, which docs 000 and 004 name, stands today.*
+#
 # Horovod is a distributed-training library started at Uber and moved to the LF AI &
 # Data Foundation. Docs 000 and 004 list it as an option; for PyTorch there is little
 # reason to start with it today.
 #
-# - **The latest release is 0.28.1** (checked on this machine with `pip index versions
-#   horovod`: PyPI has nothing newer). Its `PKG-INFO` is dated 2023-06-12, and nothing
+# - **The latest release is 0.28.1** (checked with `pip index versions horovod`: PyPI
+#   has nothing newer). Its `PKG-INFO` is dated 2023-06-12, and nothing
 #   has been released since.
 # - **There are no wheels: it builds from source** (`pip download --only-binary :all:
 #   horovod==0.28.1` finds "No matching distribution"). It needs CMake and a C++
@@ -434,7 +553,7 @@ print(labkit.t("frameworks_checked", checked=", ".join(checked) or "-",
 #   against PyTorch 2.1.0 ([horovod#3996](https://github.com/horovod/horovod/issues/3996)).
 #   The fix ([horovod#3998](https://github.com/horovod/horovod/pull/3998), compiling as
 #   C++17) is in no release. torch's headers have moved on since: torch 2.13's require
-#   C++17, torch 2.14's C++20 (the next cell reads this machine's).
+#   C++17, torch 2.14's C++20 (the next cell reads the installed torch's).
 # - Databricks has deprecated Horovod and HorovodRunner and recommends TorchDistributor
 #   for PyTorch ([Databricks documentation, French edition](https://docs.databricks.com/aws/fr/archive/machine-learning/train-model/horovod)).
 #
@@ -471,6 +590,8 @@ print("horovod installed:", importlib.util.find_spec("horovod") is not None)
 # %% [markdown] lang="ja"
 # ## TensorFlow Lattice は分散学習のフレームワークではない
 #
+# *記事の補足: 記事 004 の記述を確かめます。*
+#
 # 記事 004 は「PyTorch Lightning や TensorFlow Lattice などのフレームワークは、分散訓練を自動的に処理する」と
 # 書いていますが、TensorFlow Lattice はそういうものではありません。公式の説明では「柔軟で、制御でき、
 # 解釈できる**格子 (lattice) ベースのモデル**を実装するライブラリ」で、単調性や凸性などの
@@ -484,6 +605,8 @@ print("horovod installed:", importlib.util.find_spec("horovod") is not None)
 # %% [markdown] lang="en"
 # ## TensorFlow Lattice is not a distributed-training framework
 #
+# *Article material: a claim of doc 004, checked.*
+#
 # Doc 004 says "frameworks such as PyTorch Lightning and TensorFlow Lattice handle
 # distributed training automatically". TensorFlow Lattice is nothing of the kind. In its
 # own words it is "a library that implements flexible, controlled and interpretable
@@ -495,158 +618,54 @@ print("horovod installed:", importlib.util.find_spec("horovod") is not None)
 # and has nothing to do with PyTorch or with distributed training. Frameworks for
 # distributed training with PyTorch are Lightning, Accelerate, DeepSpeed and others.
 
-# %% [markdown] lang="ja"
-# ## FSDP と ZeRO: パラメータを分割して持つ
+# %% [markdown] lang="ja" tags=["summary"]
+# ## 覚えておくこと
 #
-# 記事 000 の「各 GPU はモデルのパラメータの一部を保持し」は DDP には当てはまりません (DDP の各ランクは
-# 全パラメータを持ちます。レッスン 03)。パラメータを分割して持つのは **ZeRO** (DeepSpeed) と
-# PyTorch の **FSDP** です。
+# - **torchrun はノードごとに 1 つ起動し**、どれも同じ `--nnodes`、`--nproc-per-node`、`--rdzv-id`、
+#   `--rdzv-endpoint` で、c10d のランデブーが互いを見つけてランク番号を割り振ります。
+# - **`RANK = node_rank × nproc_per_node + LOCAL_RANK`、`WORLD_SIZE = nnodes × nproc_per_node`** で、
+#   `LOCAL_RANK` はそのノードのどの GPU を使うかを決めます。
+# - **クラスタでは、スケジューラの起動コマンドが各ノードで `torchrun_node.sh` を 1 回ずつ実行し**、割り当ての
+#   最初のノードが待ち合わせ場所になります (システムごとに変えるのは冒頭の指定、`module load`、ノードあたりの
+#   プロセス数です)。
+# - **Lightning と Accelerate は DDP の学習ループを代わりに書き**、勾配累積には中で `no_sync` を使います
+#   (コードの変更は少なくて済みますが、なくはなりません)。
+# - **DDP は全ランクがモデルを丸ごと持ち、FSDP と ZeRO は分割して持ち**、FSDP2 は各パラメータを 0 番目の
+#   次元で切って、層を動かすあいだだけ集めます。
+
+# %% [markdown] lang="en" tags=["summary"]
+# ## What to remember
 #
-# - ZeRO-1 はオプティマイザの状態を、ZeRO-2 はさらに勾配を、ZeRO-3 はさらにパラメータそのものを
-#   ランクに分割して持ちます。
-# - FSDP2 (`torch.distributed.fsdp.fully_shard`) は ZeRO-3 と同じく 3 つとも分け、各パラメータを
-#   0 番目の次元でランク数で分割して (`torch.chunk(dim=0)`) 持ちます。順伝播と逆伝播の前に、その層の
-#   パラメータを all-gather で一時的に集め、使い終わったら解放します
-#   ([fully_shard のドキュメント](https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html))。
+# - **One torchrun per node**, all with the same `--nnodes`, `--nproc-per-node`,
+#   `--rdzv-id` and `--rdzv-endpoint`: the c10d rendezvous finds the agents and hands
+#   out the ranks.
+# - **`RANK = node_rank × nproc_per_node + LOCAL_RANK` and `WORLD_SIZE = nnodes ×
+#   nproc_per_node`**; `LOCAL_RANK` picks the node's GPU.
+# - **On a cluster, the scheduler's launcher runs `torchrun_node.sh` once on every
+#   node**, and the allocation's first node is the meeting point; what changes per site
+#   is the header, the `module load` line and the processes per node.
+# - **Lightning and Accelerate write the DDP loop for you** and accumulate gradients with
+#   `no_sync` underneath, with few changes to your code (not none).
+# - **DDP keeps a whole copy of the model on every rank; FSDP and ZeRO shard it**, FSDP2
+#   cutting each parameter along dimension 0 and gathering it only while its layer runs.
+
+# %% [markdown] lang="ja" tags=["self-check"]
+# ## 確認問題
 #
-# FSDP2 は gloo バックエンドを使えば CPU でも動きます。2 ランクで記事 004 のモデルを分割し、各ランクが各パラメータの半分だけを
-# 持つこと、それでも勾配は 1 プロセスで全体のバッチを使ったものと一致することを確かめます。
-# ここでは分け方を見るだけです。ZeRO のステージ 1〜3 を手で書き、メモリと通信量を測り、FSDP2 で学習して
-# チェックポイントを保存するのはレッスン 11 です。
+# 次の 3 問に答えてから先へ進んでください。答えの折りたたみは、自分で答えを決めてから開きます。
 
-# %% [markdown] lang="en"
-# ## FSDP and ZeRO: holding part of the parameters
+# %% [markdown] lang="en" tags=["self-check"]
+# ## Self-check
 #
-# Doc 000's "each GPU holds part of the model's parameters" is not DDP (every DDP rank
-# holds all parameters: lesson 03). Holding parts of the parameters is **ZeRO**
-# (DeepSpeed) and PyTorch's **FSDP**.
-#
-# - ZeRO-1 shards the optimizer states over the ranks, ZeRO-2 the gradients as well, and
-#   ZeRO-3 the parameters themselves too.
-# - FSDP2 (`torch.distributed.fsdp.fully_shard`) shards all three like ZeRO-3: it cuts
-#   every parameter along dimension 0 into one chunk per rank (`torch.chunk(dim=0)`).
-#   Before a layer's forward and backward it gathers that layer's parameters with an
-#   all-gather, and frees them afterwards
-#   ([fully_shard documentation](https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html)).
-#
-# FSDP2 runs on gloo on the CPU. Shard doc 004's model over two ranks and check that each
-# rank holds half of every parameter, and that the gradients still equal those of one
-# process on the whole batch. This is only a look at how the parameters are cut: lesson
-# 11 writes ZeRO's stages 1 to 3 by hand, measures their memory and traffic, trains with
-# FSDP2 and saves a sharded checkpoint.
+# Answer the three questions before reading on; open an answer's fold only after
+# answering.
 
-# %%
-from labkit import cluster
+# %% tags=["self-check"]
+from labkit import selfcheck
 
-ranks = cluster.start(2)
+selfcheck.show("09_ecosystem")
 
-# %%
-# %%px
-from labkit import sharding
-
-fsdp = sharding.fsdp_experiment(rank, world_size)
-for name, s in fsdp["shards"].items():
-    print(f"rank {rank} {name:10s} whole {s['global']}, held here {s['local']} ({s['placement']})")
-print(f"rank {rank}: holds {fsdp['local_numel']} of {fsdp['full_numel']} values; "
-      f"|grad - whole-batch grad| = {fsdp['grad_max_abs_diff']:.1e}")
-assert fsdp["local_numel"] * world_size == fsdp["full_numel"]
-assert fsdp["shards"]["fc1.weight"]["local"] == (100 // world_size, 10)
-assert fsdp["grad_max_abs_diff"] <= 1e-6
-
-# %% [markdown] lang="ja"
-# ## 演習: 各ランクはいくつの値を持つか
-#
-# 2 ランクでは、記事 004 の MLP のどのパラメータも行数が偶数なので、各ランクはちょうど半分を持ちました。
-# 行数がランク数で割り切れないときはどうなるでしょうか。`values_held(shape, rank, world_size)` を
-# 書いてください。`fully_shard` で `world_size` ランクに分けたとき、形が `shape` のパラメータの値を
-# ランク `rank` がいくつ持つかを返します。FSDP2 は 0 番目の次元を `torch.chunk` と同じように切ります
-# (レッスン 02 の `scatter` がバッチを切るのと同じ切り方です)。
-#
-# 確認のセルは、このレッスンの 2 ランクで、行数が奇数の MLP (`Linear(10, 5)` と `Linear(5, 1)`) を
-# 実際に `fully_shard` で分けた結果と比べ、さらに記事 004 の MLP を 3 ランクと 8 ランクに分けた場合を
-# `torch.chunk` と比べます。この関数はカーネルで実行されます。
-
-# %% [markdown] lang="en"
-# ## Exercise: how much does each rank hold?
-#
-# On two ranks every parameter of doc 004's MLP has an even number of rows, so each rank
-# held exactly half. What if the rows do not divide by the number of ranks? Write
-# `values_held(shape, rank, world_size)`: how many values of a parameter of shape
-# `shape` rank `rank` holds when `fully_shard` shards it over `world_size` ranks. FSDP2
-# cuts dimension 0 as `torch.chunk` does (the way lesson 02's `scatter` cuts a batch).
-#
-# The check compares with what `fully_shard` really does on this lesson's two ranks to an
-# MLP with odd numbers of rows (`Linear(10, 5)` and `Linear(5, 1)`), then with
-# `torch.chunk` for doc 004's MLP on 3 and 8 ranks. The function runs in the kernel.
-
-# %% tags=["exercise"]
-import math
-
-
-def values_held(shape, rank, world_size):
-    """How many values of a parameter of `shape` rank `rank` holds under fully_shard."""
-    return None  # TODO: the rows of this rank's piece of dimension 0, times a row's values
-
-# %% tags=["solution"]
-def values_held(shape, rank, world_size):
-    """How many values of a parameter of `shape` rank `rank` holds under fully_shard."""
-    rows, per_row = shape[0], math.prod(shape[1:])
-    piece = math.ceil(rows / world_size)  # torch.chunk: every piece but the last this size
-    mine = min(piece, max(0, rows - rank * piece))  # the last pieces: fewer rows, or none
-    return mine * per_row
-
-# %%
-exercises.grade_shard_sizes(ranks, values_held)
-
-# %%
-ranks.stop()
-
-# %% [markdown] lang="ja"
-# 大きなモデルでの差は、ZeRO の論文 (Rajbhandari ら、「ZeRO: Memory Optimizations Toward Training Trillion
-# Parameter Models」、2019) の例で計算できます。混合精度の Adam では、1 パラメータあたり
-# float16 のパラメータ 2 バイト、float16 の勾配 2 バイト、オプティマイザの状態 12 バイト (float32 の
-# パラメータのコピー (マスターコピー)、モーメンタム、分散) を持ちます。75 億パラメータを 64 ランクで学習すると、1 ランクあたり
-# DDP は 120 GB、ZeRO-1 は 31.4 GB、ZeRO-2 は 16.6 GB、ZeRO-3 (FSDP) は 1.9 GB です (活性値は含みません)。
-
-# %% [markdown] lang="en"
-# For a large model, the ZeRO paper (Rajbhandari et al., "ZeRO: Memory Optimizations
-# Toward Training Trillion Parameter Models", 2019) gives the arithmetic. With
-# mixed-precision Adam each parameter takes 2 bytes (float16 parameter), 2 bytes (float16
-# gradient) and 12 bytes of optimizer state (a float32 copy of the parameter, momentum
-# and variance). Training 7.5 billion parameters on 64 ranks takes, per rank, 120 GB
-# with DDP, 31.4 GB with ZeRO-1, 16.6 GB with ZeRO-2 and 1.9 GB with ZeRO-3 (FSDP),
-# activations not included.
-
-# %%
-per_rank = sharding.memory_per_rank(7.5e9, 64)
-for stage, b in per_rank.items():
-    print(f"{stage:14s} {b / 1e9:6.1f} GB per rank")
-assert [round(b / 1e9, 1) for b in per_rank.values()] == [120.0, 31.4, 16.6, 1.9]
-fig = plots.bar_chart({"7.5B, 64 ranks": {k: v / 1e9 for k, v in per_rank.items()}},
-                      ylabel="gb_per_rank", title="zero_title", fmt="{:.1f} GB")
-
-# %% [markdown] lang="ja"
-# ## まとめ
-#
-# | 記事の記述 | 実際 |
-# |---|---|
-# | 手動で並列化: まずモデルを GPU に分割 | データ並列はデータを分けてモデルを複製する。部品は `replicate` など (レッスン 02)、プロセスなら集団通信と DDP |
-# | Horovod は使いやすくスケーラブル | 最新リリースは 2023 年の 0.28.1。ソースからのビルドが必要で、PyTorch 2.1 以降に対してはビルドできないと報告されている。PyTorch では `torchrun` と DDP を使う |
-# | Horovod は MPI で通信、モデルを Horovod でラップ | ラップする (包む) のはオプティマイザ (`hvd.DistributedOptimizer`) |
-# | Lightning や TensorFlow Lattice が分散訓練を自動で | Lightning (と Accelerate) については正しい。中で `no_sync` を使う (インストールされているときだけセルが確かめる。既定の環境では確かめない)。TensorFlow Lattice は形状制約つきの格子モデルのライブラリ |
-# | コードを変更することなく | 少ない変更で (LightningModule、`accelerator.prepare`) |
-# | 各 GPU はパラメータの一部を保持 | DDP ではなく FSDP / ZeRO-3 |
-# | 複数台へのスケールアウト | 各ノードで torchrun、c10d ランデブー。クラスタでは SLURM、PBS、PJM から (`labkit/cluster/slurm_example.sh`、`pbs_example.sh`、`pjm_example.sh`) |
-
-# %% [markdown] lang="en"
-# ## Summary
-#
-# | the documents say | in fact |
-# |---|---|
-# | by hand: first split the model across the GPUs | data parallelism splits the data and copies the model; the parts are `replicate` and friends (lesson 02), or collectives and DDP across processes |
-# | Horovod is easy to use and scalable | latest release 0.28.1 from 2023; builds from source only, reported not to build against PyTorch 2.1 and later; with PyTorch use `torchrun` and DDP |
-# | Horovod communicates with MPI, wrap the model with Horovod | you wrap the optimizer (`hvd.DistributedOptimizer`) |
-# | Lightning and TensorFlow Lattice handle distribution | right for Lightning (and Accelerate), which use `no_sync` underneath (the cell checks it only where they are installed, not in the default environment); TensorFlow Lattice is a library of shape-constrained lattice models |
-# | without changing the code | with few changes (a LightningModule, `accelerator.prepare`) |
-# | each GPU holds part of the parameters | not DDP: FSDP / ZeRO-3 |
-# | beyond one machine | one torchrun per node, c10d rendezvous; on clusters from SLURM, PBS or PJM (`labkit/cluster/slurm_example.sh`, `pbs_example.sh`, `pjm_example.sh`) |
+# %% tags=["self-check"]
+# Your answers, "a", "b", "c" or "d" for each question; then run this cell.
+my_answers = {1: None, 2: None, 3: None}
+selfcheck.check("09_ecosystem", my_answers)

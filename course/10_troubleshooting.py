@@ -8,47 +8,43 @@
 #     name: python3
 # ---
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["outcomes"]
 # # 10 DDP がうまくいかないとき: ハング、食い違い、使われないパラメータ、不揃いな入力、チェックポイント
 #
-# DDP を学ぶ人がいちばん困るのは、モデルの包み方ではなく、学習が止まる (ハングする)、エラーになる、
-# 間違った数字を出す、という場面です。このレッスンでは、それぞれの失敗を 2 つのランクでわざと起こし、
-# 出たエラーを読み、原因を突き止め、直し、直ったことを確かめます。
+# このレッスンを終えると、次のことができます。
 #
-# 1. 一部のランクだけが呼ぶ集団通信 (ハング)
-# 2. ランクごとに食い違う集団通信
-# 3. 順伝播で使われないパラメータ
-# 4. ランクごとに数の違う入力、`DistributedSampler` の水増し
-# 5. DDP でのチェックポイント
-# 6. 学習の途中で死ぬランクと、torchrun による再開
+# - 集団通信の約束 (全ランクが同じ集団通信を同じ順に呼ぶ) を説明し、それを破ったランクや呼び出しを
+#   `monitored_barrier`、スタックの表示、Flight Recorder、`TORCH_DISTRIBUTED_DEBUG` で突き止める
+# - 順伝播で使われないパラメータを見つけ、`find_unused_parameters=True` と `static_graph=True` を使い分ける
+# - ランクごとにバッチの数が違うエポックを `Join` で最後まで回し、`DistributedSampler` の水増しがあっても
+#   正確な検証の指標を計算する
+# - DDP でチェックポイントを保存して読み、torchrun が起動し直した学習をそこから続ける
 #
-# ハングを何分も待たなくて済むように、ランクの集団通信は 3 秒で時間切れにします (gloo の既定は 30 分)。
-# 失敗するセルのあとでは、labkit がプロセスグループを作り直すので、次のセルは両方のランクで動きます。
-# 失敗させるセルには `raises-exception` のタグが付いているので、「実行」メニューの「すべてのセルを実行」は
-# そこで止まりません。次のセルが、どのランクが何で失敗したか (`ranks.last_failure`) を確かめます。
-# コードのセルが表示する出力は英語のままです (図と確認のメッセージは日本語です)。
+# どの失敗も 2 つのランクでわざと起こし、エラーを読み、原因を突き止め、直し、直ったことを確かめます。
+# 集団通信は 3 秒で時間切れにします (gloo の既定は 30 分)。失敗させるセルには `raises-exception` のタグが
+# 付いているので、「すべてのセルを実行」はそこで止まりません。次のセルが、どのランクが何で失敗したか
+# (`ranks.last_failure`) を確かめ、その次のセルはまた両方のランクで動きます。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["outcomes"]
 # # 10 When DDP goes wrong: hangs, mismatches, unused parameters, uneven inputs, checkpoints
 #
-# What troubles people learning DDP most is not how to wrap a model but training that
-# stops (hangs), raises, or reports the wrong number. This lesson causes each of these
-# failures on purpose on two ranks, reads the error you get, finds the cause, fixes it,
-# and checks the fix.
+# After this lesson you can:
 #
-# 1. a collective that only some ranks call (a hang)
-# 2. collectives that differ between ranks
-# 3. parameters the forward pass does not use
-# 4. ranks with different numbers of batches, and `DistributedSampler`'s padding
-# 5. checkpoints under DDP
-# 6. a rank that dies mid-step, and torchrun resuming the run
+# - state the collective contract (every rank calls the same collectives in the same
+#   order) and find the rank or the call that breaks it, with `monitored_barrier`, a
+#   stack dump, the Flight Recorder and `TORCH_DISTRIBUTED_DEBUG`;
+# - find the parameters a forward pass does not use, and choose between
+#   `find_unused_parameters=True` and `static_graph=True`;
+# - end an epoch whose ranks hold different numbers of batches with `Join`, and compute
+#   a validation metric that is exact despite `DistributedSampler`'s padding;
+# - save and load a checkpoint under DDP, and go on from it after torchrun restarts a
+#   run.
 #
-# So that no hang takes minutes, the ranks' collectives time out after 3 s here (gloo's
-# default is 30 minutes). After a cell that fails, labkit makes a new process group, so
-# the next cell runs on both ranks. The cells that fail on purpose are tagged
-# `raises-exception`, so Run > "Run All Cells" does not stop at them; the cell after
-# each checks which rank failed and how (`ranks.last_failure`). The code cells print in
-# English in both editions; figures and checks follow the notebook's language.
+# Each failure is caused on purpose on two ranks: break it, read the error, find the
+# cause, fix it, check the fix. Collectives time out after 3 s here (gloo's default is
+# 30 minutes). The cells that fail on purpose are tagged `raises-exception`, so "Run All
+# Cells" does not stop at them; the cell after each checks which rank failed and how
+# (`ranks.last_failure`), and the next one runs on both ranks again.
 
 # %%
 import labkit
@@ -65,10 +61,11 @@ ranks = cluster.start(2, timeout_s=3)  # a collective waits 3 s at most
 # ## 一部のランクだけが呼ぶ集団通信
 #
 # `all_reduce` や `barrier` のような集団通信は、**すべてのランクが同じ順に呼ぶ**約束です。よくある間違いは、
-# 「表示はランク 0 だけで」のつもりで、集団通信まで `if rank == 0:` の中に入れることです
-# (BatchNorm のようなバッファを持つ DDP のモデルの順伝播も集団通信です。DDP はまずランク 0 の
-# バッファをコピーします。レッスン 08)。ランク 1 は呼ばずに先へ進み、ランク 0 は来ない
+# 「表示はランク 0 だけで」のつもりで、集団通信まで `if rank == 0:` の中に入れることです (バッファを持つ
+# DDP のモデルの順伝播も集団通信です。レッスン 08)。ランク 1 は呼ばずに先へ進み、ランク 0 は来ない
 # 相手を待ち続けます。
+#
+# **予想してから実行:** 次のセルでは、どのランクが、どうなるでしょうか?
 
 # %% [markdown] lang="en"
 # ## A collective that only some ranks call
@@ -76,9 +73,10 @@ ranks = cluster.start(2, timeout_s=3)  # a collective waits 3 s at most
 # Collectives such as `all_reduce` and `barrier` come with a contract: **every rank calls
 # them, in the same order**. A common mistake is to mean "print on rank 0 only" and put
 # the collective under `if rank == 0:` as well (the forward pass of a DDP model with
-# buffers, such as BatchNorm's, is one too: DDP first copies rank 0's buffers, lesson
-# 08). Rank 1 skips the call and moves on; rank 0 waits for
-# a partner that never comes.
+# buffers is a collective too: lesson 08). Rank 1 skips the call and moves on; rank 0
+# waits for a partner that never comes.
+#
+# **Predict, then run:** which rank fails in the next cell, and how?
 
 # %% tags=["raises-exception"]
 # %%px
@@ -115,16 +113,16 @@ assert loss.item() == 3.0
 # %% [markdown] lang="ja"
 # ### どのランクが来ていないかを知る
 #
-# 実際のコードでは、どの集団通信でどのランクが欠けたのかは、時間切れのメッセージからはわかりません。
-# 疑わしい場所の前に `dist.monitored_barrier` を置くと、ランク 0 が全ランクの到着を確かめ、来なかった
-# ランクの番号を示します (gloo だけで使えます。確かめるのはランク 0 です)。
+# 時間切れのメッセージからは、どの集団通信にどのランクが来なかったのかはわかりません。疑わしい場所の前に
+# `dist.monitored_barrier` を置くと、ランク 0 が全ランクの到着を確かめ、来なかったランクの番号を示します
+# (gloo だけで使えます)。
 
 # %% [markdown] lang="en"
 # ### Which rank is missing
 #
-# In real code the timeout message does not say which collective lacked which rank. Put
+# The timeout message does not say which collective lacked which rank. Put
 # `dist.monitored_barrier` before the suspect: rank 0 checks that every rank arrives
-# and names those that do not (gloo only; rank 0 does the checking).
+# and names those that do not (gloo only).
 
 # %% tags=["raises-exception"]
 # %%px
@@ -142,29 +140,37 @@ assert "Rank 1 failed to pass monitoredBarrier in 2000 ms" in ranks.last_failure
 # %% [markdown] lang="ja"
 # ### 各ランクがどこで待っているかを見る
 #
-# 止まったプロセスの中を見るには、そのプロセスの Python のスタックを表示します。
-# [`py-spy`](https://github.com/benfred/py-spy) の `py-spy dump --pid PID` がそうします。ターミナルから
-# 打つコマンドですが、ここではランク 0 が待っているあいだに、呼ばなかったランク 1 が同じコマンドを
-# ランク 0 に向けて実行します。py-spy はほかのプロセスのメモリを読むので、その権限が要ります。macOS と、
-# Yama の ptrace 制限を有効にした Linux (多くのディストリビューションの既定) では `sudo` が必要です
+# 止まったプロセスがどこで待っているかは、その Python のスタックでわかります。ターミナルから
+# [`py-spy`](https://github.com/benfred/py-spy) の `py-spy dump --pid PID` を実行すれば表示されます。
+# ここでは、呼ばなかったランク 1 が、待っているランク 0 に向けて実行します。
+#
+# <details><summary>測り方の詳細</summary>
+#
+# py-spy はほかのプロセスのメモリを読むので、macOS と、Yama の ptrace 制限を有効にした Linux
+# (多くのディストリビューションの既定) では `sudo` が必要です
 # ([Python の説明](https://docs.python.org/ja/3/howto/remote_debugging.html#permission-requirements))。
-# 権限がなく実行できなかったときは、labkit が各ランクに書き出させたスタック (`stalls.process_stacks`) を
-# 代わりに表示します。Windows にはそのための SIGUSR1 がないので、py-spy も使えなければ、スタックを
-# 表示できないことだけを表示します。
+# 実行できなかったときは、labkit がランク 0 に書き出させたスタック (`stalls.process_stacks`) を代わりに
+# 表示します (SIGUSR1 のない Windows では、表示できないことだけを示します)。
+#
+# </details>
 
 # %% [markdown] lang="en"
 # ### Where each rank waits
 #
-# To look inside a stuck process, print its Python stack.
-# [`py-spy`](https://github.com/benfred/py-spy)'s `py-spy dump --pid PID` does that. It
-# is a command for a terminal; here, while rank 0 waits, rank 1 (which skipped the call)
-# runs it on rank 0. py-spy reads another process's memory, which takes the right to:
-# on macOS, and on Linux with Yama's ptrace restrictions (the default of many
-# distributions), it needs `sudo`
+# Where a stuck process waits is in its Python stack:
+# [`py-spy`](https://github.com/benfred/py-spy)'s `py-spy dump --pid PID`, run from a
+# terminal, prints it. Here rank 1, which skipped the call, runs it on rank 0 while rank
+# 0 waits.
+#
+# <details><summary>How this was measured</summary>
+#
+# py-spy reads another process's memory: on macOS, and on Linux with Yama's ptrace
+# restrictions (the default of many distributions), that needs `sudo`
 # ([Python's guide](https://docs.python.org/3/howto/remote_debugging.html#permission-requirements)).
-# Where it is refused, the cell shows instead the stacks labkit asks each rank to write
-# out (`stalls.process_stacks`). Windows has no SIGUSR1 to ask with: there, if py-spy
-# fails too, the cell only says that it cannot show the stack.
+# Where it is refused, the cell shows instead the stack labkit asks rank 0 to write out
+# (`stalls.process_stacks`; Windows has no SIGUSR1 to ask with, and the cell says so).
+#
+# </details>
 
 # %% tags=["raises-exception"]
 # %%px
@@ -186,8 +192,7 @@ else:
             break
     if spy.returncode == 0:
         stack = spy.stdout  # the main thread comes first
-    elif stalls.can_dump_stacks():  # py-spy refused (no right to read rank 0's
-        # memory) or not installed
+    elif stalls.can_dump_stacks():  # py-spy refused or missing: labkit's dump
         print(spy.stderr.strip(), "\n-> labkit's own stack dump instead:\n")
         stack = stalls.process_stacks(pids[0], wait_s=1.0) or ""
         stack = stack[stack.index("Current thread"):]  # the main thread
@@ -203,38 +208,40 @@ print(sorted(ranks.last_failure))
 assert sorted(ranks.last_failure) == [0]  # rank 0 timed out; rank 1 saw it in all_reduce
 
 # %% [markdown] lang="ja"
-# 上のランク 1 の出力では、ランク 0 のメインスレッドの一番上が `all_reduce` で、その下がセルの行です。
+# ランク 1 の出力では、ランク 0 のメインスレッドの一番上が `all_reduce` で、その下がセルの行です。
 # これが「どの集団通信で待っているか」の答えです。
 
 # %% [markdown] lang="en"
-# In rank 1's output above, rank 0's main thread has `all_reduce` on top, with the
-# cell's line below it: that is "which collective it waits in".
+# In rank 1's output, rank 0's main thread has `all_reduce` on top and the cell's line
+# below it: the collective it waits in.
 
 # %% [markdown] lang="ja"
 # ### Flight Recorder: 各ランクが入った集団通信の記録
 #
-# torch は、各ランクが呼んだ集団通信を記録しています (Flight Recorder。torch 2.13 では
-# gloo でも有効で、設定しなくても直近 2,000 件を保持しています)。各ランクの記録の最後を並べると、どのランクが
-# どの集団通信まで来たかがわかります。torch 2.13 で gloo の記録を取り出す関数は非公開
-# (`torch._C._distributed_c10d._dump_fr_trace_json`) なので、名前や引数・戻り値の形式 (シグネチャ) は今後変わるかもしれません。
-# 下のセルは、上でハングしたあとの記録を各ランクで読みます。
+# torch は、各ランクが呼んだ集団通信を記録しています (Flight Recorder。torch 2.13 では gloo でも、
+# 設定しなくても直近 2,000 件を保持します)。各ランクの記録の最後を並べると、どのランクがどの集団通信まで
+# 来たかがわかります。下のセルは、上でハングしたあとの記録を各ランクで読みます。
 
 # %% [markdown] lang="en"
 # ### Flight Recorder: the collectives each rank entered
 #
-# torch records the collectives each rank calls (the Flight Recorder; in torch 2.13 it
-# also works with gloo and keeps the last 2,000 without any setting). Put the end of
-# each rank's record side by side and you see how far each rank got. In torch 2.13 the
-# function that reads gloo's record is private
-# (`torch._C._distributed_c10d._dump_fr_trace_json`), so its name and shape may change.
-# The cell below reads each rank's record after the hang above.
+# torch records the collectives each rank calls (the Flight Recorder; in torch 2.13 also
+# with gloo, keeping the last 2,000 without any setting). Put the end of each rank's
+# record side by side and you see how far each rank got. The cell below reads each
+# rank's record after the hang above.
 
 # %%
 # %%px
 import json
 
-record = json.loads(torch._C._distributed_c10d._dump_fr_trace_json())  # private API
-last = record["entries"][-1]  # the last collective this rank entered
+
+def fr_entries(after=-1):
+    """This rank's Flight Recorder entries after record `after` (a private API)."""
+    entries = json.loads(torch._C._distributed_c10d._dump_fr_trace_json())["entries"]
+    return [e for e in entries if e["record_id"] > after]
+
+
+last = fr_entries()[-1]  # the last collective this rank entered
 print(f"rank {rank}: #{last['collective_seq_id']} {last['profiling_name']} "
       f"{last['input_sizes']}")
 seqs = [None] * world_size
@@ -246,14 +253,30 @@ if rank == 0:
 
 # %% [markdown] lang="ja"
 # ランク 0 の最後はランク 1 より 1 つ先の `gloo:all_reduce` です。ランク 1 はその集団通信に来なかった、
-# ということです。`torch.distributed.flight_recorder` の解析ツール (`torchfrtrace`) はこの判定を自動で
-# 行いますが、torch 2.13 の gloo の記録は読めません (グループ名が空のため)。
+# ということです。
+#
+# <details><summary>測り方の詳細</summary>
+#
+# torch 2.13 で gloo の記録を取り出す関数 (`torch._C._distributed_c10d._dump_fr_trace_json`) は非公開なので、
+# 名前や形式は今後変わるかもしれません。torch の解析ツール (`torchfrtrace`、
+# `torch.distributed.flight_recorder`) はこの判定を自動で行いますが、torch 2.13 の gloo の記録は読めません
+# (グループ名が空のため。tests/test_troubleshooting.py が確かめます)。
+#
+# </details>
 
 # %% [markdown] lang="en"
 # Rank 0's last entry is a `gloo:all_reduce` one ahead of rank 1's: rank 1 never came
-# to that collective. torch's analyzer (`torchfrtrace`, in
-# `torch.distributed.flight_recorder`) makes this judgement by itself, but cannot read
-# torch 2.13's gloo records (their group name is empty).
+# to that collective.
+#
+# <details><summary>How this was measured</summary>
+#
+# In torch 2.13 the function that reads gloo's record
+# (`torch._C._distributed_c10d._dump_fr_trace_json`) is private: its name and format may
+# change. torch's analyzer (`torchfrtrace`, in `torch.distributed.flight_recorder`) makes
+# this judgement by itself, but cannot read torch 2.13's gloo records (their group name
+# is empty; tests/test_troubleshooting.py checks both).
+#
+# </details>
 
 # %% [markdown] lang="ja"
 # ## ランクごとに食い違う集団通信
@@ -270,22 +293,25 @@ if rank == 0:
 
 # %% tags=["raises-exception"]
 # %%px
-t = torch.ones(4)
-if rank == 0:
-    dist.all_reduce(t)
-else:
-    dist.broadcast(t, src=0)
+def different_types():
+    t = torch.ones(4)
+    if rank == 0:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, src=0)
+
+
+different_types()
 
 # %%
 print(sorted(ranks.last_failure))
 assert sorted(ranks.last_failure) == [0, 1]  # both waited
-# The first to time out closes its connections; the other may then fail at once
-# with "Connection closed by peer".
+# The first to time out closes its connections: the other may then fail at once.
 assert any("Timed out" in message for message in ranks.last_failure.values())
 
 # %% [markdown] lang="ja"
 # もっと悪いのは、エラーにならない食い違いです。ランク 0 が和 (`SUM`)、ランク 1 が最大値 (`MAX`) で
-# `all_reduce` すると、どちらのランクも正しく終わったように見えますが、結果は和でも最大値でもありません。
+# `all_reduce` すると、どちらも正しく終わったように見えますが、結果は和でも最大値でもありません。
 # gloo はテンソルを分けて別々のランクで集約 (リダクション) するので、半分は和、半分は最大値になります。
 
 # %% [markdown] lang="en"
@@ -296,9 +322,14 @@ assert any("Timed out" in message for message in ranks.last_failure.values())
 
 # %%
 # %%px
-t = torch.tensor([1.0, 2.0, 3.0, 4.0]) * (1 + 9 * rank)  # rank 1: [10, 20, 30, 40]
-dist.all_reduce(t, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
-print(f"rank {rank}: {t.tolist()}")
+def sum_against_max():
+    t = torch.tensor([1.0, 2.0, 3.0, 4.0]) * (1 + 9 * rank)  # rank 1: [10, 20, 30, 40]
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+    print(f"rank {rank}: {t.tolist()}")
+    return t
+
+
+t = sum_against_max()
 assert t.tolist() == [11.0, 22.0, 30.0, 40.0]  # first half summed, second half maxed
 assert compare.rank_max_diff(t) == 0  # and both ranks agree on it: nothing looks wrong
 
@@ -306,20 +337,20 @@ assert compare.rank_max_diff(t) == 0  # and both ranks agree on it: nothing look
 # ### `TORCH_DISTRIBUTED_DEBUG=DETAIL`
 #
 # デバッグ用の設定 `TORCH_DISTRIBUTED_DEBUG=DETAIL` では、torch がプロセスグループを包み、集団通信の
-# たびに全ランクのフィンガープリント (何番目の呼び出しか、種類、テンソルの形と型) を比べます。
-# 食い違えば、その場で、食い違った両方の呼び出しを具体的に示してエラーにします。torch はこの環境変数を **import したとき**に読むので、
-# すでに動いているランクでは `dist.set_debug_level_from_env()` で読み直させ、プロセスグループを
-# 作り直します (包むのはグループを作るときだからです)。
+# たびに全ランクのフィンガープリント (何番目の呼び出しか、種類、テンソルの形と型) を比べ、食い違えば
+# 両方の呼び出しを示してエラーにします。torch はこの環境変数を import したときに読むので、動いている
+# ランクでは `dist.set_debug_level_from_env()` で読み直させ、プロセスグループを作り直します
+# (包むのはグループを作るときです)。
 
 # %% [markdown] lang="en"
 # ### `TORCH_DISTRIBUTED_DEBUG=DETAIL`
 #
 # With the debugging setting `TORCH_DISTRIBUTED_DEBUG=DETAIL`, torch wraps the process
-# group and, before every collective, compares a "fingerprint" of it across ranks (its
-# sequence number, type, tensor shapes and dtypes). On a mismatch it names both calls
-# at once. torch reads the variable **when it is imported**, so ranks already running
-# must re-read it with `dist.set_debug_level_from_env()`, and the process group must be
-# made again (the wrapping happens when a group is made).
+# group and, before every collective, compares a fingerprint of it across ranks (its
+# sequence number, type, tensor shapes and dtypes); on a mismatch it raises, naming both
+# calls. torch reads the variable when it is imported, so running ranks re-read it with
+# `dist.set_debug_level_from_env()`, and the group is made again (the wrapping happens
+# then).
 
 # %%
 # %%px
@@ -343,24 +374,19 @@ assert "Detected mismatch between collectives on ranks" in message
 assert "TensorShape=[4]" in message and "TensorShape=[5]" in message
 
 # %% [markdown] lang="ja"
-# 形が違うと、素の gloo ではプロセス自体が異常終了します (ランク 0 のプロセスが
-# `terminate called after throwing an instance of 'gloo::EnforceNotMet'` で終わり、ノートブックなら
-# エンジンが死にます)。`DETAIL` では、どちらのランクも食い違いを示すエラーで止まり、プロセスは生き残ります。
-# 種類の食い違いも同じです。
+# 形が違うと、素の gloo ではプロセス自体が異常終了します (`gloo::EnforceNotMet`。ノートブックなら
+# エンジンが死にます。tests/test_troubleshooting.py が確かめます)。`DETAIL` では、どちらのランクも
+# 食い違いを示すエラーで止まり、プロセスは生き残ります。種類の食い違いも同じです。
 
 # %% [markdown] lang="en"
-# With different shapes, plain gloo stops the process itself (rank 0 ends with
-# `terminate called after throwing an instance of 'gloo::EnforceNotMet'`; in a notebook
-# the engine dies). With `DETAIL` the ranks stop with an error that names both calls, and
-# the processes live on. A mismatch of types is caught the same way.
+# With different shapes, plain gloo ends the process itself (`gloo::EnforceNotMet`; in
+# a notebook the engine dies: tests/test_troubleshooting.py shows it). Under `DETAIL`
+# the ranks raise an error that names both calls, and the processes live on. A
+# mismatch of types is caught the same way.
 
 # %% tags=["raises-exception"]
 # %%px
-t = torch.ones(4)
-if rank == 0:
-    dist.all_reduce(t)
-else:
-    dist.broadcast(t, src=0)
+different_types()
 
 # %%
 message = next(m for m in ranks.last_failure.values() if "Detected mismatch" in m)
@@ -368,24 +394,18 @@ print(message[message.index("Detected mismatch"):][:300])
 assert "OpType=ALLREDUCE" in message and "BROADCAST" in message
 
 # %% [markdown] lang="ja"
-# `DETAIL` でも、和と最大値の食い違いは見つかりません。フィンガープリントに演算の種類 (`op`) が入っていないからです。
-# 調べ終わったら `DETAIL` を外します。torch 2.13 の CPU では、`DETAIL` のまま DDP のモデルを作ると
-# プロセスが落ちます (セグメンテーション違反。テストで確かめています)。
+# それでも、和と最大値の食い違いは `DETAIL` でも見つかりません。フィンガープリントに演算の種類 (`op`) が
+# 入っていないからです。調べ終わったら `DETAIL` を外します。torch 2.13 の CPU では、`DETAIL` のまま DDP の
+# モデルを作るとプロセスが落ちます (セグメンテーション違反。テストで確かめています)。
 
 # %% [markdown] lang="en"
-# Even `DETAIL` does not catch the sum-against-maximum mismatch: the fingerprint has no
+# Yet even `DETAIL` does not catch the sum-against-maximum mix: the fingerprint has no
 # reduce op. Turn `DETAIL` off when done: in torch 2.13 on the CPU, building a DDP model
 # under `DETAIL` crashes the process (a segmentation fault; a test checks it).
 
 # %%
 # %%px
-t = torch.tensor([1.0, 2.0, 3.0, 4.0]) * (1 + 9 * rank)
-dist.all_reduce(t, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)  # no error
-print(f"rank {rank}: {t.tolist()}")
-assert t.tolist() == [11.0, 22.0, 30.0, 40.0]  # the same silent mix
-
-# %%
-# %%px
+assert sum_against_max().tolist() == [11.0, 22.0, 30.0, 40.0]  # no error under DETAIL
 os.environ.pop("TORCH_DISTRIBUTED_DEBUG")
 dist.set_debug_level_from_env()
 print(f"rank {rank}: {dist.get_debug_level()}")
@@ -397,18 +417,20 @@ ranks.reset_process_group()  # a plain group again
 # ## 順伝播で使われないパラメータ
 #
 # DDP は、勾配がそろったバケットから all-reduce します (レッスン 05)。順伝播で使われないパラメータには
-# 勾配ができないので、そのパラメータを含むバケットはいつまでもそろわず、all-reduce は終わりません。
-# 次のモデルの `aux` は、作ってあるのに順伝播で使われない出力ヘッドです (学習の途中で切り替える補助の出力などで
-# よく起きます)。
+# 勾配ができないので、そのパラメータを含むバケットはいつまでもそろいません。次のモデルの `aux` は、
+# 作ってあるのに順伝播で使われない出力ヘッドです (学習の途中で切り替える補助の出力などでよく起きます)。
+# DDP を作る前に `TORCH_DISTRIBUTED_DEBUG=INFO` にしておくと、DDP のエラーにパラメータの名前が入ります
+# (`DETAIL` と違い、`INFO` では DDP を作れます)。
 
 # %% [markdown] lang="en"
 # ## Parameters the forward pass does not use
 #
 # DDP all-reduces a bucket once all its gradients are ready (lesson 05). A parameter the
-# forward pass does not use gets no gradient, so its bucket is never ready and the
-# reduction never finishes. In the model below, `aux` is a head that is built but not
-# used by the forward pass (common with auxiliary outputs switched on and off during
-# training).
+# forward pass does not use gets no gradient, so its bucket is never ready. In the model
+# below, `aux` is a head that is built but not used by the forward pass (common with
+# auxiliary outputs switched on and off during training). With
+# `TORCH_DISTRIBUTED_DEBUG=INFO` set before DDP is built, DDP's errors name the
+# parameters (unlike `DETAIL`, `INFO` lets DDP be built).
 
 # %%
 # %%px
@@ -431,6 +453,8 @@ class TwoHeads(nn.Module):
         return self.head(h) + (self.aux(h) if self.use_aux else 0)  # aux: unused
 
 
+os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"  # parameter names in DDP's errors
+dist.set_debug_level_from_env()
 torch.manual_seed(0)  # the same weights on both ranks
 model = DDP(TwoHeads())
 X, y = torch.randn(8, 10) + rank, torch.randn(8, 10)  # each rank its own batch
@@ -455,35 +479,19 @@ nn.functional.mse_loss(model(X), y).backward()
 # %%
 message = ranks.last_failure[0]
 print(message[message.index("Expected to have finished"):][:160], "...")
-print(next(line for line in message.splitlines() if line.startswith("Parameter indices")))
+print(*(line for line in message.splitlines() if line.startswith("Parameter")), sep="\n")
 assert sorted(ranks.last_failure) == [0, 1]
 assert "Expected to have finished reduction in the prior iteration" in message
+assert "Parameters which did not receive grad for rank 0: aux.bias, aux.weight" in message
 assert "Parameter indices which did not receive grad for rank 0: 4 5" in message
 
 # %% [markdown] lang="ja"
 # 4 と 5 は `model.parameters()` の中の番号です (`body` の重みとバイアスが 0 と 1、`head` が 2 と 3)。
-# `TORCH_DISTRIBUTED_DEBUG=INFO` にしてから DDP を作ると、エラーメッセージにパラメータ名が表示されます
-# (`DETAIL` と違い、`INFO` では
-# DDP を作れます)。
+# 名前が表示されるのは `INFO` のときだけです。
 
 # %% [markdown] lang="en"
 # 4 and 5 are positions in `model.parameters()` (`body`'s weight and bias are 0 and 1,
-# `head`'s 2 and 3). With `TORCH_DISTRIBUTED_DEBUG=INFO` set before DDP is built, the
-# error names them (unlike `DETAIL`, `INFO` lets DDP be built).
-
-# %% tags=["raises-exception"]
-# %%px
-os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"
-dist.set_debug_level_from_env()
-torch.manual_seed(0)
-model = DDP(TwoHeads())
-for _ in range(2):
-    nn.functional.mse_loss(model(X), y).backward()
-
-# %%
-message = ranks.last_failure[0]
-print(next(line for line in message.splitlines() if line.startswith("Parameters which")))
-assert "Parameters which did not receive grad for rank 0: aux.bias, aux.weight" in message
+# `head`'s 2 and 3); the names come only with `INFO`.
 
 # %% [markdown] lang="ja"
 # ### 演習: 使われないパラメータを見つける
@@ -491,13 +499,8 @@ assert "Parameters which did not receive grad for rank 0: aux.bias, aux.weight" 
 # DDP に包む前に、使われないパラメータを自分で探せます。1 プロセスでモデルを 1 回順伝播・逆伝播し、
 # 勾配ができなかったパラメータを挙げればよいのです。関数 `unused_parameters(model, X)` を書いてください。
 # `model` を入力 `X` で 1 回動かし (損失は出力の和で十分です)、勾配ができなかったパラメータの名前
-# (`model.named_parameters()` の名前) を並べ替えたリストで返します。
-#
-# 確認のセルは、いくつかのモデルで試します。モデルには、前の学習の勾配が残っていることがあります。
-#
-# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
-# 違っていれば、どこが違うかがヒントとともに表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
-# ありますが、まず自分で解いてみてください。
+# (`model.named_parameters()` の名前) を並べ替えたリストで返します。確認のセルは、いくつかのモデルで
+# 試します。モデルには、前の学習の勾配が残っていることがあります。
 
 # %% [markdown] lang="en"
 # ### Exercise: find the unused parameters
@@ -506,14 +509,8 @@ assert "Parameters which did not receive grad for rank 0: aux.bias, aux.weight" 
 # once, forward and backward, in one process, and list the parameters that got no
 # gradient. Write `unused_parameters(model, X)`: run `model` once on `X` (the sum of the
 # output will do as a loss) and return the sorted names (as in
-# `model.named_parameters()`) of the parameters that got no gradient.
-#
-# The check tries several models. A model may still hold gradients from earlier
-# training.
-#
-# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
-# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
-# solution cell follows each exercise: try on your own first.
+# `model.named_parameters()`) of the parameters that got no gradient. The check tries
+# several models; a model may still hold gradients from earlier training.
 
 # %% tags=["exercise"]
 import torch
@@ -548,8 +545,8 @@ exercises.grade_unused_parameters(unused_parameters)
 #
 # With `find_unused_parameters=True`, DDP walks the autograd graph from the output after
 # every forward pass and marks the unused parameters as ready. The gradients equal those
-# of one process on the whole batch, and the unused parameters' gradients stay `None`.
-# The unused parameters are still all-reduced, as zeros: they count in the bytes sent.
+# of one process on the whole batch, and the unused parameters' gradients stay `None`;
+# the unused parameters are still all-reduced, as zeros (they count in the bytes sent).
 
 # %%
 # %%px
@@ -567,69 +564,69 @@ for _ in range(2):  # the second step is where it failed before
 
 torch.manual_seed(0)
 alone = TwoHeads()  # the same weights, one process, the whole batch
-every_X, every_y = [torch.empty_like(X) for _ in range(2)], [torch.empty_like(y) for _ in range(2)]
-dist.all_gather(every_X, X)
-dist.all_gather(every_y, y)
-nn.functional.mse_loss(alone(torch.cat(every_X)), torch.cat(every_y)).backward()
+every = [None] * world_size
+dist.all_gather_object(every, (X, y))  # every rank's batch
+nn.functional.mse_loss(alone(torch.cat([b[0] for b in every])),
+                       torch.cat([b[1] for b in every])).backward()
 used = ["body.weight", "body.bias", "head.weight", "head.bias"]
-grads = dict(model.module.named_parameters())
-reference = dict(alone.named_parameters())
+grads, reference = dict(model.module.named_parameters()), dict(alone.named_parameters())
 diff = compare.max_abs_diff([grads[n].grad for n in used], [reference[n].grad for n in used])
-sent = counter.bytes
 print(f"rank {rank}: |DDP - one process| {diff:.1e}; aux.weight.grad {grads['aux.weight'].grad}; "
-      f"{sent} bytes all-reduced per step")
+      f"{counter.bytes} bytes all-reduced per step")
 assert diff < 1e-6 and grads["aux.weight"].grad is None
-assert sent == 4 * sum(p.numel() for p in model.parameters())  # aux's zeros included
+assert counter.bytes == 4 * sum(p.numel() for p in model.parameters())  # aux's zeros too
 
 # %% [markdown] lang="ja"
-# `find_unused_parameters=True` には、毎ステップ 2 つの費用がかかります。グラフの走査と、どの
-# パラメータが使われたかの表 (パラメータ 1 つにつき整数 1 つ) の all-reduce です。この all-reduce は
-# 上のセルの通信フック (`CommCounter`) には見えませんが、Flight Recorder には記録されます
-# (tests/test_troubleshooting.py が確かめます)。上のセルのバイト数は勾配の分だけです。
-# 使われないパラメータが毎回同じなら、`static_graph=True` で DDP に
-# 「グラフは毎回同じ」と約束すると、DDP は最初のステップで調べたことを使い回します。使われるパラメータが
-# 途中で変わるモデルでは使えません (torch がエラーにします。2 つ下のセル)。2 つを交互に 1 ステップずつ測ります
-# (時間は「この実行では」の値です。このマシンでは差がばらつきに埋もれることがあります)。
+# その代わり、`find_unused_parameters=True` は毎ステップ、グラフをたどり、どのパラメータが使われたかの表
+# (パラメータ 1 つにつき整数 1 つ) も all-reduce します。この all-reduce は通信フック (`CommCounter`)
+# には見えませんが、Flight Recorder には記録されます。使われないパラメータが毎回同じなら、
+# `static_graph=True` で DDP に「グラフは毎回同じ」と約束すると、DDP は最初のステップで調べたことを
+# 使い回します。
+#
+# **予想してから実行:** 最初の数ステップのあと、1 ステップの all-reduce はそれぞれ何回でしょうか?
 
 # %% [markdown] lang="en"
-# `find_unused_parameters=True` costs two things at every step: walking the graph, and an
-# all-reduce of the map of which parameters were used (one integer per parameter). The
-# comm hook in the cell above (`CommCounter`) does not see that all-reduce; the Flight
-# Recorder does (tests/test_troubleshooting.py checks it). The bytes above are the
-# gradients' only. When the unused parameters are the same every time, `static_graph=True` promises DDP that the graph never changes, and DDP
-# reuses what it found at the first step. It does not suit models whose used parameters
-# change during training (torch raises, two cells below). Time the two, one step each in
-# turns (the times are "on this run": on this machine the spread can hide the
-# difference).
+# In return, `find_unused_parameters=True` walks the graph at every step and also
+# all-reduces the map of which parameters were used (one integer per parameter): the
+# comm hook (`CommCounter`) does not see that all-reduce, the Flight Recorder does. When
+# the unused parameters are the same every time, `static_graph=True` promises DDP that
+# the graph never changes, and DDP reuses what it found at the first step.
+#
+# **Predict, then run:** after the first few steps, how many all-reduces does one step
+# make under each?
 
 # %%
 # %%px
-import statistics
-
-from labkit import timing
-
-torch.manual_seed(0)
-variants = {"find_unused_parameters=True": DDP(TwoHeads(), find_unused_parameters=True),
-            "static_graph=True": DDP(TwoHeads(), static_graph=True)}
-
-
 def train_step(m):
     m.zero_grad()
     nn.functional.mse_loss(m(X), y).backward()
 
 
-seconds = timing.interleaved({k: (lambda m=m: train_step(m)) for k, m in variants.items()},
-                             rounds=50, warmup=3)
+calls = {}
+for flag in ("find_unused_parameters", "static_graph"):
+    torch.manual_seed(0)
+    model = DDP(TwoHeads(), **{flag: True})
+    for _ in range(4):  # the last step is past the first steps' extra work
+        start = fr_entries()[-1]["record_id"]
+        train_step(model)
+    calls[flag] = [(e["profiling_name"], e["input_dtypes"][0]) for e in fr_entries(start)]
+    assert model.module.aux.weight.grad is None
+    assert compare.rank_max_diff(model.module.head.weight.grad) == 0
 if rank == 0:
-    for k, ts in seconds.items():
-        print(f"{k}: median {statistics.median(ts) * 1e3:.2f} ms per step")
-for m in variants.values():
-    assert m.module.aux.weight.grad is None
-assert compare.rank_max_diff(variants["static_graph=True"].module.head.weight.grad) == 0
+    print(calls)
+assert calls["find_unused_parameters"] == [("gloo:all_reduce", "Float"),  # gradients
+                                           ("gloo:all_reduce", "Int")]  # the map
+assert calls["static_graph"] == [("gloo:all_reduce", "Float")]
+
+# %% [markdown] lang="ja"
+# `static_graph=True` は、使われるパラメータが途中で変わるモデルには使えません。torch がエラーにします。
+
+# %% [markdown] lang="en"
+# `static_graph=True` does not suit a model whose used parameters change during
+# training: torch raises.
 
 # %% tags=["raises-exception"]
 # %%px
-model = variants["static_graph=True"]
 model.module.use_aux = True  # the graph changes: aux is used from now on
 train_step(model)
 
@@ -643,7 +640,7 @@ assert "Your training graph has changed in this iteration" in message
 #
 # ランクごとにバッチの数が違うと (データを手で分けた、ランクごとに長さの違う系列がある、など)、最後の
 # バッチで困ります。ランク 0 が 5 個、ランク 1 が 4 個のバッチで学習すると、ランク 0 の 5 個目の
-# 逆伝播は、もう来ないランク 1 の all-reduce を待ちます。ランク 1 はエポックの終わりの `barrier` で
+# 逆伝播は、もう来ないランク 1 の all-reduce を待ち、ランク 1 はエポックの終わりの `barrier` で
 # 待ちます。両方とも時間切れになります。
 
 # %% [markdown] lang="en"
@@ -680,15 +677,11 @@ assert "backward" in failed[0] and "barrier" in failed[1]  # where each one wait
 # %% [markdown] lang="ja"
 # 直し方は、`Join` コンテキストマネージャです (`from torch.distributed.algorithms.join import Join`)。
 # 入力を使い切ったランクは `Join` の中で待ち、まだ学習しているランクの all-reduce に 0 の勾配で加わります。
-# そのため、ランク 0 の 5 ステップ目の勾配は、自分の勾配と 0 の平均 (自分の勾配の半分) になります。
-# `Join` の中では、`no_sync` による勾配累積も使えます (torch 2.13 で、下のセルが確かめます)。
 
 # %% [markdown] lang="en"
 # The fix is the `Join` context manager (`from torch.distributed.algorithms.join import
 # Join`). A rank that has run out of inputs waits inside `Join` and joins the others'
-# all-reduces with zero gradients. So rank 0's fifth step uses the mean of its own
-# gradient and zeros: half its own gradient. Gradient accumulation with `no_sync` also
-# works inside `Join` (with torch 2.13: the cells below check it).
+# all-reduces with zero gradients.
 
 # %% [markdown] lang="ja"
 # ### 演習: 不揃いなエポックを最後まで回す
@@ -696,10 +689,9 @@ assert "backward" in failed[0] and "barrier" in failed[1]  # where each one wait
 # 関数 `train_epoch(model, optimizer, batches)` を書いてください。DDP のモデル `model` を、このランクの
 # バッチ `batches` (入力と目標値の組のリスト) で 1 バッチ 1 ステップずつ学習させます (損失は
 # `nn.functional.mse_loss`)。ランクごとにバッチの数が違っても、全ランクで最後まで終わるようにします。
-#
-# 確認のセルは、この関数を両方のランクで実行します。ランク 0 には 5 個、ランク 1 には 4 個のバッチを渡し、
-# 終わったあとの重みを、`Join` を使った正しい学習の重みと比べます。関数はランクのエンジンで実行されるので、
-# 中で使う名前はエンジンにあるもの (上の `%%px` セルで import した `torch`、`nn`、`Join` など) です。
+# 確認のセルは、ランク 0 に 5 個、ランク 1 に 4 個のバッチを渡して両方のランクで実行し、終わったあとの重みを
+# `Join` を使った正しい学習の重みと比べます。関数はランクのエンジンで実行されるので、中で使える名前は
+# エンジンにあるもの (上の `%%px` セルで import した `torch`、`nn`、`Join` など) です。
 
 # %% [markdown] lang="en"
 # ### Exercise: an uneven epoch that ends
@@ -707,12 +699,10 @@ assert "backward" in failed[0] and "barrier" in failed[1]  # where each one wait
 # Write `train_epoch(model, optimizer, batches)`: train the DDP model `model` on this
 # rank's `batches` (a list of input and target pairs), one step per batch (the loss is
 # `nn.functional.mse_loss`), so that the epoch ends on every rank even when the ranks
-# hold different numbers of batches.
-#
-# The check runs the function on both ranks, with 5 batches on rank 0 and 4 on rank 1,
-# and compares the weights after it with those of a correct run that uses `Join`. The
-# function runs on the ranks' engines, so the names it uses are the engines' (`torch`,
-# `nn`, `Join`, imported there by the `%%px` cells above).
+# hold different numbers of batches. The check runs it on both ranks, with 5 batches on
+# rank 0 and 4 on rank 1, and compares the weights after it with those of a correct run
+# with `Join`. The function runs on the ranks' engines, so the names it uses are the
+# engines' (`torch`, `nn`, `Join`, imported there by the `%%px` cells above).
 
 # %% tags=["exercise"]
 def train_epoch(model, optimizer, batches):
@@ -737,99 +727,87 @@ exercises.grade_uneven_epoch(ranks, train_epoch)
 # %% [markdown] lang="ja"
 # ### `Join` が計算するもの
 #
-# `Join` の中でランク 0 の 5 ステップ目が何を使ったかを、1 プロセスで手で計算したものと比べます。
-# 各ステップの勾配は、そのステップのバッチを持つランクの勾配の和を world size で割ったもの (ランク 1 が
-# 抜けた 5 ステップ目では、ランク 0 の勾配の半分) です。続けて、`Join` の中で `no_sync` による勾配累積
-# (2 バッチで 1 回の更新) をします。ランク 0 には 6 個、ランク 1 には 4 個のバッチを渡すので、
-# ランク 0 の 3 回目の更新では、ランク 1 が抜けたあとに `no_sync` の中の逆伝播と同期する逆伝播が
-# 続きます。その結果も手で計算したものと比べ、レプリカがそろったままであることを確かめます。
+# `Join` の中では、各ステップの勾配は、そのステップのバッチを持つランクの勾配の和を world size で割った
+# ものです。ランク 1 が抜けたランク 0 の 5 ステップ目では、ランク 0 の勾配の半分です。下のセルはこれを、
+# 1 プロセスで手で計算したものと比べます。`Join` の中では `no_sync` による勾配累積も使えます。2 バッチで
+# 1 回の更新 (K = 2) にし、ランク 0 に 6 個のバッチを渡すと、ランク 0 の 3 回目の更新はランク 1 が抜けた
+# あとで、`no_sync` の中の逆伝播と同期する逆伝播が続きます。これも手で計算したものと比べます。
 
 # %% [markdown] lang="en"
 # ### What `Join` computes
 #
-# Compare what rank 0's fifth step used inside `Join` with one process computing it by
-# hand: each step's gradient is the sum of the gradients of the ranks that have a batch
-# for it, divided by the world size (at the fifth, without rank 1: half of rank 0's).
-# Then accumulate gradients with `no_sync` (one update per 2 batches) inside `Join`, with
-# 6 batches on rank 0 and 4 on rank 1: rank 0's third update, after rank 1 has left,
-# runs a backward pass inside `no_sync` and then a synchronized one. Compare that too
-# with the computation by hand, and check the replicas are still equal.
+# Inside `Join`, each step's gradient is the sum of the gradients of the ranks that have
+# a batch for it, divided by the world size: at rank 0's fifth step, without rank 1,
+# half of rank 0's own. The cell below compares that with one process computing it by
+# hand. Gradient accumulation with `no_sync` works inside `Join` too: with one update
+# per 2 batches (K = 2) and 6 batches on rank 0, rank 0's third update comes after rank
+# 1 has left, and runs a backward pass inside `no_sync`, then a synchronized one. That
+# too is compared with the computation by hand.
 
 # %%
 # %%px
 from contextlib import nullcontext
 
-torch.manual_seed(0)
-model = DDP(nn.Linear(10, 10))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-with Join([model]):
-    for X, y in batches:
+
+def joined(batches, K):
+    """A fresh DDP model trained under Join, one update per K batches (no_sync)."""
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(10, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Join([model]):
+        for i in range(0, len(batches), K):
+            optimizer.zero_grad()
+            group = batches[i:i + K]
+            for j, (X, y) in enumerate(group):
+                with model.no_sync() if j < len(group) - 1 else nullcontext():
+                    (nn.functional.mse_loss(model(X), y) / len(group)).backward()
+            optimizer.step()
+    return model
+
+
+def by_hand(batches, K):
+    """The same in one process: every rank's batches, a rank without any adds zeros."""
+    every = [None] * world_size
+    dist.all_gather_object(every, batches)
+    torch.manual_seed(0)
+    alone = nn.Linear(10, 10)
+    optimizer = torch.optim.SGD(alone.parameters(), lr=0.1)
+    for i in range(0, max(len(b) for b in every), K):
         optimizer.zero_grad()
-        nn.functional.mse_loss(model(X), y).backward()
+        for group in (b[i:i + K] for b in every):
+            for X, y in group:
+                (nn.functional.mse_loss(alone(X), y) / len(group) / world_size).backward()
         optimizer.step()
+    return alone
 
-every = [None] * world_size
-dist.all_gather_object(every, batches)  # both ranks' batches, to redo it by hand
-torch.manual_seed(0)
-alone = nn.Linear(10, 10)
-by_hand = torch.optim.SGD(alone.parameters(), lr=0.1)
-for step in range(max(len(b) for b in every)):
-    by_hand.zero_grad()
-    for rank_batches in every:
-        if step < len(rank_batches):  # a rank without a batch adds zeros
-            X, y = rank_batches[step]
-            (nn.functional.mse_loss(alone(X), y) / world_size).backward()
-    by_hand.step()
-diff = compare.max_abs_diff(list(model.module.parameters()), list(alone.parameters()))
-print(f"rank {rank}: |Join - by hand| {diff:.1e}")
-assert diff < 1e-6
 
-# Rank 0 gets a sixth batch, so that its last pair runs inside no_sync after rank 1 left.
 longer = batches + batches[:1] if rank == 0 else batches  # 6 and 4 batches
-torch.manual_seed(0)
-model = DDP(nn.Linear(10, 10))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-with Join([model]):
-    for i in range(0, len(longer), 2):  # rank 0: 3 updates, rank 1: 2
-        optimizer.zero_grad()
-        pair = longer[i:i + 2]
-        for j, (X, y) in enumerate(pair):
-            with model.no_sync() if j < len(pair) - 1 else nullcontext():
-                (nn.functional.mse_loss(model(X), y) / len(pair)).backward()
-        optimizer.step()
-
-every = [None] * world_size
-dist.all_gather_object(every, longer)
-torch.manual_seed(0)
-alone = nn.Linear(10, 10)
-by_hand = torch.optim.SGD(alone.parameters(), lr=0.1)
-for i in range(0, max(len(b) for b in every), 2):
-    by_hand.zero_grad()
-    for rank_batches in every:  # a rank without a pair adds zeros
-        pair = rank_batches[i:i + 2]
-        for X, y in pair:
-            (nn.functional.mse_loss(alone(X), y) / len(pair) / world_size).backward()
-    by_hand.step()
-diff = compare.max_abs_diff(list(model.module.parameters()), list(alone.parameters()))
-print(f"rank {rank}: |Join with no_sync - by hand| {diff:.1e}")
-assert diff < 1e-6
-assert compare.replica_max_diff(model) == 0
+for K, mine in ((1, batches), (2, longer)):
+    model = joined(mine, K)
+    diff = compare.max_abs_diff(list(model.module.parameters()),
+                                list(by_hand(mine, K).parameters()))
+    print(f"rank {rank}, K = {K}: |Join - by hand| {diff:.1e}")
+    assert diff < 1e-6 and compare.replica_max_diff(model) == 0
 
 # %% [markdown] lang="ja"
 # ### `DistributedSampler` の水増し
 #
 # `DistributedSampler` は、データセットの大きさがランクの数で割り切れないとき、**先頭のサンプルを
-# 繰り返して**全ランクのサンプル数をそろえます。9 サンプルを 2 ランクに分けると、ランク 1 は
-# サンプル 0 をもう一度受け取ります。検証の指標を各ランクで平均し、さらにランク間で平均すると、その分だけ
-# 正しい値からずれます。
+# 繰り返して**全ランクのサンプル数をそろえます。検証の指標を各ランクで平均し、さらにランク間で平均すると、
+# その分だけ正しい値からずれます。
+#
+# **予想してから実行:** 9 サンプルを 2 ランクに分けると (`shuffle=False`)、ランク 1 はどのサンプルを
+# 受け取るでしょうか?
 
 # %% [markdown] lang="en"
 # ### `DistributedSampler`'s padding
 #
 # When the data set's size does not divide by the number of ranks, `DistributedSampler`
-# **repeats samples from the start** so that every rank gets as many. With 9 samples on
-# 2 ranks, rank 1 gets sample 0 a second time. A validation metric averaged on each rank
-# and then over the ranks is off by that much.
+# **repeats samples from the start** so that every rank gets as many. A validation
+# metric averaged on each rank and then over the ranks is off by that much.
+#
+# **Predict, then run:** with 9 samples on 2 ranks (`shuffle=False`), which samples
+# does rank 1 get?
 
 # %%
 # %%px
@@ -875,9 +853,9 @@ assert sorted(real) == list(range(len(scores)))  # shuffled too: each sample onc
 # の順のサンプルごとの値 (水増しを含む)、`total` はデータセットの大きさです。データセットの各サンプルを
 # ちょうど 1 回ずつ数えた平均を、全ランクで同じ値として返します。全ランクが同時に呼ぶので、
 # `dist.all_reduce` が使えます。確認のセルは、いくつかの大きさのデータセットで、1 プロセスで計算した平均と
-# 比べます。確認は 2 ランクで行うので、水増しは多くても 1 個で、いつもランク 1 の最後のサンプルです。
-# 「最後のランクの最後のサンプルを除く」という答えは、3 ランク以上では間違いですが、確認のセルは
-# 正解とします。水増しは、上の規則 (`r + k × world_size` がデータセットの大きさ以上) で見分けてください。
+# 比べます。確認は 2 ランクで行うので、水増しはいつもランク 1 の最後のサンプルです。場所ではなく、上の規則で
+# 見分けてください (「最後のランクの最後のサンプルを除く」は、3 ランク以上では間違いですが、確認のセルは
+# 正解とします)。
 
 # %% [markdown] lang="en"
 # ### Exercise: an exact validation metric
@@ -887,9 +865,9 @@ assert sorted(real) == list(range(len(scores)))  # shuffled too: each sample onc
 # Return the mean over the data set, each sample counted exactly once, the same on every
 # rank. Every rank calls it at the same time, so it can use `dist.all_reduce`. The check
 # compares with the mean one process computes, for data sets of several sizes. It runs
-# on 2 ranks, where the padding is at most one sample, always rank 1's last: an answer
-# that drops the last rank's last sample is wrong on 3 ranks or more, yet passes the
-# check. Tell the padding by the rule above (`r + k × world_size` at least the size).
+# on 2 ranks, where the padding is always rank 1's last sample: tell it by the rule
+# above, not by its place ("drop the last rank's last sample" is wrong on 3 ranks or
+# more, yet passes the check).
 
 # %% tags=["exercise"]
 def exact_mean(values, total):
@@ -915,8 +893,8 @@ exercises.grade_exact_mean(ranks, exact_mean)
 # DDP では全ランクが同じ重みを持つので、保存するのは 1 つのランク (ランク 0) だけで十分です。保存するのは
 # `model.module.state_dict()` です。DDP そのものの `model.state_dict()` ではキーの先頭に `module.` が付き、
 # DDP に包んでいないモデルには読み込めません。ほかのランクは `dist.barrier()` で保存の終わりを待ってから、
-# `map_location` を付けて読みます (テンソルを置くデバイスを決めます。ここでは CPU)。ランクどうしで
-# 1 つのフォルダを使うので、ランク 0 が作ったフォルダの名前を全ランクに配ります。
+# `map_location` (テンソルを置くデバイス。ここでは CPU) を付けて読みます。フォルダはランク 0 が作り、
+# その名前を全ランクに配ります。
 
 # %% [markdown] lang="en"
 # ## Checkpoints under DDP
@@ -925,8 +903,8 @@ exercises.grade_exact_mean(ranks, exact_mean)
 # Write `model.module.state_dict()`: the DDP wrapper's own `model.state_dict()` puts
 # `module.` in front of every name and does not load into a model outside DDP. The other
 # ranks wait at `dist.barrier()` until rank 0 is done, then read with `map_location`
-# (the device the tensors go to: the CPU here). The ranks share one
-# folder: rank 0 makes it and hands its name to every rank.
+# (the device the tensors go to: the CPU here). Rank 0 makes the folder and hands its
+# name to every rank.
 
 # %%
 # %%px
@@ -938,7 +916,6 @@ from labkit import checks
 folder = [tempfile.mkdtemp(prefix="labkit-10-") if rank == 0 else None]
 dist.broadcast_object_list(folder, src=0)  # one folder, the same on every rank
 path = Path(folder[0]) / "checkpoint.pt"
-
 torch.manual_seed(0)
 model = DDP(TwoHeads(), find_unused_parameters=True)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -946,8 +923,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
 def train(steps):
     for _ in range(steps):
-        optimizer.zero_grad()
-        nn.functional.mse_loss(model(X), y).backward()
+        train_step(model)  # zero_grad, forward, backward
         optimizer.step()
 
 
@@ -970,8 +946,8 @@ with checks.expect_error(RuntimeError, match="Missing key"):
 
 # %% [markdown] lang="ja"
 # `barrier` がないと、ランク 1 がランク 0 より先に読むことがあります。前のチェックポイントがあれば、
-# ランク 1 は**エラーなしに古いほうを**読み、ほかのランクと違う重みから続けます。実際の学習では偶然起きるこの順序を、
-# ここでは `barrier` を使って意図的に作ります。
+# ランク 1 は**エラーなしに古いほうを**読み、ほかのランクと違う重みから続けます。実際の学習では偶然起きる
+# この順序を、ここでは `barrier` で作ります。
 
 # %% [markdown] lang="en"
 # Without the `barrier`, rank 1 may read before rank 0 has written. With an earlier
@@ -995,7 +971,7 @@ if rank == 1:
 # %% [markdown] lang="ja"
 # ## 学習の途中で死ぬランク
 #
-# ランクのプロセスが途中で終わると (メモリ不足、ノードの故障)、ほかのランクは集団通信でエラーになります。
+# ランクのプロセスが途中で終わると (メモリ不足、ノードの故障)、ほかのランクは次の集団通信でエラーになります。
 # labkit はどのランクのプロセスが死んだかを示し、次のセルの前にランクを起動し直します。新しいプロセス
 # には、前に作ったものは何も残っていません。続きから学習するには、チェックポイントが要ります。
 
@@ -1026,20 +1002,15 @@ print(f"rank {rank}: a new process, 'model' defined here: {'model' in globals()}
 assert "model" not in globals()
 
 # %% [markdown] lang="ja"
-# ノートブックを使わない学習 (クラスタのジョブなど) では、torchrun が起動し直します。`--max-restarts N` を付けると、
-# ランクのどれかが失敗したとき、全ランクを止めて N 回まで起動し直します。起動し直したランクは最初から
-# 始まるので、チェックポイントから続けるのはスクリプトの仕事です。`python -m labkit resume` は、
-# 上と同じやり方 (ランク 0 が一時ファイルに保存して名前を変え、全ランクが `barrier` で待つ) で 5 ステップ
-# ごとに保存し、起動したときにチェックポイントがあれば読みます。`--die-at 12` では、最初の起動
-# (`TORCHELASTIC_RESTART_COUNT` が 0) でランク 1 がステップ 12 の前に自分を強制終了します。
-# 止まらなかった学習と、止まって起動し直した学習で、最後の重みのハッシュを比べます。
-# 止まらない学習は、同じ関数 (`cli_experiments.resumable_training`) をこのノートブックの 2 つのランクで
-# 実行し、止まる学習だけを torchrun で実行します。ランクのスレッドは torchrun のワーカーと同じ 1 つにします
-# (`OMP_NUM_THREADS=1`)。足し算をいくつのスレッドに分けるかで、結果の最後のビットが変わりうるからです。
+# ノートブックを使わない学習 (クラスタのジョブなど) では、torchrun が起動し直します。`--max-restarts N` を
+# 付けると、ランクのどれかが失敗したとき、全ランクを止めて N 回まで起動し直します。起動し直したランクは
+# 最初から始まるので、チェックポイントから続けるのはスクリプトの仕事です。`python -m labkit resume` は、
+# 上と同じやり方 (ランク 0 が一時ファイルに書いて名前を変え、全ランクが `barrier` で待つ) で 5 ステップ
+# ごとに保存し、起動したときにチェックポイントがあれば読みます。`--die-at 12` では、最初の起動でランク 1 が
+# ステップ 12 の前に自分を強制終了します。次のセルは torchrun でこれを 2 回、死なずに、そして死なせて
+# 実行し、最後の重みのハッシュを比べます。
 #
-# `labkit.cluster.torchrun` は、起動し直すときには `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` を設定します。
-# torch 2.13 の torchrun は、起動し直したランクが前のランクの接続先を読んでしまうことがあるからです
-# (理由は `labkit/cluster/torchrun.py` のコメントにあります)。
+# **予想してから実行:** 起動し直した学習は、どのステップから続けるでしょうか?
 
 # %% [markdown] lang="en"
 # A run without a notebook (a job on a cluster) is restarted by torchrun. With
@@ -1048,37 +1019,10 @@ assert "model" not in globals()
 # the script's job. `python -m labkit resume` saves every 5 steps the way shown above
 # (rank 0 writes a temporary file and renames it, every rank waits at a `barrier`), and
 # loads the checkpoint if there is one when it starts. With `--die-at 12`, rank 1 kills
-# itself before step 12 on the first attempt (`TORCHELASTIC_RESTART_COUNT` 0). Compare
-# the final weights' hash of a run that never stopped with one that died and restarted.
-# The run that never stops is the same function (`cli_experiments.resumable_training`) on
-# this notebook's two ranks; only the one that dies runs under torchrun. The ranks use
-# one thread each, as torchrun's workers do (`OMP_NUM_THREADS=1`): how a sum is split
-# among threads can change its last bits.
+# itself before step 12 on the first attempt. The next cell runs it twice under
+# torchrun, once without dying and once dying, and compares the final weights' hashes.
 #
-# `labkit.cluster.torchrun` sets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` when it restarts: torch
-# 2.13's torchrun can let restarted ranks read the dead ones' addresses (why: the
-# comment in `labkit/cluster/torchrun.py`).
-
-# %%
-# %%px
-import shutil
-import tempfile
-from pathlib import Path
-
-import torch
-import torch.distributed as dist
-
-from labkit import cli_experiments, workload
-
-torch.set_num_threads(1)  # as torchrun's workers: the same bits need the same threads
-folder = [tempfile.mkdtemp(prefix="labkit-10-") if rank == 0 else None]
-dist.broadcast_object_list(folder, src=0)
-# What the command below runs: 20 steps, K = 1, a checkpoint every 5 steps.
-straight = cli_experiments.resumable_training(
-    rank, world_size, workload.Config(steps=20, accum_steps=1),
-    checkpoint=str(Path(folder[0]) / "a.pt"), every=5)
-if rank == 0:  # every rank passed the last checkpoint's barrier
-    shutil.rmtree(folder[0])
+# **Predict, then run:** from which step does the restarted run go on?
 
 # %%
 import json
@@ -1087,49 +1031,106 @@ from pathlib import Path
 
 from labkit.cluster import torchrun
 
-a = ranks.pull("straight")[0]
-ranks.stop()
+ranks.stop()  # the CPUs go to torchrun's workers
 resume = ["-m", "labkit", "resume", "--steps", "20", "--accum", "1",
           "--checkpoint-every", "5"]
+runs = {}
 with tempfile.TemporaryDirectory() as tmp:
-    restarted = torchrun.run_nodes(resume + ["--checkpoint", f"{tmp}/b.pt", "--die-at", "12",
-                                             "--json", f"{tmp}/b.json"],
-                                   nnodes=1, nproc_per_node=2, max_restarts=1)
-    b = json.loads(Path(tmp, "b.json").read_text())
+    for name, dies in (("uninterrupted", []), ("restarted", ["--die-at", "12"])):
+        nodes = torchrun.run_nodes(resume + dies + [
+            "--checkpoint", f"{tmp}/{name}.pt", "--json", f"{tmp}/{name}.json"],
+            nnodes=1, nproc_per_node=2, max_restarts=1)
+        assert [n.returncode for n in nodes] == [0], nodes[0].output[-3000:]
+        runs[name] = json.loads(Path(tmp, f"{name}.json").read_text())
+a, b = runs["uninterrupted"], runs["restarted"]
 # torchrun's agent reports the first failure it saw: rank 1, killed (-9), or rank 0,
 # aborted by the broken connection (-6) or stopped by the agent (-15)
-failures = [line for line in restarted[0].output.splitlines() if "failed (exitcode" in line]
+failures = [line for line in nodes[0].output.splitlines() if "failed (exitcode" in line]
 print(failures[0][failures[0].index("failed"):])
-print(f"uninterrupted: {a['param_sha256'][:16]}")
-print(f"restarted:     {b['param_sha256'][:16]} (attempt {b['attempt']}, "
-      f"from step {b['resumed_from']})")
-assert [n.returncode for n in restarted] == [0]
-assert a["config"] == b["config"]  # the same training, launched two ways
+for name, run in runs.items():
+    print(f"{name:13s} {run['param_sha256'][:16]} (attempt {run['attempt']}, "
+          f"from step {run['resumed_from']})")
+assert a["config"] == b["config"] and (a["attempt"], a["resumed_from"]) == (0, 0)
 assert (b["attempt"], b["resumed_from"]) == (1, 10)  # the checkpoint of step 10
 assert b["param_sha256"] == a["param_sha256"]  # bit for bit the same weights
 
 # %% [markdown] lang="ja"
-# ## まとめ
+# ## 症状、原因、直し方
 #
 # | 症状 | 原因 | 調べ方 | 直し方 |
 # |---|---|---|---|
-# | 止まる (時間切れ) | 一部のランクだけが集団通信を呼ぶ | `dist.monitored_barrier` が来ないランクを示す。スタックで待っている場所を見る | 集団通信は全ランクで呼び、表示だけをランク 0 に |
-# | 止まる、プロセスが落ちる | ランクごとに違う集団通信 | `TORCH_DISTRIBUTED_DEBUG=DETAIL` が両方の呼び出しを示す (演算の種類は見ない) | 全ランクで同じ順に同じ集団通信を |
-# | 2 回目の順伝播でエラー (1 回目は勾配が平均されない) | 順伝播で使われないパラメータ | エラーの番号、`INFO` なら名前。1 プロセスで勾配が `None` のものを探す | `find_unused_parameters=True`、いつも同じなら `static_graph=True` |
+# | 止まる (時間切れ) | 一部のランクだけが集団通信を呼ぶ | `dist.monitored_barrier`、スタック、Flight Recorder | 集団通信は全ランクで呼び、表示だけをランク 0 に |
+# | 止まる、プロセスが落ちる、黙って値が違う | ランクごとに違う集団通信 | `TORCH_DISTRIBUTED_DEBUG=DETAIL` (演算の種類は見ない) | 全ランクで同じ順に同じ集団通信を |
+# | 2 回目の順伝播でエラー (1 回目の勾配は平均されない) | 順伝播で使われないパラメータ | エラーの番号、`INFO` なら名前。1 プロセスで勾配が `None` のもの | `find_unused_parameters=True`、いつも同じなら `static_graph=True` |
 # | エポックの終わりで止まる | ランクごとにバッチの数が違う | 待っている場所 (逆伝播と `barrier`) | `Join` |
 # | 検証の指標がずれる | `DistributedSampler` の水増し | ランクごとのサンプルの番号 | 水増しを除いて和と個数を all-reduce、または `drop_last=True` |
-# | あるランクだけが古いチェックポイントから再開する (エラーなし) | ランク 0 が保存し終える前に読む | 読んだチェックポイントのステップ | ランク 0 だけが `model.module.state_dict()` を保存し、`barrier` のあとで全ランクが読む |
-# | ランクのプロセスが死ぬ | メモリ不足、ノードの故障 | labkit がランクを示す。torchrun は終了コード (-9 など) | チェックポイントから再開 (torchrun の `--max-restarts`) |
+# | あるランクだけが古いチェックポイントから続ける (エラーなし) | ランク 0 が保存し終える前に読む | 読んだチェックポイントのステップ | ランク 0 だけが保存し、`barrier` のあとで全ランクが読む |
+# | ランクのプロセスが死ぬ | メモリ不足、ノードの故障 | labkit が示すランク、torchrun の終了コード | torchrun の `--max-restarts` とチェックポイント |
 
 # %% [markdown] lang="en"
-# ## Summary
+# ## Symptom, cause, fix
 #
 # | symptom | cause | how to find it | fix |
 # |---|---|---|---|
-# | a hang (then a timeout) | a collective that only some ranks call | `dist.monitored_barrier` names the missing rank; the stacks show where each rank waits | call collectives on every rank, print on rank 0 only |
-# | a hang, or a process that dies | collectives that differ between ranks | `TORCH_DISTRIBUTED_DEBUG=DETAIL` names both calls (not the reduce op) | the same collectives, in the same order, on every rank |
-# | an error at the second forward (the first step's gradients were not averaged) | parameters the forward pass does not use | the indices in the error, the names with `INFO`; one process: which gradients stay `None` | `find_unused_parameters=True`; `static_graph=True` when always the same |
-# | a hang at the end of an epoch | ranks with different numbers of batches | where each rank waits (backward and `barrier`) | `Join` |
-# | a validation metric that is off | `DistributedSampler`'s padding | the sample indices of each rank | all-reduce sums and counts without the padding, or `drop_last=True` |
-# | one rank resumes from an older checkpoint (no error) | reading before rank 0 has written | the step of the checkpoint each rank read | rank 0 alone writes `model.module.state_dict()`; every rank reads after a `barrier` |
-# | a rank's process dies | out of memory, a failed node | labkit names the rank; torchrun shows the exit code (-9, ...) | resume from a checkpoint (torchrun's `--max-restarts`) |
+# | a hang (then a timeout) | a collective that only some ranks call | `dist.monitored_barrier`, the stacks, the Flight Recorder | call collectives on every rank, print on rank 0 only |
+# | a hang, a dead process, or silently wrong values | collectives that differ between ranks | `TORCH_DISTRIBUTED_DEBUG=DETAIL` (not the reduce op) | the same collectives, in the same order, on every rank |
+# | an error at the second forward (the first step's gradients not averaged) | parameters the forward pass does not use | the indices in the error, the names with `INFO`; in one process, the gradients that stay `None` | `find_unused_parameters=True`; `static_graph=True` when always the same |
+# | a hang at the end of an epoch | ranks with different numbers of batches | where each rank waits (backward, `barrier`) | `Join` |
+# | a validation metric that is off | `DistributedSampler`'s padding | each rank's sample indices | all-reduce sums and counts without the padding, or `drop_last=True` |
+# | one rank goes on from an older checkpoint (no error) | reading before rank 0 has written | the step each rank read | rank 0 alone writes; every rank reads after a `barrier` |
+# | a rank's process dies | out of memory, a failed node | the rank labkit names; torchrun's exit code | torchrun's `--max-restarts` and a checkpoint |
+
+# %% [markdown] lang="ja" tags=["summary"]
+# ## 覚えておくこと
+#
+# - **全ランクが同じ集団通信を同じ順に呼ぶ**約束で、`if rank == 0:` の中の集団通信はランク 0 を止め、
+#   ランクごとに違う演算はどの確認にもかからない間違った値を出すことがあります。
+# - **約束を破ったランクと呼び出しは道具で突き止め**、来ないランクは `dist.monitored_barrier`、待っている
+#   場所はスタック、どこまで来たかは Flight Recorder、形や種類の食い違いは `TORCH_DISTRIBUTED_DEBUG=DETAIL`
+#   が示します。
+# - **順伝播で使われないパラメータがあると**、1 回目の勾配は平均されずに 2 回目でエラーになり、
+#   `find_unused_parameters=True` は毎ステップ費用を払って、グラフが変わらないなら `static_graph=True` は
+#   最初の 1 回で、これを直します。
+# - **バッチの数が違うランクには `Join` を使い**、正確な指標は `DistributedSampler` の水増しを除いた和と個数の
+#   all-reduce で求めます。
+# - **チェックポイントはランク 0 だけが `model.module.state_dict()` を保存し、全ランクが `barrier` のあとで
+#   読み**、torchrun の `--max-restarts` と組み合わせれば、学習は 1 ビットも違わずに続きます。
+
+# %% [markdown] lang="en" tags=["summary"]
+# ## What to remember
+#
+# - **Every rank calls the same collectives in the same order**: a collective under
+#   `if rank == 0:` hangs rank 0, and a different reduce op on each rank can give wrong
+#   values that no check catches.
+# - **Tools find the rank and the call that broke the contract**: `dist.monitored_barrier`
+#   names who is missing, a stack dump where each rank waits, the Flight Recorder how
+#   far each got, and `TORCH_DISTRIBUTED_DEBUG=DETAIL` calls that differ in shape or type.
+# - **A parameter the forward pass does not use** leaves the first step's gradients
+#   unaveraged and raises at the second; `find_unused_parameters=True` fixes it at a cost
+#   every step, `static_graph=True` once, when the graph never changes.
+# - **Ranks with different numbers of batches need `Join`**, and an exact metric
+#   all-reduces sums and counts without `DistributedSampler`'s padding.
+# - **Rank 0 alone writes `model.module.state_dict()`, and every rank reads after a
+#   `barrier`**: with torchrun's `--max-restarts`, such a checkpoint resumes a run bit
+#   for bit.
+
+# %% [markdown] lang="ja" tags=["self-check"]
+# ## 確認問題
+#
+# 次の 3 問に答えてから先へ進んでください。答えの折りたたみは、自分で答えを決めてから開きます。
+
+# %% [markdown] lang="en" tags=["self-check"]
+# ## Self-check
+#
+# Answer the three questions before reading on; open an answer's fold only after
+# answering.
+
+# %% tags=["self-check"]
+from labkit import selfcheck
+
+selfcheck.show("10_troubleshooting")
+
+# %% tags=["self-check"]
+# Your answers, "a", "b", "c" or "d" for each question; then run this cell.
+my_answers = {1: None, 2: None, 3: None}
+selfcheck.check("10_troubleshooting", my_answers)

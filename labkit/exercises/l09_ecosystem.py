@@ -158,12 +158,12 @@ register({  # key: (ja, en)
     "ex_shard_ok": (
         "どの数も合っています。この {n} ランクでの fully_shard の実測 "
         "(Linear(5, 1) の重みは 1 行だけなので、すべてランク 0 にあり、"
-        "ほかのランクは何も持ちません) とも、3 ランクと 8 ランクでの記事 004 の MLP "
+        "ほかのランクは何も持ちません) とも、3 ランクと 8 ランクでの小さな MLP "
         "の torch.chunk (8 ランクでは、fc2 の 10 行は 5 ランクにしか行き渡りません) "
         "とも一致しました。",
         "Every count matches: fully_shard measured on these {n} ranks (Linear(5, 1)'s "
         "weight has a single row, all on rank 0; the other ranks hold none of it), "
-        "and torch.chunk for doc 004's MLP on 3 and 8 ranks (on 8, fc2's 10 rows "
+        "and torch.chunk for the tiny MLP on 3 and 8 ranks (on 8, fc2's 10 rows "
         "reach only 5 ranks)."),
 })
 
