@@ -286,3 +286,16 @@ def test_a_cell_is_named_by_its_heading_not_by_a_comment_in_its_code_block():
     plain = nbformat.v4.new_markdown_cell("No heading, only text.")
     assert bn.cell_ids("04", [cell, plain]) == ["04-correct-use", "04-001"]
     assert links._cell_headings(cell.source) == ["Correct-use"]
+
+
+def test_a_tagged_section_gets_its_mark_under_the_heading_in_each_language():
+    src = "## Buckets\n\nEach call pays α."
+    assert bn.mark_section(src, ["core"], "en") == (
+        "## Buckets\n\n*★ Core path*\n\nEach call pays α.")
+    assert "*発展 (中核コースでは飛ばせます)*" in bn.mark_section(
+        "## バケット", ["deep-dive"], "ja")
+    assert bn.mark_section(src, ["exercise"], "en") == src  # no mark asked for
+    with pytest.raises(bn.SourceError, match="one heading"):
+        bn.mark_section("no heading here", ["core"], "en")
+    with pytest.raises(bn.SourceError, match="one heading"):
+        bn.mark_section(src, ["core", "deep-dive"], "en")

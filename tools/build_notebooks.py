@@ -145,10 +145,35 @@ def join_japanese_lines(markdown: str) -> str:
     return "\n".join(out)
 
 
+# The line a section's heading gets when its cell is tagged `core` (on the two-hour
+# core path) or `deep-dive` (off it), in the cell's language: the tag says it once
+# for both languages, and the heading, which names the cell and its links, stays.
+SECTION_MARKS = {
+    "core": {"ja": "*★ 中核コース*", "en": "*★ Core path*"},
+    "deep-dive": {"ja": "*発展 (中核コースでは飛ばせます)*",
+                  "en": "*Deep dive (off the core path)*"},
+}
+
+
+def mark_section(source: str, tags: list[str], lang: str) -> str:
+    """`source` with its section's mark under its first heading, if tagged."""
+    marks = [SECTION_MARKS[t][lang] for t in tags if t in SECTION_MARKS]
+    headings = nbcells.heading_lines(source)
+    if not marks:
+        return source
+    if len(marks) > 1 or not headings:
+        raise SourceError(f"a cell tagged {tags} needs one heading and one of "
+                          f"{sorted(SECTION_MARKS)}: {source[:60]!r}")
+    lines = source.split("\n")
+    at = lines.index(headings[0]) + 1
+    return "\n".join([*lines[:at], "", marks[0], *lines[at:]])
+
+
 def _clean(cell: nbformat.NotebookNode, cell_id: str) -> nbformat.NotebookNode:
     metadata = {k: v for k, v in cell.metadata.items() if k != "lang"}
     if cell.cell_type == "markdown":
-        source = cell.source
+        source = mark_section(cell.source, metadata.get("tags", []),
+                              cell.metadata.get("lang", "en"))
         if cell.metadata.get("lang") == "ja":
             source = join_japanese_lines(source)
         new = nbformat.v4.new_markdown_cell(source, metadata=metadata)
