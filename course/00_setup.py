@@ -8,31 +8,53 @@
 #     name: python3
 # ---
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["outcomes"]
 # # 00 環境確認
 #
-# この講座は、PyTorch のデータ並列 (`DataParallel`、`data_parallel()`、
-# `DistributedDataParallel`、`no_sync()`) を、GPU のないノート PC でも動かしながら学びます。
-# 最初のレッスンでは、このマシンに何があり、何がここで動いて何が動かないかを確かめます。
+# この講座は、PyTorch のデータ並列 (`DistributedDataParallel`、`no_sync()`、`DataParallel` など) を、GPU の
+# ないノート PC でも動かしながら学びます。このレッスンでは、手元のコンピュータで何が動くかを確かめ、2 つのランクで
+# 最初の集団通信を実行し、レッスンのセルの使い方を知ります。講座をどこで動かせるか (GPU のあるマシン、
+# リモートのサーバー、コンテナ、Binder、Colab) は、講座のフォルダにある `README.ja.md` の「どこで動かすか」に
+# あります。
 #
-# 各セルを上から順に実行してください (Shift+Enter)。
+# このレッスンを終えると、次のことができます。
+#
+# - `labkit.doctor` で、手元のコンピュータにあるもの (CPU、PyTorch のビルド、GPU、分散バックエンド) と、
+#   ここで動くものを確かめられる。
+# - gloo と nccl の違いと、この講座がどちらをどこで使うかを説明できる。
+# - ノートブックから 2 つのランクを起動し、`%%px` のセルを全ランクで実行できる。
+# - プロセスグループ、ランク、world size を説明し、all-reduce が全ランクのテンソルを足し合わせることを
+#   確かめられる。
+# - 演習のセルと確認のセル、レッスンの最後の確認問題を使える。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["outcomes"]
 # # 00 Setup
 #
-# This course teaches PyTorch data parallelism (`DataParallel`, `data_parallel()`,
-# `DistributedDataParallel`, `no_sync()`) by running it, even on a laptop without a GPU.
-# This first lesson checks what this machine has, and what can and cannot run here.
+# This course teaches PyTorch data parallelism (`DistributedDataParallel`, `no_sync()`,
+# `DataParallel` and more) by running it, even on a laptop without a GPU. This lesson
+# checks what your computer can run, runs a first collective on two ranks, and shows how
+# the lessons' cells work. Where the course can run (a machine with GPUs, a remote
+# server, a container, Binder, Colab) is in the course folder's `README.md`, under
+# "Where to run it".
 #
-# Run the cells from top to bottom (Shift+Enter).
+# After this lesson you can:
+#
+# - check with `labkit.doctor` what your computer has (CPUs, the PyTorch build, GPUs,
+#   distributed backends) and what runs here;
+# - tell gloo from nccl, and say which the course uses where;
+# - start two ranks from a notebook and run a `%%px` cell on every rank;
+# - say what a process group, a rank and the world size are, and see an all-reduce sum
+#   the ranks' tensors;
+# - work an exercise with its check cell, and the self-check that ends each lesson.
 
 # %% [markdown] lang="ja"
-# 最初のセルは、講座のパッケージ `labkit` が新しいかを確かめ、表示言語を日本語にします。
-# 図の文字やメッセージもこの言語になります。
+# 各セルを上から順に実行してください (Shift+Enter)。最初のセルは、講座のパッケージ `labkit` が新しいかを
+# 確かめ、表示言語を日本語にします。図の文字やメッセージもこの言語になります。
 
 # %% [markdown] lang="en"
-# The first cell checks that the course's package, `labkit`, is recent enough, and sets the
-# language of plots and messages to English.
+# Run the cells from top to bottom (Shift+Enter). The first cell checks that the
+# course's package, `labkit`, is recent enough, and sets the language of plots and
+# messages to English.
 
 # %%
 import labkit
@@ -78,16 +100,18 @@ report = doctor.collect()
 print(doctor.format_report(report))
 
 # %% [markdown] lang="ja"
-# この講座に欠かせないもの (gloo と日本語フォント) があることを確かめます。
-# どちらかが無ければ、このセルがエラーで止まります。
+# この講座に欠かせないもの、gloo と、日本語のノートブックでは日本語フォントがあることを確かめます。
+# 無ければ、このセルがエラーで止まります。
 
 # %% [markdown] lang="en"
-# Check what the course cannot do without: gloo and a Japanese font.
-# If either is missing, this cell stops with an error.
+# Check what the course cannot do without: gloo, and in the Japanese notebooks a
+# Japanese font (the English ones need none). If one is missing, this cell stops with
+# an error.
 
 # %%
 assert report.backends["gloo"], "this PyTorch build has no gloo backend"
-assert report.japanese_font is not None, "no Japanese font for matplotlib"
+if labkit.get_lang() == "ja":  # a Japanese figure must never show empty boxes
+    assert report.japanese_font is not None, "no Japanese font for matplotlib"
 if not report.gpus:
     assert "cap_ddp_nccl" in report.cannot_run  # nccl needs GPUs
 report.backends
@@ -111,25 +135,29 @@ assert "torchrun" in str(refused.exception) and cluster.current() is None
 # %% [markdown] lang="ja"
 # ## 日本語フォント
 #
-# matplotlib の既定フォントには日本語の字形がなく、日本語のラベルは「□」(豆腐) になります。
-# labkit は `matplotlib-fontja` の IPAexGothic を既定フォントにします (`labkit.plots` を読み込んだとき。
-# matplotlib をすでに使っていれば `labkit.set_lang` のときにも)。
-# 次の図に日本語と英語が両方きちんと描かれていることを確かめてください。
+# 日本語のノートブックは図のラベルも日本語です。matplotlib の既定フォントには日本語の字形がなく、
+# そのままでは日本語のラベルが「□」(豆腐) になります。labkit は `matplotlib-fontja` の IPAexGothic を
+# 既定フォントにします (`labkit.plots` を読み込んだとき。matplotlib をすでに使っていれば
+# `labkit.set_lang` のときにも)。次の図に日本語と英語が両方きちんと描かれていることを確かめてください。
 # `labkit.plots` の図は、描けない文字があるとエラーになります。
 
 # %% [markdown] lang="en"
 # ## Japanese font
 #
-# matplotlib's default font has no Japanese glyphs, so Japanese labels come out as empty
-# boxes ("tofu"). labkit makes IPAexGothic, from `matplotlib-fontja`, the default font
-# (when `labkit.plots` is imported, and at `labkit.set_lang` where matplotlib is already
-# in use). Check that the figure below shows both Japanese and English text.
-# The figures of `labkit.plots` raise an error when a character cannot be drawn.
+# The Japanese notebooks label their figures in Japanese, and matplotlib's default font
+# has no Japanese glyphs: the labels would come out as empty boxes ("tofu"). labkit
+# makes IPAexGothic, from `matplotlib-fontja`, the default font (when `labkit.plots` is
+# imported, and at `labkit.set_lang` where matplotlib is already in use). The figure
+# below shows Japanese and English text; the English notebook draws it only where a
+# Japanese font is installed. The figures of `labkit.plots` raise an error when a
+# character cannot be drawn.
 
 # %%
 from labkit import plots
 
-fig = plots.font_check()
+# The English notebooks draw no Japanese but here: they need no Japanese font.
+if labkit.get_lang() == "ja" or report.japanese_font is not None:
+    fig = plots.font_check()
 
 # %% [markdown] lang="ja"
 # フォントを英語用の DejaVu Sans に戻すと、同じ図は日本語を描けず、`MissingGlyphError` になります。
@@ -179,37 +207,117 @@ _ = widgets.interact(per_rank_batch, world_size=(1, 8), batch_size=(8, 256, 8))
 # ## 最初の集団通信
 #
 # 分散学習のプロセスは**プロセスグループ**に属し、それぞれ**ランク** (0, 1, …) を持ちます。
-# 全体の数が **world size** です。ここではこのカーネルだけを 1 ランクとする gloo のグループを作り、
-# all-reduce (全ランクのテンソルを足し合わせ、結果を全ランクに配る通信) を 1 回実行します。
-# ランクが 1 つなので値は変わりませんが、gloo が動くことがわかります。
-# 2 ランク以上はレッスン 03 で扱います。
+# 全体の数が **world size** です。`cluster.start(2)` は、手元に 2 つのプロセス (エンジン) を起動し、
+# ランク 0 と 1 として 1 つの gloo のグループに参加させます。ランクは 127.0.0.1 で待ち合わせます。
+# 起動には数秒かかります。起動したあとは、`%%px` で始まるセルが**全ランクで**実行され、各ランクには
+# `rank` と `world_size` という変数があります。
 
 # %% [markdown] lang="en"
 # ## A first collective
 #
 # Processes of distributed training belong to a **process group**, and each has a
-# **rank** (0, 1, …); how many there are is the **world size**. Here this kernel alone
-# forms a gloo group of one rank and runs one all-reduce (sum a tensor over all ranks and
-# give every rank the result). With one rank the values stay the same, but it shows that
-# gloo works. Lesson 03 uses two ranks and more.
+# **rank** (0, 1, …); how many there are is the **world size**. `cluster.start(2)`
+# starts two local processes (engines) and joins them, as ranks 0 and 1, in
+# one gloo group; the ranks meet on 127.0.0.1. The start takes a few seconds. After it,
+# a cell that begins with `%%px` runs **on every rank**, and each rank has the variables
+# `rank` and `world_size`.
 
 # %%
-import os
+ranks = cluster.start(2)
+print(f"{ranks.world_size} ranks, backend {ranks.backend}")
 
+# %% [markdown] lang="ja"
+# 各ランクが違うテンソルを持ち、all-reduce (全ランクのテンソルを足し合わせ、結果を全ランクに配る集団通信) を
+# 1 回実行します。ランク 0 は `[0, 1, 2, 3]`、ランク 1 は `[10, 11, 12, 13]` を持ちます。
+#
+# **予想してから実行:** all-reduce のあと、それぞれのランクは何を持っているでしょうか?
+
+# %% [markdown] lang="en"
+# Each rank holds a different tensor, and they run one all-reduce (a collective that
+# sums a tensor over all ranks and gives every rank the result). Rank 0 holds
+# `[0, 1, 2, 3]`, rank 1 holds `[10, 11, 12, 13]`.
+#
+# **Predict, then run:** after the all-reduce, what does each rank hold?
+
+# %%
+# %%px
 import torch
 import torch.distributed as dist
 
-from labkit.cluster import rendezvous
+x = torch.arange(4.0) + 10 * rank  # a different tensor on each rank
+print(f"rank {rank} of {world_size}, before: {x.tolist()}")
+dist.all_reduce(x)  # sum over the ranks; every rank gets the sum
+print(f"rank {rank} of {world_size}, after:  {x.tolist()}")
+tensors = [torch.arange(4.0) + 10 * r for r in range(world_size)]  # every rank's
+assert torch.equal(x, sum(tensors))  # with 2 ranks: [10, 12, 14, 16] on both
 
-# gloo listens on the address the host name resolves to, often the LAN's (on
-# Windows, a firewall prompt): the loopback interface keeps it on this machine.
-os.environ.setdefault("GLOO_SOCKET_IFNAME", rendezvous.loopback_interface())
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-x = torch.arange(4.0)
-dist.all_reduce(x)  # sum over ranks: with one rank, x itself
-print(dist.get_backend(), dist.get_rank(), dist.get_world_size(), x)
-assert torch.equal(x, torch.arange(4.0))
-dist.destroy_process_group()
+# %% [markdown] lang="ja"
+# ランクどうしの通信は、手元のコンピュータの中だけで行われます。各ランクの gloo はループバック
+# (127.0.0.1) だけで待ち受けるので、LAN に向けて待ち受けることはなく、Windows のファイアウォールの確認も
+# 出ません。
+
+# %% [markdown] lang="en"
+# The ranks talk inside your computer only: each rank's gloo listens on the loopback
+# interface (127.0.0.1) alone, never towards the LAN, so Windows' firewall does not
+# ask either.
+
+# %%
+# %%px
+import os
+
+import psutil
+
+listening = {c.laddr.ip for c in psutil.Process().net_connections("inet")
+             if c.status == psutil.CONN_LISTEN}
+print(f"rank {rank} listens on {sorted(listening)}")
+assert listening <= {"127.0.0.1", "::1"}, listening  # loopback only (IPv4, IPv6)
+assert os.environ["MASTER_ADDR"] == "127.0.0.1"  # where the ranks met
+
+# %% [markdown] lang="ja"
+# > **時間はばらつき、回数とバイト数はばらつかない。** この講座は、ほかのプログラムと共有された CPU
+# > (ノート PC、教室のサーバー、CI) の上で動きます。そのため、1 ステップや 1 回の集団通信にかかる時間は、
+# > 実行ごとにも、同じ実行の 1 回ごとにも変わります。変わらないのは、集団通信が計算する値、呼び出しの回数、
+# > 送るバイト数です。レッスンはこちらを確かめ、時間は「この実行での値」として、測ったすべての回を示します。
+#
+# 同じ all-reduce を 5 回実行し、1 回ごとの時間とバイト数を記録します。
+
+# %% [markdown] lang="en"
+# > **Times scatter; counts and bytes do not.** The course runs on CPUs shared with other
+# > programs (a laptop, a classroom server, CI), so the time a step or a collective
+# > takes changes from run to run, and from one round to the next. What does not change
+# > is what a collective computes, how many calls are made and how many bytes they send:
+# > the lessons assert those, and show a time as this run's, with every round measured.
+#
+# Run the same all-reduce 5 times, and record each round's time and bytes.
+
+# %%
+# %%px
+from labkit import comm_counting
+
+sums = []
+with comm_counting.CollectiveLog() as log:
+    for _ in range(5):
+        y = torch.ones(1000)  # 1,000 float32 values: 4,000 bytes
+        dist.barrier()  # the ranks start each round together
+        dist.all_reduce(y)
+        sums.append(y.sum().item())
+ms = [1000 * (c["end"] - c["start"]) for c in log.calls]
+print(f"rank {rank}: {log.count('all_reduce')} all-reduces of "
+      f"{[c['bytes'] for c in log.calls]} bytes, sums {sums}")
+print(f"rank {rank}: ms on this run", ", ".join(f"{t:.3f}" for t in ms))
+assert log.count("all_reduce") == 5 and [c["bytes"] for c in log.calls] == [4000] * 5
+assert sums == [1000.0 * world_size] * 5  # the same values every round
+assert max(ms) > min(ms)  # but the times differ
+
+# %% [markdown] lang="ja"
+# ランクを止めます。ランクを使うレッスンは、それぞれ自分でランクを起動します。
+
+# %% [markdown] lang="en"
+# Stop the ranks; each lesson that needs ranks starts its own.
+
+# %%
+ranks.stop()
+assert cluster.current() is None
 
 # %% [markdown] lang="ja"
 # ## コマンドラインから
@@ -237,6 +345,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+
 with tempfile.TemporaryDirectory() as tmp:
     out = Path(tmp) / "doctor.json"
     cmd = [sys.executable, "-m", "labkit", "--lang", labkit.get_lang(), "doctor",
@@ -253,75 +363,93 @@ with tempfile.TemporaryDirectory() as tmp:
 assert saved["torch_version"] == torch.__version__
 
 # %% [markdown] lang="ja"
-# ## どこで動かすか
+# ## レッスンの進め方
 #
-# | 環境 | 使い方 |
-# |---|---|
-# | GPU のない PC (この講座の基準) | Linux と macOS では `python3 tools/course.py lab` (`make lab` でも同じ)、Windows では `py tools\course.py lab` (`py` がなければ `python tools\course.py lab`)。DDP は gloo、DataParallel は CPU 上の再現で学びます。 |
-# | GPU のあるマシン | `python3 tools/course.py lab --torch "torch==2.13.0 …"` (`make lab TORCH="torch==2.13.0 …"`) で CUDA 版の PyTorch を指定します。ノートブックのランクは、ここでも gloo で CPU の上で動きます。実際の GPU を使うのは、GPU が 2 台以上あるときのレッスン 02 の DataParallel と、コマンドラインです (`torchrun --nproc-per-node N -m labkit nosync --backend nccl`、1 ランクに GPU 1 台)。 |
-# | リモートの GPU サーバー | サーバーで `python3 tools/course.py lab` (127.0.0.1 で待ち受け) し、手元から `ssh -L 8888:127.0.0.1:8888 サーバー` で転送してブラウザで開きます。 |
-# | クラスタ | ノートブックではなく `torchrun` でスクリプトを起動します (レッスン 09)。 |
-# | コンテナ (VS Code の Dev Containers、GitHub Codespaces) | リポジトリを開くと `.devcontainer/devcontainer.json` が Python 3.11 と CPU 版の PyTorch で環境を作ります (`python tools/course.py setup`)。ターミナルで `python tools/course.py lab` を実行すると、エディタがポート 8888 を転送します。CPU 2 コアを指定してあります。 |
-# | Binder | `binder/` の設定で、ブラウザだけで開けます (URL は `https://mybinder.org/v2/gh/<リポジトリ>/HEAD?urlpath=lab`)。mybinder.org は CPU 1 つ、メモリは多くて 2 GB です ([利用の目安](https://mybinder.readthedocs.io/en/latest/about/user-guidelines.html))。ランクを使うレッスンは遅く、メモリが足りずにカーネルが再起動することがあります。読むだけならサイト (README) が向いています。 |
-# | Google Colab | 下の「Colab で動かす」を見てください。 |
+# - **演習**は、見出しに「演習」とあるコードのセルです。セルを書き換えて実行してから、次の**確認のセル**
+#   (`exercises.grade_…`) を実行します。正しければ「✓ 正解です。」と確かめた内容が表示され、違っていれば
+#   「まだ正解ではありません。」と、どこが違うかがヒントとともに表示されます。完全版のノートブックでは演習の
+#   すぐあとに解答のセルがありますが、まず自分で解いてみてください。「(任意)」と書いた演習は、飛ばしても
+#   先に進めます。
+# - 「**予想してから実行:**」とある問いには、セルを実行する前に自分の答えを決めます。セルがその値を示し、
+#   確かめます。
+# - 各レッスンは「**覚えておくこと**」と 3 問の「**確認問題**」で終わります。
+# - レッスンのコード自身が表示する出力 (`print`) は、コードと同じく英語です。labkit が表示するもの
+#   (doctor の一覧、図、確認のセルの判定とヒント、確認問題) はノートブックの言語になります。
 #
-# 上の doctor の「ここでは動かないもの」に出た項目のうち、GPU を使うものは GPU のあるマシンで動きます。
-# ただし、この講座の GPU の経路 (nccl と CUDA) は、まだ一度も GPU の上で動かしたことがありません。
-# この講座の開発に、GPU のあるマシンが使えなかったからです。テストで確かめているのは、GPU の台数を
-# モックして (差し替えて)、labkit がその台数から選ぶもの (バックエンド、doctor の表示) だけです。
+# 次のセルは、レッスン 01 の最初の確認のセルに、演習のセルの書き始めのまま (記事のモデルそのもの) を渡します。
+# 判定はノートブックの言語で、ヒント付きです。
 
 # %% [markdown] lang="en"
-# ## Where to run it
+# ## How the lessons work
 #
-# | machine | how |
-# |---|---|
-# | a PC without a GPU (what the course is built for) | `python3 tools/course.py lab` on Linux and macOS (or `make lab`), `py tools\course.py lab` on Windows (`python tools\course.py lab` where there is no `py`). DDP runs on gloo; DataParallel is simulated on the CPU. |
-# | a machine with GPUs | `python3 tools/course.py lab --torch "torch==2.13.0 …"` (or `make lab TORCH="torch==2.13.0 …"`) to pick a CUDA build of PyTorch. The notebooks' ranks still use gloo on the CPU there; real GPUs are used by lesson 02's DataParallel (with two or more GPUs) and by the command line (`torchrun --nproc-per-node N -m labkit nosync --backend nccl`, one GPU per rank). |
-# | a remote GPU server | run `python3 tools/course.py lab` there (it listens on 127.0.0.1) and forward it with `ssh -L 8888:127.0.0.1:8888 server`, then open it in your browser. |
-# | a cluster | start scripts with `torchrun`, not notebooks (lesson 09). |
-# | a container (VS Code's Dev Containers, GitHub Codespaces) | opening the repository, `.devcontainer/devcontainer.json` builds the environment with Python 3.11 and the CPU build of PyTorch (`python tools/course.py setup`). Run `python tools/course.py lab` in its terminal; the editor forwards port 8888. It asks for 2 CPU cores. |
-# | Binder | `binder/` opens the course in a browser alone (`https://mybinder.org/v2/gh/<repository>/HEAD?urlpath=lab`). mybinder.org gives one CPU and at most 2 GB of memory ([guidelines](https://mybinder.readthedocs.io/en/latest/about/user-guidelines.html)): lessons with ranks run slowly and their kernel may restart for lack of memory. To read, the website (README) suits better. |
-# | Google Colab | see "Running on Colab" below. |
+# - An **exercise** is a code cell under a heading that says so. Edit it and run it, then
+#   run the **check cell** after it (`exercises.grade_…`): it says "✓ Correct." and what
+#   it checked when the answer is right, and otherwise "Not yet." with what is wrong and a
+#   hint. In the full notebooks a solution cell follows each exercise: try on your own
+#   first. An exercise marked "(optional)" can be skipped.
+# - Where the text asks "**Predict, then run:**", settle on your answer before running
+#   the cell; the cell then shows the value and asserts it.
+# - Each lesson ends with "**What to remember**" and a three-question **Self-check**.
+# - What a lesson's code prints itself (`print`) is in English in both editions, like the
+#   code; what labkit shows (the doctor's list, figures, the checks' verdicts and hints,
+#   the self-checks) follows the notebook's language.
 #
-# What the doctor listed under "does not run here" and needs GPUs runs on a machine with
-# GPUs. But the course's GPU paths (nccl and CUDA) have never run on a GPU: no machine
-# with a GPU has been available to this project. Tests fake the GPU count and check only
-# what labkit chooses from it (the backend, what the doctor reports).
-
-# %% [markdown] lang="ja"
-# ## Colab で動かす
-#
-# Google Colab のランタイムには、Colab 自身の Python と PyTorch が入っています。2026 年 8 月の時点では
-# Python 3.13 と torch 2.11 です ([googlecolab/backend-info](https://github.com/googlecolab/backend-info))。
-# この講座の `tools/course.py lab` は使えないので、講座のフォルダ (git clone したもの、またはアップロードしたもの) で
-# `%pip install -e ".[lab]"` を実行し、セッションを再起動してからレッスンを開きます。labkit は torch 2.4
-# 以上なら受け付けるので、この行は Colab の torch を入れ替えません。
-#
-# この講座の事実は torch 2.13.0 と 2.14.1 で確かめてあります (`tools/course.py lab` が入れるのは 2.13.0 です。2.14.1 は
-# PyPI から入る CUDA 版を、GPU のないマシンで動かしました)。2 つの版で事実が違うところは、どちらの版で
-# 何が起きるかをレッスンに書いてあります (レッスン 09: torch のヘッダが要求する C++ の規格)。ほかの版の
-# torch では、どのレッスンも最初のセルの `labkit.require` がそう警告します (`TorchVersionWarning`)。
-# Colab の torch なら次のとおりです。
-
-# %% [markdown] lang="en"
-# ## Running on Colab
-#
-# Google Colab's runtime comes with its own Python and PyTorch: in August 2026, Python 3.13
-# and torch 2.11 ([googlecolab/backend-info](https://github.com/googlecolab/backend-info)).
-# The course's `tools/course.py lab` does not apply there: in the course's folder (cloned with git,
-# or uploaded), run `%pip install -e ".[lab]"`, restart the session, then open a lesson.
-# labkit accepts torch 2.4 or newer, so that line leaves Colab's torch in place.
-#
-# The course's facts were checked with torch 2.13.0 and 2.14.1 (`tools/course.py lab` installs
-# 2.13.0; 2.14.1 ran as PyPI's CUDA build, on a machine without a GPU). Where a fact
-# differs between the two, the lesson says which shows what (lesson 09: the C++ standard
-# torch's headers require). With another torch, every lesson's first cell warns so
-# (`labkit.require`, a `TorchVersionWarning`). With Colab's torch it reads:
+# The next cell gives lesson 01's first check what its exercise cell starts with (the
+# article's model as printed): the verdict comes in the notebook's language, with a
+# hint.
 
 # %%
-colab_note = labkit.torch_note("2.11.0+cpu")  # what require() warns with Colab's torch
-print(colab_note)
-# every version checked is named; labkit.CHECKED_TORCH is the one tools/course.py lab pins
-assert "2.11.0+cpu" in colab_note and labkit.CHECKED_TORCH in colab_note
-assert all(checked in colab_note for checked in labkit.CHECKED_TORCH_VERSIONS)
-print(labkit.torch_note() or f"here: torch {torch.__version__}, a version checked")
+from labkit import exercises, models
+
+with checks.expect_error(exercises.WrongAnswer) as not_yet:
+    exercises.grade_keeps_batch(models.MLPAsWritten)
+assert ("ヒント" in str(not_yet.exception)) == (labkit.get_lang() == "ja")
+
+# %% [markdown] lang="ja" tags=["summary"]
+# ## 覚えておくこと
+#
+# - **ノートブックのランクは、どのマシンでも gloo で CPU の上で動きます**。GPU と nccl を使うのは
+#   コマンドライン (`torchrun`) です。
+# - **プロセスグループがランクをまとめます**。各プロセスはランク (0 から world size − 1) を持ち、`%%px` の
+#   セルは全ランクで実行されます。
+# - **all-reduce は全ランクのテンソルを足し合わせ、結果を全ランクに配ります**。`[0, 1, 2, 3]` と
+#   `[10, 11, 12, 13]` は、両方のランクで `[10, 12, 14, 16]` になりました。
+# - **共有された CPU では時間がばらつき、値と回数とバイト数はばらつきません**。レッスンは後者を確かめ、
+#   時間はこの実行での値として示します。
+# - **確認のセルは「正解です」か、どこが違うかをヒント付きで示します**。各レッスンは 3 問の確認問題で
+#   終わります。
+
+# %% [markdown] lang="en" tags=["summary"]
+# ## What to remember
+#
+# - **The notebooks' ranks use gloo on the CPU, on any machine**; GPUs and nccl are the
+#   command line's (`torchrun`).
+# - **A process group joins the ranks**: each process has a rank, 0 to world size − 1,
+#   and a `%%px` cell runs on every rank.
+# - **An all-reduce sums a tensor over the ranks and gives every rank the result**:
+#   `[0, 1, 2, 3]` and `[10, 11, 12, 13]` became `[10, 12, 14, 16]` on both ranks.
+# - **On a shared CPU times scatter; values, counts and bytes do not**: the lessons
+#   assert the latter, and show a time as this run's.
+# - **A check cell says "Correct", or what is wrong with a hint**; each lesson ends with
+#   a three-question self-check.
+
+# %% [markdown] lang="ja" tags=["self-check"]
+# ## 確認問題
+#
+# 先へ進む前に、次の 3 問に答えてください。答えの折りたたみは、自分の答えを決めてから開きます。
+
+# %% [markdown] lang="en" tags=["self-check"]
+# ## Self-check
+#
+# Answer the three questions below before reading on; open an answer's fold only
+# after you have chosen.
+
+# %% tags=["self-check"]
+from labkit import selfcheck
+
+selfcheck.show("00_setup")
+
+# %% tags=["self-check"]
+# Your answers, "a", "b", "c" or "d" for each question; then run this cell.
+my_answers = {1: None, 2: None, 3: None}
+selfcheck.check("00_setup", my_answers)

@@ -8,30 +8,44 @@
 #     name: python3
 # ---
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["outcomes"]
 # # 01 記事のモデルを動かす
 #
-# 出発点の 2 つの記事 (no_sync の解説 = 記事 000、data_parallel の解説 = 記事 004) には、
+# この講座の出発点の 2 つの記事 (no_sync の解説 = 記事 000、data_parallel の解説 = 記事 004) には、
 # モデル、損失関数、データセット、学習ループのコードが載っています。そのままでは動きません。
-# このレッスンでは、
+# このレッスンでは、記事のコードを**書かれたとおりに**実行してどこでどう失敗するかを確かめ、直したモデルで
+# 記事の `DataLoader` の例を 1 プロセスで学習させます。以後のレッスンの DataParallel や DDP は、
+# ここで作る 1 プロセスの学習と比べて正しさを確かめます。
 #
-# 1. 記事のコードを**書かれたとおりに**実行し、どこでどう失敗するかを確かめ、
-# 2. 直したモデルで、記事の `DataLoader` の例を 1 プロセスで学習させ、学習曲線を描きます。
+# このレッスンを終えると、次のことができます。
 #
-# 以後のレッスンの DataParallel や DDP は、ここで作る 1 プロセスの学習と比べて正しさを確かめます。
+# - 記事のコードの誤り (`x.view(-1)`、括弧のない `loss.backward`、`zero_grad()` と `optimizer.step()` の抜け) を、
+#   それぞれセルで示せる。
+# - バッチの次元を残して各サンプルを平坦化し、バッチが 1 のときに誤りが隠れる理由を説明できる。
+# - `zero_grad()` → 順伝播 → 損失 → `backward()` → `step()` の 1 ステップを書ける。
+# - 学ぶもののないデータと学習できる課題を、学習曲線と目標値の分散で見分けられる。
+# - シードを固定して、同じ学習をビット単位で再現できる。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["outcomes"]
 # # 01 The documents' models
 #
-# The two articles this course starts from (doc 000 on `no_sync`, doc 004 on
-# `data_parallel`) print a model, a loss, a data set and a training loop. As printed,
-# they do not run. In this lesson we
+# The two Japanese articles this course starts from (quoted here: doc 000 on
+# `no_sync`, doc 004 on `data_parallel`) print a model, a loss, a data set and a
+# training loop. As printed, they do not run. This lesson runs the documents' code
+# **as written** to see where and how it fails, then trains the corrected model on doc
+# 004's `DataLoader` example in one process. Later lessons check DataParallel and DDP
+# against this single-process training.
 #
-# 1. run the documents' code **as written** and see where and how it fails, and
-# 2. train the corrected model on doc 004's `DataLoader` example in one process and plot
-#    the loss curve.
+# After this lesson you can:
 #
-# Later lessons check DataParallel and DDP against this single-process training.
+# - show with a cell each of the documents' mistakes: `x.view(-1)`, `loss.backward`
+#   without a call, no `zero_grad()`, no `optimizer.step()`;
+# - flatten each sample while keeping the batch dimension, and say why a batch of one
+#   hides the bug;
+# - write the step `zero_grad()` → forward → loss → `backward()` → `step()`;
+# - tell data with nothing to learn from a learnable task, by the loss curve against
+#   the targets' variance;
+# - reproduce a training run bit for bit from its seeds.
 
 # %%
 import labkit
@@ -101,17 +115,18 @@ with checks.expect_error(RuntimeError, match="shapes cannot be multiplied"):
 # %% [markdown] lang="ja"
 # ## バッチが 1 のときは黙って間違える
 #
-# バッチが 1 サンプル `(1, 10)` だと `view(-1)` の結果は長さ 10 で、たまたま `Linear` に入ります。
-# エラーは出ませんが、出力の形は `(1, 10)` ではなく `(10,)` で、バッチの次元が消えています。
-# 動いたように見える分、こちらのほうが危険です。
+# バッチが 1 サンプル `(1, 10)` だと、`view(-1)` の結果は長さ 10 のベクトルで、たまたま `Linear(10, 100)` に
+# 入ります。
+#
+# **予想してから実行:** エラーになるでしょうか。ならないなら、出力はどんな形でしょうか?
 
 # %% [markdown] lang="en"
 # ## With a batch of one it is silently wrong
 #
 # With a batch of one sample, `(1, 10)`, `view(-1)` gives a vector of length 10, which
-# happens to fit `Linear`. Nothing fails, but the output has shape `(10,)`, not
-# `(1, 10)`: the batch dimension is gone. Because it seems to work, this is the more
-# dangerous case.
+# happens to fit `Linear(10, 100)`.
+#
+# **Predict, then run:** does it fail? If not, what shape is the output?
 
 # %%
 x1 = torch.randn(1, 10)
@@ -120,16 +135,20 @@ print(tuple(x1.shape), "->", tuple(out.shape))
 assert out.shape == (10,)  # not (1, 10)
 
 # %% [markdown] lang="ja"
+# エラーは出ませんが、出力の形は `(1, 10)` ではなく `(10,)` で、バッチの次元が消えています。
+# 動いたように見える分、こちらのほうが危険です。
+
+# %% [markdown] lang="en"
+# Nothing fails, but the output has shape `(10,)`, not `(1, 10)`: the batch dimension
+# is gone. Because it seems to work, this is the more dangerous case.
+
+# %% [markdown] lang="ja"
 # ## 演習: `view(-1)` を直す
 #
 # 次のセルの `FixedMLP` は、記事 004 のモデルそのままです。印を付けた 1 行だけを書き換えて、
 # どんなバッチでもサンプルごとの出力を返すようにしてください。確認のセルは、100 サンプルのバッチ
 # `(100, 10)`、1 サンプルのバッチ `(1, 10)`、各サンプルが `(2, 5)` の形をしたバッチ `(4, 2, 5)` を入れ、
-# 直したモデルの出力と比べます。
-#
-# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
-# 違っていれば、どこが違うかがヒントとともに表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
-# ありますが、まず自分で解いてみてください。
+# 直したモデルの出力と比べます (演習と確認のセルの使い方はレッスン 00 にあります)。
 
 # %% [markdown] lang="en"
 # ## Exercise: fix `view(-1)`
@@ -137,11 +156,8 @@ assert out.shape == (10,)  # not (1, 10)
 # `FixedMLP` in the next cell is doc 004's model as printed. Change only the marked line so
 # that any batch gives one output per sample. The check feeds a batch of 100 samples
 # `(100, 10)`, a batch of one `(1, 10)`, and a batch `(4, 2, 5)` whose samples are shaped
-# `(2, 5)`, and compares with the corrected model.
-#
-# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
-# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
-# solution cell follows each exercise: try on your own first.
+# `(2, 5)`, and compares with the corrected model (how an exercise and its check cell
+# work: lesson 00).
 
 # %% tags=["exercise"]
 class FixedMLP(models.MLPAsWritten):
@@ -294,17 +310,21 @@ assert all(p.grad is not None for p in model.parameters())
 # ## `zero_grad()` を忘れると勾配がたまる
 #
 # PyTorch は `backward()` のたびに勾配を `.grad` に**足し込みます**。記事の学習ループには
-# `optimizer.zero_grad()` がないので、ステップごとに前の勾配が積み重なります。
-# 同じバッチで 3 回 `backward()` すると、勾配は 1 倍、2 倍、3 倍になります。
-# (この「足し込み」は、レッスン 04 の勾配累積ではわざと使います。)
+# `optimizer.zero_grad()` がないので、ステップごとに前の勾配が積み重なります
+# (この「足し込み」は、レッスン 04 の勾配累積ではわざと使います)。
+#
+# **予想してから実行:** 同じバッチで `zero_grad()` なしに `backward()` を 3 回呼ぶと、1 回ごとの `.grad` は
+# 1 回目の勾配の何倍でしょうか?
 
 # %% [markdown] lang="en"
 # ## Without `zero_grad()` gradients pile up
 #
 # PyTorch **adds** each `backward()` into `.grad`. The document's training loop has no
-# `optimizer.zero_grad()`, so every step's gradient lands on top of the previous ones.
-# Three `backward()` calls on the same batch give 1×, 2× and 3× the gradient.
-# (Lesson 04 uses this accumulation on purpose.)
+# `optimizer.zero_grad()`, so every step's gradient lands on top of the previous ones
+# (lesson 04 uses this accumulation on purpose).
+#
+# **Predict, then run:** three `backward()` calls on the same batch without
+# `zero_grad()`: how many times the first gradient does `.grad` hold after each?
 
 # %%
 model = models.MLP()
@@ -313,7 +333,8 @@ norms = []
 for _ in range(3):
     criterion(model(X), Y).backward()  # no zero_grad, as in the document
     norms.append(model.fc1.weight.grad.norm().item())
-print("without zero_grad:", [f"{n:.4f}" for n in norms])
+print("without zero_grad:", [f"{n:.4f}" for n in norms],
+      "| times the first:", [f"{n / norms[0]:.2f}" for n in norms])
 torch.testing.assert_close(torch.tensor(norms), norms[0] * torch.tensor([1.0, 2, 3]))
 
 norms = []
@@ -331,7 +352,10 @@ assert norms[0] == norms[1] == norms[2]
 # 一度も呼びません。最後の行は括弧のない `loss.backward` なので、勾配も計算されません。
 # このループを書かれたとおりに 10 エポック回します。変えたのは、このマシンで止まる所だけです:
 # `x.view(-1)` を直したモデル、`.cuda()` の代わりに `.to(device)`、そして GPU がなければ何もしない
-# `nn.DataParallel` の包みを外しました。それでも、10 エポックのあとでパラメータは 1 つも変わっていません。
+# `nn.DataParallel` の包みを外しました。
+#
+# **予想してから実行:** 10 エポックのあと、モデルの 4 つのパラメータ (重みとバイアス) のうち、いくつが
+# 変わっているでしょうか?
 
 # %% [markdown] lang="en"
 # ## Doc 004's training loop, as written
@@ -340,8 +364,10 @@ assert norms[0] == norms[1] == norms[2]
 # `optimizer.step()`. Its last line is `loss.backward` without parentheses, so no
 # gradient is computed either. Run that loop as written for 10 epochs, changing only what
 # stops on this machine: the model with `x.view(-1)` fixed, `.to(device)` instead of
-# `.cuda()`, and no `nn.DataParallel` wrapper (without GPUs it does nothing). After 10
-# epochs not one parameter has changed.
+# `.cuda()`, and no `nn.DataParallel` wrapper (without GPUs it does nothing).
+#
+# **Predict, then run:** after 10 epochs, how many of the model's 4 parameters (weights
+# and biases) have changed?
 
 # %%
 torch.manual_seed(0)
@@ -494,7 +520,7 @@ assert again == curves["TeacherDataset"]
 print("identical:", again == curves["TeacherDataset"])
 
 # %% [markdown] lang="ja"
-# ## まとめ
+# ## 記事のコードと直し方
 #
 # | 記事のコード | 何が起きるか | 直し方 |
 # |---|---|---|
@@ -508,7 +534,7 @@ print("identical:", again == curves["TeacherDataset"])
 # | `MyDataset` | 学ぶものがない乱数 | 収束を見るには学習できる課題を使う |
 
 # %% [markdown] lang="en"
-# ## Summary
+# ## The documents' code, corrected
 #
 # | the documents' code | what happens | fix |
 # |---|---|---|
@@ -520,3 +546,51 @@ print("identical:", again == curves["TeacherDataset"])
 # | no `zero_grad` | gradients pile up step after step | `optimizer.zero_grad()` every step |
 # | no `optimizer.step()` | not one parameter changes | `optimizer.step()` after `backward()` |
 # | `MyDataset` | random numbers with nothing to learn | use a learnable task to watch convergence |
+
+# %% [markdown] lang="ja" tags=["summary"]
+# ## 覚えておくこと
+#
+# - **平坦化するのは各サンプルで、バッチではありません**。`x.flatten(1)` は次元 0 を残します。`x.view(-1)` は
+#   バッチ 100 でエラーになり、バッチ 1 では黙って形を壊します。
+# - **括弧のない `loss.backward` は何も計算しません**。勾配は `None` のままで、エラーも出ません。
+# - **`backward()` は `.grad` に足し込みます**。毎ステップ `optimizer.zero_grad()` を呼ばないと、勾配が積み重なります。
+# - **1 ステップは `zero_grad()` → 順伝播 → 損失 → `backward()` → `step()` です**。`step()` がなければ
+#   パラメータは 1 つも変わりません。
+# - **収束は学習できる課題で、シードを固定して確かめます**。記事の乱数のデータでは損失が目標値の分散より
+#   下がりません。同じシードなら損失はビット単位で一致し、これが以後のレッスンの比べる相手になります。
+
+# %% [markdown] lang="en" tags=["summary"]
+# ## What to remember
+#
+# - **Flatten each sample, not the batch**: `x.flatten(1)` keeps dimension 0;
+#   `x.view(-1)` fails on a batch of 100 and silently breaks the shape of a batch of one.
+# - **`loss.backward` without parentheses computes nothing**: the gradients stay `None`,
+#   and no error says so.
+# - **`backward()` adds into `.grad`**: without `optimizer.zero_grad()` every step, the
+#   gradients pile up.
+# - **A step is `zero_grad()` → forward → loss → `backward()` → `step()`**; without
+#   `step()` not one parameter changes.
+# - **Watch convergence on a learnable task, with the seeds fixed**: on the documents'
+#   random data the loss never gets below the targets' variance, and the same seeds give
+#   bit-identical losses, the baseline later lessons compare with.
+
+# %% [markdown] lang="ja" tags=["self-check"]
+# ## 確認問題
+#
+# 先へ進む前に、次の 3 問に答えてください。答えの折りたたみは、自分の答えを決めてから開きます。
+
+# %% [markdown] lang="en" tags=["self-check"]
+# ## Self-check
+#
+# Answer the three questions below before reading on; open an answer's fold only
+# after you have chosen.
+
+# %% tags=["self-check"]
+from labkit import selfcheck
+
+selfcheck.show("01_models")
+
+# %% tags=["self-check"]
+# Your answers, "a", "b", "c" or "d" for each question; then run this cell.
+my_answers = {1: None, 2: None, 3: None}
+selfcheck.check("01_models", my_answers)

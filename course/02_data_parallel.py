@@ -8,7 +8,7 @@
 #     name: python3
 # ---
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["outcomes"]
 # # 02 DataParallel とその仲間
 #
 # `nn.DataParallel` (クラス) と `torch.nn.parallel.data_parallel()` (関数) は、**1 つのプロセス**の中で
@@ -24,14 +24,20 @@
 # ありますが、分割、複製、スレッド、勾配の流れ方は PyTorch の実装と同じです。CUDA があり、モデルが GPU に
 # あるときは、PyTorch 自身の `data_parallel` をそのまま呼びます。
 #
-# このレッスンで見ること:
-# 1. CPU では `nn.DataParallel` は何もしないこと
-# 2. 4 段階を 1 つずつ、各段階のテンソルの形を見ながら
-# 3. 出力と勾配が 1 デバイスのモデルと一致すること
-# 4. 記事 004 の使い方の誤りと、その直し方
-# 5. DataParallel が毎ステップ払うものと、PyTorch が DDP を勧める理由 (DDP との時間の比較はレッスン 03)
+# 記事 004 はこの 2 つを解説していますが、使い方に誤りがあります。PyTorch 自身は、1 台のマシンでも
+# DDP (レッスン 03) を勧めています。このレッスンでは、記事の誤りを直しながら、その理由も確かめます。
+#
+# このレッスンを終えると、次のことができます。
+#
+# - DataParallel の 4 段階 (`scatter`、`replicate`、`parallel_apply`、`gather`) を説明し、模擬デバイスで
+#   1 つずつ実行できる。
+# - 出力と勾配が 1 デバイスと一致することを確かめ、レプリカの勾配がどこへ行くか (もとのモデルの `.grad` で
+#   足し合わされる) を説明できる。
+# - クラス版か関数版のどちらか一方にバッチ全体を渡す正しい使い方で、記事 004 の手順を直せる。
+# - DataParallel が毎ステップ払うもの (1 つの GIL を取り合うスレッド、モデルの複製、分割と集約、デバイス 0 の
+#   負担) を挙げ、PyTorch が DDP を勧める理由を説明できる。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["outcomes"]
 # # 02 The DataParallel family
 #
 # `nn.DataParallel` (a class) and `torch.nn.parallel.data_parallel()` (a function) split a
@@ -49,13 +55,19 @@
 # copying, the threads and the way gradients flow are those of PyTorch's implementation.
 # With CUDA and a model on a GPU it calls PyTorch's own `data_parallel`.
 #
-# In this lesson:
-# 1. on a CPU, `nn.DataParallel` does nothing
-# 2. the four steps one by one, with the tensors' shapes at each
-# 3. outputs and gradients equal those of the model on one device
-# 4. what doc 004 gets wrong about using them, and the fix
-# 5. what DataParallel pays at every step, and why PyTorch recommends DDP (lesson 03
-#    times the two)
+# Doc 004 explains these two, and gets their use wrong; PyTorch itself recommends DDP
+# (lesson 03) even on one machine. This lesson corrects the article and checks why.
+#
+# After this lesson you can:
+#
+# - say what DataParallel's four steps do (`scatter`, `replicate`, `parallel_apply`,
+#   `gather`), and run each on simulated devices;
+# - check that outputs and gradients equal one device's, and say where the replicas'
+#   gradients go (they are summed into the original model's `.grad`);
+# - use either the class or the function, with the whole batch, and so fix doc 004's
+#   recipe;
+# - name what DataParallel pays at every step (threads sharing one GIL, a copy of the
+#   model, scattering and gathering, device 0's load), and why PyTorch recommends DDP.
 
 # %%
 import labkit
@@ -160,6 +172,8 @@ assert chunks[0].data_ptr() != X.data_ptr()  # each device gets its own copy
 # 1 つのチャンクの大きさは「バッチ ÷ デバイス数」の切り上げなので、最後のチャンクだけ小さくなり、
 # チャンクの数がデバイスより**少なくなる**こともあります。5 サンプルを 4 台に分けると 2, 2, 1 の 3 つで、
 # 4 台目は使われません。バッチがデバイス数より小さければ、使うデバイスはバッチの大きさだけです。
+#
+# **予想してから実行:** 100 サンプルを 3 台に、10 サンプルを 4 台に分けると、チャンクの大きさはどうなるでしょうか?
 
 # %% [markdown] lang="en"
 # When the batch does not divide evenly, the split is that of `Tensor.chunk` (PyTorch's
@@ -168,6 +182,8 @@ assert chunks[0].data_ptr() != X.data_ptr()  # each device gets its own copy
 # than devices: 5 samples on 4 devices give 2, 2, 1, three chunks, and the fourth
 # device gets nothing. A batch smaller than the number of devices uses only as many
 # devices as it has samples.
+#
+# **Predict, then run:** what chunk sizes do 100 samples on 3 devices make, and 10 on 4?
 
 # %%
 splits = {}
@@ -180,25 +196,17 @@ assert splits[100, 3] == [34, 34, 32] and splits[10, 4] == [3, 3, 3, 1]
 assert splits[5, 4] == [2, 2, 1] and splits[3, 4] == [1, 1, 1]
 
 # %% [markdown] lang="ja"
-# ## 演習: 分け方を予想する
+# ## 演習 (任意): 分け方を予想する
 #
-# 上の規則を使って、次の 3 つのバッチを `scatter` がどう分けるかを予想し、チャンクの大きさのリストで書いて
-# ください。たとえばバッチ 5 を 4 台なら `[2, 2, 1]` です。確かめるために実行する前に、まず予想します。
-#
-# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
-# 違っていれば、どこが違うかがヒントとともに表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
-# ありますが、まず自分で解いてみてください。
+# 上の規則の練習です。飛ばしても先に進めます。次の 3 つのバッチを `scatter` がどう分けるかを予想し、
+# チャンクの大きさのリストで書いてください。たとえばバッチ 5 を 4 台なら `[2, 2, 1]` です。
 
 # %% [markdown] lang="en"
-# ## Exercise: predict the split
+# ## Exercise (optional): predict the split
 #
-# Using the rule above, predict how `scatter` splits the three batches below, and write
-# each as the list of chunk sizes: batch 5 on 4 devices, for instance, is `[2, 2, 1]`.
-# Predict first, before running anything to find out.
-#
-# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
-# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
-# solution cell follows each exercise: try on your own first.
+# Practice for the rule above; you can skip it. Predict how `scatter` splits the three
+# batches below, and write each as the list of chunk sizes: batch 5 on 4 devices, for
+# instance, is `[2, 2, 1]`.
 
 # %% tags=["exercise"]
 predicted = {  # (batch, devices): chunk sizes
@@ -328,24 +336,21 @@ assert Y_hat.shape == (100, 10) and out_diff <= 1e-6
 # %% [markdown] lang="ja"
 # ## 勾配は 1 デバイスと同じ
 #
-# 損失は集めた出力から出力デバイスで計算します。逆伝播は `gather` と `replicate` をさかのぼり、
-# 各レプリカの勾配はもとのモデル (デバイス 0) の `.grad` で**足し合わされます**。
-# 損失はバッチ全体の平均なので、その和はちょうど 1 デバイスで全バッチを使った勾配です。
-# チャンクの大きさがそろっていなくても同じです (DDP のように平均するわけではないからです)。
+# 損失は集めた出力から出力デバイスで計算し、逆伝播は `gather` と `replicate` をさかのぼります。
+# フックでレプリカの重みの勾配を取り出し、もとのモデルの勾配と比べます。
 #
-# フックでレプリカの重みの勾配を取り出し、もとのモデルの勾配がその和であることも確かめます。
+# **予想してから実行:** 2 つのレプリカの勾配はどこへ行くでしょうか。各レプリカに残る、もとのモデルの
+# `.grad` で平均される、足し合わされる、のどれでしょうか?
 
 # %% [markdown] lang="en"
 # ## Gradients equal one device's
 #
-# The loss is computed from the gathered output, on the output device. The backward pass
-# runs back through `gather` and `replicate`, and every replica's gradient is **summed**
-# into the `.grad` of the original model (on device 0). The loss is a mean over the
-# whole batch, so that sum is exactly one device's gradient on the whole batch. That holds
-# even for chunks of different sizes (nothing is averaged, unlike in DDP).
+# The loss is computed from the gathered output, on the output device, and the backward
+# pass runs back through `gather` and `replicate`. Hooks take out the gradients of the
+# replicas' weights, to compare them with the original model's.
 #
-# Hooks take out the gradients of the replicas' weights, to check that the original
-# model's gradient is their sum.
+# **Predict, then run:** where do the two replicas' gradients go? Does each replica keep
+# its own, or are they averaged, or summed, into the original model's `.grad`?
 
 # %%
 replica_grads, backward_threads = [], set()
@@ -364,7 +369,23 @@ grad_diff = compare.max_abs_diff([p.grad for p in model.parameters()],
                                 [p.grad for p in reference.parameters()])
 print(f"max |gradient - one device's| = {grad_diff:.1e}")
 assert grad_diff <= 1e-6
-torch.testing.assert_close(model.fc1.weight.grad, replica_grads[0] + replica_grads[1])
+summed = replica_grads[0] + replica_grads[1]
+print("original fc1.weight.grad equals the replicas' sum:",
+      torch.allclose(model.fc1.weight.grad, summed),
+      "| their mean:", torch.allclose(model.fc1.weight.grad, summed / 2))
+torch.testing.assert_close(model.fc1.weight.grad, summed)
+assert not torch.allclose(model.fc1.weight.grad, summed / 2)  # summed, not averaged
+
+# %% [markdown] lang="ja"
+# 各レプリカの勾配は、もとのモデル (デバイス 0) の `.grad` で**足し合わされます**。損失はバッチ全体の平均なので、
+# その和はちょうど 1 デバイスで全バッチを使った勾配です。チャンクの大きさがそろっていなくても同じです
+# (DDP のように平均するわけではないからです)。
+
+# %% [markdown] lang="en"
+# Every replica's gradient is **summed** into the `.grad` of the original model (on
+# device 0). The loss is a mean over the whole batch, so that sum is exactly one
+# device's gradient on the whole batch. That holds even for chunks of different sizes
+# (nothing is averaged, unlike in DDP).
 
 # %% [markdown] lang="ja"
 # ここが CPU での再現の限界です。GPU では、PyTorch の autograd はデバイスごとに専用のスレッドを持ち、
@@ -451,14 +472,15 @@ for n in (2, 3):
 # ターミナルからは `python -m labkit dp --devices 2 --json dp.json` で、同じ結果を JSON に書けます。
 # GPU が 2 台以上あるマシンでは、この関数はモデルとバッチを `cuda:0` に置き、PyTorch 自身の
 # `data_parallel` を実際の GPU で実行します (`"simulated": False`)。なければ CPU での再現です。
-# この GPU の経路は、まだ GPU の上で実行されたことがありません (レッスン 00)。
+# この GPU の経路は、まだ実際の GPU の上で実行されたことがありません (README の「どこで何を確かめたか」)。
 
 # %% [markdown] lang="en"
 # `dp_experiments.dp_experiment()` runs the same comparison and returns the results as a dict.
 # In a terminal, `python -m labkit dp --devices 2 --json dp.json` writes them as JSON.
 # On a machine with two or more GPUs, the function puts the model and the batch on
 # `cuda:0` and runs PyTorch's own `data_parallel` on the real GPUs (`"simulated": False`);
-# otherwise the simulation on the CPU. That GPU path has never run on a GPU yet (lesson 00).
+# otherwise the simulation on the CPU. That GPU path has not run on real GPUs yet (the
+# README's "What is checked where").
 
 # %%
 from labkit import dp_experiments
@@ -638,17 +660,19 @@ assert scatter_gather.__all__ == ["scatter", "scatter_kwargs", "gather"]
 # ## DataParallel が毎ステップ払うもの
 #
 # DataParallel を使った学習の 1 ステップは、上で見た 4 段階をすべて繰り返します。`dp.replicate` を
-# 数える版に差し替えて、3 ステップ学習します: 複製はステップごとに 1 回行われ、そのたびにデバイス 0 以外の
-# レプリカへ全パラメータ (2110 個の値) がコピーされます。複製を 1 度だけにしてレプリカを使い回すと、
-# 回数は 1 になり、このセルは失敗します。
+# 数える版に差し替えて、2 台の模擬デバイスで 3 ステップ学習します。
+#
+# **予想してから実行:** 3 ステップで、モデルは何回複製され、1 回ごとに何個の値がコピーされるでしょうか
+# (モデルのパラメータは 2110 個です)?
 
 # %% [markdown] lang="en"
 # ## What DataParallel pays at every step
 #
 # A training step with DataParallel repeats all four steps above. Swap `dp.replicate` for
-# a version that counts, and train 3 steps: the model is replicated once per step, and
-# each time every parameter (2110 values) is copied to every replica but device 0's. Build
-# the replicas once and reuse them, and the count is 1: this cell fails.
+# a version that counts, and train 3 steps on 2 simulated devices.
+#
+# **Predict, then run:** in 3 steps, how many times is the model replicated, and how many
+# values does each replication copy (the model has 2110 parameters)?
 
 # %%
 from unittest import mock
@@ -679,7 +703,8 @@ assert copied == [2110, 2110, 2110]  # once per step, the whole model each time
 # - **1 つのプロセスの中のスレッド**: 順伝播は同じプロセスの別々のスレッドで動きました (3.)。
 #   Python のコードを実行できるのは、プロセスに 1 つしかない GIL を持つスレッドだけなので、
 #   小さな演算が多いモデルでは、スレッドが GIL を待ち合います。
-# - **毎ステップの複製**: 上のセルのとおり、ステップごとにモデル全体をコピーします。
+# - **毎ステップの複製**: 上のセルのとおり、ステップごとにモデル全体 (2110 個の値) を、デバイス 0 以外の
+#   レプリカへコピーします (レプリカ 0 はもとのパラメータとメモリを共有します)。
 # - **分割と集約**: 入力は各デバイスへコピーされ (1.)、出力はデバイス 0 に集められます (4.)。
 # - **出力デバイスの負担**: バッチ全体の出力、損失の計算、全レプリカの勾配の合計、オプティマイザの更新は、
 #   すべてデバイス 0 に集まります。
@@ -696,7 +721,8 @@ assert copied == [2110, 2110, 2110]  # once per step, the whole model each time
 #   (step 3). Only the thread holding the process's one GIL can run Python code, so with
 #   many small operations the threads wait for each other.
 # - **Replication at every step**: as the cell above counts, every step copies the whole
-#   model.
+#   model (2110 values) to every replica but device 0's, which shares the original's
+#   memory.
 # - **Scattering and gathering**: the inputs are copied to each device (step 1) and the
 #   outputs collected on device 0 (step 4).
 # - **The output device's load**: the whole batch's output, the loss, the sum of every
@@ -727,7 +753,21 @@ assert "instead of this class, to do multi-GPU training, even if there is only a
        "single node" in doc
 
 # %% [markdown] lang="ja"
-# PyTorch の文書は、理由も説明しています。
+# PyTorch のドキュメント (CUDA semantics と DDP のチュートリアル) は、理由を 3 つ挙げています。スレッドが取り合う
+# GIL、呼び出しのたびのモデルの複製、入力の scatter と出力の gather です。3 つとも、このレッスンのセルで
+# 確かめました。ドキュメントはさらに、DataParallel は「1 台のマシンでも DDP より遅いのがふつう」と書いています。
+# これはドキュメントの言葉です。2 つの時間は、DDP を学んだあとにレッスン 03 で比べます。
+
+# %% [markdown] lang="en"
+# PyTorch's documentation (CUDA semantics, and the DDP tutorial) gives three reasons:
+# the GIL that the threads share, a copy of the model at every call, and scattering the
+# inputs and gathering the outputs. This lesson's cells have shown all three. The
+# documentation adds that DataParallel "is usually slower than DistributedDataParallel
+# even on a single machine": that is its word; lesson 03 times the two, once DDP has
+# been introduced.
+
+# %% [markdown] lang="ja"
+# <details><summary>ドキュメントの原文</summary>
 #
 # - CUDA semantics の「Use nn.parallel.DistributedDataParallel instead of multiprocessing or
 #   nn.DataParallel」([リンク](https://pytorch.org/docs/stable/notes/cuda.html#cuda-nn-ddp-instead)):
@@ -746,13 +786,10 @@ assert "instead of this class, to do multi-GPU training, even if there is only a
 #   複数のマシンにまたがる学習もできる。スレッド間の GIL の取り合い、毎回のモデルの複製、入力の scatter と
 #   出力の gather の余分な手間のため、DataParallel は 1 台のマシンでも DDP より遅いのがふつう)
 #
-# 理由の 3 つ (GIL、毎回の複製、scatter と gather) は、このレッスンのセルで確かめました。
-# 「1 台のマシンでも DDP より遅いのがふつう」は PyTorch のドキュメントの言葉で、このレッスンでは確かめていません。
-# このマシン (CPU 2 コアを共有) では、速さの順は実行ごとに入れ替わることがあります。
-# DDP の使い方と、DataParallel との時間の比較はレッスン 03 で扱います。
+# </details>
 
 # %% [markdown] lang="en"
-# PyTorch's documentation also gives the reasons.
+# <details><summary>The documentation's words</summary>
 #
 # - CUDA semantics, "Use nn.parallel.DistributedDataParallel instead of multiprocessing or
 #   nn.DataParallel" ([link](https://pytorch.org/docs/stable/notes/cuda.html#cuda-nn-ddp-instead)):
@@ -767,36 +804,58 @@ assert "instead of this class, to do multi-GPU training, even if there is only a
 #   overhead introduced by scattering inputs and gathering outputs, DataParallel is usually slower
 #   than DistributedDataParallel even on a single machine."
 #
-# This lesson has shown three of the reasons in its cells (the GIL, a copy at every
-# call, scattering and gathering). "Usually slower than DDP even on a single machine" is
-# the documentation's word, not checked here: on this machine (two shared CPU cores) the
-# order can change from run to run. Lesson 03 shows how to use DDP and times it against
-# DataParallel.
+# </details>
 
-# %% [markdown] lang="ja"
-# ## まとめ
+# %% [markdown] lang="ja" tags=["summary"]
+# ## 覚えておくこと
 #
-# | 記事 004 | 実際 | 確かめたセル |
-# |---|---|---|
-# | `nn.DataParallel` で包み、さらに `data_parallel` に渡す | 同じもののクラス版と関数版。どちらか一方を使う | 記事 004 の使い方を直す |
-# | 入力を自分で GPU に分けてから渡す | バッチ全体を渡す。分けると別々の引数になり失敗する | 同上 |
-# | `.cuda()`、`x.view(-1)` | GPU がなければ止まる / バッチが壊れる (レッスン 01) | 同上 |
-# | 「モデルを複数の GPU に分割」 | モデルは丸ごと複製し、分けるのはデータ | 2. `replicate` |
-# | 「パラメータはすべての GPU に同期されている必要がある」 | 呼び出しのたびに複製し直すので不要 | 記事 004 の使い方を直す |
-# | 「`replicate` や `scatter_gather` は異なる並列処理パターンに対応」 | `data_parallel` 自身の部品 (`scatter_gather` はモジュール) | 同上 |
-# | (書かれていない) CPU では `nn.DataParallel` は何もしない | `device_ids == []` で、モデルを 1 回呼ぶだけ | CPU では `nn.DataParallel` は何もしない |
-# | (書かれていない) どちらを使うべきか | 1 台のマシンでも DDP (PyTorch の推奨) | PyTorch が DDP を勧める理由 |
+# - **DataParallel は 1 つのプロセスの中の 4 段階です**。`scatter` がバッチを分け、`replicate` がモデルを丸ごと
+#   複製し、`parallel_apply` がレプリカをスレッドで動かし、`gather` が出力をデバイス 0 に集めます。
+# - **分けるのはデータで、モデルは分けません**。どのレプリカもモデル全体 (2110 個の値) を持ちます。
+# - **レプリカの勾配は、もとのモデルの `.grad` で足し合わされます**。損失がバッチ全体の平均なので、その和は
+#   1 デバイスの勾配と一致します。
+# - **使うのはクラス版か関数版のどちらか一方で、渡すのはバッチ全体です**。CPU では `nn.DataParallel` は
+#   モデルを 1 回呼ぶだけです。
+# - **DataParallel は毎ステップ、モデルを複製し、入力を分け、出力を集め、1 つの GIL を取り合います**。そのため
+#   PyTorch は、1 台のマシンでも DDP を勧めます。
+#
+# 記事 004 の主張ごとの判定と、それを確かめたセルは、最後のレッスンの正誤表にあります。
 
-# %% [markdown] lang="en"
-# ## Summary
+# %% [markdown] lang="en" tags=["summary"]
+# ## What to remember
 #
-# | doc 004 | in fact | the cell that shows it |
-# |---|---|---|
-# | wrap in `nn.DataParallel`, then pass to `data_parallel` | the class and the function are the same thing: use one | Fixing doc 004's recipe |
-# | split the input over the GPUs yourself, then pass it | pass the whole batch; pre-split chunks become separate arguments and fail | same |
-# | `.cuda()`, `x.view(-1)` | stops without a GPU / breaks the batch (lesson 01) | same |
-# | "split the model across the GPUs" | the whole model is copied; the data is split | 2. `replicate` |
-# | "parameters must be synchronized on all GPUs" | nothing to do: replicas are rebuilt at every call | Fixing doc 004's recipe |
-# | "`replicate` and `scatter_gather` serve different patterns" | they are the parts of `data_parallel` (`scatter_gather` is a module) | same |
-# | (not said) on a CPU, `nn.DataParallel` does nothing | `device_ids == []`, one plain call | On a CPU, `nn.DataParallel` does nothing |
-# | (not said) which one to use | DDP, even on one machine (PyTorch's recommendation) | Why PyTorch recommends DDP |
+# - **DataParallel is four steps inside one process**: `scatter` splits the batch,
+#   `replicate` copies the whole model, `parallel_apply` runs the replicas in threads,
+#   and `gather` collects the outputs on device 0.
+# - **The data is split, never the model**: every replica holds the whole model (2110
+#   values).
+# - **The replicas' gradients are summed into the original model's `.grad`**: with a
+#   loss that is the whole batch's mean, the sum equals one device's gradient.
+# - **Use the class or the function, not both, and hand it the whole batch**; on a CPU
+#   `nn.DataParallel` just calls the model once.
+# - **Every step, DataParallel copies the model, scatters, gathers, and shares one
+#   GIL**: that is why PyTorch recommends DDP even on one machine.
+#
+# Each of doc 004's claims, with its verdict and the cell that checks it, is in the
+# errata, the course's last lesson.
+
+# %% [markdown] lang="ja" tags=["self-check"]
+# ## 確認問題
+#
+# 先へ進む前に、次の 3 問に答えてください。答えの折りたたみは、自分の答えを決めてから開きます。
+
+# %% [markdown] lang="en" tags=["self-check"]
+# ## Self-check
+#
+# Answer the three questions below before reading on; open an answer's fold only
+# after you have chosen.
+
+# %% tags=["self-check"]
+from labkit import selfcheck
+
+selfcheck.show("02_data_parallel")
+
+# %% tags=["self-check"]
+# Your answers, "a", "b", "c" or "d" for each question; then run this cell.
+my_answers = {1: None, 2: None, 3: None}
+selfcheck.check("02_data_parallel", my_answers)
