@@ -259,7 +259,13 @@ def alive(process) -> bool:
 
 
 def two_rank_scripts(code: str, *args: str, timeout_s: float = 90):
-    """Run `code` as ranks 0 and 1 in two Python processes, on a store of ours.
+    """Run `code` as ranks 0 and 1 in two Python processes (rank_scripts)."""
+    return rank_scripts(code, *args, world_size=2, timeout_s=timeout_s)
+
+
+def rank_scripts(code: str, *args: str, world_size: int, timeout_s: float = 90):
+    """Run `code` as ranks 0 to world_size - 1, a Python process each, on a store
+    of ours.
 
     Each gets argv [rank, port, *args] (joining with labkit.cluster.rendezvous
     .init_rank is the script's job); returns each one's CompletedProcess, its
@@ -273,8 +279,15 @@ def two_rank_scripts(code: str, *args: str, timeout_s: float = 90):
     store = rendezvous.local_store(timeout_s=30)
     procs = [subprocess.Popen(
         [sys.executable, "-c", code, str(r), str(store.port), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
-    outs = [p.communicate(timeout=timeout_s)[0] for p in procs]
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(world_size)]
+    try:
+        outs = [p.communicate(timeout=timeout_s)[0] for p in procs]
+    finally:
+        for p in procs:  # none left behind, also when one timed out
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return [subprocess.CompletedProcess(p.args, p.returncode, out)
             for p, out in zip(procs, outs, strict=True)]
 

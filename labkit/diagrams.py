@@ -1,0 +1,188 @@
+"""Pictures of the course's ideas, drawn from what a lesson's ranks recorded.
+
+Each function takes values the lesson has just computed (and asserts), never a
+drawing made by hand: the ring all-reduce from `labkit.ring`'s record, the
+collectives as each rank's values before and after, the all-reduces of each
+backward pass of one update, and the memory a rank holds per ZeRO stage. Colours,
+fonts and the glyph check are labkit.plots'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
+
+from . import i18n
+from .i18n import t
+from .plots import HATCHES, PALETTE, VERMILLION, checked_figure
+
+__all__ = ["collectives", "micro_batches", "ring", "zero_memory"]
+
+i18n.register({
+    "rank_n": {"ja": "ランク {r}", "en": "rank {r}"},
+    "ring_start": {"ja": "最初", "en": "start"},
+    "ring_rs": {"ja": "reduce-scatter {s}", "en": "reduce-scatter {s}"},
+    "ring_ag": {"ja": "all-gather {s}", "en": "all-gather {s}"},
+    "ring_title": {
+        "ja": "{n} ランクのリング all-reduce (送られたテンソルから): "
+              "数字 = そのチャンクに足し込まれたランクの数\n"
+              "太い枠 = 次のステップで右隣へ送るチャンク",
+        "en": "Ring all-reduce on {n} ranks, from the tensors sent: number = ranks "
+              "summed into the chunk\nthick frame = the chunk sent to the right "
+              "neighbour next",
+    },
+    "collectives_title": {"ja": "各ランクの値: 集団通信の前と後",
+                          "en": "Each rank's values, before and after each collective"},
+    "backward_n": {"ja": "逆伝播 {k}", "en": "backward {k}"},
+    "micro_batches_title": {
+        "ja": "1 回の更新 (K = {k}) の逆伝播ごとの all-reduce の回数",
+        "en": "All-reduces in each backward pass of one update (K = {k})",
+    },
+    "zero_held_title": {"ja": "1 ランクが持つモデルの状態 (ZeRO のステージごと)",
+                   "en": "Model state one rank holds, per ZeRO stage"},
+    "held_parameters": {"ja": "パラメータ", "en": "parameters"},
+    "held_gradients": {"ja": "勾配", "en": "gradients"},
+    "held_optimizer": {"ja": "オプティマイザの状態", "en": "optimizer state"},
+    "by_formula_mark": {"ja": "式による合計", "en": "total by the formula"},
+})
+
+_PARTS = ("parameters", "gradients", "optimizer")
+
+
+def _boxes(ax, x0: float, y: float, values: Sequence[float], vmax: float,
+           fmt: str = "{:.2g}") -> None:
+    """One row of boxes, a value each, shaded by its size (one hue: any reader)."""
+    cmap = plt.get_cmap("Blues")
+    for i, v in enumerate(values):
+        shade = 0.15 + 0.75 * min(1.0, abs(v) / vmax) if vmax else 0.15
+        ax.add_patch(Rectangle((x0 + i, y), 0.92, 0.72, color=cmap(shade)))
+        ax.text(x0 + i + 0.46, y + 0.36, fmt.format(v), ha="center", va="center",
+                fontsize=11, color="white" if shade > 0.55 else "black")
+
+
+def ring(records: Sequence[Mapping]) -> plt.Figure:
+    """The ring all-reduce of `labkit.ring.all_reduce`, one record per rank.
+
+    Rows are the steps (start, reduce-scatter 1 .. n-1, all-gather 1 .. n-1),
+    columns the ranks; each chunk shows how many ranks' parts it holds, and the
+    chunk a rank sends next is framed.
+    """
+    n = len(records)
+    steps = len(records[0]["counts"])
+
+    def build():
+        fig, ax = plt.subplots(figsize=(max(7.0, 2.4 * n + 2.5), 0.75 * steps + 1.6))
+        for s in range(steps):
+            y = steps - 1 - s
+            label = (t("ring_start") if s == 0 else t("ring_rs", s=s) if s <= n - 1
+                     else t("ring_ag", s=s - (n - 1)))
+            ax.text(-0.4, y + 0.36, label, ha="right", va="center", fontsize=11)
+            for r, record in enumerate(records):
+                x0 = r * (n + 1)
+                _boxes(ax, x0, y, record["counts"][s], n, "{:.0f}")
+                if s < steps - 1:
+                    c = record["sent"][s]
+                    ax.add_patch(Rectangle((x0 + c, y), 0.92, 0.72, fill=False,
+                                           ec=VERMILLION, lw=2.5))
+        for r in range(n):
+            ax.text(r * (n + 1) + n / 2, steps + 0.1, t("rank_n", r=r), ha="center",
+                    fontsize=12)
+        ax.set_xlim(-3.6, n * (n + 1))
+        ax.set_ylim(-0.3, steps + 0.6)
+        ax.axis("off")
+        ax.set_title(t("ring_title", n=n), fontsize=12)
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def collectives(rows: Mapping[str, Sequence[Sequence[float]]]) -> plt.Figure:
+    """Each rank's values in each row: `rows` maps a label (what ran, such as
+    "dist.all_reduce(x)") to one list of values per rank."""
+    n = max(len(ranks) for ranks in rows.values())
+    width = max(len(v) for ranks in rows.values() for v in ranks)
+    vmax = max((abs(x) for ranks in rows.values() for v in ranks for x in v),
+               default=1.0)
+
+    unit_in = 0.7  # inches per box
+    label_in = 0.1 * max(len(label) for label in rows)  # monospace, 11 pt
+
+    def build():
+        fig, ax = plt.subplots(figsize=(label_in + 0.5 + n * (width + 1) * unit_in,
+                                        0.8 * len(rows) + 1.4))
+        for i, (label, ranks) in enumerate(rows.items()):
+            y = len(rows) - 1 - i
+            ax.text(-0.4, y + 0.36, label, ha="right", va="center", fontsize=11,
+                    family="monospace")
+            for r, values in enumerate(ranks):
+                _boxes(ax, r * (width + 1), y, values, vmax)
+        for r in range(n):
+            ax.text(r * (width + 1) + width / 2, len(rows) + 0.1, t("rank_n", r=r),
+                    ha="center", fontsize=12)
+        ax.set_xlim(-(label_in + 0.4) / unit_in, n * (width + 1))
+        ax.set_ylim(-0.3, len(rows) + 0.6)
+        ax.axis("off")
+        ax.set_title(t("collectives_title"))
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def micro_batches(counts: Mapping[str, Sequence[int]]) -> plt.Figure:
+    """All-reduces in each backward pass of one update: `counts` maps a way of
+    accumulating ("DDP", "no_sync") to the count of each of its K backwards."""
+    k = max(len(c) for c in counts.values())
+
+    def build():
+        fig, axes = plt.subplots(len(counts), 1, figsize=(7, 1.3 * len(counts) + 1),
+                                 sharex=True, squeeze=False)
+        top = max(max(c) for c in counts.values()) or 1
+        for i, (ax, (label, row)) in enumerate(zip(axes[:, 0], counts.items(),
+                                                   strict=True)):
+            bars = ax.bar(range(1, len(row) + 1), row, color=PALETTE[i % len(PALETTE)],
+                          hatch=HATCHES[i % len(HATCHES)], edgecolor="black")
+            ax.bar_label(bars, fontsize=11)
+            ax.set_ylim(0, top * 1.35)
+            ax.set_ylabel(label, rotation=0, ha="right", va="center")
+            ax.set_yticks([])
+        axes[-1, 0].set_xticks(range(1, k + 1),
+                               [t("backward_n", k=j) for j in range(1, k + 1)])
+        fig.suptitle(t("micro_batches_title", k=k))
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def zero_memory(held: Mapping[str, Mapping[str, float]], *, ylabel: str,
+                formula: Mapping[str, float] | None = None) -> plt.Figure:
+    """Stacked bars of what one rank holds per stage: `held` maps a stage ("DDP",
+    "ZeRO-1", ...) to its "parameters", "gradients" and "optimizer" (one unit,
+    named by `ylabel`, a message key); `formula` marks each stage's total by the
+    formula."""
+
+    def build():
+        fig, ax = plt.subplots(figsize=(8.5, 4.5))
+        stages = list(held)
+        bottom = [0.0] * len(stages)
+        for i, part in enumerate(_PARTS):
+            heights = [held[s].get(part, 0.0) for s in stages]
+            ax.bar(stages, heights, bottom=bottom, color=PALETTE[i], hatch=HATCHES[i],
+                   edgecolor="black", label=t(f"held_{part}"))
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        if formula:
+            # beside the bar, pointing at its level: the formula is usually met
+            xs = [stages.index(s) + 0.47 for s in formula]
+            ax.scatter(xs, list(formula.values()), marker="<", s=120, color="black",
+                       zorder=3, label=t("by_formula_mark"))
+        ax.set_ylabel(t(ylabel))
+        ax.set_title(t("zero_held_title"))
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)

@@ -1,0 +1,177 @@
+"""labkit.ring's all-reduce on real ranks, and labkit.diagrams on fixed data: what
+each picture draws, its labels in both languages, and colours that stay apart."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib
+import matplotlib.pyplot as plt
+import pytest
+from conftest import rank_scripts
+from matplotlib.patches import Rectangle
+from matplotlib.text import Text
+from test_plots import APART, closest_pair
+
+import labkit
+from labkit import diagrams, plots, ring
+from labkit.fonts import MissingGlyphError
+
+_RING = """
+import json, sys
+import torch.distributed as dist
+from labkit import ring
+from labkit.cluster import rendezvous
+rank, port, n = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+rendezvous.init_rank(rank, n, "gloo", port, "ring", timeout_s=60)
+print("RECORD " + json.dumps(ring.all_reduce(n_values=int(sys.argv[4]))))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.procs
+@pytest.mark.timeout(180)
+def test_the_ring_equals_dist_all_reduce_and_records_what_it_sent():
+    n = 4
+    done = rank_scripts(_RING, str(n), "10", world_size=n, timeout_s=150)
+    assert [p.returncode for p in done] == [0] * n, [p.stdout[-800:] for p in done]
+    records = [json.loads(p.stdout.split("RECORD ", 1)[1]) for p in done]
+    for r, rec in enumerate(records):
+        assert rec["after"] == pytest.approx(rec["expected"], abs=1e-5)
+        # start: every chunk holds the rank's own part; end: all n ranks'
+        assert rec["counts"][0] == [1] * n and rec["counts"][-1] == [n] * n
+        # after the reduce-scatter, rank r alone has chunk r + 1 whole
+        assert rec["counts"][n - 1][(r + 1) % n] == n
+        assert sum(c == n for c in rec["counts"][n - 1]) == 1
+        assert len(rec["sent"]) == 2 * (n - 1)
+    # 10 values in 4 chunks (3, 3, 2, 2): each rank sends 2(n - 1) chunks, about
+    # 2(n - 1)/n of the tensor, and together they send exactly that
+    total = sum(rec["sent_bytes"] for rec in records)
+    assert total == 2 * (n - 1) * records[0]["tensor_bytes"]
+
+
+def test_the_chunk_sent_follows_the_ring():
+    n = 4
+    for step in range(2 * (n - 1)):
+        # each step the ranks send n different chunks, and what rank r sends at a
+        # reduce-scatter step is what it received (and added to) at the one before
+        assert sorted(ring.chunk_sent(r, step, n) for r in range(n)) == list(range(n))
+        if 0 < step < n - 1:
+            for r in range(n):
+                assert ring.chunk_sent(r, step, n) == ring.chunk_sent(
+                    (r - 1) % n, step - 1, n)
+    # the all-gather starts with the chunk each rank finished
+    assert [ring.chunk_sent(r, n - 1, n) for r in range(n)] == [1, 2, 3, 0]
+
+
+def _records(n=3):
+    """What ring.all_reduce returns on n ranks, made by following chunk_sent."""
+    out = []
+    for r in range(n):
+        counts, holds = [[1] * n], [1] * n
+        for step in range(2 * (n - 1)):
+            into = ring.chunk_sent((r - 1) % n, step, n)
+            holds[into] = holds[into] + 1 if step < n - 1 else n
+            counts.append(list(holds))
+        out.append({"counts": counts,
+                    "sent": [ring.chunk_sent(r, s, n) for s in range(2 * (n - 1))]})
+    return out
+
+
+def _texts(fig):
+    return [t.get_text() for t in fig.findobj(Text) if t.get_visible()
+            and t.get_text().strip()]
+
+
+def _small(fig):
+    return [(t.get_text(), t.get_fontsize()) for t in fig.findobj(Text)
+            if t.get_visible() and t.get_text().strip()
+            and t.get_fontsize() < plots.MIN_FONT_PT]
+
+
+def _figures():
+    return {
+        "ring": diagrams.ring(_records()),
+        "collectives": diagrams.collectives({
+            "before": [[1.0, 2.0], [3.0, 4.0]],
+            "dist.all_reduce(x)": [[4.0, 6.0], [4.0, 6.0]],
+            "dist.reduce_scatter_tensor(y, x)": [[4.0], [6.0]]}),
+        "micro_batches": diagrams.micro_batches({"DDP": [3, 3, 3, 3],
+                                                 "no_sync": [0, 0, 0, 3]}),
+        "zero_memory": diagrams.zero_memory(
+            {"DDP": {"parameters": 4, "gradients": 4, "optimizer": 8},
+             "ZeRO-1": {"parameters": 4, "gradients": 4, "optimizer": 4}},
+            ylabel="step_time_ms", formula={"DDP": 16, "ZeRO-1": 12}),
+    }
+
+
+def test_the_ring_draws_each_step_s_counts_and_frames_the_chunk_sent():
+    fig = diagrams.ring(_records(3))
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    # 3 ranks x 5 rows x 3 chunks of counts, and 4 rows with a frame per rank
+    assert sum(t in {"1", "2", "3"} for t in texts) == 3 * 5 * 3
+    frames = [p for p in fig.axes[0].patches if isinstance(p, Rectangle)
+              and not p.get_fill()]
+    assert len(frames) == 3 * 4
+    assert {"reduce-scatter 2", "all-gather 2"} <= set(texts)
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("lang", ["ja", "en"])
+def test_every_diagram_labels_in_the_lesson_s_language_at_a_readable_size(lang):
+    labkit.set_lang(lang)
+    try:
+        figures = _figures()
+        for name, fig in figures.items():
+            assert _small(fig) == [], name
+        assert labkit.t("rank_n", r=1) in _texts(figures["collectives"])
+        assert ("ランク 1" in _texts(figures["ring"])) == (lang == "ja")
+        legend = [t.get_text() for t in figures["zero_memory"].axes[0]
+                  .get_legend().get_texts()]
+        assert (labkit.t("held_optimizer") in legend
+                and ("オプティマイザ" in legend[-1]) == (lang == "ja"))
+    finally:
+        plt.close("all")
+        labkit.set_lang("en")
+
+
+def test_the_micro_batches_and_the_memory_draw_their_numbers():
+    figures = _figures()
+    labels = [t for t in _texts(figures["micro_batches"]) if t.isdigit()]
+    assert labels == ["3", "3", "3", "3", "0", "0", "0", "3"]
+    bars = [p for p in figures["zero_memory"].axes[0].patches
+            if isinstance(p, Rectangle)]
+    # stacked: each stage's three parts end at its total
+    tops = sorted({round(b.get_y() + b.get_height(), 6) for b in bars})
+    assert tops[-2:] == [12.0, 16.0]
+    hatches = {b.get_hatch() or "" for b in bars}
+    assert len(hatches) == 3  # the parts are told apart without their colour
+    plt.close("all")
+
+
+def test_the_parts_colours_stay_apart_for_colour_blind_readers():
+    assert all(d >= APART for d, *_ in closest_pair(plots.PALETTE[:3]).values())
+
+
+def test_a_missing_glyph_is_still_refused():
+    labkit.set_lang("ja")
+    try:
+        with matplotlib.rc_context({"font.family": "DejaVu Sans"}):
+            with pytest.raises(MissingGlyphError):
+                diagrams.micro_batches({"DDP": [1, 1]})
+    finally:
+        plt.close("all")
+        labkit.set_lang("en")
+
+
+def test_a_ring_too_short_for_its_ranks_is_refused_by_name():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="n_values=0: a ring of 1 ranks needs"):
+            ring.all_reduce(n_values=0)
+        alone = ring.all_reduce(n_values=3)  # one rank: nothing to send
+        assert alone["after"] == alone["before"] and alone["sent_bytes"] == 0
+    finally:
+        dist.destroy_process_group()
