@@ -245,11 +245,27 @@ import torch
 import torch.distributed as dist
 
 x = torch.arange(4.0) + 10 * rank  # a different tensor on each rank
-print(f"rank {rank} of {world_size}, before: {x.tolist()}")
+x_before = x.tolist()
 dist.all_reduce(x)  # sum over the ranks; every rank gets the sum
-print(f"rank {rank} of {world_size}, after:  {x.tolist()}")
+x_after = x.tolist()
+print(f"rank {rank} of {world_size}: before {x_before}, after {x_after}")
 tensors = [torch.arange(4.0) + 10 * r for r in range(world_size)]  # every rank's
 assert torch.equal(x, sum(tensors))  # with 2 ranks: [10, 12, 14, 16] on both
+
+# %% [markdown] lang="ja"
+# 各ランクの値を、all-reduce の前と後で並べます (2 つのランクから集めた値です)。後の行では、
+# どちらのランクも同じ和を持っています。
+
+# %% [markdown] lang="en"
+# Each rank's values before and after the all-reduce, pulled from the two ranks: after
+# it, both hold the same sums.
+
+# %%
+from labkit import diagrams
+
+before, after = ranks.pull("x_before"), ranks.pull("x_after")
+assert after[0] == after[1] == [a + b for a, b in zip(*before, strict=True)]
+fig = diagrams.collectives({"before": before, "dist.all_reduce(x)": after})
 
 # %% [markdown] lang="ja"
 # ランクどうしの通信は、手元のコンピュータの中だけで行われます。各ランクの gloo はループバック
@@ -308,6 +324,23 @@ print(f"rank {rank}: ms on this run", ", ".join(f"{t:.3f}" for t in ms))
 assert log.count("all_reduce") == 5 and [c["bytes"] for c in log.calls] == [4000] * 5
 assert sums == [1000.0 * world_size] * 5  # the same values every round
 assert max(ms) > min(ms)  # but the times differ
+
+# %% [markdown] lang="ja"
+# 両方のランクの 5 回を図にします。バイト数はどの回も 4,000 で、時間だけが回ごとに変わります。
+
+# %% [markdown] lang="en"
+# Every round of both ranks, in one figure: the bytes are 4,000 each time; only the
+# time moves.
+
+# %%
+from labkit import plots
+
+times = ranks.pull("ms")
+assert all(len(t) == 5 for t in times)
+fig = plots.line_chart({labkit.t("rank_n", r=r): (range(1, 6), t)
+                        for r, t in enumerate(times)},
+                       xlabel="round", ylabel="allreduce_ms", title="rounds_title",
+                       from_zero=True)
 
 # %% [markdown] lang="ja"
 # ランクを止めます。ランクを使うレッスンは、それぞれ自分でランクを起動します。

@@ -132,7 +132,9 @@ batches = workload.micro_batches(dataset, cfg, 0, rank, world_size)  # this rank
 
 optimizer.zero_grad()
 counter.reset()
+per_backward = []  # all-reduces in each backward, for the picture below
 for i, (X, y) in enumerate(batches):
+    before = counter.calls
     if i < K - 1:
         with model.no_sync():  # forward AND backward inside: no all-reduce
             loss = criterion(model(X), y) / K
@@ -142,6 +144,7 @@ for i, (X, y) in enumerate(batches):
         checks.allreduce_calls(counter.calls, 0)  # K-1 backwards: postponed, not lost
         loss = criterion(model(X), y) / K  # the last micro-batch synchronizes
         loss.backward()
+    per_backward.append(counter.calls - before)
 checks.allreduce_calls(counter.calls, 1)  # all of it in the last backward
 print(f"rank {rank}: {counter.calls} all-reduce call(s) for {K} micro-batches")
 
@@ -345,10 +348,32 @@ assert abs(weighted_loss - whole_loss.item()) <= 1e-6
 optimizer.zero_grad()
 counter.reset()
 model.no_sync()  # as in doc 000: a context manager, created and dropped
+per_backward_bare = []
 for X, y in batches:
+    before = counter.calls
     (criterion(model(X), y) / K).backward()
+    per_backward_bare.append(counter.calls - before)
 checks.allreduce_calls(counter.calls, K)  # as many as without no_sync
 print(f"rank {rank}: {counter.calls} all-reduce calls after the bare call")
+
+# %% [markdown] lang="ja"
+# 2 つの更新を並べると、違いは逆伝播ごとの all-reduce の回数に表れます (図の数字は、いまの 2 つの
+# セルがランク 0 で数えたものです)。`with` なしの呼び出しではどの逆伝播も同期し、正しい使い方では
+# 最後の逆伝播だけが同期します。
+
+# %% [markdown] lang="en"
+# Side by side, the two updates differ in the all-reduces of each backward (the
+# numbers are what the last two cells counted on rank 0): after the bare call every
+# backward synchronizes; used correctly, only the last one does.
+
+# %%
+from labkit import diagrams
+
+K = ranks.pull("K")[0]
+correct, bare = ranks.pull("per_backward")[0], ranks.pull("per_backward_bare")[0]
+assert correct == [0] * (K - 1) + [1] and bare == [1] * K
+fig = diagrams.micro_batches({"with model.no_sync():": correct,
+                              "model.no_sync()": bare})
 
 # %% [markdown] lang="ja"
 # ## 誤用 2: 順伝播を `with` の外で行う

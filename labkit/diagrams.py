@@ -21,7 +21,6 @@ from .plots import HATCHES, PALETTE, VERMILLION, checked_figure
 __all__ = ["collectives", "micro_batches", "ring", "zero_memory"]
 
 i18n.register({
-    "rank_n": {"ja": "ランク {r}", "en": "rank {r}"},
     "ring_start": {"ja": "最初", "en": "start"},
     "ring_rs": {"ja": "reduce-scatter {s}", "en": "reduce-scatter {s}"},
     "ring_ag": {"ja": "all-gather {s}", "en": "all-gather {s}"},

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from cycler import cycler
+from matplotlib.ticker import MaxNLocator
 
 from . import i18n
 from .fonts import MissingGlyphError, checked_glyphs, setup_japanese_font
@@ -99,6 +100,12 @@ i18n.register({
         "en": "Communication per step: hidden and exposed",
     },
     "world_size": {"ja": "ランクの数 (world size)", "en": "ranks (world size)"},
+    "rank_n": {"ja": "ランク {r}", "en": "rank {r}"},
+    "round": {"ja": "回", "en": "round"},
+    "allreduce_ms": {"ja": "all-reduce 1 回の時間 [ミリ秒]",
+                     "en": "one all-reduce [ms]"},
+    "rounds_title": {"ja": "同じ all-reduce の 5 回: 時間だけが変わる",
+                     "en": "The same all-reduce five times: only the time moves"},
     "by_formula": {"ja": "線: 式", "en": "lines: formula"},
     "measured_on_ranks": {"ja": "印: {n} ランクで実測",
                           "en": "markers: measured on {n} ranks"},
@@ -199,6 +206,8 @@ def line_chart(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
             ax.xaxis.set_minor_locator(plt.NullLocator())
             if x_bytes:
                 ax.tick_params(axis="x", labelrotation=45)
+        elif all(float(x).is_integer() for xs, _ in series.values() for x in xs):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no round 1.5
         if from_zero:
             ax.set_ylim(bottom=0)
         fig.tight_layout()

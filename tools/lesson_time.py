@@ -47,7 +47,7 @@ LAB_SENTENCE = re.compile(
     r"torch/[\w/]+\.py|\.py:\d+|このマシン|この実行|実行ごと|別の日|負荷|"
     r"\d+ 回の実行|回のうち|out of \d+ runs|torch \d\.\d+'s|`_[a-z]\w*`|\bbench\b|"
     r"\d[\d.]*\s*(?:to|〜|-|–)\s*\d[\d.]*\s*(?:ms|s|%|GB/s|MB/s)\b", re.I)
-_FIGURE = re.compile(r"\bplots\.\w+\(|noise_scale\.steps_vs_batch\(")
+_FIGURE = re.compile(r"\b(plots|diagrams)\.\w+\(|noise_scale\.steps_vs_batch\(")
 
 
 @dataclass
