@@ -84,7 +84,7 @@ import threading
 import torch
 from torch import nn
 
-from labkit import checks, compare, exercises, models
+from labkit import checks, compare, diagrams, exercises, models
 from labkit import data_parallel as dp
 
 torch.manual_seed(0)
@@ -194,6 +194,9 @@ for batch, n in [(100, 3), (10, 4), (5, 4), (3, 4)]:
     assert sizes == [len(c) for c in torch.randn(batch, 10).chunk(n)]
 assert splits[100, 3] == [34, 34, 32] and splits[10, 4] == [3, 3, 3, 1]
 assert splits[5, 4] == [2, 2, 1] and splits[3, 4] == [1, 1, 1]
+fig = diagrams.collectives({labkit.t("split_row", b=b, n=n): [[s] for s in sizes]
+                           for (b, n), sizes in splits.items()},
+                          column="device_n", title="splits_title", fmt="{:.0f}")
 
 # %% [markdown] lang="ja"
 # ## 演習 (任意): 分け方を予想する
@@ -332,6 +335,25 @@ print("gathered:", tuple(Y_hat.shape))
 out_diff = compare.max_abs_diff(Y_hat, reference(X))
 print(f"max |output - one device| = {out_diff:.1e}")
 assert Y_hat.shape == (100, 10) and out_diff <= 1e-6
+
+# %% [markdown] lang="ja"
+# 4 つの段階で、各デバイスに何があったかを 1 枚にまとめます (上のセルが作ったテンソルの大きさです)。
+# モデルは全体が各デバイスへ複製され、バッチは分けられ、出力はデバイス 0 に集まります。
+
+# %% [markdown] lang="en"
+# The four steps in one picture, from the tensors the cells above made: the whole
+# model is copied to each device, the batch is split, and the outputs end on device 0.
+
+# %%
+steps = {
+    labkit.t("dp_scatter"): [[len(c)] for c in chunks],
+    labkit.t("dp_replicate"): [[sum(w.numel() for w in weights(r))] for r in replicas],
+    labkit.t("dp_apply"): [[len(o)] for o in outputs],
+    labkit.t("dp_gather"): [[len(Y_hat)], []],
+}
+assert [v for v, *_ in steps.values()] == [[50], [2110], [50], [100]]
+fig = diagrams.collectives(steps, column="device_n", title="dp_steps_title",
+                          fmt="{:.0f}")
 
 # %% [markdown] lang="ja"
 # ## 勾配は 1 デバイスと同じ

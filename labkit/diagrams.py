@@ -32,6 +32,17 @@ i18n.register({
               "summed into the chunk\nthick frame = the chunk sent to the right "
               "neighbour next",
     },
+    "device_n": {"ja": "デバイス {r}", "en": "device {r}"},
+    "split_row": {"ja": "{b} サンプルを {n} 台に", "en": "{b} samples on {n}"},
+    "splits_title": {"ja": "scatter が各デバイスに渡すサンプル数",
+                     "en": "Samples scatter gives each device"},
+    "dp_scatter": {"ja": "scatter: サンプル数", "en": "scatter: samples"},
+    "dp_replicate": {"ja": "replicate: パラメータ数", "en": "replicate: parameters"},
+    "dp_apply": {"ja": "parallel_apply: 出力の行数",
+                 "en": "parallel_apply: output rows"},
+    "dp_gather": {"ja": "gather: 出力の行数", "en": "gather: output rows"},
+    "dp_steps_title": {"ja": "DataParallel の 4 段階: 各デバイスにあるもの",
+                       "en": "DataParallel's four steps: what each device holds"},
     "collectives_title": {"ja": "各ランクの値: 集団通信の前と後",
                           "en": "Each rank's values, before and after each collective"},
     "backward_n": {"ja": "逆伝播 {k}", "en": "backward {k}"},
@@ -98,9 +109,12 @@ def ring(records: Sequence[Mapping]) -> plt.Figure:
     return checked_figure(build)
 
 
-def collectives(rows: Mapping[str, Sequence[Sequence[float]]]) -> plt.Figure:
+def collectives(rows: Mapping[str, Sequence[Sequence[float]]], *,
+                column: str = "rank_n", title: str = "collectives_title",
+                fmt: str = "{:.2g}") -> plt.Figure:
     """Each rank's values in each row: `rows` maps a label (what ran, such as
-    "dist.all_reduce(x)") to one list of values per rank."""
+    "dist.all_reduce(x)") to one list of values per rank (per device, with
+    `column="device_n"`); `column` and `title` are message keys."""
     n = max(len(ranks) for ranks in rows.values())
     width = max(len(v) for ranks in rows.values() for v in ranks)
     vmax = max((abs(x) for ranks in rows.values() for v in ranks for x in v),
@@ -115,16 +129,16 @@ def collectives(rows: Mapping[str, Sequence[Sequence[float]]]) -> plt.Figure:
         for i, (label, ranks) in enumerate(rows.items()):
             y = len(rows) - 1 - i
             ax.text(-0.4, y + 0.36, label, ha="right", va="center", fontsize=11,
-                    family="monospace")
+                    family="monospace" if label.isascii() else None)  # code: mono
             for r, values in enumerate(ranks):
-                _boxes(ax, r * (width + 1), y, values, vmax)
+                _boxes(ax, r * (width + 1), y, values, vmax, fmt)
         for r in range(n):
-            ax.text(r * (width + 1) + width / 2, len(rows) + 0.1, t("rank_n", r=r),
+            ax.text(r * (width + 1) + width / 2, len(rows) + 0.1, t(column, r=r),
                     ha="center", fontsize=12)
         ax.set_xlim(-(label_in + 0.4) / unit_in, n * (width + 1))
         ax.set_ylim(-0.3, len(rows) + 0.6)
         ax.axis("off")
-        ax.set_title(t("collectives_title"))
+        ax.set_title(t(title))
         fig.tight_layout()
         return fig
 
