@@ -242,6 +242,8 @@ def fr_entries(after=-1):
 
 
 last = fr_entries()[-1]  # the last collective this rank entered
+recent = [(e["collective_seq_id"], e["profiling_name"]) for e in fr_entries()
+          if e["pg_id"] == last["pg_id"]][-5:]  # numbered per process group
 print(f"rank {rank}: #{last['collective_seq_id']} {last['profiling_name']} "
       f"{last['input_sizes']}")
 seqs = [None] * world_size
@@ -250,6 +252,23 @@ assert "TORCH_FR_BUFFER_SIZE" not in os.environ  # on by default
 assert seqs[0] == seqs[1] + 1  # rank 0 entered one collective more: the all_reduce
 if rank == 0:
     assert last["profiling_name"] == "gloo:all_reduce"
+
+# %% [markdown] lang="ja"
+# 2 つのランクの記録の終わりを並べます。枠の番号で、ランク 0 だけが集団通信に入っています。
+
+# %% [markdown] lang="en"
+# The ends of the two ranks' records side by side: at the framed number only rank 0
+# entered a collective.
+
+# %%
+from labkit import diagrams
+
+recent = ranks.pull("recent")  # each rank's last 5 (number, name)
+start = min(entries[-1][0] for entries in recent) - 2
+window = [[e for e in entries if e[0] >= start] for entries in recent]
+assert window[1] == window[0][:-1]  # the same up to rank 0's last: the all_reduce
+assert window[0][-1][1] == "gloo:all_reduce"
+fig = diagrams.sequences(window)
 
 # %% [markdown] lang="ja"
 # ランク 0 の最後はランク 1 より 1 つ先の `gloo:all_reduce` です。ランク 1 はその集団通信に来なかった、
@@ -332,6 +351,12 @@ def sum_against_max():
 t = sum_against_max()
 assert t.tolist() == [11.0, 22.0, 30.0, 40.0]  # first half summed, second half maxed
 assert compare.rank_max_diff(t) == 0  # and both ranks agree on it: nothing looks wrong
+
+# %%
+after = [x.tolist() for x in ranks.pull("t")]
+assert after == [[11.0, 22.0, 30.0, 40.0]] * 2
+fig = diagrams.collectives({"before": [[1, 2, 3, 4], [10, 20, 30, 40]],
+                            "SUM (rank 0) / MAX (rank 1)": after}, fmt="{:.0f}")
 
 # %% [markdown] lang="ja"
 # ### `TORCH_DISTRIBUTED_DEBUG=DETAIL`
@@ -822,11 +847,13 @@ averaged = torch.cat(means).mean().item()
 print(f"rank {rank}: samples {list(sampler)}")
 if rank == 0:
     print(f"mean of the ranks' means {averaged:.4f}, exact {scores.mean().item():.4f}")
-assert list(sampler) == ([0, 2, 4, 6, 8] if rank == 0 else [1, 3, 5, 7, 0])  # 0 twice
+order = list(sampler)
+assert order == ([0, 2, 4, 6, 8] if rank == 0 else [1, 3, 5, 7, 0])  # 0 twice
 assert abs(averaged - scores.mean().item()) > 0.05
 
 dropped = DistributedSampler(range(len(scores)), shuffle=False, drop_last=True)
-assert list(dropped) == ([0, 2, 4, 6] if rank == 0 else [1, 3, 5, 7])  # 8: never
+order_dropped = list(dropped)
+assert order_dropped == ([0, 2, 4, 6] if rank == 0 else [1, 3, 5, 7])  # 8: never
 shuffled = DistributedSampler(range(len(scores)), shuffle=True, seed=1)
 positions = [None] * world_size
 dist.all_gather_object(positions, list(shuffled))
@@ -845,6 +872,15 @@ assert sorted(real) == list(range(len(scores)))  # shuffled too: each sample onc
 # dropped samples are never evaluated), or all-reduce sums and counts without the padding.
 # The k-th sample (from 0) of rank r is padding when `r + k × world_size` is at least the
 # data set's size (shuffled or not).
+
+# %%
+rows = {"DistributedSampler(9)": ranks.pull("order"),
+        "drop_last=True": ranks.pull("order_dropped")}
+padding = [("DistributedSampler(9)", r, k) for r, mine in enumerate(rows[
+    "DistributedSampler(9)"]) for k in range(len(mine)) if r + k * 2 >= 9]
+assert padding == [("DistributedSampler(9)", 1, 4)]  # rank 1's last: sample 0 again
+fig = diagrams.collectives(rows, fmt="{:.0f}", shade=False, framed=padding,
+                           title="sampler_title")
 
 # %% [markdown] lang="ja"
 # ### 演習: 正確な検証の指標

@@ -9,7 +9,7 @@ fonts and the glyph check are labkit.plots'.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
@@ -18,7 +18,7 @@ from . import i18n
 from .i18n import t
 from .plots import HATCHES, PALETTE, VERMILLION, checked_figure
 
-__all__ = ["collectives", "micro_batches", "ring", "zero_memory"]
+__all__ = ["collectives", "micro_batches", "ring", "sequences", "zero_memory"]
 
 i18n.register({
     "ring_start": {"ja": "最初", "en": "start"},
@@ -43,6 +43,13 @@ i18n.register({
     "dp_gather": {"ja": "gather: 出力の行数", "en": "gather: output rows"},
     "dp_steps_title": {"ja": "DataParallel の 4 段階: 各デバイスにあるもの",
                        "en": "DataParallel's four steps: what each device holds"},
+    "sampler_title": {"ja": "各ランクが受け持つサンプルの番号: 枠 = 水増し",
+                      "en": "The samples each rank takes: frame = padding"},
+    "not_entered": {"ja": "(入っていない)", "en": "(not entered)"},
+    "sequences_title": {"ja": "各ランクが入った集団通信 (Flight Recorder): "
+                              "枠 = 食い違う最初の番号",
+                        "en": "Collectives each rank entered (Flight Recorder): "
+                              "frame = where they part"},
     "collectives_title": {"ja": "各ランクの値: 集団通信の前と後",
                           "en": "Each rank's values, before and after each collective"},
     "backward_n": {"ja": "逆伝播 {k}", "en": "backward {k}"},
@@ -63,7 +70,8 @@ _PARTS = ("parameters", "gradients", "optimizer")
 
 def _boxes(ax, x0: float, y: float, values: Sequence[float], vmax: float,
            fmt: str = "{:.2g}") -> None:
-    """One row of boxes, a value each, shaded by its size (one hue: any reader)."""
+    """One row of boxes, a value each, shaded by its size (one hue: any reader);
+    `vmax` 0: all light."""
     cmap = plt.get_cmap("Blues")
     for i, v in enumerate(values):
         shade = 0.15 + 0.75 * min(1.0, abs(v) / vmax) if vmax else 0.15
@@ -111,14 +119,17 @@ def ring(records: Sequence[Mapping]) -> plt.Figure:
 
 def collectives(rows: Mapping[str, Sequence[Sequence[float]]], *,
                 column: str = "rank_n", title: str = "collectives_title",
-                fmt: str = "{:.2g}") -> plt.Figure:
+                fmt: str = "{:.2g}", shade: bool = True,
+                framed: Collection[tuple[str, int, int]] = ()) -> plt.Figure:
     """Each rank's values in each row: `rows` maps a label (what ran, such as
     "dist.all_reduce(x)") to one list of values per rank (per device, with
-    `column="device_n"`); `column` and `title` are message keys."""
+    `column="device_n"`); `column` and `title` are message keys. `shade=False`
+    for values that are names (indices), not sizes; `framed` frames the boxes
+    (row label, rank, position) the text points at."""
     n = max(len(ranks) for ranks in rows.values())
     width = max(len(v) for ranks in rows.values() for v in ranks)
     vmax = max((abs(x) for ranks in rows.values() for v in ranks for x in v),
-               default=1.0)
+               default=1.0) if shade else 0.0
 
     unit_in = 0.7  # inches per box
     label_in = 0.1 * max(len(label) for label in rows)  # monospace, 11 pt
@@ -132,6 +143,10 @@ def collectives(rows: Mapping[str, Sequence[Sequence[float]]], *,
                     family="monospace" if label.isascii() else None)  # code: mono
             for r, values in enumerate(ranks):
                 _boxes(ax, r * (width + 1), y, values, vmax, fmt)
+        for label, r, i in framed:
+            y = len(rows) - 1 - list(rows).index(label)
+            ax.add_patch(Rectangle((r * (width + 1) + i, y), 0.92, 0.72, fill=False,
+                                   ec=VERMILLION, lw=2.5))
         for r in range(n):
             ax.text(r * (width + 1) + width / 2, len(rows) + 0.1, t(column, r=r),
                     ha="center", fontsize=12)
@@ -139,6 +154,51 @@ def collectives(rows: Mapping[str, Sequence[Sequence[float]]], *,
         ax.set_ylim(-0.3, len(rows) + 0.6)
         ax.axis("off")
         ax.set_title(t(title))
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def sequences(per_rank: Sequence[Sequence[tuple[int, str]]]) -> plt.Figure:
+    """The collectives each rank entered, side by side: `per_rank` holds each
+    rank's (sequence number, name) pairs, as its Flight Recorder keeps them. A rank
+    without an entry for a number shows a hatched gap, and the first number where
+    the ranks part (a gap or another name) is framed."""
+    seqs = sorted({seq for entries in per_rank for seq, _ in entries})
+    names = [dict(entries) for entries in per_rank]
+    parted = next((seq for seq in seqs
+                   if len({table.get(seq) for table in names}) > 1), None)
+
+    def build():
+        n = len(per_rank)
+        fig, ax = plt.subplots(figsize=(2.0 + 3.0 * n, 0.7 * len(seqs) + 1.6))
+        for row, seq in enumerate(seqs):
+            y = len(seqs) - 1 - row
+            ax.text(-0.15, y + 0.35, f"#{seq}", ha="right", va="center", fontsize=11)
+            for r, table in enumerate(names):
+                x = r * 3.0
+                if seq in table:
+                    ax.add_patch(Rectangle((x, y), 2.8, 0.7, color=PALETTE[4],
+                                           alpha=0.35))
+                    ax.text(x + 1.4, y + 0.35, table[seq], ha="center", va="center",
+                            fontsize=11, family="monospace")
+                else:
+                    ax.add_patch(Rectangle((x, y), 2.8, 0.7, fill=False,
+                                           hatch="//", ec="gray"))
+                    ax.text(x + 1.4, y + 0.35, t("not_entered"), ha="center",
+                            va="center", fontsize=11,
+                            bbox={"facecolor": "white", "edgecolor": "none"})
+            if seq == parted:
+                ax.add_patch(Rectangle((-0.1, y - 0.08), 3.0 * n - 0.1, 0.86,
+                                       fill=False, ec=VERMILLION, lw=2.5))
+        for r in range(n):
+            ax.text(r * 3.0 + 1.4, len(seqs) + 0.1, t("rank_n", r=r), ha="center",
+                    fontsize=12)
+        ax.set_xlim(-1.2, 3.0 * n)
+        ax.set_ylim(-0.3, len(seqs) + 0.6)
+        ax.axis("off")
+        ax.set_title(t("sequences_title"))
         fig.tight_layout()
         return fig
 

@@ -96,6 +96,9 @@ def _figures():
             "before": [[1.0, 2.0], [3.0, 4.0]],
             "dist.all_reduce(x)": [[4.0, 6.0], [4.0, 6.0]],
             "dist.reduce_scatter_tensor(y, x)": [[4.0], [6.0]]}),
+        "sequences": diagrams.sequences([[(1, "gloo:all_gather"),
+                                          (2, "gloo:all_reduce")],
+                                         [(1, "gloo:all_gather")]]),
         "micro_batches": diagrams.micro_batches({"DDP": [3, 3, 3, 3],
                                                  "no_sync": [0, 0, 0, 3]}),
         "zero_memory": diagrams.zero_memory(
@@ -147,6 +150,23 @@ def test_the_micro_batches_and_the_memory_draw_their_numbers():
     hatches = {b.get_hatch() or "" for b in bars}
     assert len(hatches) == 3  # the parts are told apart without their colour
     plt.close("all")
+
+
+def test_the_sequences_frame_where_the_ranks_part():
+    fig = diagrams.sequences([[(4, "gloo:broadcast"), (5, "gloo:all_reduce"),
+                               (6, "gloo:all_reduce")],
+                              [(4, "gloo:broadcast"), (5, "gloo:all_gather")]])
+    ax = fig.axes[0]
+    frames = [p for p in ax.patches if p.get_edgecolor()[:3] == matplotlib.colors
+              .to_rgb(plots.VERMILLION)]
+    assert len(frames) == 1
+    # rows top to bottom are #4, #5, #6: the frame is on #5 (another name), not #6
+    rows = {t.get_text(): t.get_position()[1] for t in ax.texts if t.get_text()
+            .startswith("#")}
+    assert frames[0].get_y() < rows["#5"] < frames[0].get_y() + frames[0].get_height()
+    gaps = [t for t in ax.texts if t.get_text() == labkit.t("not_entered")]
+    assert len(gaps) == 1  # rank 1 never entered #6
+    plt.close(fig)
 
 
 def test_the_parts_colours_stay_apart_for_colour_blind_readers():
