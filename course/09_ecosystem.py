@@ -145,6 +145,25 @@ assert two_nodes["allreduce_calls_per_step_sync"] == 2
 assert two_nodes["allreduce_calls_per_step_nosync"] == 1
 
 # %% [markdown] lang="ja"
+# 1 台で 2 プロセスでも、2 台で 1 プロセスずつでも、1 ステップの all-reduce の回数は同じです
+# (2 つの実行が書き出した JSON から描きます)。
+
+# %% [markdown] lang="en"
+# One machine with two processes or two machines with one each: the all-reduces per
+# step are the same (drawn from the JSON both runs wrote).
+
+# %%
+from labkit import plots
+
+counts = {labkit.t(label): {"DDP": run["allreduce_calls_per_step_sync"],
+                            "no_sync": run["allreduce_calls_per_step_nosync"]}
+          for label, run in (("one_node", one_node), ("two_nodes", two_nodes))}
+assert counts[labkit.t("one_node")] == counts[labkit.t("two_nodes")] == {
+    "DDP": 2, "no_sync": 1}
+fig = plots.bar_chart(counts, ylabel="allreduces_per_step", title="nodes_title",
+                      fmt="{:.0f}")
+
+# %% [markdown] lang="ja"
 # ## 演習: torchrun が各プロセスに渡す番号
 #
 # torchrun は各プロセスに、`RANK` (全ノードを通した番号)、`LOCAL_RANK` (ノードの中での番号。そのノードの
@@ -193,6 +212,24 @@ def torchrun_env(nnodes, nproc_per_node, node_rank):
 
 # %%
 exercises.grade_torchrun_env(torchrun_env)
+
+# %% [markdown] lang="ja"
+# 確認に通った `torchrun_env` で、2 ノード × 4 プロセスの番号を図にします。`RANK` は前のノードから
+# 続けて数え、`LOCAL_RANK` はノードごとに 0 から数え直します。
+
+# %% [markdown] lang="en"
+# The numbers of 2 nodes × 4 processes, from the `torchrun_env` that passed the check:
+# `RANK` counts on from the node before, `LOCAL_RANK` starts at 0 on every node.
+
+# %%
+from labkit import diagrams
+
+envs = [torchrun_env(2, 4, node) for node in (0, 1)]
+table = {key: [[e[key] for e in node] for node in envs]
+         for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+assert table["RANK"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+fig = diagrams.collectives(table, column="node_n", title="torchrun_title",
+                           fmt="{:.0f}", shade=False)
 
 # %% [markdown] lang="ja"
 # ## 実機のクラスタ: SLURM、PBS、PJM
@@ -447,6 +484,22 @@ print(f"rank {rank}: holds {fsdp['local_numel']} of {fsdp['full_numel']} values;
 assert fsdp["local_numel"] * world_size == fsdp["full_numel"]
 assert fsdp["shards"]["fc1.weight"]["local"] == (100 // world_size, 10)
 assert fsdp["grad_max_abs_diff"] <= 1e-6
+
+# %% [markdown] lang="ja"
+# 各ランクが各パラメータの値をいくつ持つかを、2 つのランクから集めて図にします。
+
+# %% [markdown] lang="en"
+# How many values of each parameter each rank holds, pulled from the two ranks.
+
+# %%
+import math
+
+held = ranks.pull("fsdp")
+rows = {name: [[math.prod(h["shards"][name]["local"])] for h in held]
+        for name in held[0]["shards"]}
+assert all(sum(v for v, in r) == math.prod(held[0]["shards"][name]["global"])
+           for name, r in rows.items())  # the shards add up to each whole parameter
+fig = diagrams.collectives(rows, title="fsdp_held_title", fmt="{:.0f}")
 
 # %% [markdown] lang="ja"
 # ## 演習 (任意): 各ランクはいくつの値を持つか

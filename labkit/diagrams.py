@@ -45,6 +45,11 @@ i18n.register({
                        "en": "DataParallel's four steps: what each device holds"},
     "sampler_title": {"ja": "各ランクが受け持つサンプルの番号: 枠 = 水増し",
                       "en": "The samples each rank takes: frame = padding"},
+    "node_n": {"ja": "ノード {r}", "en": "node {r}"},
+    "torchrun_title": {"ja": "torchrun が各プロセスに渡す番号 (2 ノード × 4 プロセス)",
+                       "en": "The numbers torchrun hands each process (2 nodes x 4)"},
+    "fsdp_held_title": {"ja": "fully_shard のあと各ランクが持つ値の数",
+                        "en": "Values each rank holds after fully_shard"},
     "not_entered": {"ja": "(入っていない)", "en": "(not entered)"},
     "sequences_title": {"ja": "各ランクが入った集団通信 (Flight Recorder): "
                               "枠 = 食い違う最初の番号",
