@@ -336,6 +336,7 @@ for _ in range(3):
 print("without zero_grad:", [f"{n:.4f}" for n in norms],
       "| times the first:", [f"{n / norms[0]:.2f}" for n in norms])
 torch.testing.assert_close(torch.tensor(norms), norms[0] * torch.tensor([1.0, 2, 3]))
+piled = norms
 
 norms = []
 for _ in range(3):
@@ -344,6 +345,10 @@ for _ in range(3):
     norms.append(model.fc1.weight.grad.norm().item())
 print("with zero_grad:   ", [f"{n:.4f}" for n in norms])
 assert norms[0] == norms[1] == norms[2]
+fig = plots.line_chart({"no zero_grad()": (range(1, 4), piled),
+                        "optimizer.zero_grad()": (range(1, 4), norms)},
+                       xlabel="backward_calls", ylabel="grad_norm",
+                       title="zero_grad_title", from_zero=True)
 
 # %% [markdown] lang="ja"
 # ## 記事 004 の学習ループを書かれたとおりに
