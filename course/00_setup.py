@@ -62,7 +62,7 @@ import labkit
 labkit.require("0.1.0")
 labkit.set_lang("ja")
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## このマシンにあるもの
 #
 # `labkit.doctor` は CPU コア数、PyTorch のバージョンとビルド (CPU 版か CUDA 版か)、GPU、
@@ -77,7 +77,7 @@ labkit.set_lang("ja")
 #   1 ランクに GPU 1 台で使います。
 # - **mpi** は MPI 付きでビルドした PyTorch でだけ使えます (通常の配布物にはありません)。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## What this machine has
 #
 # `labkit.doctor` looks at the CPU cores, the PyTorch version and build (CPU or CUDA), the
@@ -132,7 +132,7 @@ with checks.expect_error(ValueError, match="tensors on the CPU") as refused:
 print(refused.exception)
 assert "torchrun" in str(refused.exception) and cluster.current() is None
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 日本語フォント
 #
 # 日本語のノートブックは図のラベルも日本語です。matplotlib の既定フォントには日本語の字形がなく、
@@ -141,7 +141,7 @@ assert "torchrun" in str(refused.exception) and cluster.current() is None
 # `labkit.set_lang` のときにも)。次の図に日本語と英語が両方きちんと描かれていることを確かめてください。
 # `labkit.plots` の図は、描けない文字があるとエラーになります。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Japanese font
 #
 # The Japanese notebooks label their figures in Japanese, and matplotlib's default font
@@ -180,13 +180,13 @@ with matplotlib.rc_context({"font.family": "DejaVu Sans"}):
         plots.font_check()
 assert plt.get_fignums() == open_before  # the broken figure was closed, not shown
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## ウィジェット
 #
 # 後のレッスンでは、スライダーでパラメータを変えながら図を見ます (ipywidgets)。
 # スライダーが表示されれば準備完了です。動かすと、1 ランクあたりのバッチサイズが変わります。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Widgets
 #
 # Later lessons change parameters with sliders and watch plots change (ipywidgets).
@@ -203,7 +203,7 @@ def per_rank_batch(world_size=2, batch_size=64):
 
 _ = widgets.interact(per_rank_batch, world_size=(1, 8), batch_size=(8, 256, 8))
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["core"]
 # ## 最初の集団通信
 #
 # 分散学習のプロセスは**プロセスグループ**に属し、それぞれ**ランク** (0, 1, …) を持ちます。
@@ -212,7 +212,7 @@ _ = widgets.interact(per_rank_batch, world_size=(1, 8), batch_size=(8, 256, 8))
 # 起動には数秒かかります。起動したあとは、`%%px` で始まるセルが**全ランクで**実行され、各ランクには
 # `rank` と `world_size` という変数があります。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["core"]
 # ## A first collective
 #
 # Processes of distributed training belong to a **process group**, and each has a
@@ -352,7 +352,7 @@ fig = plots.line_chart({labkit.t("rank_n", r=r): (range(1, 6), t)
 ranks.stop()
 assert cluster.current() is None
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## コマンドラインから
 #
 # 同じ確認はターミナルからもできます。`--json FILE` を付けると結果を JSON で保存します。
@@ -361,7 +361,7 @@ assert cluster.current() is None
 # python -m labkit --lang ja doctor
 # ```
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## From the command line
 #
 # The same check runs in a terminal; add `--json FILE` to save the report as JSON.
@@ -395,7 +395,7 @@ with tempfile.TemporaryDirectory() as tmp:
     saved = json.loads(out.read_text())
 assert saved["torch_version"] == torch.__version__
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["core"]
 # ## レッスンの進め方
 #
 # - **演習**は、見出しに「演習」とあるコードのセルです。セルを書き換えて実行してから、次の**確認のセル**
@@ -412,7 +412,7 @@ assert saved["torch_version"] == torch.__version__
 # 次のセルは、レッスン 01 の最初の確認のセルに、演習のセルの書き始めのまま (記事のモデルそのもの) を渡します。
 # 判定はノートブックの言語で、ヒント付きです。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["core"]
 # ## How the lessons work
 #
 # - An **exercise** is a code cell under a heading that says so. Edit it and run it, then

@@ -75,7 +75,7 @@ from labkit import checks, cluster, exercises, models, no_sync, plots, workload
 
 ranks = cluster.start(2, background=True)  # the ranks boot while you read
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["core"]
 # ## 正しい使い方
 #
 # K = 4 個のマイクロバッチで 1 回更新します。各ランクは毎回 16 サンプルを受け持つので、
@@ -94,7 +94,7 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # **予想してから実行:** この更新は、`with` の中の K−1 回の逆伝播と最後の逆伝播で、それぞれ何回
 # all-reduce するでしょうか?
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["core"]
 # ## Correct use
 #
 # One update per K = 4 micro-batches. Each rank takes 16 samples per micro-batch, so one
@@ -156,7 +156,7 @@ print(f"rank {rank}: {counter.calls} all-reduce call(s) for {K} micro-batches")
 # None in the K−1 backwards inside the `with`, one in the last (the cell asserted
 # both): synchronization was not switched off, only postponed to the last backward.
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["core"]
 # ## 大きなバッチと同じ勾配になる
 #
 # 同じ重みの 1 プロセスのモデルに、K 個 × 2 ランク分の全サンプル (128) を 1 バッチで通します。
@@ -165,7 +165,7 @@ print(f"rank {rank}: {counter.calls} all-reduce call(s) for {K} micro-batches")
 #   全体の勾配とも、もう一方のランクの勾配とも違います。
 # - 最後の同期つきマイクロバッチのあとは、全体の勾配と一致します (float32 で 1e-6 以下)。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["core"]
 # ## The same gradient as the large batch
 #
 # Pass all the samples of the K micro-batches of both ranks (128) through the
@@ -201,13 +201,13 @@ after = ranks.run(lambda: [p.grad for p in model.parameters()])
 checks.grads_match(after[0], after[1], tol=0.0)  # the same all-reduced bits
 print("inside no_sync the ranks differ; after the last micro-batch they agree")
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 損失を K で割らないと
 #
 # 割らずに逆伝播すると、`.grad` は平均ではなく K 個の和になり、大きなバッチの勾配のちょうど K 倍です。
 # 学習率を K 倍にしたのと同じで、安定性を損ないます (記事の言う「不安定化」の、実際にありうる原因の 1 つです)。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Without dividing the loss by K
 #
 # Backward without the division and `.grad` holds the sum of K gradients instead of
@@ -225,7 +225,7 @@ checks.grads_match([p.grad for p in model.parameters()], [K * g for g in ref_gra
                    tol=K * checks.GRAD_TOL)  # K times the sum: K times the rounding
 print(f"rank {rank}: unscaled / large-batch gradient = {min(ratio):.3f} .. {max(ratio):.3f}")
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 「K 倍のバッチと同じ」が成り立つ条件
 #
 # 上の一致には 3 つの前提があります。損失が**サンプルごとの平均**であること、マイクロバッチの
@@ -237,7 +237,7 @@ print(f"rank {rank}: unscaled / large-batch gradient = {min(ratio):.3f} .. {max(
 # 64 サンプルを一度に通したときとは別の計算になります。同期の話を混ぜないよう、1 プロセスで
 # 比べます。BatchNorm を取り除いた同じモデルでは一致します。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## When "the same as a K-times batch" holds
 #
 # The equality above rests on three premises: a loss that is a **per-sample mean**,
@@ -327,7 +327,7 @@ print(f"rank {rank}: loss of the 116 samples {whole_loss.item():.6f}, "
 assert abs(mean_of_means - whole_loss.item()) > 1e-3
 assert abs(weighted_loss - whole_loss.item()) <= 1e-6
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 誤用 1: `ddp_model.no_sync()` と 1 行書く
 #
 # `no_sync()` はコンテキストマネージャを**返すだけ**の関数です。`with` なしで呼ぶと、作られた
@@ -335,7 +335,7 @@ assert abs(weighted_loss - whole_loss.item()) <= 1e-6
 #
 # **予想してから実行:** K = 4 個のマイクロバッチで、all-reduce は何回になるでしょうか?
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Misuse 1: writing `ddp_model.no_sync()` on its own line
 #
 # `no_sync()` only **returns** a context manager. Called without `with`, the context
@@ -375,14 +375,14 @@ assert correct == [0] * (K - 1) + [1] and bare == [1] * K
 fig = diagrams.micro_batches({"with model.no_sync():": correct,
                               "model.no_sync()": bare})
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 誤用 2: 順伝播を `with` の外で行う
 #
 # DDP は**順伝播の時点で**、次の逆伝播で同期するかを決めます。順伝播を `with model.no_sync():` の外で
 # 行い、逆伝播だけを中に入れると、同期は止まりません。勾配は正しいままなので、結果だけを見ても
 # 気づけません。通信の回数を数えて初めてわかる誤りです。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Misuse 2: the forward pass outside the block
 #
 # DDP decides **in the forward pass** whether the next backward pass synchronizes. Run the
@@ -405,7 +405,7 @@ checks.allreduce_calls(counter.calls, K)  # nothing was postponed
 print(f"rank {rank}: {counter.calls} all-reduce calls, gradient still right "
       f"(diff {grad_diff:.1e})")
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["core"]
 # ## 誤用 3: `no_sync` の中で `optimizer.step()` する
 #
 # 記事の「各 GPU はパラメータ更新後にすぐ次の更新を開始できる」を文字どおりに行うと、各ランクが
@@ -413,7 +413,7 @@ print(f"rank {rank}: {counter.calls} all-reduce calls, gradient still right "
 # なので、そのあと同期つきの学習に戻しても、**ずれたまま**です (同じ平均勾配で同じ量だけ動くので、
 # 差は縮みも広がりもしません)。ステップごとのランク間の最大差を記録します。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["core"]
 # ## Misuse 3: `optimizer.step()` inside `no_sync`
 #
 # Doing literally what the document says ("each GPU can start the next update right after
@@ -452,7 +452,7 @@ fig = plots.line_chart({labkit.t("misuse_then_sync"): (range(31), param_diff)},
                        xlabel="optimizer_step", ylabel="param_diff",
                        title="divergence_title", from_zero=True)
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["core"]
 # ## 演習: 勾配累積の 1 回の更新を書く
 #
 # `accumulation_step(model, optimizer, criterion, batches)` は、K = `len(batches)` 個のマイクロバッチで
@@ -463,7 +463,7 @@ fig = plots.line_chart({labkit.t("misuse_then_sync"): (range(31), param_diff)},
 # `optimizer.step()` の回数、ランク間のパラメータの差、K 倍のバッチで 1 回更新した 1 プロセスのモデルとの
 # 差を調べます。関数はランクのエンジンで実行されます。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["core"]
 # ## Exercise: write one update of gradient accumulation
 #
 # `accumulation_step(model, optimizer, criterion, batches)` makes one update from
@@ -504,7 +504,7 @@ def accumulation_step(model, optimizer, criterion, batches):
 # %%
 exercises.grade_accumulation(ranks, accumulation_step)
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 演習: レプリカがずれる原因を探す
 #
 # 次の `train` は、2 回の更新ごとに学習率を半分にするスケジューラ (`StepLR`) を使い、勾配累積で学習
@@ -514,7 +514,7 @@ exercises.grade_accumulation(ranks, accumulation_step)
 # 確認のセルは、両方のランクでこの関数に 6 回更新させ、ランクの学習率とパラメータを比べ、1 プロセスで
 # 同じ学習をした結果とも比べます。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Exercise: find why the replicas drift apart
 #
 # `train` below accumulates gradients with a scheduler (`StepLR`) that halves the
@@ -554,7 +554,7 @@ def train(model, optimizer, scheduler, criterion, updates, rank):
 # %%
 exercises.grade_replicas_agree(ranks, train)
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 1 ステップの時間: K と no_sync
 #
 # K = 1, 2, 4, 8 について、1 回の更新 (K 個のマイクロバッチ) にかかる時間を、全マイクロバッチで
@@ -567,7 +567,7 @@ exercises.grade_replicas_agree(ranks, train)
 #
 # **予想してから実行:** それぞれのモデルで、1 回の同期は何バイト送るでしょうか?
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Time per step: K and no_sync
 #
 # For K = 1, 2, 4, 8, time one update (K micro-batches) when every micro-batch
@@ -721,7 +721,7 @@ for name, c in costs.items():
         f"K={k}: {s:,}" for k, s in sorted(saved[name].items())))
 assert saved["2.1 M-parameter MLP"][8] > saved["tiny MLP"][8]
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 収束: 記事の「同期あり vs no_sync」をやり直す
 #
 # 記事は同期ありと `no_sync` の学習を比べると言いながら、コードは「# 訓練コード」のままです。
@@ -733,7 +733,7 @@ assert saved["2.1 M-parameter MLP"][8] > saved["tiny MLP"][8]
 #   このモデルの K = 4 で `no_sync` の更新が速いことは、上の時間のセルが揺れを超えて確かめました。
 #   下の曲線そのものは 1 回ずつの実行で、この実行での経過時間です。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Convergence: the document's "sync vs no_sync", done properly
 #
 # The document promises to compare training with and without `no_sync`, but its code
@@ -782,7 +782,7 @@ fig = plots.convergence(
 # %%
 ranks.stop()  # the CPUs go to the command line's ranks
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## コマンドラインと torchrun から
 #
 # 同じ実験は、ノートブックなしでも実行できます。`--world-size` のランクを torch の elastic launcher
@@ -794,7 +794,7 @@ ranks.stop()  # the CPUs go to the command line's ranks
 # torchrun --nproc-per-node 2 -m labkit nosync --accum 4 --json nosync.json
 # ```
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## From the command line and torchrun
 #
 # The same experiments run without a notebook. torch's elastic launcher (what torchrun is

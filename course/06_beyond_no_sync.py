@@ -44,7 +44,7 @@ from labkit import cluster, exercises, plots
 
 ranks = cluster.start(2, background=True)  # the ranks boot while you read
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["core"]
 # ## DDP が 1 ステップでしていること
 #
 # `no_sync` は送る回数を減らしました (レッスン 04)。まず、DDP そのものが 1 ステップでしていることを、
@@ -76,7 +76,7 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 #
 # </details>
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["core"]
 # ## What DDP does in a step
 #
 # `no_sync` sent less often (lesson 04). First, what DDP itself does in a step, as
@@ -243,7 +243,7 @@ class ScratchDDP(BucketedDDP):
 # %%
 exercises.grade_scratch_ddp(ranks)
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["core"]
 # ## torch の DDP と比べる
 #
 # 確認のセルがしたことを、数字を出して見ます。レッスン 05 の MLP (幅 512、8 層、1 MB の重みが 7 つ) で、
@@ -254,7 +254,7 @@ exercises.grade_scratch_ddp(ranks)
 # **予想してから実行:** 1 ステップ目と 2 ステップ目以降で、`ScratchDDP` と torch の DDP はそれぞれ何回
 # all-reduce するでしょうか?
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["core"]
 # ## Compared with torch's DDP
 #
 # What the check did, with its numbers shown. On lesson 05's MLP (width 512, 8 layers,
@@ -345,7 +345,7 @@ assert all(s["waited_before_grads"] == 0 for s in result["steps"])
 fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_title",
                      end_label="sync_finished")
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 通信量を減らす、ほかの 3 つの方法
 #
 # 送る**量** (やメモリ) を減らす仕組みがほかにもあります。どれも DDP に 1 か所だけ手を加えます。
@@ -369,7 +369,7 @@ fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_
 #
 # </details>
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Three more ways to send less
 #
 # Other ways to send **less** (or hold less memory), each a single change to DDP:
@@ -793,14 +793,14 @@ for cap, calls in ranks.pull("cap_calls")[0]:
           f"measured {calls[-1]}")
     assert ddp_buckets(mlp_bytes, cap) == calls[-1]
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 並べて比べ、モデルで予測する
 #
 # レッスン 05 の 1 ステップのモデルに圧縮を入れます。DDP の 1 ステップの実測から DDP の通信の時間
 # (α–β モデル、リングで数える) を引き、その方法が送るバイト数と回数での通信の時間を足したものが、
 # その方法の予測です (`send_less.predicted_step_s`)。α と β は、ここで all-reduce を測って当てはめます。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Side by side, and predicted by the model
 #
 # Lesson 05's step model with the compression in it: a method's predicted step is DDP's

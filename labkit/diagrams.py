@@ -62,6 +62,7 @@ i18n.register({
         "ja": "1 回の更新 (K = {k}) の逆伝播ごとの all-reduce の回数",
         "en": "All-reduces in each backward pass of one update (K = {k})",
     },
+    "bytes_held": {"ja": "1 ランクが持つバイト数", "en": "bytes one rank holds"},
     "zero_held_title": {"ja": "1 ランクが持つモデルの状態 (ZeRO のステージごと)",
                    "en": "Model state one rank holds, per ZeRO stage"},
     "held_parameters": {"ja": "パラメータ", "en": "parameters"},
