@@ -8,50 +8,41 @@
 #     name: python3
 # ---
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["outcomes"]
 # # 03 DistributedDataParallel
 #
 # `DistributedDataParallel` (DDP) では、複数の**プロセス** (ランク) がそれぞれ**モデル全体の複製**
 # (レプリカ) を持ち、データを分け合って学習します。逆伝播の途中で勾配を all-reduce で平均するので、
-# 全ランクが同じ更新をし、レプリカはいつも同じままです。
+# 全ランクが同じ更新をし、レプリカはいつも同じままです。記事 000 の「各 GPU はモデルのパラメータの
+# 一部を保持し」は DDP ではなく、パラメータを分割して持つ **FSDP** や **ZeRO** の説明です。
 #
-# 記事 000 は「各 GPU はモデルのパラメータの一部を保持し」と書いていますが、これは DDP ではなく
-# **FSDP** や **ZeRO** (パラメータを分割して持つ方式) の説明です。このレッスンで、DDP の各ランクが
-# 全パラメータを持つことを確かめます。
+# このレッスンを終えると、次のことができます。
 #
-# このレッスンで見ること:
-# 1. ランクをノートブックから起動する (ipyparallel のエンジン)
-# 2. 各ランクが全パラメータを持ち、DDP が最初にそろえること
-# 3. `DistributedSampler` と `set_epoch`
-# 4. DDP の平均勾配 = 1 プロセスで全バッチを使った勾配
-# 5. 何が、いつ通信されるか (all-reduce の回数とバイト数)
-# 6. 学習後もレプリカが一致すること、ランクのエラーの見え方
-# 7. ノートブックから `mp.spawn` を使わない理由
-# 8. world size 1 と 2 の 1 ステップの時間
-# 9. スレッドの DataParallel (レッスン 02) とプロセスの DDP の時間
+# - broadcast、all-reduce、reduce-scatter、all-gather、barrier が各ランクの値をどう変えるかを言い当てる
+# - 等しい大きさのシャードの勾配の平均が、全体バッチの勾配と等しい理由を 1 行の式で説明する
+# - `DistributedSampler` と `set_epoch` で、ランクに重ならないデータを毎エポック新しい順番で配る
+# - 1 プロセスの学習ループを DDP のスクリプトに書き換え、`torchrun` で起動して、1 プロセスと同じ
+#   重みになることを確かめる
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["outcomes"]
 # # 03 DistributedDataParallel
 #
 # With `DistributedDataParallel` (DDP), several **processes** (ranks) each hold a
 # **full copy of the model** (a replica) and share out the data. During the backward pass
 # the gradients are averaged by an all-reduce, so every rank makes the same update and
-# the replicas stay identical.
+# the replicas stay identical. Doc 000's "each GPU holds part of the model's parameters"
+# describes **FSDP** or **ZeRO**, which shard the parameters, not DDP.
 #
-# Doc 000 says "each GPU holds part of the model's parameters". That describes **FSDP**
-# or **ZeRO** (which shard the parameters), not DDP. This lesson checks that every DDP
-# rank holds all the parameters.
+# After this lesson you can:
 #
-# In this lesson:
-# 1. start ranks from the notebook (ipyparallel engines)
-# 2. every rank holds all parameters, and DDP makes them equal at the start
-# 3. `DistributedSampler` and `set_epoch`
-# 4. DDP's averaged gradient = one process's gradient on the whole batch
-# 5. what is communicated, and when (all-reduce calls and bytes)
-# 6. replicas still equal after training; how a rank's error shows
-# 7. why not `mp.spawn` from a notebook
-# 8. time per step with world size 1 and 2
-# 9. thread-based DataParallel (lesson 02) against process-based DDP, timed
+# - predict what broadcast, all-reduce, reduce-scatter, all-gather and barrier do to
+#   each rank's values;
+# - say in one line of algebra why the mean of equal shards' gradients is the whole
+#   batch's gradient;
+# - give the ranks disjoint data, in a new order each epoch, with `DistributedSampler`
+#   and `set_epoch`;
+# - turn a one-process training loop into a DDP script, launch it with `torchrun`, and
+#   check that it reaches the one-process weights.
 
 # %%
 import labkit
@@ -60,11 +51,11 @@ labkit.require("0.1.0")
 labkit.set_lang("ja")
 
 # %% [markdown] lang="ja"
-# 次のセルで 2 つのランクの起動を始めます。起動には数秒かかりますが、裏で進むので、その間に先を読めます。
+# 次のセルで 2 つのランクの起動を始めます。起動は裏で進むので、その間に先を読めます。
 
 # %% [markdown] lang="en"
-# The next cell starts two ranks. They take a few seconds to boot, in the background, so
-# you can read on meanwhile.
+# The next cell starts two ranks. They boot in the background, so you can read on
+# meanwhile.
 
 # %%
 import time
@@ -74,55 +65,31 @@ from labkit import cluster
 t0 = time.perf_counter()
 ranks = cluster.start(2, background=True)  # returns at once; the ranks boot meanwhile
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["core"]
 # ## ランクを起動する
 #
 # `cluster.start(2)` は 2 つのエンジン (Python プロセス) を 127.0.0.1 で起動し、エンジン i をランク i
-# にして、gloo のプロセスグループに参加させます。GPU のあるマシンでも gloo です。このレッスンのセルは
-# モデルもテンソルも CPU に作り、nccl は CUDA のテンソルしか扱えないからです (GPU で DDP を動かすのは
-# コマンドラインです。レッスン 00)。
-# `background=True` なら、起動を待たずにすぐ戻ります。最初に使うとき (`%%px` のセルや `ranks.wait()`)
-# に、起動が終わるのを待ちます。
-#
-# - ランクが互いを見つけるための待ち合わせ場所 (TCPStore) は、OS が選んだ空きポートに、
-#   127.0.0.1 だけで開きます。
-# - 2 コアを 2 ランクで取り合わないよう、各ランクは `torch.set_num_threads(1)` で動きます。
-# - 集団通信のタイムアウトは 20 秒です。gloo の既定 (30 分) のままだと、1 つのランクが来ないだけで
-#   30 分止まったままになります。
-#
-# 起動したあとは、`%%px` で始まるセルが**全ランクで**実行されます。各エンジンには `rank`、
-# `world_size`、`device` という変数が用意されています。最初の `%%px` セルは、ランクごとに別の
-# プロセスであること (1 ランク 1 プロセス。`torchrun` が GPU 1 台に 1 プロセスを起動するのと同じ) を
-# 確かめます。
+# にして、gloo のプロセスグループに参加させます (このレッスンのテンソルは CPU にあるので、GPU のある
+# マシンでも gloo です)。以後、`%%px` で始まるセルは**全ランクで**実行され、各エンジンには `rank`、
+# `world_size`、`device` があります。最初の `%%px` セルは、ランクごとに別のプロセスであることを
+# 確かめます (`torchrun` が GPU 1 台に 1 プロセスを起動するのと同じです)。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["core"]
 # ## Start the ranks
 #
 # `cluster.start(2)` starts two engines (Python processes) on 127.0.0.1, makes engine i
-# rank i, and joins them in a gloo process group, also on a machine with GPUs: this
-# lesson's cells build models and tensors on the CPU, and nccl takes CUDA tensors only
-# (DDP on GPUs is the command line's, lesson 00). With
-# `background=True` it returns at once; the first use (a `%%px` cell, or `ranks.wait()`)
-# waits for the start to finish.
-#
-# - The meeting point where ranks find each other (a TCPStore) listens on 127.0.0.1 only,
-#   on a free port the OS picks.
-# - Each rank runs with `torch.set_num_threads(1)`, so two ranks do not fight over two
-#   cores.
-# - Collectives time out after 20 s. With gloo's default (30 minutes) a bug becomes a long
-#   hang.
-#
-# From now on, a cell that starts with `%%px` runs **on every rank**. Each engine has the
-# variables `rank`, `world_size` and `device`. The first `%%px` cell checks that each
-# rank is a process of its own (one process per rank, as `torchrun` starts one per GPU).
+# rank i, and joins them in a gloo process group (this lesson's tensors live on the
+# CPU, so gloo even on a machine with GPUs). From now on, a cell that starts with
+# `%%px` runs **on every rank**, where `rank`, `world_size` and `device` are defined.
+# The first `%%px` cell checks that each rank is a process of its own, as `torchrun`
+# starts one per GPU.
 
 # %%
 import torch
 
-from labkit import checks, exercises, plots
+from labkit import checks, compare, data, diagrams, exercises, models, plots
 
 ranks.wait()
-print(f"{ranks.world_size} ranks ready {time.perf_counter() - t0:.1f} s after the start")
 
 # %%
 # %%px
@@ -134,30 +101,108 @@ import torch.distributed as dist
 pids = [None] * world_size
 dist.all_gather_object(pids, os.getpid())  # every rank's process id
 print(f"rank {rank} of {world_size}, backend {dist.get_backend()}, "
-      f"device {device}, threads {torch.get_num_threads()}, processes {pids}")
+      f"device {device}, processes {pids}")
 assert (dist.get_backend(), device) == ("gloo", "cpu")  # on any machine
 assert len(set(pids)) == world_size  # one process per rank
 
+# %% [markdown] lang="ja" tags=["core"]
+# ## 5 つの集団通信
+#
+# 集団通信は、グループの**全ランクが同じ呼び出しをする**通信です。ランク 0 は `[1, 2]`、ランク 1 は
+# `[11, 12]` を持ち、それぞれのコピーで次の 5 つを実行します。
+#
+# - `broadcast(x, src=0)`: ランク 0 の値を全ランクへ配る (DDP が作るときに重みをそろえる)
+# - `all_reduce(x)`: 全ランクの和を全ランクへ (DDP が勾配を平均する)
+# - `reduce_scatter_single(out, x)`: 和を切り分け、ランク r には r 番目の部分だけ (ZeRO と FSDP)
+# - `all_gather_single(out, x)`: 全ランクの値をランクの順に並べて全ランクへ (ZeRO と FSDP)
+# - `barrier()`: 全ランクがそこに着くまで、誰も先へ進まない
+#
+# **予想してから実行:** それぞれのあとで、各ランクは何を持っているでしょうか? barrier の前にランク 1
+# だけが 1 秒眠ると、ランク 0 は barrier で何秒待つでしょうか?
+
+# %% [markdown] lang="en" tags=["core"]
+# ## Five collectives
+#
+# A collective is a call that **every rank of the group makes**. Rank 0 holds `[1, 2]`,
+# rank 1 holds `[11, 12]`, and each runs these five on its own copies:
+#
+# - `broadcast(x, src=0)`: rank 0's values to every rank (DDP's weights at the start);
+# - `all_reduce(x)`: the ranks' sum, to every rank (DDP's gradients);
+# - `reduce_scatter_single(out, x)`: the sum in pieces, piece r to rank r (ZeRO, FSDP);
+# - `all_gather_single(out, x)`: every rank's values in rank order, to every rank
+#   (ZeRO, FSDP);
+# - `barrier()`: no rank goes on until every rank has arrived.
+#
+# **Predict, then run:** what does each rank hold after each one? If rank 1 alone sleeps
+# 1 s before the barrier, how long does rank 0 wait in it?
+
+# %%
+# %%px
+import time
+
+x = torch.tensor([1.0, 2.0]) + 10 * rank  # rank 0: [1, 2]; rank 1: [11, 12]
+b, s, piece, gathered = x.clone(), x.clone(), torch.empty(1), torch.empty(2 * world_size)
+dist.broadcast(b, src=0)
+dist.all_reduce(s)  # the sum, by default
+dist.reduce_scatter_single(piece, x.clone())  # piece r of the sum, on rank r
+dist.all_gather_single(gathered, x)
+seen = {"x (before)": x, "dist.broadcast(x, src=0)": b, "dist.all_reduce(x)": s,
+        "dist.reduce_scatter_single(out, x)": piece,
+        "dist.all_gather_single(out, x)": gathered}
+seen = [(name, t.tolist()) for name, t in seen.items()]  # a list keeps the order
+if rank == 1:
+    time.sleep(1.0)  # rank 1 arrives late
+start = time.perf_counter()
+dist.barrier()
+waited = time.perf_counter() - start
+print(f"rank {rank}: {seen}; waited {waited:.2f} s in the barrier")
+
 # %% [markdown] lang="ja"
+# 2 つのランクから集めた値を、上から順に並べます。all-reduce の結果は、reduce-scatter (和の切れ端) の
+# あとに all-gather (切れ端を全員へ) をした結果と同じです。レッスン 05 のリング all-reduce はこの 2 段で
+# 動きます。
+
+# %% [markdown] lang="en"
+# The values pulled from the two ranks, one row per collective. The all-reduce's result
+# is what a reduce-scatter (the sum, in pieces) followed by an all-gather (every piece
+# to everyone) gives: lesson 05's ring all-reduce works in these two phases.
+
+# %%
+seen = ranks.pull("seen")
+rows = {name: [dict(s)[name] for s in seen] for name, _ in seen[0]}
+assert rows["dist.broadcast(x, src=0)"] == [[1, 2], [1, 2]]
+assert rows["dist.all_reduce(x)"] == [[12, 14], [12, 14]]
+assert rows["dist.reduce_scatter_single(out, x)"] == [[12], [14]]  # piece r of the sum
+assert rows["dist.all_gather_single(out, x)"] == [[1, 2, 11, 12]] * 2
+waited = ranks.pull("waited")
+assert waited[0] > 0.5  # rank 0 waited for rank 1 (which slept 1 s)
+pieces = rows["dist.reduce_scatter_single(out, x)"]
+assert rows["dist.all_reduce(x)"][0] == pieces[0] + pieces[1]  # the pieces, gathered
+fig = diagrams.collectives(rows)
+
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 各ランクはモデル全体を持つ
 #
 # わざとランクごとに違うシードでモデルを作り、DDP で包む前と後でランク間のパラメータの差を比べます。
-# DDP は作るときにランク 0 のパラメータを全ランクへ送る (broadcast) ので、包んだ後の差は 0 です。
-# そして各ランクが持つパラメータ数は、モデル全体の数 (記事 004 のモデルで 2110) です。
+#
+# **予想してから実行:** 2 ランクのとき、各ランクが持つパラメータはいくつで、DDP で包んだ後の差は
+# いくつでしょうか? (モデルは 2110 パラメータの小さな MLP です)
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Every rank holds the whole model
 #
 # Build the model with a different seed on each rank on purpose, and compare the ranks'
-# parameters before and after wrapping it in DDP. DDP sends rank 0's parameters to every
-# rank (a broadcast) when it is built, so afterwards the difference is 0. And each rank
-# holds as many parameters as the whole model (2110 for doc 004's model).
+# parameters before and after wrapping it in DDP.
+#
+# **Predict, then run:** with 2 ranks, how many parameters does each rank hold, and how
+# far apart are the ranks after wrapping? (The model is a tiny MLP of 2,110
+# parameters.)
 
 # %%
 # %%px
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labkit import checks, comm_counting, compare, data, models
+from labkit import comm_counting, compare, data, models
 
 torch.manual_seed(rank)  # different initial weights on each rank, on purpose
 model = models.MLP()
@@ -170,16 +215,18 @@ print(f"rank {rank}: {n_params} parameters; "
 assert n_params == 2110  # the whole model, not a part of it
 assert before > 0 and after == 0.0
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## `DistributedSampler` と `set_epoch`
 #
-# `DistributedSampler` はデータセットの添字をランクの数に分け、各ランクに重ならない部分を渡します。
-# `shuffle=True` の並びはシードと**エポック番号**で決まるので、毎エポック `sampler.set_epoch(epoch)`
-# を呼びます。呼び忘れると、毎エポック同じ順番になります。
+# 各ランクはデータの自分の分で学習し、その分は**重なってはいけません**。`DistributedSampler` は
+# データセットの添字をランクの数に分け、各ランクに重ならない部分を渡します。`shuffle=True` の並びは
+# シードと**エポック番号**で決まるので、毎エポック `sampler.set_epoch(epoch)` を呼びます。
+# 呼び忘れると、毎エポック同じ順番になります。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## `DistributedSampler` and `set_epoch`
 #
+# Each rank trains on its own share of the data, and the shares **must not overlap**.
 # `DistributedSampler` splits a data set's indices among the ranks, giving each rank a
 # part that overlaps no other. With `shuffle=True` the order depends on the seed and on
 # the **epoch number**, so call `sampler.set_epoch(epoch)` every epoch. Forget it and every
@@ -188,8 +235,6 @@ assert before > 0 and after == 0.0
 # %%
 # %%px
 from torch.utils.data import DistributedSampler
-
-from labkit import data
 
 dataset = data.MyDataset(n=16)
 sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank,
@@ -202,18 +247,14 @@ forgetful = DistributedSampler(dataset, num_replicas=world_size, rank=rank,
                                shuffle=True, seed=0)
 for epoch in range(3):
     without_set_epoch.append(list(forgetful))  # set_epoch never called
-print(f"rank {rank} with set_epoch:    {with_set_epoch}")
-print(f"rank {rank} without set_epoch: {without_set_epoch}")
+print(f"rank {rank}, with set_epoch {with_set_epoch}, without {without_set_epoch}")
 
 # %% [markdown] lang="ja"
-# カーネル側で全ランクの添字を集めて確かめます: 各エポックでランクの添字は重ならず、
-# 合わせると全 16 サンプルになります。`set_epoch` ありではエポックごとに順番が変わり、
-# なしでは毎回同じです。
+# 集めた添字は、各エポックで重ならずに全 16 サンプルを覆い、`set_epoch` なしでは毎回同じ順番です。
 
 # %% [markdown] lang="en"
-# Collect every rank's indices in the kernel and check: in each epoch the ranks' indices
-# do not overlap and together cover all 16 samples. With `set_epoch` the order changes
-# from epoch to epoch; without it, it is always the same.
+# The indices pulled from the ranks cover all 16 samples in every epoch without overlap,
+# and without `set_epoch` the order never changes.
 
 # %%
 per_rank = ranks.pull("with_set_epoch")
@@ -224,38 +265,25 @@ for epoch in range(3):
 assert per_rank[0][0] != per_rank[0][1]  # a new order each epoch
 forgetful = ranks.pull("without_set_epoch")
 assert all(order == forgetful[0][0] for order in forgetful[0])  # the same every epoch
-print("disjoint, complete; set_epoch changes the order; forgetting it repeats it")
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 演習: `set_epoch` を足す
 #
 # `epoch_orders` は、このランクが各エポックで受け持つ添字のリストを返す関数です。ところが、並びが
-# 毎エポック同じになってしまいます。直してください。
-#
-# 確認のセルは、この関数を両方のランクで実行し (`rank` と `world_size` は引数で渡されます)、各エポックで
-# ランクの添字が重ならずに全 16 サンプルを覆っているか、並びがエポックごとに変わるかを確かめます。
-# 関数はランクのエンジンで実行されるので、中で使う名前はエンジンにあるもの (前の `%%px` セルで
-# import した `DistributedSampler` や `dist` など) です。
-#
-# 演習のセルを書き換えて実行してから、確認のセルを実行します。正しければ「正解です」と表示され、
-# 違っていれば、どこが違うかがヒントとともに表示されます。完全版のノートブックでは演習のすぐあとに解答のセルが
-# ありますが、まず自分で解いてみてください。
+# 毎エポック同じになってしまいます。直してください。確認のセルは、この関数を両方のランクで実行し
+# (`rank` と `world_size` は引数で渡されます)、各エポックでランクの添字が重ならずに全 16 サンプルを
+# 覆っているか、並びがエポックごとに変わるかを確かめます。関数はランクのエンジンで実行されるので、
+# 中で使う名前はエンジンにあるもの (前の `%%px` セルで import した `DistributedSampler` など) です。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Exercise: add `set_epoch`
 #
 # `epoch_orders` returns the indices this rank gets in each epoch. But the order is the
-# same every epoch: fix it.
-#
-# The check runs the function on both ranks (`rank` and `world_size` come as arguments)
-# and checks that in every epoch the ranks' indices cover all 16 samples without overlap,
-# and that the order changes from epoch to epoch. The function runs on the ranks'
-# engines, so the names it uses are the engines' (such as `DistributedSampler` and
-# `dist`, imported there by the `%%px` cells above).
-#
-# Edit and run the exercise cell, then run the check cell. It says "Correct" when the
-# answer is right, and otherwise what is wrong, with a hint. In the full notebooks a
-# solution cell follows each exercise: try on your own first.
+# same every epoch: fix it. The check runs the function on both ranks (`rank` and
+# `world_size` come as arguments) and checks that in every epoch the ranks' indices
+# cover all 16 samples without overlap, and that the order changes from epoch to epoch.
+# The function runs on the ranks' engines, so the names it uses are the engines' (such
+# as `DistributedSampler`, imported there by the `%%px` cell above).
 
 # %% tags=["exercise"]
 from torch.utils.data import DistributedSampler
@@ -284,22 +312,45 @@ def epoch_orders(dataset, rank, world_size, num_epochs):
 # %%
 exercises.grade_set_epoch(ranks, epoch_orders)
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["core"]
 # ## DDP の勾配 = 全バッチの勾配
 #
-# どのランクも同じシードで同じ「全体バッチ」(64 サンプル) を作り、自分の分 (32 サンプル) だけを
-# DDP モデルに通します。DDP は各ランクの勾配を all-reduce で**平均**します。損失がバッチ平均なら、
-# 等しい大きさに分けたバッチの勾配の平均は、全体バッチの勾配そのものです。
-# DDP で包まない 1 プロセスのモデルに全体バッチを通した勾配と比べます (float32 で 1e-6 以下)。
+# 全体バッチ $B$ ($N b$ サンプル) を $N$ ランクが $b$ サンプルずつ分け、ランク $r$ の分を $B_r$ とします。
+# 損失がサンプルの平均なら、微分は和と交換できるので
+#
+# $$\nabla \frac{1}{Nb}\sum_{i \in B} \ell_i = \frac{1}{N}\sum_{r=1}^{N} \nabla \frac{1}{b}\sum_{i \in B_r} \ell_i$$
+#
+# 左辺は 1 プロセスで全体バッチを使った勾配、右辺は各ランクの勾配の平均 (DDP の all-reduce ÷ $N$) です。
+# DDP の 1 ステップは次のとおりです。
+#
+# 1. 作るとき: ランク 0 の重みを broadcast (上で確かめました)
+# 2. 各ランク: 自分の分で順伝播と逆伝播
+# 3. 逆伝播の途中: 勾配を all-reduce し、$N$ で割る
+# 4. 各ランク: 同じ勾配で `optimizer.step()`。だからレプリカは同じままです
+#
+# 次のセルでは、各ランクが同じ全体バッチ (64 サンプル) のうち自分の 32 サンプルだけを DDP モデルに通し、
+# 1 プロセスで全体バッチを通した勾配と比べます (float32 で 1e-6 以下)。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["core"]
 # ## DDP's gradient = the whole batch's gradient
 #
-# Every rank builds the same "global batch" (64 samples) from the same seed and passes
-# only its own share (32 samples) through the DDP model. DDP **averages** the ranks'
-# gradients with an all-reduce. With a loss that is a batch mean, the average of the
-# gradients of equal shares is exactly the whole batch's gradient. Compare with one
-# process, no DDP, on the whole batch (float32, at most 1e-6).
+# Split a global batch $B$ of $N b$ samples into $N$ shares $B_r$ of $b$ samples, one per
+# rank. With a loss that is a mean over samples, the gradient of a sum is the sum of
+# the gradients, so
+#
+# $$\nabla \frac{1}{Nb}\sum_{i \in B} \ell_i = \frac{1}{N}\sum_{r=1}^{N} \nabla \frac{1}{b}\sum_{i \in B_r} \ell_i$$
+#
+# The left side is one process's gradient on the whole batch; the right side is the
+# mean of the ranks' gradients (DDP's all-reduce, divided by $N$). One DDP step is:
+#
+# 1. at construction: broadcast rank 0's weights (checked above);
+# 2. on each rank: forward and backward on its own share;
+# 3. during backward: all-reduce the gradients and divide by $N$;
+# 4. on each rank: `optimizer.step()` with the same gradient, so the replicas stay equal.
+#
+# In the next cell each rank passes its own 32 of the same 64 samples through the DDP
+# model; the gradient is compared with one process's on the whole batch (float32, at
+# most 1e-6).
 
 # %%
 # %%px
@@ -319,30 +370,29 @@ grad_diff = compare.max_abs_diff([p.grad for p in model.parameters()],
 print(f"rank {rank}: max |DDP grad - whole-batch grad| = {grad_diff:.2e}")
 assert grad_diff <= 1e-6
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["core"]
 # ## 演習: 勾配の平均を手で書く
 #
-# DDP が逆伝播の中でしていることを、自分で書いてみます。`dist.all_reduce(t)` は全ランクの `t` を
-# 足し合わせ、その和を各ランクの `t` に書き込みます。`average_gradients(model, world_size)` を完成させ、
-# 各パラメータの `.grad` を全ランクの平均にしてください。
+# DDP が逆伝播の中でしていること (上の手順 3) を、自分で書いてみます。`dist.all_reduce(t)` は全ランクの
+# `t` を足し合わせ、その和を各ランクの `t` に書き込みます。`average_gradients(model, world_size)` を
+# 完成させ、各パラメータの `.grad` を全ランクの平均にしてください。
 #
-# 確認のセルは、DDP で包まないモデルで、各ランクが自分の分 (32 サンプル) の勾配を求めたあとにこの関数を
-# 呼び、全体バッチ (64 サンプル) の勾配と比べます。確認は 2 ランクでしか実行しないので、`world_size`
-# の代わりに 2 と書いても区別できません。ランク数が変わっても正しいように、引数の `world_size` で割ります。
+# 確認のセルは、DDP で包まないモデルで各ランクが自分の 32 サンプルの勾配を求めたあとにこの関数を呼び、
+# 全体バッチ (64 サンプル) の勾配と比べます。ランク数が変わっても正しいように、2 ではなく引数の
+# `world_size` で割ります。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["core"]
 # ## Exercise: average the gradients by hand
 #
-# Write what DDP does during the backward pass yourself. `dist.all_reduce(t)` adds up
-# every rank's `t` and writes the sum into `t` on every rank. Complete
-# `average_gradients(model, world_size)` so that every parameter's `.grad` becomes the
-# mean over the ranks.
+# Write what DDP does during the backward pass (step 3 above) yourself.
+# `dist.all_reduce(t)` adds up every rank's `t` and writes the sum into `t` on every
+# rank. Complete `average_gradients(model, world_size)` so that every parameter's
+# `.grad` becomes the mean over the ranks.
 #
-# The check uses a model without DDP: each rank computes the gradient of its own share
-# (32 samples), calls this function, and compares with the whole batch's (64 samples)
-# gradient. The check runs on 2 ranks only, so it cannot tell a 2 written in place of
-# `world_size` from the argument: divide by `world_size`, which stays right on any
-# number of ranks.
+# The check uses a model without DDP: each rank computes the gradient of its own 32
+# samples, calls this function, and compares with the whole batch's (64 samples)
+# gradient. Divide by the argument `world_size`, not by 2, to stay right on any number
+# of ranks.
 
 # %% tags=["exercise"]
 import torch.distributed as dist
@@ -363,75 +413,67 @@ def average_gradients(model, world_size):
 # %%
 exercises.grade_average_gradients(ranks, average_gradients)
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 何が、いつ通信されるか
 #
-# DDP は勾配を**バケット**にまとめ、逆伝播でバケットの勾配がそろうたびに all-reduce を 1 回実行します。
-# `DDP(model)` のバケットは次のとおりです (torch 2.13。MB は torch の中では MiB = 2^20 バイト)。
+# DDP は勾配を**バケット**にまとめ、逆伝播でバケットの勾配がそろうたびに all-reduce を 1 回実行します
+# (バケットの大きさとその理由はレッスン 05 で扱います)。通信フック (`comm_counting.CommCounter`) で、
+# 3 回の逆伝播のそれぞれで送ったバイト数を数えます。オプティマイザは使いません。通信は逆伝播の中、
+# 更新の前に起きます。フォワードフックは、動いたモジュールを記録します。
 #
-# - 1 ステップ目: 勾配がどの順にそろうかをまだ知らないので、全勾配で 1 つのバケット
-# - 2 ステップ目の前: 1 ステップ目で勾配がそろった順にバケットを作り直す。最初のバケットは 1 MiB、
-#   残りは 25 MiB に達した時点で閉じる (`bucket_cap_mb` を渡すと、最初のバケットもその値)
-#
-# 通信フック (`comm_counting.CommCounter`) で、ステップごとに送られたバケットのバイト数を
-# 記録します。1 ステップで送るのは全パラメータの勾配 1 回分 (float32 で 2110 × 4 = 8440
-# バイト) で、1 MiB よりずっと小さいので、`DDP(model)` では毎ステップ 1 つのバケットです。
-# `bucket_cap_mb` を約 2 KB にすると、2 ステップ目からバケットが増えます。回数が増えても、
-# バイト数の合計は同じです。大きなモデルでの様子はレッスン 05 で見ます。
+# **予想してから実行:** この小さな MLP (2110 パラメータ、float32) で、1 回の逆伝播は何回 all-reduce し、
+# 何バイト送るでしょうか?
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## What is communicated, and when
 #
 # DDP groups gradients into **buckets** and runs one all-reduce per bucket as soon as the
-# backward pass has filled it. The buckets of `DDP(model)` are (torch 2.13; inside torch,
-# "MB" means MiB, 2^20 bytes):
+# backward pass has filled it (bucket sizes are lesson 05's). A
+# communication hook (`comm_counting.CommCounter`) counts the bytes sent in each of 3
+# backward passes; no optimizer, since the communication happens inside the backward
+# pass, before any update. A forward hook records which modules ran.
 #
-# - step 1: one bucket with every gradient, since DDP does not know yet in which order
-#   the gradients become ready
-# - before step 2: buckets rebuilt in the order the gradients arrived in step 1; the
-#   first closes once it reaches 1 MiB, the others at 25 MiB (passing `bucket_cap_mb`
-#   sets the first one's limit too)
-#
-# A communication hook (`comm_counting.CommCounter`) records the bytes of the buckets
-# sent in each step. One step sends every parameter's gradient once (float32: 2110 × 4 =
-# 8440 bytes), far below 1 MiB, so `DDP(model)` sends one bucket every step. With
-# `bucket_cap_mb` at about 2 KB, there are more buckets from step 2 on: more calls, the
-# same bytes. Lesson 05 shows a larger model.
+# **Predict, then run:** for this tiny MLP (2,110 parameters, float32), how many
+# all-reduces does one backward pass make, and how many bytes do they send?
 
 # %%
 # %%px
-seen = {}
-ways = {"DDP(model)": {}, "bucket_cap_mb=0.002": {"bucket_cap_mb": 0.002}}
-for name, kwargs in ways.items():
-    torch.manual_seed(0)
-    model = DDP(models.MLP(), **kwargs)
-    log = comm_counting.CommCounter(per_step=True).attach(model)
-    for step in range(3):
-        log.step()
-        criterion(model(data.shard(X, rank, world_size)),
-                  data.shard(y, rank, world_size)).backward()
-    seen[name] = log.steps
-    print(f"rank {rank}, {name}: " + "; ".join(
-        f"step {i}: {len(sizes)} all-reduce(s), {sum(sizes)} bytes"
-        for i, sizes in enumerate(log.steps, start=1)))
-assert seen["DDP(model)"] == [[2110 * 4]] * 3  # under the 1 MiB first bucket
-tiny = seen["bucket_cap_mb=0.002"]
-assert all(sum(sizes) == 2110 * 4 for sizes in tiny)  # the same bytes every step
-assert len(tiny[0]) == 1 and len(tiny[1]) > 1  # one bucket, then the rebuilt ones
+torch.manual_seed(0)
+model = DDP(models.MLP())
+log = comm_counting.CommCounter(per_step=True).attach(model)
+ran = []  # the modules whose forward ran
+model.module.register_forward_hook(lambda module, args, out: ran.append(module))
+for step in range(3):
+    log.step()
+    criterion(model(data.shard(X, rank, world_size)),
+              data.shard(y, rank, world_size)).backward()
+print(f"rank {rank}: " + "; ".join(
+    f"backward {i}: {len(sizes)} all-reduce(s), {sum(sizes)} bytes"
+    for i, sizes in enumerate(log.steps, start=1)))
+assert log.steps == [[2110 * 4]] * 3  # every gradient once, in one call, per backward
+assert len(ran) == 3 and all(m is model.module for m in ran)  # no copies of the model
 
 # %% [markdown] lang="ja"
+# 逆伝播ごとに全勾配 (2110 × 4 = 8440 バイト) を 1 回で送り、動いたのは DDP を作ったときのモジュール
+# だけでした (毎ステップ複製する DataParallel との違いです)。
+
+# %% [markdown] lang="en"
+# Each backward sent all gradients (2110 × 4 = 8440 bytes) in one call, and only the
+# module DDP was built with ran: DataParallel, unlike DDP, copies it every step.
+
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 学習してもレプリカは一致したまま
 #
 # `DistributedSampler` と `DataLoader` で教師ネットワークの課題を 3 エポック学習し、
-# 最後に全ランクのパラメータを集めて比べます。全ランクが同じ平均勾配で同じ更新をするので、
+# 最後に全ランクのパラメータを比べます。全ランクが同じ平均勾配で同じ更新をするので、
 # 差はちょうど 0 です。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Replicas stay identical through training
 #
 # Train on the teacher task for 3 epochs with `DistributedSampler` and `DataLoader`,
-# then gather every rank's parameters and compare. Every rank applies the same update
-# from the same averaged gradient, so the difference is exactly 0.
+# then compare every rank's parameters. Every rank applies the same update from the
+# same averaged gradient, so the difference is exactly 0.
 
 # %%
 # %%px
@@ -458,7 +500,7 @@ print(f"rank {rank}: {len(losses)} steps, last loss {losses[-1]:.3f}, "
 assert replica_diff == 0.0
 
 # %% [markdown] lang="ja"
-# 各ランクの損失は自分のデータの分だけなので、ランクごとに少し違います。学習曲線で見ます。
+# 各ランクの損失は自分のデータの分だけなので、ランクごとに少し違います。
 
 # %% [markdown] lang="en"
 # Each rank's loss covers only its own data, so the ranks' curves differ a little.
@@ -466,13 +508,183 @@ assert replica_diff == 0.0
 # %%
 fig = plots.loss_curves({f"rank {r}": h for r, h in enumerate(ranks.pull("losses"))})
 
+# %% [markdown] lang="ja" tags=["core"]
+# ## 自分の DDP スクリプト
+#
+# 仕事では、DDP をエンジンではなく、`torchrun` で起動するふつうのスクリプトとして動かします。演習のセルは、
+# レッスン 01 の 1 プロセスの学習ループ (256 サンプル、2 エポックに縮めたもの) を `%%writefile` で
+# ファイル `ddp_train.py` に書き出します。
+# `TODO` の 5 か所を直して、DDP のスクリプトにしてください。
+#
+# 1. 最初に `dist.init_process_group(backend)`。torchrun が渡す環境変数 (`RANK`、`WORLD_SIZE`、
+#    `MASTER_ADDR` など) をこの呼び出しが読みます。バックエンドは、プロセスごとに GPU があれば
+#    (`torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])`) nccl で device は
+#    `cuda:LOCAL_RANK`、なければ gloo で CPU です。続けて `dist.get_rank()` と `dist.get_world_size()`
+# 2. モデルを device に置いて `DDP(...)` で包む (オプティマイザを作る前)。バッチも device へ
+# 3. `sampler = DistributedSampler(dataset, seed=0)` を `DataLoader(..., sampler=sampler)` に渡す
+#    (`shuffle=True` は外す)。各ランクのバッチは `64 // world_size` にして、全体のバッチを 64 のままにする
+# 4. 各エポックの初めに `sampler.set_epoch(epoch)`
+# 5. 表示はランク 0 だけ。最後に `dist.destroy_process_group()`
+#
+# 確認のセルは、このファイルを torchrun で 2 プロセスとして実行し、1 プロセスのループと比べます。
+
+# %% [markdown] lang="en" tags=["core"]
+# ## Your own DDP script
+#
+# At work, DDP runs not in engines but as a plain script that `torchrun` launches. The
+# exercise cell writes lesson 01's one-process training loop, cut to 256 samples and 2
+# epochs, to the file `ddp_train.py` (`%%writefile`). Fix its five `TODO`s to make it a DDP script:
+#
+# 1. First, `dist.init_process_group(backend)`: it reads the environment variables
+#    torchrun sets (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, …). The backend is nccl on
+#    device `cuda:LOCAL_RANK` when each process has a GPU of its own
+#    (`torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])`), else gloo
+#    on the CPU. Then `dist.get_rank()` and `dist.get_world_size()`.
+# 2. Put the model on the device and wrap it, `DDP(...)`, before building the
+#    optimizer; move each batch to the device too.
+# 3. `sampler = DistributedSampler(dataset, seed=0)`, passed as `DataLoader(...,
+#    sampler=sampler)` without `shuffle=True`; each rank's batch is `64 // world_size`,
+#    so the global batch stays 64.
+# 4. `sampler.set_epoch(epoch)` at the start of each epoch.
+# 5. Print on rank 0 only; end with `dist.destroy_process_group()`.
+#
+# The check runs the file under torchrun as 2 processes and compares it with the
+# one-process loop.
+
+# %% tags=["exercise"]
+# %%writefile ddp_train.py
+import torch
+from torch.utils.data import DataLoader
+
+from labkit import data, models
+
+rank, world_size = 0, 1  # TODO 1: join the process group torchrun describes
+torch.manual_seed(0)  # the same initial weights on every run
+model = models.MLP()  # TODO 2: on the device, wrapped in DDP
+criterion = models.MyLoss()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+dataset = data.TeacherDataset(n=256, seed=0)
+loader = DataLoader(dataset, batch_size=64, shuffle=True)  # TODO 3: this rank's share
+for epoch in range(2):
+    # TODO 4: a new order each epoch
+    for X, y in loader:
+        optimizer.zero_grad()
+        loss = criterion(model(X), y)
+        loss.backward()
+        optimizer.step()
+    print(f"epoch {epoch}: loss {loss.item():.4f}")  # TODO 5: on rank 0 only
+torch.save(model.state_dict(), f"ddp_train_rank{rank}.pt")  # TODO 5: leave the group
+
+# %% tags=["solution"]
+# %%writefile ddp_train.py
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from labkit import data, models
+
+# torchrun says who this process is, and where the others wait, in the environment
+on_gpu = torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])  # one each
+device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if on_gpu else "cpu"
+dist.init_process_group("nccl" if on_gpu else "gloo")
+rank, world_size = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)  # the same initial weights on every run
+model = DDP(models.MLP().to(device))  # broadcasts rank 0's weights
+criterion = models.MyLoss()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+dataset = data.TeacherDataset(n=256, seed=0)
+sampler = DistributedSampler(dataset, seed=0)  # this rank's share, shuffled
+loader = DataLoader(dataset, batch_size=64 // world_size, sampler=sampler)
+for epoch in range(2):
+    sampler.set_epoch(epoch)  # a new order each epoch, the same on every rank
+    for X, y in loader:
+        X, y = X.to(device), y.to(device)
+        optimizer.zero_grad()
+        loss = criterion(model(X), y)
+        loss.backward()  # DDP averages the gradients over the ranks here
+        optimizer.step()
+    if rank == 0:  # one line per epoch, not one per rank
+        print(f"epoch {epoch}: loss on rank 0's share {loss.item():.4f}")
+torch.save(model.module.state_dict(), f"ddp_train_rank{rank}.pt")  # each rank's replica
+dist.destroy_process_group()
+
+# %%
+exercises.grade_ddp_script("ddp_train.py")
+
 # %% [markdown] lang="ja"
+# ### torchrun で起動する
+#
+# 端末では `torchrun --nproc-per-node=2 ddp_train.py` です (クラスタではレッスン 09)。次のセルは
+# これを子プロセスとして実行します (`torchrun.run_nodes` は `python -m torch.distributed.run` を
+# 起動するので macOS でも Windows でも同じで、5 分を過ぎればワーカーごと止めます)。
+
+# %% [markdown] lang="en"
+# ### Launch it with torchrun
+#
+# In a terminal this is `torchrun --nproc-per-node=2 ddp_train.py` (on a cluster, see
+# lesson 09). The next cell runs it as a child process (`torchrun.run_nodes` starts
+# `python -m torch.distributed.run`, the same on macOS and Windows, and stops it with
+# its workers after 5 minutes).
+
+# %%
+from pathlib import Path
+
+from labkit.cluster import torchrun
+
+for old in Path().glob("ddp_train_rank*.pt"):
+    old.unlink()  # an earlier run's replicas
+node, = torchrun.run_nodes(["ddp_train.py"], nnodes=1, nproc_per_node=2, timeout_s=300)
+print(node.output)
+assert node.returncode == 0, "torchrun failed: what it printed is above"
+
+# %% [markdown] lang="ja"
+# 次のセルは、保存された 2 つのレプリカどうしを比べ、1 プロセスで全体バッチ 64 を使ったループの重み
+# とも比べます。1 レプリカの `DistributedSampler` はエポックの並び全体を返し、ランク r の分はその
+# 1 つおきなので、各ステップの 2 ランクの 32 サンプルを合わせると 1 プロセスのバッチになります。
+#
+# **予想してから実行:** 2 つのレプリカの差と、1 プロセスの重みとの差は、それぞれどれくらいでしょうか?
+
+# %% [markdown] lang="en"
+# The next cell compares the two saved replicas with each other and with the loop on
+# one process, whole batches of 64. A `DistributedSampler` for one replica yields the
+# epoch's whole order and rank r's share is every other index of it, so each step's
+# two shares of 32 make up the one process's batch.
+#
+# **Predict, then run:** how far apart are the two replicas, and how far are they from
+# the one-process weights?
+
+# %%
+from torch.utils.data import DataLoader, DistributedSampler
+
+replicas = [torch.load(f"ddp_train_rank{r}.pt") for r in range(2)]
+apart = compare.max_abs_diff(replicas[0].values(), replicas[1].values())
+torch.manual_seed(0)  # the one-process loop, whole batches of 64
+model = models.MLP()
+criterion = models.MyLoss()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+dataset = data.TeacherDataset(n=256, seed=0)
+sampler = DistributedSampler(dataset, num_replicas=1, rank=0, seed=0)  # the whole order
+for epoch in range(2):
+    sampler.set_epoch(epoch)
+    for X, y in DataLoader(dataset, batch_size=64, sampler=sampler):
+        optimizer.zero_grad()
+        criterion(model(X), y).backward()
+        optimizer.step()
+diff = compare.max_abs_diff(model.state_dict().values(), replicas[0].values())
+print(f"replicas apart by {apart}; DDP against one process: {diff:.1e}")
+assert apart == 0.0  # identical replicas
+assert diff <= 1e-5  # the whole batch's updates, up to float32 rounding
+
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## ランクでエラーが起きたら
 #
 # `%%px` のセルでランクが例外を出すと、そのランクの番号とトレースバックがセルに表示されます
 # (`[1:execute] ValueError …`)。次のセルはランク 1 だけでわざと失敗します。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## When a rank fails
 #
 # When a rank raises in a `%%px` cell, the cell shows that rank's number and traceback
@@ -484,43 +696,31 @@ if rank == 1:
     raise ValueError(f"rank {rank} got a batch of the wrong shape")
 print(f"rank {rank} is fine")
 
-# %% [markdown] lang="ja"
-# Python から実行すると、同じ失敗は `cluster.RankError` になり、失敗したランクを名指しします。
-# 失敗したのは例外を出したランクだけで、エンジンはそのまま使えます。
-
-# %% [markdown] lang="en"
-# Run from Python, the same failure is a `cluster.RankError` naming the failed rank. Only
-# that rank raised; the engines remain usable.
-
 # %%
-code = 'if rank == 1:\n    raise ValueError(f"rank {rank} got a batch of the wrong shape")'
-with checks.expect_error(cluster.RankError, match="rank 1 raised") as caught:
-    ranks.run(lambda: None)  # engines answer
-    ranks.execute(code)
-assert list(caught.exception.failures) == [1]
-assert "ValueError" in caught.exception.failures[1]
-assert ranks.run(lambda: 42) == [42, 42]  # still usable
+assert ranks.run(lambda: 42) == [42, 42]  # only rank 1 raised; the engines still work
 
 # %% [markdown] lang="ja"
-# ## ノートブックから `mp.spawn` を使わない理由
+# <details><summary>ノートブックから <code>mp.spawn</code> を使わない理由</summary>
 #
-# よく見る `torch.multiprocessing.spawn(train, nprocs=2)` は、新しい Python プロセスを起動し、
-# `train` を名前で探します。ノートブックのセルで定義した関数はカーネルの `__main__` にしかないので、
-# 子プロセスは見つけられず (`Can't get attribute 'train' on <module '__main__'>`) 終了します。
-# しかもそのトレースバックはカーネルの標準エラー (ノートブックには出ない) に書かれ、セルに出るのは
-# `ProcessExitedException: process 0 terminated with exit code 1` だけです。
-# 次のセルでは、失われるはずの標準エラーを取り出して見せます。
+# `torch.multiprocessing.spawn(train, nprocs=2)` は新しい Python プロセスを起動し、`train` を名前で
+# 探します。セルで定義した関数はカーネルの `__main__` にしかないので、子プロセスは見つけられずに
+# 終了し (`Can't get attribute 'train'`)、そのトレースバックはノートブックに出ないカーネルの標準エラーに
+# 書かれます。次のセルは、それを取り出して見せます。エンジンは起動したまま残るプロセスで、`%%px` の
+# コードはそこで実行されるので、何もピクル化せず、各ランクの出力もセルに出ます。
+#
+# </details>
 
 # %% [markdown] lang="en"
-# ## Why not `mp.spawn` from a notebook
+# <details><summary>Why not <code>mp.spawn</code> from a notebook</summary>
 #
-# The common `torch.multiprocessing.spawn(train, nprocs=2)` starts new Python processes
-# that look `train` up by name. A function defined in a notebook cell exists only in the
-# kernel's `__main__`, so the children cannot find it (`Can't get attribute 'train' on
-# <module '__main__'>`) and exit. Worse, that traceback goes to the kernel's stderr, which
-# the notebook never shows; the cell only gets
-# `ProcessExitedException: process 0 terminated with exit code 1`.
-# The next cell captures the stderr that would have been lost.
+# `torch.multiprocessing.spawn(train, nprocs=2)` starts new Python processes that look
+# `train` up by name. A function defined in a cell exists only in the kernel's
+# `__main__`, so the children exit (`Can't get attribute 'train'`), and their traceback
+# goes to the kernel's stderr, which the notebook never shows; the next cell captures
+# it. Engines are processes that stay up, and `%%px` code runs in them: nothing is
+# pickled, and each rank's output appears in the cell.
+#
+# </details>
 
 # %%
 import torch.multiprocessing as mp
@@ -533,146 +733,62 @@ def train(rank):  # defined in a cell: it lives in the kernel's __main__
 with checks.captured_stderr() as lost:
     with checks.expect_error(mp.ProcessExitedException, match="exit code 1"):
         mp.spawn(train, nprocs=2)
-print("--- what the children wrote to the kernel's stderr ---")
-print("\n".join(line for line in lost.text.splitlines() if "Error" in line))
 assert "Can't get attribute 'train'" in lost.text
 
-# %% [markdown] lang="ja"
-# エンジンは一度起動したら残り続けるふつうの Python プロセスで、`%%px` のコードはそこで実行されます。
-# 関数をピクル化して送る必要がなく、各ランクの出力とトレースバックはセルに表示されます。
-# スクリプトとして実行するときは `torchrun` を使います (レッスン 04 と 09)。
-
-# %% [markdown] lang="en"
-# Engines are ordinary Python processes that stay up once started, and `%%px` code runs
-# in them: nothing has to be pickled, and each rank's output and traceback appear in the
-# cell. As a script, use `torchrun` (lessons 04 and 09).
-
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## world size 1 と 2 の 1 ステップの時間
 #
-# 全体バッチ (1024 サンプル) を固定し、1 ランクだけのグループと 2 ランクのグループで 1 ステップの
-# 時間を比べます。まず、それぞれが 1 ステップで何をするかを数えます。1 ランクでは 1024 サンプルを
-# すべて計算します。2 ランクでは、各ランクが計算するのは半分の 512 サンプルで、その代わりに勾配を
-# 全部 (全パラメータ × 4 バイト) もう 1 つのプロセスと all-reduce します。
+# 全体バッチ 1024 サンプルを、1 ランクはすべて計算します。2 ランクでは各ランクが半分の 512 サンプルを
+# 計算し、その代わりに勾配を全部 (全パラメータ × 4 バイト) all-reduce します。次のセルは、
+# 110 万パラメータの MLP でこの 2 つを数えます。浮いた時間が通信の時間より長いかは、レッスン 05 で
+# 測ります。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Time per step with world size 1 and 2
 #
-# Fix the global batch (1024 samples) and compare a step in a group of one rank and in a
-# group of two. First count what each does in a step. One rank computes all 1024
-# samples. With two ranks, each computes 512, half the batch, and in exchange all-reduces
-# every gradient (all parameters × 4 bytes) with the other process.
+# Of a global batch of 1024 samples one rank computes all; two ranks compute 512 each
+# and in exchange all-reduce every gradient (all parameters × 4 bytes), as the next
+# cell counts for a 1.1 M-parameter MLP. Whether the time saved exceeds the time spent
+# communicating is lesson 05's question.
 
 # %%
 # %%px
-from labkit import dp_experiments
+big = DDP(models.WideMLP(hidden=1024, depth=2))
+counter = comm_counting.CommCounter().attach(big)
+X_mine = data.shard(torch.randn(1024, 10), rank, world_size)  # of the global batch
+for _ in range(2):  # step 1 sizes the buckets; count step 2
+    counter.reset()
+    big(X_mine).pow(2).mean().backward()
+print(f"rank {rank}: {len(X_mine)} of 1024 samples, {counter.bytes:,} bytes all-reduced")
+assert len(X_mine) == 1024 // world_size
+assert counter.bytes == models.count_params(big.module) * 4  # every gradient
 
-solo = dist.new_group([0])  # a group of rank 0 alone: world size 1
-sizes = [("doc 004 MLP", 100, 1), ("MLP 1024x2", 1024, 2)]
-steppers = {}  # (model, world size): one timed DDP step per call
-counters = {}  # world size 2 only: CommCounter all-reduces over the default group
-for name, hidden, depth in sizes:
-    steppers[name, 2] = dp_experiments.ddp_stepper(hidden, depth, 1024)
-    if rank == 0:
-        steppers[name, 1] = dp_experiments.ddp_stepper(hidden, depth, 1024, group=solo)
-    counters[name] = comm_counting.CommCounter().attach(steppers[name, 2].model)
-work = {}  # samples this rank computes, and bytes it all-reduces, in one step
-samples = []  # the batch sizes the model saw
-for (name, world), step in steppers.items():
-    hook = step.model.module.register_forward_hook(
-        lambda module, args, out: samples.append(len(args[0])))
-    step()  # DDP sizes its buckets during the first step
-    samples.clear()
-    if world == 2:
-        counters[name].reset()
-    step()
-    hook.remove()
-    work[name, world] = (sum(samples), counters[name].bytes if world == 2 else 0)
-    print(f"rank {rank}, {name}, world size {world}: {work[name, world][0]} samples, "
-          f"{work[name, world][1]:,} bytes all-reduced with the other rank")
-for (name, world), (n_samples, nbytes) in work.items():
-    n_params = models.count_params(steppers[name, world].model.module)
-    assert n_samples == 1024 // world
-    assert nbytes == (n_params * 4 if world == 2 else 0)
-
-# %% [markdown] lang="ja"
-# 2 ランクで速くなるかは、半分になった計算で浮く時間が、プロセスの間の通信とランクどうしの同期待ちに
-# かかる時間より大きいかで決まります。記事 004 の小さなモデル (2110 パラメータ) は計算がごくわずかで、
-# 幅 1024 の 2 層 MLP (約 110 万パラメータ) は計算が大きいモデルです。
-#
-# 次のセルは、1 ランクの 1 ステップと 2 ランクの 1 ステップを交互に繰り返して測り、それぞれの中央値を
-# 比べます。交互に測るのは、共有されたマシンの遅い時間帯が両方に同じように当たるようにするためです。
-# それでも、このマシン (CPU 2 コアを共有) ではどちらが速いかが実行ごとに入れ替わることがあるので、
-# 順番を確かめるセルはありません。表示されるのは「この実行では」の結果です。
-# ほかの仕事のないマシンで計算の多いモデルを 2 ランクにしたときの効率は、`bench/` の
-# `scaling_efficiency_2proc` が測っています。
-
-# %% [markdown] lang="en"
-# Whether two ranks are faster depends on whether the time saved by computing half is
-# more than the time the communication between processes and the ranks' waiting for
-# each other cost. Doc 004's small model (2110 parameters) computes almost nothing; the
-# 2-layer MLP of width 1024 (about 1.1 million parameters) computes a lot.
-#
-# The next cell times a step with one rank and a step with two in turns, over and over,
-# and compares the medians: taking turns makes the slow moments of a shared machine fall
-# on both alike. Even so, on this machine (two shared CPU cores) which is faster can
-# change from run to run, so no cell asserts an order: what it prints is "on this run".
-# `bench/` measures the efficiency of two ranks on a model that computes a lot, on a
-# machine with nothing else to do (`scaling_efficiency_2proc`).
-
-# %%
-# %%px
-import statistics
-
-from labkit import timing
-
-rounds = 6  # medians to show, not to assert (see above)
-# In turns (world size 2, then 1 on rank 0) after two rounds of warm-up; each
-# stepper waits for its group's ranks, then returns its own step's seconds.
-times = timing.interleaved(steppers, rounds=rounds, warmup=2, clock=False)
-step_ms = {name: {f"world size {world}": statistics.median(times[name, world]) * 1e3
-                  for world in (1, 2) if (name, world) in times}
-           for name, *_ in sizes}
-print(f"rank {rank}:", step_ms)
-
-# %%
-from labkit import dp_experiments  # registers the chart's title
-
-step_ms = ranks.pull("step_ms")[0]  # rank 0 timed both world sizes
-for name, ms in step_ms.items():
-    ratio = ms["world size 2"] / ms["world size 1"]
-    print(f"{name}: on this run, 2 ranks took {ratio:.2f}x the time of 1 rank "
-          f"({'faster' if ratio < 1 else 'slower'})")
-fig = plots.bar_chart(step_ms, ylabel="step_time_ms", title="step_time_vs_world",
-                      fmt="{:.1f} ms")
-
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## スレッドの DataParallel とプロセスの DDP
 #
-# レッスン 02 の DataParallel と DDP を、同じ仕事 (全体バッチ 1024 の 1 ステップ) で比べます。
-# 1 つの模擬デバイスは CPU コア 1 つに当たります (torch のスレッド 1 本)。
+# <details><summary>レッスン 02 の DataParallel との違い</summary>
 #
-# - 1 デバイス: モデルをそのまま、このカーネルでコア 1 つで
-# - DP ×2: DataParallel を 2 台の模擬デバイスで。このカーネルの中で、レプリカごとにスレッド 1 本
-# - DDP ×2: 上の 2 ランクの DDP。別々のプロセスで、ランクごとにスレッド 1 本
+# DataParallel (スレッド) は、毎ステップモデルを複製し、入力を分けて出力をデバイス 0 に集め、
+# レプリカのスレッドが 1 つの GIL を取り合います (レッスン 02)。次のセルは、3 ステップで複製が 3 回、
+# 動いたモジュールが 6 つ (ステップごとにレプリカ 2 つ) であることを数えます。DDP (プロセス) の各ランクで
+# 動くのは作ったときのモジュール 1 つだけで、代わりに毎ステップ勾配を all-reduce します (上の
+# 「何が、いつ通信されるか」)。PyTorch の文書は、1 台のマシンでも DDP を勧めています。
 #
-# まず、1 ステップごとに何をするかを数えます。3 ステップで、DataParallel は毎ステップ複製を作り、
-# 動いたモジュールは 6 つ (ステップごとにレプリカ 2 つ) です。DDP の各ランクで動くのは、作ったときの
-# モジュール 1 つだけで、代わりに毎ステップ勾配を all-reduce します。
+# </details>
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Thread-based DataParallel against process-based DDP
 #
-# Compare lesson 02's DataParallel with DDP on the same work (one step with a global batch
-# of 1024). One simulated device stands for one CPU core (one torch thread).
+# <details><summary>How this differs from lesson 02's DataParallel</summary>
 #
-# - 1 device: the plain model, in this kernel, on one core
-# - DP ×2: DataParallel on 2 simulated devices, in this kernel, one thread per replica
-# - DDP ×2: DDP on the two ranks above, separate processes, one thread per rank
+# DataParallel (threads) replicates the model at every step, scatters the inputs,
+# gathers the outputs on device 0, and its replicas' threads share one GIL (lesson 02).
+# The next cell counts 3 replications and 6 modules run (2 replicas a step) in 3 steps.
+# On each DDP rank (a process) only the module DDP was built with runs; instead, each
+# step all-reduces the gradients ("What is communicated, and when", above). PyTorch's
+# documentation recommends DDP even on a single machine.
 #
-# First count what each does per step. In 3 steps DataParallel builds replicas at every
-# step: 6 modules run (2 replicas a step). On each DDP rank only one module runs, the one
-# DDP was built with; instead, every step all-reduces the gradients.
+# </details>
 
 # %%
 from unittest import mock
@@ -680,7 +796,7 @@ from unittest import mock
 from labkit import data_parallel as dp
 from labkit import dp_experiments
 
-dp_step = dp_experiments.dp_stepper(100, 1, 1024, devices=2)  # doc 004's MLP
+dp_step = dp_experiments.dp_stepper(100, 1, 1024, devices=2)  # the tiny MLP
 dp_ran = []  # the modules that ran, kept alive so that their ids stay unique
 hook = dp_step.model.register_forward_hook(  # replicas share the original's hooks
     lambda module, args, out: dp_ran.append(module))
@@ -692,102 +808,73 @@ print(f"DataParallel, 3 steps: {replicate.call_count} replications, "
       f"{len({id(m) for m in dp_ran})} modules ran")
 assert replicate.call_count == 3 and len({id(m) for m in dp_ran}) == 6
 
-# %%
-# %%px
-ddp_step, counter = steppers["doc 004 MLP", 2], counters["doc 004 MLP"]
-ddp_ran = []
-hook = ddp_step.model.module.register_forward_hook(
-    lambda module, args, out: ddp_ran.append(module))
-counter.reset()
-for _ in range(3):
-    ddp_step()
-hook.remove()
-print(f"rank {rank}, DDP, 3 steps: {len({id(m) for m in ddp_ran})} module ran, "
-      f"{counter.calls} all-reduces of {counter.bytes // counter.calls:,} bytes")
-assert len({id(m) for m in ddp_ran}) == 1 and ddp_ran[0] is ddp_step.model.module
-assert counter.calls == 3 and counter.bytes == 3 * 2110 * 4  # one bucket per step
-
-# %% [markdown] lang="ja"
-# 次のセルは、3 通りの 1 ステップを交互に繰り返して測り、中央値を比べます (上と同じ理由です)。
-# DDP の 1 ステップの時間は、遅いほうのランクの時間です。
-
-# %% [markdown] lang="en"
-# The next cell times a step of each of the three in turns, over and over, and compares
-# the medians (for the reason above). A DDP step takes as long as its slower rank.
-
-# %%
-import statistics
-
-from labkit import timing
-
-sizes = [("doc 004 MLP", 100, 1), ("MLP 1024x2", 1024, 2)]  # as on the ranks
-rounds = 6  # medians to show, not to assert (see above)
-ways = [labkit.t("one_device"), labkit.t("dp_threads"), labkit.t("ddp_processes")]
-
-
-def ddp_step(name):
-    """A DDP step on both ranks, timed there: it lasts as long as the slower rank's."""
-    ranks.execute(f"t = steppers[{name!r}, 2]()")
-    return max(ranks.pull("t"))
-
-
-steps = {}  # (model, way): one step per call, returning its seconds
-for name, hidden, depth in sizes:
-    steps[name, ways[0]] = dp_experiments.dp_stepper(hidden, depth, 1024, devices=1)
-    steps[name, ways[1]] = dp_experiments.dp_stepper(hidden, depth, 1024, devices=2)
-    steps[name, ways[2]] = lambda name=name: ddp_step(name)
-times = timing.interleaved(steps, rounds=rounds, warmup=2, clock=False)
-step_ms = {name: {way: statistics.median(times[name, way]) * 1e3 for way in ways}
-           for name, *_ in sizes}
-for name, ms in step_ms.items():
-    order = sorted(ms, key=ms.get)
-    print(f"{name}, on this run, fastest first:",
-          ", ".join(f"{way.replace(chr(10), ' ')} {ms[way]:.1f} ms" for way in order))
-fig = plots.bar_chart(step_ms, ylabel="step_time_ms", title="dp_vs_ddp_title",
-                      fmt="{:.1f} ms")
-
-# %% [markdown] lang="ja"
-# どの方式が速いかは、モデルとマシンで変わります。このマシンでは実行ごとに入れ替わることもあるので、
-# 順番を確かめるセルはなく、上に表示されたのは「この実行では」の順番です。確かめたのは、それぞれが
-# 払う手間のほうです。
-#
-# - DataParallel (スレッド) は、毎ステップモデルを複製し (上で 3 ステップに 3 回)、入力を分けて
-#   出力をデバイス 0 に集め、レプリカのスレッドが 1 つの GIL を取り合います (レッスン 02)。
-# - DDP (プロセス) は、毎ステップ勾配を all-reduce し (上で 1 ステップに 1 回、8,440 バイト)、
-#   ランクどうしが互いを待ちます。記事 004 の小さなモデルでは計算がごくわずかなので、この手間が目立ちます。
-#   その代わり、各ランクは別々のプロセスで自分の GIL を持ち、モデルを複製し直すことも、出力を 1 か所に
-#   集めることもありません。
-#
-# PyTorch の文書は、DataParallel は「1 台のマシンでも DDP より遅いのが普通」と書いています
-# (レッスン 02)。このマシンではその順番は決まっていないので、この講座はそれを確かめてはいません。
-
-# %% [markdown] lang="en"
-# Which way is fastest depends on the model and the machine. On this machine the order
-# can change from run to run, so no cell asserts it: what the cell above printed is the
-# order on this run. What the cells do check is what each way pays.
-#
-# - DataParallel (threads) replicates the model at every step (3 times in the 3 steps
-#   above), scatters the inputs and gathers the outputs on device 0, and its replicas'
-#   threads share one GIL (lesson 02).
-# - DDP (processes) all-reduces the gradients at every step (once a step above, 8,440
-#   bytes) and its ranks wait for each other. Doc 004's small model computes almost
-#   nothing, so these costs show. In exchange, each rank is a separate process with its
-#   own GIL; the model is not copied again, and no output is gathered in one place.
-#
-# PyTorch's documentation says DataParallel "is usually slower than
-# DistributedDataParallel even on a single machine" (lesson 02). On this machine that
-# order is not fixed, so the course does not claim to have checked it.
-
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["core"]
 # ## 後片付け
 #
-# エンジンはカーネルの終了とともに止まりますが、明示的に止めることもできます。
+# エンジンはカーネルの終了とともに止まりますが、明示的に止めることもできます。スクリプトが保存した
+# レプリカのファイルも消します (`ddp_train.py` は残します)。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["core"]
 # ## Clean up
 #
-# The engines stop with the kernel, but they can also be stopped explicitly.
+# The engines stop with the kernel, but they can also be stopped explicitly. The
+# replica files the script saved go too (`ddp_train.py` stays).
 
 # %%
 ranks.stop()
 assert cluster.current() is None
+for f in Path().glob("ddp_train_rank*.pt"):
+    f.unlink()
+
+# %% [markdown] lang="ja" tags=["summary"]
+# ## 覚えておくこと
+#
+# - **集団通信は全ランクが同じ呼び出しをする通信**で、broadcast は 1 つのランクの値を配り、all-reduce は
+#   和を全員に、reduce-scatter は和の切れ端をそれぞれに、all-gather は全員の値を全員に渡し、barrier は
+#   全員がそろうまで待ちます。
+# - **DDP の各ランクはモデル全体を持ち**、作るときにランク 0 の重みを broadcast でそろえます
+#   (パラメータを分けて持つのは FSDP や ZeRO です)。
+# - **等しい大きさのシャードの勾配の平均は、全体バッチの勾配**で、損失がサンプルの平均なら、
+#   微分が和と交換できることから 1 行で導けます。
+# - **`DistributedSampler` はランクに重ならないデータを配り**、毎エポック `set_epoch(epoch)` を
+#   呼ばないと、毎エポック同じ順番になります。
+# - **DDP のスクリプトは 1 プロセスのループに 5 か所を足したもの**で (プロセスグループ、`DDP(model)`、
+#   sampler と `set_epoch`、ランク 0 だけの表示、`destroy_process_group`)、`torchrun` で起動すると
+#   1 プロセスで全体バッチを使った学習と同じ重みになります。
+
+# %% [markdown] lang="en" tags=["summary"]
+# ## What to remember
+#
+# - **A collective is a call every rank makes**: broadcast hands out one rank's values,
+#   all-reduce gives everyone the sum, reduce-scatter gives each rank a piece of it,
+#   all-gather gives everyone everyone's values, and barrier waits until all have come.
+# - **Every DDP rank holds the whole model**, made equal by a broadcast of rank 0's
+#   weights when DDP is built (sharding the parameters is FSDP's or ZeRO's).
+# - **The mean of equal shards' gradients is the whole batch's gradient**, in one line
+#   of algebra for a loss that is a mean over samples.
+# - **`DistributedSampler` gives the ranks disjoint data**, and without
+#   `set_epoch(epoch)` each epoch repeats the same order.
+# - **A DDP script is a one-process loop plus five changes** (the process group,
+#   `DDP(model)`, the sampler and `set_epoch`, printing on rank 0, `destroy_process_group`);
+#   launched with `torchrun`, it reaches the weights of one process on the whole batch.
+
+# %% [markdown] lang="ja" tags=["self-check"]
+# ## 確認問題
+#
+# 次の 3 問に答えてから先へ進んでください。答えの折りたたみは、自分で答えを決めてから開きます。
+
+# %% [markdown] lang="en" tags=["self-check"]
+# ## Self-check
+#
+# Answer the three questions before reading on; open an answer's fold only after
+# answering.
+
+# %% tags=["self-check"]
+from labkit import selfcheck
+
+selfcheck.show("03_ddp")
+
+# %% tags=["self-check"]
+# Your answers, "a", "b", "c" or "d" for each question; then run this cell.
+my_answers = {1: None, 2: None, 3: None}
+selfcheck.check("03_ddp", my_answers)

@@ -329,3 +329,15 @@ def test_the_weekly_workflow_runs_the_whole_round_trip(tmp_path, capsys):
                      if " -m pytest " in line]
     assert round_trip.startswith("LABKIT_NBGRADER=all ")
     assert round_trip.endswith("tests/test_nbgrader.py")
+
+
+def test_a_writefile_answer_writes_one_program():
+    """A `%%writefile` exercise is a whole file: the instructor's answer keeps the
+    exercise as comments, or the file would hold the exercise and the solution."""
+    answer = nbgrader_course._answer("%%writefile a.py\nx = 1\n\nprint(x)",
+                                     "%%writefile a.py\nimport os\nx = 2")
+    lines = answer.splitlines()
+    assert lines[0] == "%%writefile a.py"
+    assert [ln for ln in lines[1:] if ln and not ln.startswith("#")] == [
+        "import os", "x = 2"]
+    assert "# print(x)" in lines

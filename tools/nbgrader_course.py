@@ -67,6 +67,10 @@ def _answer(exercise: str, solution: str) -> str:
         magic, exercise = exercise.split("\n", 1)
         solution = solution.split("\n", 1)[1]
         magic += "\n"
+    if magic.startswith("%%writefile"):
+        # The cell is one file: the exercise stays as comments to start from, or
+        # the file would hold both programs
+        exercise = "\n".join(f"# {line}".rstrip() for line in exercise.splitlines())
     return f"{magic}{exercise.rstrip()}\n{BEGIN}\n{solution.rstrip()}\n{END}"
 
 

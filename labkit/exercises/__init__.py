@@ -15,7 +15,7 @@ from __future__ import annotations
 from .feedback import WrongAnswer
 from .l01_models import grade_keeps_batch, grade_train_step
 from .l02_data_parallel import grade_chunk_sizes, grade_manual_data_parallel
-from .l03_ddp import grade_average_gradients, grade_set_epoch
+from .l03_ddp import grade_average_gradients, grade_ddp_script, grade_set_epoch
 from .l04_no_sync import grade_accumulation, grade_replicas_agree
 from .l05_communication import grade_allreduce_prediction, grade_step_prediction
 from .l06_beyond_no_sync import (
@@ -47,6 +47,7 @@ __all__ = [
     "grade_bytes_sent",
     "grade_chunk_sizes",
     "grade_crossover_bandwidth",
+    "grade_ddp_script",
     "grade_diloco_outer_step",
     "grade_evaluation",
     "grade_exact_mean",
