@@ -801,30 +801,36 @@ def record_localsgd(results: dict, readme: Path) -> None:
         lines, LOCALSGD_HEADER, _localsgd_lines(results)))
 
 
-# Lesson 11's trainers, by the class each of its cells defines; the cells that
-# define them, in the order they run (a %%px cell's source, as the notebook has it).
+# Lessons 11 and 12's trainers, by the class each of their cells defines; the cells
+# that define them, in the order they run (a %%px cell's source, as the notebook has
+# it): lesson 12's FSDP2Adam cell first, since it defines a DDPAdam of its own that
+# lesson 11's (the one measured) replaces.
 SHARDING_TRAINERS = {"DDP": "DDPAdam", "ZeRO-1": "Zero1", "ZeRO-2": "Zero2",
                      "ZeRO-3": "Zero3", "FSDP2": "FSDP2Adam"}
-SHARDING_CELLS = [("from labkit import comm_counting, models, sharding", False),
-                  ("def shard_of_mean_gradient", True), ("class DDPAdam:", False),
-                  ("class Zero1:", False), ("class Zero2(", False),
-                  ("class Zero3Base:", False), ("class Zero3(", True),
-                  ("class FSDP2Adam:", False)]
+SHARDING_CELLS = [("12_fsdp2", "class FSDP2Adam:", False),
+                  ("11_zero_by_hand",
+                   "from labkit import comm_counting, models, sharding", False),
+                  ("11_zero_by_hand", "def shard_of_mean_gradient", True),
+                  ("11_zero_by_hand", "class DDPAdam:", False),
+                  ("11_zero_by_hand", "class Zero1:", False),
+                  ("11_zero_by_hand", "class Zero2(", False),
+                  ("11_zero_by_hand", "class Zero3Base:", False),
+                  ("11_zero_by_hand", "class Zero3(", True)]
 
 
 def sharding_cells() -> list[str]:
-    """Lesson 11's cells that define its trainers, from the built notebook.
+    """Lessons 11 and 12's cells that define their trainers, from the built notebooks.
 
     Each is found by what it contains; where an exercise and its solution both
     contain it, the solution (tagged "solution") is the one the lesson runs.
     """
     import nbformat
 
-    notebook = ROOT / "notebooks" / "en" / "11_sharding.ipynb"
-    code = [c for c in nbformat.read(notebook, as_version=4).cells
-            if c.cell_type == "code"]
     sources = []
-    for marker, solution in SHARDING_CELLS:
+    for stem, marker, solution in SHARDING_CELLS:
+        notebook = ROOT / "notebooks" / "en" / f"{stem}.ipynb"
+        code = [c for c in nbformat.read(notebook, as_version=4).cells
+                if c.cell_type == "code"]
         found = [c.source for c in code if marker in c.source and
                  (not solution or "solution" in c.metadata.get("tags", []))]
         if len(found) != 1:
@@ -836,7 +842,7 @@ def sharding_cells() -> list[str]:
 
 def trainer_steps(trainers: dict[str, str], rounds: int, hidden: int = 1024,
                   depth: int = 3, per_rank: int = 64) -> dict:
-    """On each rank: lesson 11's trainers taking turns, a step each, on the large MLP.
+    """On each rank: lessons 11 and 12's trainers taking turns, a step each, large MLP.
 
     `trainers` maps a name to the class a lesson cell defined in this rank's
     namespace. Per trainer: the median step time over `rounds` interleaved
@@ -886,7 +892,7 @@ def trainer_steps(trainers: dict[str, str], rounds: int, hidden: int = 1024,
 
 
 def sharding_table(ranks, rounds: int) -> dict:
-    """Lesson 11's trainers on the large MLP, interleaved: step time, bytes, the model.
+    """Lessons 11 and 12's trainers on the large MLP, interleaved: time, bytes, model.
 
     DDP (torch's, with Adam), the lesson's hand-written ZeRO stages 1-3 and its
     FSDP2 class, run from the built notebook's own cells on the ranks. Per

@@ -1,4 +1,4 @@
-"""labkit.fsdp, and lesson 11's FSDP2 cells as written and with one line changed.
+"""labkit.fsdp, and lesson 12's FSDP2 cells as written and with one line changed.
 
 The lesson's cells are read from the built notebook, as tests/test_from_scratch.py
 reads lesson 06's: as written their assertions pass; with the broadcast
@@ -16,7 +16,7 @@ from torch import nn
 from labkit import cluster, fsdp, models, plots, sharding
 
 ROOT = Path(__file__).resolve().parent.parent
-LESSON = ROOT / "notebooks" / "en" / "11_sharding.ipynb"
+LESSON = ROOT / "notebooks" / "en" / "12_fsdp2.ipynb"
 
 
 class Tied(nn.Module):
@@ -169,12 +169,7 @@ def _lesson_cells() -> dict[str, str]:
         assert len(found) == 1, (marker, len(found))
         return found[0].removeprefix("%%px\n")
 
-    return {"imports": one("from labkit import comm_counting, models, sharding"),
-            "gradient_shard": one("def shard_of_mean_gradient", solution=True),
-            "zero1": one("class Zero1:"), "zero2": one("class Zero2("),
-            "zero3_base": one("class Zero3Base:"),
-            "zero3": one("class Zero3(", solution=True),
-            "fsdp2": one("class FSDP2Adam:"), "parity": one("compared = {"),
+    return {"fsdp2": one("class FSDP2Adam:"), "parity": one("compared = {"),
             "reshard": one("fsdp.reshard_experiment("),
             "mixed": one("fsdp.mixed_precision_experiment("),
             "save": one("dcp.save("), "load": one("fsdp.load_checkpoint(")}
@@ -190,9 +185,7 @@ def lesson(ranks):
     cells = _lesson_cells()
     ranks.execute("import torch.distributed as dist\n"
                   "rank, world_size = dist.get_rank(), dist.get_world_size()")
-    for name in ("imports", "gradient_shard", "zero1", "zero2", "zero3_base", "zero3",
-                 "fsdp2"):
-        ranks.execute(cells[name])
+    ranks.execute(cells["fsdp2"])  # FSDP2Adam, and DDPAdam to compare with
     return cells
 
 
@@ -200,7 +193,7 @@ def _load_in_kernel(ranks, source: str) -> dict:
     """Run the lesson's kernel cell that loads the checkpoint; its namespace."""
     namespace = {"ranks": ranks, "torch": torch, "fsdp": fsdp, "models": models}
     try:
-        exec(compile(source, "lesson 11, the kernel's load", "exec"), namespace)
+        exec(compile(source, "lesson 12, the kernel's load", "exec"), namespace)
     finally:  # the directory is gone, whether the cell's assertions held or not
         assert not Path(ranks.pull("checkpoint_dir")[0]).exists()
     return namespace
@@ -209,7 +202,7 @@ def _load_in_kernel(ranks, source: str) -> dict:
 def test_the_lesson_s_fsdp2_cells_pass_as_written(ranks, lesson):
     for name in ("parity", "reshard", "mixed", "save"):
         ranks.execute(lesson[name])
-    assert ranks.pull("vs_zero3") == [0.0, 0.0]
+    assert ranks.pull("vs_ddp") == [0.0, 0.0]
     assert max(ranks.pull("vs_one")) <= 1e-6
     loaded = _load_in_kernel(ranks, lesson["load"])["loaded"]
     assert loaded.head.weight is loaded.embed.weight
@@ -226,7 +219,7 @@ def test_fsdp2_parity_fails_without_the_broadcast(ranks, lesson):
     ranks.execute(_changed(lesson["fsdp2"], BROADCAST, ""))
     with pytest.raises(cluster.RankError, match="AssertionError"):
         ranks.execute(lesson["parity"])  # each rank's shard cut from its own start
-    assert min(ranks.pull("vs_zero3")) > 1e-3
+    assert min(ranks.pull("vs_ddp")) > 1e-3
 
 
 def test_the_resharding_check_fails_when_the_load_is_skipped(ranks, lesson):

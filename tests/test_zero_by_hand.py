@@ -1,7 +1,7 @@
 """Lesson 11's ZeRO stages by hand: its cells as written, and with one line changed.
 
 The lesson defines `Zero1`, `Zero2`, `Zero3Base` and `Zero3` (the solution of
-its exercise 3) in `%%px` cells and asserts, in the cells after, that each
+its second exercise) in `%%px` cells and asserts, in the cells after, that each
 trains like torch's DDP and one process (accumulating gradients too), holds
 what its stage holds, and sends what its stage sends. These tests run those
 very cells, read from the built notebook, on the test engines: as written, the
@@ -9,7 +9,7 @@ assertions and the exercise's check pass; with one of the typical mistakes put
 in (the gather skipped, the averaging dropped, a shard offset off by one, the
 backward re-gather removed, a gradient assigned where it should add, ...), the
 lesson's assertions fail, and the check names the mistakes a learner makes in
-exercise 3.
+that exercise.
 """
 
 import os
@@ -22,7 +22,7 @@ from labkit import cluster, exercises, models
 
 def _cells() -> dict[str, str]:
     """The lesson's cells these tests run, by a line each contains (no magic line)."""
-    find = finder("11_sharding")
+    find = finder("11_zero_by_hand")
     return {
         "imports": find("from labkit import comm_counting, models, sharding"),
         "ddp": find("class DDPAdam:"),
@@ -42,7 +42,7 @@ def _cells() -> dict[str, str]:
         "memory_table": find('ranks.pull("memory_table")'),
         "traffic": find("def traffic("),
         "sent": find("def sent(calls)"),
-        "wire": find("S_wire = "),
+        "wire": finder("12_fsdp2")("S_wire = "),  # what gloo writes: lesson 12's cell
         "wire_step": find("def wire_per_step("),
     }
 
@@ -220,7 +220,7 @@ SOLUTION_BACKWARD = ("    def after_backward(self, flat):\n"
                      "        flat.full.untyped_storage().resize_(0)\n")
 SHARD = "self.shards[self.units.index(flat)]"
 
-# A learner's mistake in exercise 3: (edits of the solution, the check's key).
+# A learner's mistake in the Zero3 exercise: (edits of the solution, the check's key).
 MISTAKES = {
     "del of a local name": (
         [(SOLUTION_FORWARD, "        full = flat.full\n        del full\n"),

@@ -6,8 +6,9 @@ and raises WrongAnswer (an AssertionError) naming the mistake and a hint when
 it is not; graders that take `ranks` run the learner's function on every rank.
 Each lesson's graders, with their messages, live in the module named after the
 lesson (lesson 04, `course/04_no_sync.py`: `labkit/exercises/l04_no_sync.py`);
-lesson 11's in two, its graders on the ranks in `l11_sharding.py` and its
-predictions in the kernel in `l11_predicted_bytes.py`.
+the sharding lessons' in two: lesson 11's graders on the ranks in
+`l11_sharding.py`, and the predictions in the kernel, lesson 12's exercises, in
+`l11_predicted_bytes.py`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ Messages beside each grader; how a grader answers: labkit.exercises.feedback.
 down: the shard of the mean is averaged here, in the kernel, from the same
 seeded gradients the ranks get; a ZeRO-3 layer's memory is measured on the
 ranks. The wrong answers the checks compare with serve only to name the
-mistake in a hint. Lesson 11's predictions: l11_predicted_bytes.py.
+mistake in a hint. The byte predictions (lesson 12's exercises):
+l11_predicted_bytes.py.
 """
 
 from __future__ import annotations
