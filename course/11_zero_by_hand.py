@@ -45,7 +45,7 @@ from labkit import cluster, exercises, models, sharding
 
 ranks = cluster.start(2, background=True)  # the ranks boot while you read
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["core"]
 # ## メモリは何に使われるか
 #
 # Ψ 個のパラメータを Adam で学習するとき、各ランクが持つ「モデルの状態」は、パラメータ (P バイト)、
@@ -66,7 +66,7 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # 4 バイトなので、式には入れません。次のセルはそれを確かめ、メモリを測る MLP の
 # 表の値を出します。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["core"]
 # ## Where the memory goes
 #
 # Training Ψ parameters with Adam, each rank holds three "model states" (activations
@@ -193,7 +193,7 @@ assert ddp.held["gradients"] == formula["gradients"]
 # Adam's state: exp_avg and exp_avg_sq, plus one 4-byte step per parameter tensor
 assert ddp.held["optimizer"] == formula["optimizer"] + 4 * len(params)
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["core"]
 # ## ZeRO ステージ 1 を手で書く
 #
 # ステージ 1 では、各ランクが Adam の状態を自分のシャードのぶんだけ持ちます (torch では
@@ -212,7 +212,7 @@ assert ddp.held["optimizer"] == formula["optimizer"] + 4 * len(params)
 # 0 で埋めます (パディング)。`shard(r)` はランク r の部分、`flat_grad()` は同じ並びの勾配です。集団通信は
 # `dist.reduce_scatter_single` と `dist.all_gather_single` です (torch 2.13。以前の名前は警告を出します)。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["core"]
 # ## ZeRO stage 1 by hand
 #
 # In stage 1 each rank holds Adam's state for its own shard only (in torch,
@@ -232,6 +232,40 @@ assert ddp.held["optimizer"] == formula["optimizer"] + 4 * len(params)
 # padded with zeros to a multiple of N; `shard(r)` is rank r's piece, `flat_grad()` the
 # gradients laid out alike. The collectives are `dist.reduce_scatter_single` and
 # `dist.all_gather_single` (torch 2.13; the older names warn).
+
+# %% [markdown] lang="ja"
+# まず 4 つの値で確かめます。reduce-scatter で各ランクが和の自分の分を受け取り、all-gather でそれを
+# 全ランクに配ると、all-reduce と同じ結果になります。
+#
+# **予想してから実行:** reduce-scatter のあと、ランク 1 はいくつの値を持っているでしょうか?
+
+# %% [markdown] lang="en"
+# First on four values: a reduce-scatter hands each rank its piece of the sum, an
+# all-gather hands every rank all the pieces, and together they are an all-reduce.
+#
+# **Predict, then run:** after the reduce-scatter, how many values does rank 1 hold?
+
+# %%
+# %%px
+g = torch.arange(4.0) + 10 * rank  # a gradient of 4 values, different on each rank
+piece = torch.empty(4 // world_size)
+dist.reduce_scatter_single(piece, g)  # rank r: the r-th piece of the sum
+whole = torch.empty(4)
+dist.all_gather_single(whole, piece)  # every rank: all the pieces
+summed = g.clone()
+dist.all_reduce(summed)
+assert torch.equal(whole, summed)  # reduce-scatter + all-gather = all-reduce
+steps_shown = [("before", g.tolist()), ("reduce_scatter_single", piece.tolist()),
+               ("all_gather_single", whole.tolist()), ("all_reduce", summed.tolist())]
+
+# %%
+from labkit import diagrams
+
+shown = ranks.pull("steps_shown")  # per rank: (what ran, values after it), in order
+rows = {op if op == "before" else f"dist.{op}": [dict(r)[op] for r in shown]
+        for op, _ in shown[0]}
+assert [len(v) for v in rows["dist.reduce_scatter_single"]] == [2, 2]
+fig = diagrams.collectives(rows, fmt="{:.0f}")
 
 # %%
 # %%px
@@ -363,7 +397,7 @@ assert [w.category for w in caught] == [FutureWarning, FutureWarning]
 # Adam works element by element. From one process, adding in another order, within
 # 1e-6. Each rank's Adam state covers its own shard: 417 values.
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 演習: ステージ 2 の勾配の reduce-scatter
 #
 # `Zero1` は reduce-scatter の結果を平坦化した勾配のビューに書くので、勾配の全体 (4Ψ バイトとパディング)
@@ -376,7 +410,7 @@ assert [w.category for w in caught] == [FutureWarning, FutureWarning]
 # 確認のセルは、ランクごとに別の乱数で作った長さの違う 4 つの勾配で呼び、平均のシャードと比べ、送ったのが
 # reduce-scatter 1 回だけかを確かめます。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Exercise: stage 2's gradient reduce-scatter
 #
 # `Zero1` writes the reduce-scatter's result into a view of the flat gradient, so the
@@ -434,13 +468,13 @@ view = flat.chunk(world_size)[rank]
 assert sharding.held_bytes([view]) == sharding.held_bytes([flat]) == 4 * 8
 assert sharding.held_bytes([view.clone()]) == 4 * 8 // world_size
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## ZeRO ステージ 2 を手で書く
 #
 # `Zero2` は `Zero1` の `reduce_gradients` だけを書き換え、演習の関数でシャードの平均を受け取り、勾配の
 # 全体を解放します。Adam が動くあいだ勾配のシャードだけを持つ点がステージ 2 です。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## ZeRO stage 2 by hand
 #
 # `Zero2` changes only `Zero1`'s `reduce_gradients`: it receives its shard of the mean
@@ -475,7 +509,7 @@ assert bitwise and diff <= 1e-6
 assert zero1.held["gradients"] == 4 * zero1.flat.full.numel()  # the whole, padded
 assert zero2.held["gradients"] == 4 * zero2.flat.shard_numel  # the shard only
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## ZeRO ステージ 3 を手で書く
 #
 # ステージ 3 では、パラメータもシャードだけを持ちます。計算には全体が要るので、層ごとに、使う直前に
@@ -492,7 +526,7 @@ assert zero2.held["gradients"] == 4 * zero2.flat.shard_numel  # the shard only
 # で、集めるときは同じストレージ (autograd が保存したテンソルも見ているもの) に戻します。`Zero3Base` が
 # 集めて送り、`Zero3` が解放します。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## ZeRO stage 3 by hand
 #
 # In stage 3 the parameters are held as shards too. Computing needs them whole, so each
@@ -580,7 +614,7 @@ class Zero3Base:
             flat.full.untyped_storage().resize_(0)
         return full
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 演習: ZeRO-3 で、集めたパラメータを層ごとに解放する
 #
 # `Zero3` の 2 つのメソッドを書いてください。`flat` は 1 つの層の `sharding.FlatParameters` で、
@@ -593,7 +627,7 @@ class Zero3Base:
 # 自分のシャード (`self.shards`) は解放しないでください。Adam が更新するのはそれです。確認のセルは、
 # 各層の順伝播と逆伝播の直後に持つバイト数を測り、3 ステップのあとのパラメータを torch の DDP と比べます。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Exercise: a ZeRO-3 layer frees after backward
 #
 # Write the two methods of `Zero3`. `flat` is one layer's `sharding.FlatParameters`,
@@ -699,7 +733,7 @@ for name, full in accumulated.items():
     assert diff <= 1e-6  # the last micro-batch's gradient alone: about 5e-3
     assert bitwise or name == "Zero3"  # Zero3 adds the two means: another order
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["core"]
 # ## 各ステージが持つメモリ
 #
 # 「メモリは何に使われるか」の MLP (Ψ = 5365) を 4 つのやり方で 2 ステップずつ学習し、Adam が動く直前に
@@ -712,7 +746,7 @@ for name, full in accumulated.items():
 #
 # **予想してから実行:** 2 ランクの ZeRO-3 は、DDP の何分の 1 を持つでしょうか?
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["core"]
 # ## Memory each stage holds
 #
 # The MLP of "Where the memory goes" (Ψ = 5365), 2 steps each way: the bytes held
@@ -759,7 +793,7 @@ share = measured["ZeRO-3"] / measured["DDP"]
 print(f"ZeRO-3 holds {share:.4f} of DDP's memory on 2 ranks")
 assert 0.49 < share < 0.51  # 16Ψ/N over 16Ψ, N = 2: half, plus padding and `step`
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 1 ステップで送るバイト数
 #
 # 各ステージが 1 ステップで呼ぶ集団通信を `comm_counting.CollectiveLog` で記録します (バイト数は集団通信の
@@ -771,7 +805,7 @@ assert 0.49 < share < 0.51  # 16Ψ/N over 16Ψ, N = 2: half, plus padding and `s
 # **予想してから実行:** ステージ 3 は 1 ステップに all-gather を何回呼び、リングでは DDP の何倍を
 # 送るでしょうか?
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
 # ## Bytes sent per step
 #
 # `comm_counting.CollectiveLog` records the collectives each stage calls in a step
