@@ -654,7 +654,7 @@ def record_crossover(results: dict, readme: Path) -> None:
 
 LOCALSGD_HS = (4, 16, 64)
 LOCALSGD_ROUNDS = 32  # all-reduces per run: lesson 12's (H = 16, 512 steps)
-LOCALSGD_HEADER = "Local SGD and DiLoCo at equal bytes (lesson 12"
+LOCALSGD_HEADER = "Local SGD and DiLoCo at equal bytes (lesson 14"
 
 
 def localsgd_runs(Hs: tuple, rounds: int, timing_rounds: int) -> dict:
