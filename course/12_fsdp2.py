@@ -291,6 +291,18 @@ assert kept["held_between"]["sharded"] == freed["held_between"]["sharded"]
 assert kept["backward"]["reduce_scatter"] == freed["backward"]["reduce_scatter"]
 assert kept["held_after"]["gathered"] == freed["held_after"]["gathered"] == 0
 
+# %%
+from labkit import plots
+
+runs0 = ranks.pull("runs")[0]  # rank 0's; rank 1's holds and sends as much
+held = {str(a): sum(runs0[a]["held_between"].values()) for a in (True, False)}
+gathered = {str(a): runs0[a]["backward"].get("all_gather", {"bytes": 0})["bytes"]
+            for a in (True, False)}
+assert held["False"] > held["True"] and gathered["True"] > gathered["False"] == 0
+fig = plots.bar_chart({labkit.t("held_between"): held,
+                       labkit.t("gathered_in_backward"): gathered},
+                      ylabel="bytes", title="reshard_title", fmt="{:,.0f}")
+
 # %% [markdown] lang="ja"
 # `True` では、順伝播と逆伝播のあいだに持つのはシャードだけで、逆伝播でモデル全体をもう一度 all-gather
 # します (1 ステップで 2 回)。`False` では、集めたモデル全体 (パディングを含むバイト数) をシャードに加えて
