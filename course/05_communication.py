@@ -697,7 +697,7 @@ no_sync_s = K * c + s + o  # no_sync: one synchronization per update
 # %%
 exercises.grade_step_prediction(fit, K, sync_s, no_sync_s)
 
-# %% [markdown] lang="ja"
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## モデルで探る: GPU とランク数
 #
 # スライダーで条件を変えると、モデルが予測する「1 ランクと比べた速度向上」(1 秒あたりのサンプル数の比)
@@ -710,7 +710,9 @@ exercises.grade_step_prediction(fit, K, sync_s, no_sync_s)
 # 延ばしており、実際のライブラリはランク数が多いと木構造などほかのアルゴリズムも使います。GPU では計算も
 # 速くなるので、c も小さくしてみてください。
 
-# %% [markdown] lang="en"
+# %% [markdown] lang="en" tags=["deep-dive"]
+# ## Explore with the model: GPUs and ranks
+#
 # Move the sliders and the model plots the speed-up over one rank (the ratio of samples
 # per second) for each number of ranks. One synchronization is the ring alpha-beta time
 # of each bucket recorded above, one after the other (no overlap counted: a cautious
