@@ -503,7 +503,7 @@ def crossover_steps(methods: tuple, betas: tuple, alpha_s: float, rounds: int
                     ) -> dict:
     """On each rank: lesson 06's `methods` over the slow link at each beta.
 
-    slow_link.steps_over_links, which lesson 12 runs too: per link (infinity:
+    slow_link.steps_over_links, which lesson 14 runs too: per link (infinity:
     loopback) and method, the median step of interleaved rounds, what went
     over the link per step (bytes, all-reduces) and the delay it added.
     """
@@ -653,14 +653,14 @@ def record_crossover(results: dict, readme: Path) -> None:
 
 
 LOCALSGD_HS = (4, 16, 64)
-LOCALSGD_ROUNDS = 32  # all-reduces per run: lesson 12's (H = 16, 512 steps)
-LOCALSGD_HEADER = "Local SGD and DiLoCo at equal bytes (lesson 14"
+LOCALSGD_ROUNDS = 32  # all-reduces per run: lesson 15's (H = 16, 512 steps)
+LOCALSGD_HEADER = "Local SGD and DiLoCo at equal bytes (lesson 15"
 
 
 def localsgd_runs(Hs: tuple, rounds: int, timing_rounds: int) -> dict:
     """On each rank: DDP, local SGD and DiLoCo at equal bytes sent, per H.
 
-    Lesson 12's task (labkit.local_sgd: the teacher's regression, an MLP of
+    Lesson 15's task (labkit.local_sgd: the teacher's regression, an MLP of
     width 32, 16 samples per rank and step) and its loops, written again here
     as the lesson writes them in its cells: local SGD averages the parameters
     every H plain-SGD steps (lr 0.1); DDP is local SGD with H = 1 (the lesson
@@ -796,30 +796,30 @@ def _localsgd_lines(results: dict) -> list[str]:
 
 
 def record_localsgd(results: dict, readme: Path) -> None:
-    """Replace only lesson 12's local SGD table in bench/README.md (or add it)."""
+    """Replace only lesson 15's local SGD table in bench/README.md (or add it)."""
     _rewrite_results(readme, lambda lines: _replace_block(
         lines, LOCALSGD_HEADER, _localsgd_lines(results)))
 
 
-# Lessons 11 and 12's trainers, by the class each of their cells defines; the cells
+# Lessons 12 and 13's trainers, by the class each of their cells defines; the cells
 # that define them, in the order they run (a %%px cell's source, as the notebook has
-# it): lesson 12's FSDP2Adam cell first, since it defines a DDPAdam of its own that
-# lesson 11's (the one measured) replaces.
+# it): lesson 13's FSDP2Adam cell first, since it defines a DDPAdam of its own that
+# lesson 12's (the one measured) replaces.
 SHARDING_TRAINERS = {"DDP": "DDPAdam", "ZeRO-1": "Zero1", "ZeRO-2": "Zero2",
                      "ZeRO-3": "Zero3", "FSDP2": "FSDP2Adam"}
-SHARDING_CELLS = [("12_fsdp2", "class FSDP2Adam:", False),
-                  ("11_zero_by_hand",
+SHARDING_CELLS = [("13_fsdp2", "class FSDP2Adam:", False),
+                  ("12_zero_by_hand",
                    "from labkit import comm_counting, models, sharding", False),
-                  ("11_zero_by_hand", "def shard_of_mean_gradient", True),
-                  ("11_zero_by_hand", "class DDPAdam:", False),
-                  ("11_zero_by_hand", "class Zero1:", False),
-                  ("11_zero_by_hand", "class Zero2(", False),
-                  ("11_zero_by_hand", "class Zero3Base:", False),
-                  ("11_zero_by_hand", "class Zero3(", True)]
+                  ("12_zero_by_hand", "def shard_of_mean_gradient", True),
+                  ("12_zero_by_hand", "class DDPAdam:", False),
+                  ("12_zero_by_hand", "class Zero1:", False),
+                  ("12_zero_by_hand", "class Zero2(", False),
+                  ("12_zero_by_hand", "class Zero3Base:", False),
+                  ("12_zero_by_hand", "class Zero3(", True)]
 
 
 def sharding_cells() -> list[str]:
-    """Lessons 11 and 12's cells that define their trainers, from the built notebooks.
+    """Lessons 12 and 13's cells that define their trainers, from the built notebooks.
 
     Each is found by what it contains; where an exercise and its solution both
     contain it, the solution (tagged "solution") is the one the lesson runs.
@@ -842,7 +842,7 @@ def sharding_cells() -> list[str]:
 
 def trainer_steps(trainers: dict[str, str], rounds: int, hidden: int = 1024,
                   depth: int = 3, per_rank: int = 64) -> dict:
-    """On each rank: lessons 11 and 12's trainers taking turns, a step each, large MLP.
+    """On each rank: lessons 12 and 13's trainers taking turns, a step each, large MLP.
 
     `trainers` maps a name to the class a lesson cell defined in this rank's
     namespace. Per trainer: the median step time over `rounds` interleaved
@@ -892,7 +892,7 @@ def trainer_steps(trainers: dict[str, str], rounds: int, hidden: int = 1024,
 
 
 def sharding_table(ranks, rounds: int) -> dict:
-    """Lessons 11 and 12's trainers on the large MLP, interleaved: time, bytes, model.
+    """Lessons 12 and 13's trainers on the large MLP, interleaved: time, bytes, model.
 
     DDP (torch's, with Adam), the lesson's hand-written ZeRO stages 1-3 and its
     FSDP2 class, run from the built notebook's own cells on the ranks. Per
@@ -1190,11 +1190,11 @@ def _levers_replaced(lines: list[str], results: dict) -> list[str]:
     return kept
 
 
-SHARDING_HEADER = "Sharded data parallelism (lesson 11"
+SHARDING_HEADER = "Sharded data parallelism (lesson 12"
 
 
 def _sharding_lines(results: dict) -> list[str]:
-    """The table of lesson 11's trainers, with the line that says how it was run."""
+    """The table of lesson 12's trainers, with the line that says how it was run."""
     ab = results["sharding_alpha_beta"]
     lines = ["", f"{SHARDING_HEADER}'s classes; the large MLP, "
              f"{results['sharding_params']:,} parameters, 2 ranks, "
@@ -1219,7 +1219,7 @@ def _sharding_lines(results: dict) -> list[str]:
 
 
 def record_sharding(results: dict, readme: Path) -> None:
-    """Replace only lesson 11's table in bench/README.md (add it if absent)."""
+    """Replace only lesson 12's table in bench/README.md (add it if absent)."""
     _rewrite_results(readme, lambda lines: _replace_block(
         lines, SHARDING_HEADER, _sharding_lines(results)))
 
@@ -1272,14 +1272,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only",
                         choices=("course", "levers", "sharding", "crossover",
                                  "localsgd"),
-                        help="measure only this: sharding = lesson 11's trainers "
+                        help="measure only this: sharding = lesson 12's trainers "
                              "(the `sharding` table); levers = lesson 06's methods "
                              "(the `levers` table and its model errors); course = "
                              "every notebook of both languages (course_exec_s_ja, "
                              "course_exec_s_en); crossover = DDP, fp16 and "
                              "PowerSGD r=1 over the slow link at several bandwidths "
                              "(the `crossover` tables); localsgd = DDP, local "
-                             "SGD and DiLoCo at equal bytes sent (lesson 12)")
+                             "SGD and DiLoCo at equal bytes sent (lesson 15)")
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--record", action="store_true",
                         help="rewrite the results table in bench/README.md")

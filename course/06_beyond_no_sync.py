@@ -355,7 +355,7 @@ fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_
 # - **`bucket_cap_mb`**: バケットの大きさ。
 #
 # オプティマイザの状態をランクで分割して持つ `ZeroRedundancyOptimizer` は ZeRO の最初のステージで、
-# レッスン 11 (ZeRO を手で書く) で扱います。
+# レッスン 12 (ZeRO を手で書く) で扱います。
 #
 # 同じ仕事 (レッスン 05 の 210 万パラメータの MLP、勾配 8,482,856 バイト) で、各方法を 1 ステップずつ
 # 順番に 25 ステップ動かし、`dist.all_reduce` に渡されたバイト数を数えます。
@@ -380,7 +380,7 @@ fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_
 # - **`bucket_cap_mb`**, the bucket size.
 #
 # `ZeroRedundancyOptimizer`, which shares out the optimizer state across the ranks, is
-# ZeRO's first stage: lesson 11 (ZeRO by hand) teaches it.
+# ZeRO's first stage: lesson 12 (ZeRO by hand) teaches it.
 #
 # On one workload (lesson 05's 2.1 M-parameter MLP, 8,482,856 bytes of gradients),
 # each method runs one step in turn, for 25 steps, and the bytes handed to
@@ -399,7 +399,7 @@ fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_
 # %%px
 from labkit import send_less
 
-methods = [m for m in send_less.METHODS if "Adam" not in m]  # ZeRO: lesson 11
+methods = [m for m in send_less.METHODS if "Adam" not in m]  # ZeRO: lesson 12
 runs = send_less.compare_methods(methods, steps=25)
 
 # %%

@@ -434,9 +434,9 @@ assert calls == ["scatter", "replicate", "parallel_apply", "gather"]
 # 各ランクが各パラメータの半分だけを持つこと、それでも勾配は 1 プロセスで全体のバッチを使ったものと一致する
 # ことを確かめます。分割されたパラメータは DTensor で、`placement` の `Shard(dim=0)` は「0 番目の次元で
 # 切ってランクに配った」という意味です。ここでは分け方を見るだけです。各ステージが 1 パラメータあたり
-# 何バイトを持つか (float32 の Adam と混合精度) は [11: メモリは何に使われるか](11_zero_by_hand.ipynb#cell-id=11-where-the-memory-goes)
+# 何バイトを持つか (float32 の Adam と混合精度) は [12: メモリは何に使われるか](12_zero_by_hand.ipynb#cell-id=12-where-the-memory-goes)
 # で数え、ステージ 1〜3 を手で書きます。FSDP2 で学習してチェックポイントを保存するのは
-# [12: FSDP2: fully_shard](12_fsdp2.ipynb#cell-id=12-fsdp2-fully-shard) です。
+# [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard) です。
 #
 # **予想してから実行:** 2,110 個の値のうち、各ランクはいくつを持つでしょうか?
 
@@ -461,9 +461,9 @@ assert calls == ["scatter", "replicate", "parallel_apply", "gather"]
 # placement `Shard(dim=0)` says "cut along dimension 0 and dealt out to the ranks". This
 # is only a look at how the parameters are cut: how many bytes per parameter each stage
 # holds (fp32 Adam and mixed precision) is counted in
-# [11: Where the memory goes](11_zero_by_hand.ipynb#cell-id=11-where-the-memory-goes),
+# [12: Where the memory goes](12_zero_by_hand.ipynb#cell-id=12-where-the-memory-goes),
 # which also writes stages 1 to 3 by hand; training with FSDP2 and saving a sharded
-# checkpoint is [12: FSDP2: fully_shard](12_fsdp2.ipynb#cell-id=12-fsdp2-fully-shard).
+# checkpoint is [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard).
 #
 # **Predict, then run:** of the 2,110 values, how many does each rank hold?
 

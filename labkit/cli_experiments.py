@@ -1,6 +1,6 @@
 """The command line's experiments: `python -m labkit nosync`, `misuse` and `resume`.
 
-Lessons 04 and 10 write these steps out in their cells; here each is one function that
+Lessons 04 and 11 write these steps out in their cells; here each is one function that
 returns what it found as a JSON-able dict, for a run without a notebook (under
 torchrun, on GPUs, on a cluster). Every function runs on each rank of an
 initialized process group.
@@ -133,7 +133,7 @@ def resumable_training(rank: int, world_size: int, cfg: workload.Config,
                        die_at: int | None = None) -> dict:
     """DDP training that checkpoints on rank 0 and resumes from `checkpoint`.
 
-    Lesson 10's pattern: rank 0 saves `model.module`'s and the optimizer's state
+    Lesson 11's pattern: rank 0 saves `model.module`'s and the optimizer's state
     every `every` steps with labkit.checkpoint (a temporary file renamed over
     `checkpoint`), and every rank waits at a barrier, so no rank reads a file
     half written or one step old. A run that finds `checkpoint` loads it (on the

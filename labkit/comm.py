@@ -148,7 +148,7 @@ def allreduce_sweep(sizes: Sequence[int], repeat: int = 10,
     # The sizes take turns: a busy moment falls on one round of every size, which
     # the median drops. Timed one size after the other, a stall could inflate the
     # small sizes alone until the times stopped growing with the size, and
-    # fit_alpha_beta found no bandwidth (it happened once in lesson 11). The ranks
+    # fit_alpha_beta found no bandwidth (it happened once in the ZeRO lesson). The ranks
     # line up before each call: a large all-reduce ends at different moments on
     # each rank, and without the barrier that skew fell on the next, small size
     # (4 KiB measured 3.3 ms once).

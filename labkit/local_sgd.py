@@ -1,6 +1,6 @@
 """Local SGD and DiLoCo's scaffolding: the task, each rank's batches, the divergence.
 
-Lesson 12 writes local SGD and DiLoCo's outer step in its cells; this module
+Lesson 15 writes local SGD and DiLoCo's outer step in its cells; this module
 holds only what those cells share and do not teach: a small regression task
 (labkit.data's teacher, an MLP from labkit.models), rank `rank`'s own batch at
 each step, the loss on held-out samples, and how far the replicas have drifted

@@ -132,13 +132,13 @@ def own_cost_with_link_faster(by_s, rounds):
         own = slow_link.own_cost_s(rounds=rounds)
     finally:
         timing.interleaved = saved
-    # what lesson 12 does with it: the link's alpha plus its own cost
+    # what bench's levers model does with it: the link's alpha plus its own cost
     slow_link.combined(comm.AlphaBeta(30e-6, 2e9), 100e-6 + own, 5e8, 2)
     return own
 
 
 def step_model_inputs(rounds):
-    """Lesson 12's measured inputs of the step model over the link, and their use.
+    """The step model's measured inputs over the link (bench --only levers), used.
 
     The link's own cost and the callback chain's wait, measured as the lesson
     measures them, then handed to `slow_link.combined` and

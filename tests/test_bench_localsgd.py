@@ -1,4 +1,4 @@
-"""bench/run.py's `--only localsgd`: it trains as lesson 14 does, and records its table.
+"""bench/run.py's `--only localsgd`: it trains as lesson 15 does, and records its table.
 
 The bench writes local SGD and DiLoCo again (the lesson writes them in its
 cells on purpose). The test on the ranks runs the lesson's cells, read from
@@ -16,7 +16,7 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LESSON = ROOT / "notebooks" / "en" / "14_communicate_less.ipynb"
+LESSON = ROOT / "notebooks" / "en" / "15_communicate_less.ipynb"
 _spec = importlib.util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)

@@ -303,7 +303,7 @@ def _links_to_try(lang):
     import links
 
     folder = ROOT / "notebooks" / lang
-    errata = links._markdown_cells(folder / "15_errata.ipynb")
+    errata = links._markdown_cells(folder / "16_errata.ipynb")
     found = [m.groups() for _, source in errata for m in links.LINK.finditer(source)]
 
     def depth(link):
@@ -346,7 +346,7 @@ def test_errata_links_land_on_their_heading(lab_as_shipped):
                 # and twice, both times under load, the first link clicked while
                 # they loaded opened its lesson at the top (JupyterLab did not
                 # scroll to the fragment).
-                page.goto(f"{base}/lab/tree/{lang}/15_errata.ipynb?reset&token={token}")
+                page.goto(f"{base}/lab/tree/{lang}/16_errata.ipynb?reset&token={token}")
                 # The first link is clicked once the errata has loaded (its
                 # kernel idle), as a learner clicks it, and no link before it.
                 page.wait_for_function(KERNEL_IDLE, timeout=120_000)

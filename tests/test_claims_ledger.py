@@ -1,6 +1,6 @@
 """The claims ledger: each errata row and lesson claim links to a cell that asserts.
 
-The ledger is the tables of 15_errata (ids 000-N, 004-N, L03-N, ...). A row whose
+The ledger is the tables of 16_errata (ids 000-N, 004-N, L03-N, ...). A row whose
 section has no assertion yet must be listed in KNOWN_GAPS, with what is missing;
 the list may only shrink: a gap that gets its assertion fails until it is removed.
 """
@@ -47,7 +47,7 @@ def _asserts_only_if_installed(code: list[str]) -> bool:
 
 def _sections(lang: str, ids) -> list[tuple[str, str, list[str]]]:
     """(notebook, fragment, code cells) of the sections the rows `ids` link to."""
-    rows = ledger.ledger(NOTEBOOKS / lang / "15_errata.ipynb")
+    rows = ledger.ledger(NOTEBOOKS / lang / "16_errata.ipynb")
     targets = sorted({(t, f) for i, t, f in rows if i in ids and t is not None})
     return [(t, f, links.section_code(NOTEBOOKS / lang / t, f)) for t, f in targets]
 
@@ -56,7 +56,7 @@ def _sections(lang: str, ids) -> list[tuple[str, str, list[str]]]:
 def test_rows_that_assert_only_with_an_extra_are_the_ecosystem_check_s(lang):
     """A row counted as asserted whose section asserts only where an optional
     package is installed must be one that make ecosystem-check runs."""
-    rows = ledger.ledger(NOTEBOOKS / lang / "15_errata.ipynb")
+    rows = ledger.ledger(NOTEBOOKS / lang / "16_errata.ipynb")
     optional = {i for i, target, fragment in rows if target is not None
                 and _asserts_only_if_installed(
                     links.section_code(NOTEBOOKS / lang / target, fragment) or [])}
@@ -127,8 +127,8 @@ def test_sections_asserted_only_with_the_ecosystem_extra_assert_there(
 
 
 def test_both_languages_have_the_same_rows_and_targets():
-    ja = ledger.ledger(NOTEBOOKS / "ja" / "15_errata.ipynb")
-    en = ledger.ledger(NOTEBOOKS / "en" / "15_errata.ipynb")
+    ja = ledger.ledger(NOTEBOOKS / "ja" / "16_errata.ipynb")
+    en = ledger.ledger(NOTEBOOKS / "en" / "16_errata.ipynb")
     assert len(en) >= 70
     assert [(i, target) for i, target, _ in ja] == [(i, target) for i, target, _ in en]
 
@@ -179,7 +179,7 @@ def _notebook(path, *cells):
 
 def _pair(folder, lesson_cells, rows):
     _notebook(folder / "03_lesson.ipynb", *lesson_cells)
-    _notebook(folder / "15_errata.ipynb", ("markdown", "| id | claim | cell |\n"
+    _notebook(folder / "16_errata.ipynb", ("markdown", "| id | claim | cell |\n"
                                            "|---|---|---|\n" + "\n".join(rows)))
 
 
@@ -250,7 +250,7 @@ VERDICTS = {"ja": ("正しい", "誤り", "誤解を招く", "古い"),
 def test_the_errata_tables_are_well_formed(lang):
     """Every row about the documents has one of the four verdicts; each
     document's ids run from 1 without a gap or a repeat; every row links."""
-    errata = NOTEBOOKS / lang / "15_errata.ipynb"
+    errata = NOTEBOOKS / lang / "16_errata.ipynb"
     nb = json.loads(errata.read_text(encoding="utf-8"))
     doc_rows = [line.split("|") for cell in nb["cells"]
                 if cell["cell_type"] == "markdown"

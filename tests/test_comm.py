@@ -327,7 +327,7 @@ def test_a_stall_at_the_start_of_a_sweep_leaves_the_fit_standing(monkeypatch):
     monkeypatch.setattr(dist, "all_reduce", all_reduce)
     monkeypatch.setattr(dist, "barrier", lambda *args, **kwargs: None)
     monkeypatch.setattr(dist, "get_backend", lambda *args, **kwargs: "gloo")
-    sizes = [2**k for k in range(10, 23, 2)]  # 1 KiB to 4 MiB, as lesson 11
+    sizes = [2**k for k in range(10, 23, 2)]  # 1 KiB to 4 MiB, as lesson 13
     seconds = comm.allreduce_sweep(sizes, repeat=7)
     assert max(seconds) < 20e-3, seconds  # no median is a stalled call
     ab = comm.fit_alpha_beta(sizes, seconds, world_size=2)

@@ -610,6 +610,6 @@ def test_exact_mean(ranks, capsys):
     assert "For a data set of 9 you returned" in str(caught.value)
     assert "1 real sample(s) left out" in str(caught.value)
     # Right on 2 ranks, where all padding is rank 1's last sample; wrong on 3 or
-    # more, which the check does not run: lesson 10 says so.
+    # more, which the check does not run: lesson 11 says so.
     exercises.grade_exact_mean(ranks, answers.exact_mean_last_rank_padding)
 

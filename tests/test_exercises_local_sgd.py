@@ -1,4 +1,4 @@
-"""Lesson 14's DiLoCo exercise: the check passes the lesson's solution and names each
+"""Lesson 15's DiLoCo exercise: the check passes the lesson's solution and names each
 typical mistake, in both languages. Each mistake is the solution cell, read from the
 built notebook, with one edit; it runs on the ranks, where the %%px cell would."""
 
@@ -11,7 +11,7 @@ import labkit
 from labkit import exercises
 
 ROOT = Path(__file__).resolve().parent.parent
-LESSON = ROOT / "notebooks" / "en" / "14_communicate_less.ipynb"
+LESSON = ROOT / "notebooks" / "en" / "15_communicate_less.ipynb"
 
 
 def _cell(text: str, tag: str) -> str:

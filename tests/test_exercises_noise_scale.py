@@ -1,4 +1,4 @@
-"""Lesson 14's exercise 2: the noise scale from two batch sizes.
+"""Lesson 15's exercise 2: the noise scale from two batch sizes.
 
 The check passes the reference answer (the lesson's solution cell, read from
 the built notebook, and a torch version) and names each typical mistake with
@@ -16,7 +16,7 @@ import labkit
 from labkit import exercises
 
 LESSON = Path(__file__).resolve().parent.parent / "notebooks" / "en" / \
-    "14_communicate_less.ipynb"
+    "15_communicate_less.ipynb"
 NUMBERS = (8, 2, 25.289, 16.629)  # the lesson's, as its check cell passes them
 
 

@@ -1,4 +1,4 @@
-"""The sharding exercises (lessons 11, 12): checks pass the reference, name mistakes.
+"""The sharding exercises (lessons 12, 13): checks pass the reference, name mistakes.
 
 Stage 2's reduce-scatter runs on two ranks: each answer is imported into the
 ranks' namespace, where the lesson's %%px cell would define it. ZeRO-3's two
@@ -174,9 +174,9 @@ def test_bytes_per_rank_right_for_divisible_sizes_only_is_named():
 # checks, and its exercise cells as handed out get "still None".
 
 ROOT = Path(__file__).resolve().parent.parent
-LESSON = ROOT / "notebooks" / "en" / "11_zero_by_hand.ipynb"
-# The predictions (bytes per rank, bytes sent) are lesson 12's exercises.
-LESSONS = (LESSON, ROOT / "notebooks" / "en" / "12_fsdp2.ipynb")
+LESSON = ROOT / "notebooks" / "en" / "12_zero_by_hand.ipynb"
+# The predictions (bytes per rank, bytes sent) are lesson 13's exercises.
+LESSONS = (LESSON, ROOT / "notebooks" / "en" / "13_fsdp2.ipynb")
 
 
 def _lesson_cell(tag, defines):
@@ -325,7 +325,7 @@ def test_the_cell_after_the_check_asserts_avg_and_what_a_view_holds(lesson_on_ra
 
 # ZeRO-3's two methods, mixed into the lesson's Zero3Base on the ranks
 
-FIND = finder("11_zero_by_hand")
+FIND = finder("12_zero_by_hand")
 
 
 @pytest.fixture

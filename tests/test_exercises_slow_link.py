@@ -1,4 +1,4 @@
-"""Lesson 12's crossover exercise: the check passes the reference, names each mistake.
+"""Lesson 14's crossover exercise: the check passes the reference, names each mistake.
 
 The grader runs in the kernel, on plain numbers: no process is started. The
 answers are in exercise_answers.py, the reference first, then each typical

@@ -1,4 +1,4 @@
-"""labkit.fsdp, and lesson 12's FSDP2 cells as written and with one line changed.
+"""labkit.fsdp, and lesson 13's FSDP2 cells as written and with one line changed.
 
 The lesson's cells are read from the built notebook, as tests/test_from_scratch.py
 reads lesson 06's: as written their assertions pass; with the broadcast
@@ -16,7 +16,7 @@ from torch import nn
 from labkit import cluster, fsdp, models, plots, sharding
 
 ROOT = Path(__file__).resolve().parent.parent
-LESSON = ROOT / "notebooks" / "en" / "12_fsdp2.ipynb"
+LESSON = ROOT / "notebooks" / "en" / "13_fsdp2.ipynb"
 
 
 class Tied(nn.Module):
@@ -193,7 +193,7 @@ def _load_in_kernel(ranks, source: str) -> dict:
     """Run the lesson's kernel cell that loads the checkpoint; its namespace."""
     namespace = {"ranks": ranks, "torch": torch, "fsdp": fsdp, "models": models}
     try:
-        exec(compile(source, "lesson 12, the kernel's load", "exec"), namespace)
+        exec(compile(source, "lesson 13, the kernel's load", "exec"), namespace)
     finally:  # the directory is gone, whether the cell's assertions held or not
         assert not Path(ranks.pull("checkpoint_dir")[0]).exists()
     return namespace

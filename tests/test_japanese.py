@@ -139,7 +139,7 @@ def _values() -> tuple[dict[str, list], dict[tuple[str, str], list]]:
 
 
 def _lesson_11_values() -> dict[tuple[str, str], list]:
-    """Lesson 11's graders: the reduce-scatter's cases, the tables of bytes, ZeRO-3."""
+    """The ZeRO lessons' graders: reduce-scatter cases, tables of bytes, ZeRO-3."""
     rs_case = [t("ex_rs_case", numel=1000, rank=0)]
     call = t("ex_bytes_call", fn="bytes_per_rank", params=7_500_000_000, n=64,
              stage="ZeRO-1")
@@ -191,7 +191,7 @@ def _lesson_11_values() -> dict[tuple[str, str], list]:
 
 
 def _noise_scale_values() -> dict[tuple[str, str], list]:
-    """Lesson 12's noise scale grader: the call it shows, the value it found."""
+    """Lesson 15's noise scale grader: the call it shows, the value it found."""
     call = t("ex_ns_call", fn="noise_scale_estimate", b=8, n=4, small=21.0,
              big=9.75)
     return {("ex_ns_call", "fn"): ["noise_scale_estimate"],
@@ -204,7 +204,7 @@ def _noise_scale_values() -> dict[tuple[str, str], list]:
 
 
 def _crossover_values() -> dict[tuple[str, str], list]:
-    """Lesson 12's crossover grader: the case it shows, its answers, the hints."""
+    """Lesson 14's crossover grader: the case it shows, its answers, the hints."""
     fields = {"t_ddp": 13.4, "t_fp16": 14.9, "S_ddp": 8_482_856, "S_fp16": 4_241_428,
               "calls": 2, "alpha_s": 1e-4}
     not_half = t("ex_xover_case", **fields | {"S_fp16": 3_000_000}) + " " + t(

@@ -1,4 +1,4 @@
-"""labkit.local_sgd, and lesson 14's local SGD and DiLoCo cells as written and broken.
+"""labkit.local_sgd, and lesson 15's local SGD and DiLoCo cells as written and broken.
 
 The lesson's cells are read from the built notebook and run on the test engines:
 as written their assertions pass; with the outer step's momentum removed, or the
@@ -13,7 +13,7 @@ from labkit import cluster, local_sgd
 
 
 def _cells() -> dict[str, str]:
-    find = finder("14_communicate_less")
+    find = finder("15_communicate_less")
     return {"local": find("def train_local_sgd("),
             "ddp_and_drift": find("local1, _ = train_local_sgd(H=1"),
             "bytes": find("for H in (1, 4, 16):"),

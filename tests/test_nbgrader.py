@@ -242,7 +242,7 @@ def test_validate_passes_the_reference_answers(course, grader, assignment):
 
 
 @needs_round_trip
-@pytest.mark.timeout(900)  # the lesson run twice; lesson 10 takes 70 s a run here
+@pytest.mark.timeout(900)  # the lesson run twice; the longest takes about a minute here
 # nbgrader's gradebook warns so at a student's first submission, as its command
 # line does (nbgrader 0.9.6, SQLAlchemy 2): nothing this test can act on.
 @pytest.mark.filterwarnings("ignore:Object of type:sqlalchemy.exc.SAWarning")

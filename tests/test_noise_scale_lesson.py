@@ -1,4 +1,4 @@
-"""Lesson 14's section on batch size: its cells as written, and with one line changed.
+"""Lesson 15's section on batch size: its cells as written, and with one line changed.
 
 The cells are read from the built notebook and run on the test engines. As
 written their assertions pass; with the per-rank capture removed from the
@@ -15,7 +15,7 @@ from labkit import cluster
 
 
 def _cells() -> dict[str, str]:
-    find = finder("14_communicate_less")
+    find = finder("15_communicate_less")
     return {"measure": find("measured.register_comm_hook(norms, capture)"),
             "per_step": find("per_step_traces = ["),
             "critical": find("def steps_to_target("),

@@ -147,7 +147,7 @@ def test_every_lesson_page_shows_its_figures(served, page, lang):
 def test_errata_links_land_on_their_cell(served, page, lang):
     """Links deep into lessons 04 and 08: after the click the linked heading is on
     screen (and at the page's top it was not)."""
-    errata = f"{served}/{lang}/lessons/15_errata.html"
+    errata = f"{served}/{lang}/lessons/16_errata.html"
     page.goto(errata)
     links = page.evaluate("""() => [...document.querySelectorAll('article a')]
         .map(a => a.getAttribute('href'))

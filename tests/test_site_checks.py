@@ -209,7 +209,7 @@ def test_cell_links_become_links_to_targets_the_site_has():
          "source": ["no heading here"]},
     ]}
     source = [json.dumps(notebook)]
-    labkit_site.lesson_source(_app("en"), "lessons/15_errata", source)
+    labkit_site.lesson_source(_app("en"), "lessons/16_errata", source)
     cells = json.loads(source[0])["cells"]
     assert cells[0]["source"] == ("(13-errata)=\n# Errata\n"
                                   "See [the proof](04_no_sync.ipynb#04-equal).")

@@ -1,4 +1,4 @@
-"""Lesson 13's slow link: its cells as written, and with the link's delay removed.
+"""Lesson 14's slow link: its cells as written, and with the link's delay removed.
 
 The section "A slow link you can dial" asserts that an all-reduce over the link
 takes at least the link's delay, that the delay each step gets is calls × α +
@@ -18,7 +18,7 @@ from labkit import cluster
 
 def _cells() -> dict[str, str]:
     """The section's cells, by a line each contains (no magic line)."""
-    find = finder("13_slow_link")
+    find = finder("14_slow_link")
     return {"one": find("ALPHA, BETA = 1e-3, 100e6"),
             "measure": find("over = slow_link.steps_over_links("),
             "table": find('over = ranks.pull("over")'),

@@ -9,8 +9,8 @@ import student_copies
 ROOT = Path(__file__).resolve().parent.parent
 
 NOTEBOOKS = ROOT / "notebooks"
-LESSONS_WITH_EXERCISES = ("01", "02", "03", "04", "05", "06", "07", "08", "09",
-                          "10", "11", "12")
+# Every lesson between the setup (00) and the errata (16) has at least one.
+LESSONS_WITH_EXERCISES = tuple(f"{n:02d}" for n in range(1, 16))
 
 
 def tags(cell):
@@ -51,7 +51,7 @@ def test_each_exercise_has_a_solution_then_a_check(lang, lesson):
     (path,) = (NOTEBOOKS / lang).glob(f"{lesson}_*.ipynb")
     cells = nbformat.read(path, as_version=4).cells
     starts = [i for i, c in enumerate(cells) if "exercise" in tags(c)]
-    assert len(starts) >= 2
+    assert len(starts) >= 1
     for i in starts:
         solution, check = cells[i + 1], cells[i + 2]
         assert "solution" in tags(solution), f"{path.name}: cell {i + 2}"

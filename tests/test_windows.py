@@ -276,13 +276,15 @@ def test_torchrun_nodes_run_without_libuv():
 @pytest.mark.procs
 @pytest.mark.timeout(900)
 def test_lessons_03_and_10_run_whole_as_on_windows(tmp_path):
-    """Every cell of the English lessons 03 and 10 (ranks, a hang and its stacks,
-    torchrun's restart) with every fake in every process, as make test runs them."""
+    """Every cell of the English lessons 03, 10 and 11_uneven_and_restarts (ranks, a
+    hang and its stacks, torchrun's restart) with every fake in every process, as
+    make test runs them."""
     import executed
     import nbformat
 
     lessons = [ROOT / "notebooks" / "en" / name
-               for name in ("03_ddp.ipynb", "10_troubleshooting.ipynb")]
+               for name in ("03_ddp.ipynb", "10_troubleshooting.ipynb",
+                            "11_uneven_and_restarts.ipynb")]
     run = subprocess.run(
         [sys.executable, "-m", "pytest", *executed.nbval_args(tmp_path),
          *map(str, lessons)],

@@ -1,4 +1,4 @@
-"""Lesson 11's ZeRO stages by hand: its cells as written, and with one line changed.
+"""Lesson 12's ZeRO stages by hand: its cells as written, and with one line changed.
 
 The lesson defines `Zero1`, `Zero2`, `Zero3Base` and `Zero3` (the solution of
 its second exercise) in `%%px` cells and asserts, in the cells after, that each
@@ -22,7 +22,7 @@ from labkit import cluster, exercises, models
 
 def _cells() -> dict[str, str]:
     """The lesson's cells these tests run, by a line each contains (no magic line)."""
-    find = finder("11_zero_by_hand")
+    find = finder("12_zero_by_hand")
     return {
         "imports": find("from labkit import comm_counting, models, sharding"),
         "ddp": find("class DDPAdam:"),
@@ -42,7 +42,7 @@ def _cells() -> dict[str, str]:
         "memory_table": find('ranks.pull("memory_table")'),
         "traffic": find("def traffic("),
         "sent": find("def sent(calls)"),
-        "wire": finder("12_fsdp2")("S_wire = "),  # what gloo writes: lesson 12's cell
+        "wire": finder("13_fsdp2")("S_wire = "),  # what gloo writes: lesson 13's cell
         "wire_step": find("def wire_per_step("),
     }
 

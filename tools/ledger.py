@@ -81,7 +81,7 @@ def ledger(path: Path) -> list[tuple[str, str | None, str | None]]:
     return rows
 
 
-def ledger_problems(folder: Path, name: str = "15_errata.ipynb",
+def ledger_problems(folder: Path, name: str = "16_errata.ipynb",
                     known_gaps: dict[str, str] | None = None) -> list[str]:
     """What is wrong with the claims ledger in `folder`/`name`, one line each.
 

@@ -23,7 +23,7 @@ same id), so a link stays true when a lesson gains or loses cells. `land`
 writes such links from heading links, and rewrites the ids that no longer hold
 the heading their text names (after a heading is renamed):
 
-    python tools/links.py course/15_errata.py   # then build the notebooks
+    python tools/links.py course/16_errata.py   # then build the notebooks
 
 That the heading then stays on screen needs the course's JupyterLab defaults
 (jupyterlab-settings/, which `make lab` uses); tests/test_browser.py clicks

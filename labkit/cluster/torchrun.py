@@ -95,7 +95,7 @@ def run_nodes(args: list[str], nnodes: int = 2, nproc_per_node: int = 1,
         # torch 2.13's agent keeps one store across restarts, and the new workers
         # can read the dead ones' addresses (dynamic_rendezvous.py): with the
         # default, most restarts tried here failed to connect or hung; with this,
-        # none did (lesson 10's and the tests' restarts run with it).
+        # none did (lesson 11's and the tests' restarts run with it).
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         logs = [open(Path(tmp) / f"node{i}.log", "w+") for i in range(nnodes)]

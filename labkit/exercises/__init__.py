@@ -9,6 +9,8 @@ lesson (lesson 04, `course/04_no_sync.py`: `labkit/exercises/l04_no_sync.py`);
 the sharding lessons' in two: lesson 11's graders on the ranks in
 `l11_sharding.py`, and the predictions in the kernel, lesson 12's exercises, in
 `l11_predicted_bytes.py`.
+`l10_troubleshooting.py` holds the graders of two lessons: lesson 10's
+(`course/10_troubleshooting.py`) and those of `course/11_uneven_and_restarts.py`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Lesson 10 (troubleshooting): unused parameters, an uneven epoch, an exact metric.
+"""Lessons 10 and 11: unused parameters (course/10_troubleshooting.py), an uneven
+epoch and an exact metric (course/11_uneven_and_restarts.py).
 
 Messages below; how a grader answers: labkit.exercises.feedback. `_..._trial`
 functions run on the ranks. The truth is computed, not written down: which
@@ -201,7 +202,8 @@ def _zero_grad_names(model: nn.Module, X: torch.Tensor) -> list[str]:
 
 
 def grade_unused_parameters(fn: Callable) -> None:
-    """`fn(model, X)`: the sorted names of the parameters that get no gradient."""
+    """Lesson 10: `fn(model, X)`: the sorted names of the parameters that get no
+    gradient."""
     X = torch.randn(4, 6)
     for stale in (False, True):
         for name, model in _models():
@@ -267,7 +269,8 @@ _BROKEN = ("timed out", "Timed out", "Gloo", "gloo", "Connection closed",
 
 
 def grade_uneven_epoch(ranks: Ranks, fn: Callable) -> None:
-    """`fn(model, optimizer, batches)` on every rank, 5 batches on rank 0, 4 on 1."""
+    """Lesson 11: `fn(model, optimizer, batches)` on every rank, 5 batches on rank 0,
+    4 on 1."""
     from ..cluster import RankError
 
     try:
@@ -316,7 +319,8 @@ def _mean_trial(fn: Callable) -> list[float | None]:
 
 
 def grade_exact_mean(ranks: Ranks, fn: Callable) -> None:
-    """`fn(values, total)` on every rank: the data set's mean, each sample once."""
+    """Lesson 11: `fn(values, total)` on every rank: the data set's mean, each
+    sample once."""
     from torch.utils.data import DistributedSampler
 
     results = ranks.run(_mean_trial, fn)

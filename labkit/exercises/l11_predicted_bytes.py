@@ -1,4 +1,4 @@
-"""Lesson 11 (sharding): predict the bytes a rank holds and sends, per ZeRO stage.
+"""Lesson 13 (FSDP2, when to shard): the bytes a rank holds and sends, per ZeRO stage.
 
 Both graders run in the kernel. The truth is computed, not written down: the
 bytes held come from `sharding.memory_per_rank` with fp32 Adam's sizes, the

@@ -1,11 +1,11 @@
-"""Lesson 11 (sharding): stage 2's gradient reduce-scatter, a ZeRO-3 layer that frees.
+"""Lesson 12 (ZeRO by hand): stage 2's gradient reduce-scatter, a ZeRO-3 layer freeing.
 
 Messages beside each grader; how a grader answers: labkit.exercises.feedback.
 `_..._trial` functions run on the ranks. The truth is computed, not written
 down: the shard of the mean is averaged here, in the kernel, from the same
 seeded gradients the ranks get; a ZeRO-3 layer's memory is measured on the
 ranks. The wrong answers the checks compare with serve only to name the
-mistake in a hint. The byte predictions (lesson 12's exercises):
+mistake in a hint. The byte predictions (lesson 13's exercises):
 l11_predicted_bytes.py.
 """
 

@@ -1,4 +1,4 @@
-"""Lesson 14 (communicate less often): DiLoCo's outer step, written by the learner.
+"""Lesson 15 (communicate less often): DiLoCo's outer step, written by the learner.
 
 Messages beside the grader; how a grader answers: labkit.exercises.feedback.
 `_outer_trial` runs on the ranks: a few rounds of seeded inner steps, each

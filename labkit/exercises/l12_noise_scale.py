@@ -1,4 +1,4 @@
-"""Lesson 14 (communicate less often): estimate the noise scale from two batch sizes.
+"""Lesson 15 (communicate less often): estimate the noise scale from two batch sizes.
 
 The grader runs in the kernel. Its cases are exact: the squared norms are
 those E|G_B|² = |G|² + tr(Σ) / B gives for a chosen tr(Σ) and |G|², so the

@@ -1,4 +1,4 @@
-"""Lesson 13 (when compressing pays), the slow link: predict fp16's crossover bandwidth.
+"""Lesson 14 (when compressing pays), the slow link: predict fp16's crossover bandwidth.
 
 The grader runs in the kernel. It calls the learner's function with the steps
 and bytes the lesson measured and with fixed cases: one with a large α, where

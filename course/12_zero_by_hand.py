@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown] lang="ja" tags=["outcomes"]
-# # 11 ZeRO を手で書く
+# # 12 ZeRO を手で書く
 #
 # このレッスンを終えると、次のことができます。
 #
@@ -20,7 +20,7 @@
 # - 各ステージが 1 ステップに送るバイト数を数え、シャードで減るのはメモリで、通信ではないことを説明する
 
 # %% [markdown] lang="en" tags=["outcomes"]
-# # 11 ZeRO by hand
+# # 12 ZeRO by hand
 #
 # After this lesson you can:
 #
@@ -198,7 +198,7 @@ assert ddp.held["optimizer"] == formula["optimizer"] + 4 * len(params)
 #
 # ステージ 1 では、各ランクが Adam の状態を自分のシャードのぶんだけ持ちます (torch では
 # `ZeroRedundancyOptimizer` です:
-# [12: ZeroRedundancyOptimizer: オプティマイザの状態を分割して持つ (シャード)](12_fsdp2.ipynb#cell-id=12-zeroredundancyoptimizer-sharing-out-the-optimizer-state))。
+# [13: ZeroRedundancyOptimizer: オプティマイザの状態を分割して持つ (シャード)](13_fsdp2.ipynb#cell-id=13-zeroredundancyoptimizer-sharing-out-the-optimizer-state))。
 # 1 ステップは次のとおりです。
 #
 # 1. 各ランクが自分のバッチで順伝播と逆伝播をします。
@@ -217,7 +217,7 @@ assert ddp.held["optimizer"] == formula["optimizer"] + 4 * len(params)
 #
 # In stage 1 each rank holds Adam's state for its own shard only (in torch,
 # `ZeroRedundancyOptimizer`:
-# [12: ZeroRedundancyOptimizer: sharing out the optimizer state](12_fsdp2.ipynb#cell-id=12-zeroredundancyoptimizer-sharing-out-the-optimizer-state)).
+# [13: ZeroRedundancyOptimizer: sharing out the optimizer state](13_fsdp2.ipynb#cell-id=13-zeroredundancyoptimizer-sharing-out-the-optimizer-state)).
 # A step:
 #
 # 1. Each rank runs the forward and backward pass on its batch.
@@ -875,7 +875,7 @@ assert 1.5 <= sent(traffic_table["ZeRO-3"]["calls"]) / ddp_sent <= 1.5 * padded 
 # all-gather のぶん 1.5 倍を送ります。このレッスンで使う gloo の reduce-scatter は中で all-reduce を
 # 実行する (プロファイラが `gloo:all_reduce` と記録します) ので、gloo では
 # **ステージ 1 と 2 が DDP の 1.5 倍、ステージ 3 が 2 倍**を送ります (集団通信 1 回ずつのバイト数は
-# レッスン 12 で数えます)。次のセルが、各ステージの 1 ステップで各ランクがソケットに書いたバイト数
+# レッスン 13 で数えます)。次のセルが、各ステージの 1 ステップで各ランクがソケットに書いたバイト数
 # (Linux の /proc/self/io、レッスン 05) で確かめます。
 #
 # **予想してから実行:** gloo で、ステージ 3 は 1 ステップに DDP の何倍を書き込むでしょうか?
@@ -897,7 +897,7 @@ assert 1.5 <= sent(traffic_table["ZeRO-3"]["calls"]) / ddp_sent <= 1.5 * padded 
 # So in a ring (NCCL's) stages 1 and 2 send DDP's bytes, stage 3 1.5 times (the
 # backward's all-gather). The gloo backend this lesson runs on does a reduce-scatter
 # as an all-reduce underneath (the profiler records `gloo:all_reduce`), so on gloo
-# **stages 1 and 2 send 1.5 times DDP's bytes, and stage 3 twice** (lesson 12 counts
+# **stages 1 and 2 send 1.5 times DDP's bytes, and stage 3 twice** (lesson 13 counts
 # each collective alone). The next cell checks it with the bytes each rank writes to
 # its sockets in a step of each stage (Linux's /proc/self/io, lesson 05).
 #
@@ -1004,9 +1004,9 @@ ranks.stop()
 # %% tags=["self-check"]
 from labkit import selfcheck
 
-selfcheck.show("11_zero_by_hand")
+selfcheck.show("12_zero_by_hand")
 
 # %% tags=["self-check"]
 # Your answers, "a", "b", "c" or "d" for each question; then run this cell.
 my_answers = {1: None, 2: None, 3: None}
-selfcheck.check("11_zero_by_hand", my_answers)
+selfcheck.check("12_zero_by_hand", my_answers)

@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown] lang="ja" tags=["outcomes"]
-# # 13 圧縮が割に合うとき: 遅い回線
+# # 14 圧縮が割に合うとき: 遅い回線
 #
 # このレッスンを終えると、次のことができます。
 #
@@ -25,7 +25,7 @@
 # 測って答えます。コードのセルが表示する出力は英語のままです (図と確認のメッセージは日本語です)。
 
 # %% [markdown] lang="en" tags=["outcomes"]
-# # 13 When compressing pays: a slow link
+# # 14 When compressing pays: a slow link
 #
 # After this lesson you can:
 #
@@ -541,9 +541,9 @@ ranks.stop()
 # %% tags=["self-check"]
 from labkit import selfcheck
 
-selfcheck.show("13_slow_link")
+selfcheck.show("14_slow_link")
 
 # %% tags=["self-check"]
 # Your answers, "a", "b", "c" or "d" for each question; then run this cell.
 my_answers = {1: None, 2: None, 3: None}
-selfcheck.check("13_slow_link", my_answers)
+selfcheck.check("14_slow_link", my_answers)

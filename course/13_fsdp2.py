@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown] lang="ja" tags=["outcomes"]
-# # 12 FSDP2 と、いつシャードするか
+# # 13 FSDP2 と、いつシャードするか
 #
 # このレッスンを終えると、次のことができます。
 #
@@ -21,7 +21,7 @@
 # - 1 ランクのメモリの予算から、どのステージが収まるかを決め、ステージ 3 の余分な all-gather の代償を見積もる
 
 # %% [markdown] lang="en" tags=["outcomes"]
-# # 12 FSDP2 and when to shard
+# # 13 FSDP2 and when to shard
 #
 # After this lesson you can:
 #
@@ -56,7 +56,7 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # `fully_shard(module)` は `module` を 1 つの**ユニット**にします。ユニットの各パラメータは `DTensor` になり、
 # 各ランクは 0 番目の次元で切った自分のシャードだけを持ちます。ユニットの順伝播の直前にフックがそのパラメータを
 # all-gather し、順伝播のあとで解放し、逆伝播の直前にもう一度 all-gather して、勾配を reduce-scatter します。
-# レッスン 11 の `Zero3` がしていることと同じです ([11: ZeRO ステージ 3 を手で書く](11_zero_by_hand.ipynb#cell-id=11-zero-stage-3-by-hand))。レッスン 09 と同じく、層ごとに 1 ユニット、最後にモデル全体 (ルート) に呼びます。
+# レッスン 12 の `Zero3` がしていることと同じです ([12: ZeRO ステージ 3 を手で書く](12_zero_by_hand.ipynb#cell-id=12-zero-stage-3-by-hand))。レッスン 09 と同じく、層ごとに 1 ユニット、最後にモデル全体 (ルート) に呼びます。
 #
 # 重みを共有する層と凍結した層を持つ `models.TiedMLP` (学習するパラメータ 833 個) で、気をつけることが 2 つ
 # あります (下のセルで確かめます)。
@@ -70,7 +70,7 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 #   パラメータ (`requires_grad=False`) は、そのままで扱えます。集めはしますが、勾配がないので
 #   reduce-scatter しません。
 #
-# 下のクラスは、レッスン 11 の学習クラスと同じ使い方 (`FSDP2Adam(model, lr)`、`.step(X, y, loss_fn)`) です。
+# 下のクラスは、レッスン 12 の学習クラスと同じ使い方 (`FSDP2Adam(model, lr)`、`.step(X, y, loss_fn)`) です。
 # 比べる相手は、torch の DDP と Adam (`DDPAdam`) と、1 プロセスの学習です。
 
 # %% [markdown] lang="en"
@@ -81,7 +81,7 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # `DTensor`, and each rank holds only its shard, cut along dimension 0. Just before the
 # unit's forward, a hook all-gathers its parameters; after the forward they are freed;
 # just before its backward they are all-gathered again, and the gradients are
-# reduce-scattered. That is the work of lesson 11's `Zero3` ([11: ZeRO stage 3 by hand](11_zero_by_hand.ipynb#cell-id=11-zero-stage-3-by-hand)). As in lesson 09, call it on each layer, one
+# reduce-scattered. That is the work of lesson 12's `Zero3` ([12: ZeRO stage 3 by hand](12_zero_by_hand.ipynb#cell-id=12-zero-stage-3-by-hand)). As in lesson 09, call it on each layer, one
 # unit each, then on the whole model (the root).
 #
 # On `models.TiedMLP`, a model with a tied weight and a frozen layer (833 trained
@@ -97,7 +97,7 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 #   nothing: they are gathered, but have no gradient, so nothing is reduce-scattered
 #   for them.
 #
-# The class below is used like lesson 11's trainers (`FSDP2Adam(model, lr)`,
+# The class below is used like lesson 12's trainers (`FSDP2Adam(model, lr)`,
 # `.step(X, y, loss_fn)`); it is compared with torch's DDP and Adam (`DDPAdam`) and
 # with one process.
 
@@ -218,7 +218,7 @@ fsdp_held = fsdp.held_param_bytes(sharded)  # this rank's shards: for the plot b
 
 # %% [markdown] lang="ja"
 # 5 ステップのあと、FSDP2 のパラメータは 1 プロセスの学習と `1e-6` 以内で等しく (差は上に表示して
-# います)、torch の DDP とはビット単位で一致します (レッスン 11 の `Zero3` も同じです)。どちらも同じ平均の勾配を使い、Adam は要素ごとに
+# います)、torch の DDP とはビット単位で一致します (レッスン 12 の `Zero3` も同じです)。どちらも同じ平均の勾配を使い、Adam は要素ごとに
 # 同じ計算をするからです。共有された重みは 1 つのテンソルのままで、凍結したパラメータは変わりません。
 #
 # ### reshard_after_forward: メモリと通信のトレードオフ
@@ -241,7 +241,7 @@ fsdp_held = fsdp.held_param_bytes(sharded)  # this rank's shards: for the plot b
 
 # %% [markdown] lang="en"
 # After 5 steps, FSDP2's parameters equal one process's within `1e-6` (the difference
-# is printed above), and torch's DDP's bit for bit (as lesson 11's `Zero3` does): both use the same mean
+# is printed above), and torch's DDP's bit for bit (as lesson 12's `Zero3` does): both use the same mean
 # gradients, and Adam does the same arithmetic element by element. The tied
 # weight is still one tensor, and the frozen parameter has not changed.
 #
@@ -458,7 +458,7 @@ print(f"loaded {len(full_state)} tensors from 2 shards; equal to the ranks' full
 # all-reduce で全部そろえ、更新したパラメータを broadcast する) によるものです。ZeRO の論文の
 # ステージ 1 は、勾配を reduce-scatter し、パラメータを all-gather するので、通信量は DDP と同じです
 # (論文の 7 節)。勾配とパラメータは全ランクが全部持ったままです。それも分割して持つのが ZeRO-2、ZeRO-3 と FSDP
-# です (レッスン 11 のステージ 1〜3)。
+# です (レッスン 12 のステージ 1〜3)。
 
 # %% [markdown] lang="en"
 # ### ZeroRedundancyOptimizer: sharing out the optimizer state
@@ -477,7 +477,7 @@ print(f"loaded {len(full_state)} tensors from 2 shards; equal to the ranks' full
 # then the updated parameters broadcast); stage 1 as the ZeRO paper describes it
 # reduce-scatters the gradients and all-gathers the parameters, the same volume as DDP
 # (the paper's section 7). Every rank still holds all the gradients and parameters;
-# sharing those out too is ZeRO-2, ZeRO-3 and FSDP (lesson 11's stages 1 to 3).
+# sharing those out too is ZeRO-2, ZeRO-3 and FSDP (lesson 12's stages 1 to 3).
 
 # %%
 # %%px
@@ -544,7 +544,7 @@ assert message is not None and "consolidate_state_dict" in message
 #
 # `bytes_per_rank(params, world_size, stage)` を書いてください。Ψ 個のパラメータを float32 の Adam で
 # N ランクで学習するとき、`stage` (`"DDP"`、`"ZeRO-1"`、`"ZeRO-2"`、`"ZeRO-3"`) で 1 ランクが持つモデルの
-# 状態のバイト数 (レッスン 11 の表の float32 の列: [11: メモリは何に使われるか](11_zero_by_hand.ipynb#cell-id=11-where-the-memory-goes)) です。`step` とパディングは数えず、Ψ ÷ N は小数のままにします。
+# 状態のバイト数 (レッスン 12 の表の float32 の列: [12: メモリは何に使われるか](12_zero_by_hand.ipynb#cell-id=12-where-the-memory-goes)) です。`step` とパディングは数えず、Ψ ÷ N は小数のままにします。
 # 確認のセルは、Ψ = 10 から 75 億まで、N = 1〜64 で labkit の式と比べます。
 
 # %% [markdown] lang="en"
@@ -552,7 +552,7 @@ assert message is not None and "consolidate_state_dict" in message
 #
 # Write `bytes_per_rank(params, world_size, stage)`: training Ψ parameters with Adam
 # in float32 on N ranks, the bytes of model state one rank holds under `stage`
-# (`"DDP"`, `"ZeRO-1"`, `"ZeRO-2"` or `"ZeRO-3"`), the float32 column of lesson 11's table ([11: Where the memory goes](11_zero_by_hand.ipynb#cell-id=11-where-the-memory-goes)). Leave
+# (`"DDP"`, `"ZeRO-1"`, `"ZeRO-2"` or `"ZeRO-3"`), the float32 column of lesson 12's table ([12: Where the memory goes](12_zero_by_hand.ipynb#cell-id=12-where-the-memory-goes)). Leave
 # out `step` and padding, and keep Ψ ÷ N a fraction. The check compares with labkit's
 # formula for Ψ from 10 to 7.5 billion and N from 1 to 64.
 
@@ -581,7 +581,7 @@ exercises.grade_bytes_per_rank(bytes_per_rank)
 # シャードはメモリを減らしますが、通信はどうでしょうか。`bytes_sent_per_rank(params, world_size, stage)`
 # を書いてください。Ψ 個のパラメータを float32 で学習するとき、1 ステップの集団通信で 1 ランクが
 # **送る**バイト数です。集団通信はリング (レッスン 05) で、S バイトの reduce-scatter でも all-gather でも
-# 各ランクは (N − 1)/N × S を送ります。各ステージが呼ぶ集団通信はレッスン 11 のクラスのとおりで、パディングは
+# 各ランクは (N − 1)/N × S を送ります。各ステージが呼ぶ集団通信はレッスン 12 のクラスのとおりで、パディングは
 # 数えません。確認のセルは、Ψ = 10 から 75 億まで、N = 1〜64 でリングの式と比べます。
 
 # %% [markdown] lang="en"
@@ -619,9 +619,9 @@ exercises.grade_bytes_sent(bytes_sent_per_rank)
 # シャードで減るのはメモリで、通信は減りません (各ランクが更新するのは自分のシャードだけなので、
 # オプティマイザの計算は 1/N になります)。リングのアルゴリズムでは、ステージ 1 と 2 が送るバイト数は
 # DDP と同じで (reduce-scatter + all-gather = all-reduce)、ステージ 3 と FSDP2 は逆伝播の前の all-gather の
-# ぶん、DDP の 1.5 倍を送ります ([レッスン 11: 1 ステップで送るバイト数](11_zero_by_hand.ipynb#cell-id=11-bytes-sent-per-step)。FSDP2 は既定ではルートのパラメータを
+# ぶん、DDP の 1.5 倍を送ります ([12: 1 ステップで送るバイト数](12_zero_by_hand.ipynb#cell-id=12-bytes-sent-per-step)。FSDP2 は既定ではルートのパラメータを
 # 逆伝播まで集めたまま持つので、ルート自身がパラメータを持つモデルでは 1.5 倍より少し少なくなります)。
-# gloo では、ステージ 1 と 2 が DDP の 1.5 倍、ステージ 3 が 2 倍でした (レッスン 11)。
+# gloo では、ステージ 1 と 2 が DDP の 1.5 倍、ステージ 3 が 2 倍でした (レッスン 12)。
 # メモリと時間は単位が違うので、そのままでは比べられません。このレッスンでは、「シャードが割に合わない」を
 # 次の意味で使います: **シャードする範囲の小さいステージ (ステージ 1 や 2) でもメモリの予算に収まるのに、
 # ステージ 3 を選んで、余分な all-gather の時間を払うこと**。どのステージが収まるかはメモリだけで決まり、
@@ -642,10 +642,10 @@ exercises.grade_bytes_sent(bytes_sent_per_rank)
 # Sharding saves memory, not communication (it even divides the optimizer's compute by
 # N: each rank updates only its shard). In the ring algorithm stages 1 and 2 send DDP's
 # bytes (reduce-scatter + all-gather = all-reduce); stage 3 and FSDP2 send 1.5 times as
-# much, the all-gather before the backward ([11: Bytes sent per step](11_zero_by_hand.ipynb#cell-id=11-bytes-sent-per-step); by default FSDP2
+# much, the all-gather before the backward ([12: Bytes sent per step](12_zero_by_hand.ipynb#cell-id=12-bytes-sent-per-step); by default FSDP2
 # keeps the root's own parameters gathered until the backward, so a little less where
 # the root holds parameters of its own). On gloo stages 1 and 2 sent 1.5 times DDP's
-# bytes and stage 3 twice (lesson 11). Memory and seconds are different
+# bytes and stage 3 twice (lesson 12). Memory and seconds are different
 # units, so here "sharding costs more than it saves" means: **choosing stage 3, and
 # paying for its extra all-gather, where a stage that shards less would fit the memory
 # budget too**. Which stages fit depends on memory alone; the extra all-gather's time
@@ -743,7 +743,7 @@ sizes = [2**k for k in range(10, 23, 2)]  # 1 KiB to 4 MiB
 ab = comm.fit_alpha_beta(sizes, comm.allreduce_sweep(sizes, repeat=7), world_size)
 
 # %% [markdown] lang="ja"
-# gloo の reduce-scatter は中で all-reduce を実行します (レッスン 11)。そのため、下の gloo の見積もりでは
+# gloo の reduce-scatter は中で all-reduce を実行します (レッスン 12)。そのため、下の gloo の見積もりでは
 # reduce-scatter を all-reduce 1 回ぶんとします。次のセルは、数 MB の集団通信 1 回ずつで、各ランクが
 # ソケットに書き込むバイト数を数えます (Linux の /proc/self/io。`/proc` のない macOS と Windows では、
 # そう表示して数えません)。
@@ -752,7 +752,7 @@ ab = comm.fit_alpha_beta(sizes, comm.allreduce_sweep(sizes, repeat=7), world_siz
 # 0.5 倍)?
 
 # %% [markdown] lang="en"
-# On gloo a reduce-scatter runs an all-reduce underneath (lesson 11), so the gloo
+# On gloo a reduce-scatter runs an all-reduce underneath (lesson 12), so the gloo
 # pricing below charges it a whole all-reduce. The next cell counts what one
 # collective of a few megabytes each makes each rank write to its sockets (Linux's
 # /proc/self/io; on macOS and Windows, which have no `/proc`, it says so and counts
@@ -831,12 +831,12 @@ assert abs((stage2_gloo + extra_s) / stage2_gloo - 4 / 3) < 1e-12
 
 
 # %% [markdown] lang="ja"
-# 最後に、シャードの切り方です。レッスン 11 のステージ 1〜3 のように平坦化したバッファを同じ長さに切るやり方が使えるのは、要素ごとに計算するオプティマイザ (SGD、Adam、
+# 最後に、シャードの切り方です。レッスン 12 のステージ 1〜3 のように平坦化したバッファを同じ長さに切るやり方が使えるのは、要素ごとに計算するオプティマイザ (SGD、Adam、
 # AdamW) です。テンソル全体を使う `Adafactor` (行・列ごとの統計) や `Muon` (2 次元の行列全体) は、
 # 切れ目がテンソルの途中にあると別の更新をします。次のセルで確かめます。
 
 # %% [markdown] lang="en"
-# Last, how the shards are cut. Cutting one flat buffer, as lesson 11's stages 1 to 3 do, into equal pieces works for optimizers that compute element
+# Last, how the shards are cut. Cutting one flat buffer, as lesson 12's stages 1 to 3 do, into equal pieces works for optimizers that compute element
 # by element (SGD, Adam, AdamW). `Adafactor` (row and column statistics) and `Muon`
 # (the whole 2-D matrix) use whole tensors, and compute another update where a cut
 # falls inside one. The next cell checks it.
@@ -917,9 +917,9 @@ ranks.stop()
 # %% tags=["self-check"]
 from labkit import selfcheck
 
-selfcheck.show("12_fsdp2")
+selfcheck.show("13_fsdp2")
 
 # %% tags=["self-check"]
 # Your answers, "a", "b", "c" or "d" for each question; then run this cell.
 my_answers = {1: None, 2: None, 3: None}
-selfcheck.check("12_fsdp2", my_answers)
+selfcheck.check("13_fsdp2", my_answers)

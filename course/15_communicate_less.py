@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown] lang="ja" tags=["outcomes"]
-# # 14 通信の回数を減らす、そしてバッチはどこまで大きくできるか
+# # 15 通信の回数を減らす、そしてバッチはどこまで大きくできるか
 #
 # このレッスンを終えると、次のことができます。
 #
@@ -23,7 +23,7 @@
 #   ステップ数が減らなくなるところ (臨界バッチサイズ) を説明する
 
 # %% [markdown] lang="en" tags=["outcomes"]
-# # 14 Communicate less often, and how big a batch
+# # 15 Communicate less often, and how big a batch
 #
 # After this lesson you can:
 #
@@ -981,9 +981,9 @@ ranks.stop()
 # %% tags=["self-check"]
 from labkit import selfcheck
 
-selfcheck.show("14_communicate_less")
+selfcheck.show("15_communicate_less")
 
 # %% tags=["self-check"]
 # Your answers, "a", "b", "c" or "d" for each question; then run this cell.
 my_answers = {1: None, 2: None, 3: None}
-selfcheck.check("14_communicate_less", my_answers)
+selfcheck.check("15_communicate_less", my_answers)
