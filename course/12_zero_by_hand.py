@@ -210,7 +210,7 @@ assert ddp.held["optimizer"] == formula["optimizer"] + 4 * len(params)
 #
 # `sharding.FlatParameters` は、学習するパラメータを 1 本のバッファ `full` のビューにし、N の倍数まで
 # 0 で埋めます (パディング)。`shard(r)` はランク r の部分、`flat_grad()` は同じ並びの勾配です。集団通信は
-# `dist.reduce_scatter_single` と `dist.all_gather_single` です (torch 2.13。以前の名前は警告を出します)。
+# `dist.reduce_scatter_single` と `dist.all_gather_single` です。
 
 # %% [markdown] lang="en" tags=["core"]
 # ## ZeRO stage 1 by hand
@@ -231,7 +231,7 @@ assert ddp.held["optimizer"] == formula["optimizer"] + 4 * len(params)
 # `sharding.FlatParameters` makes the trained parameters views of one buffer `full`,
 # padded with zeros to a multiple of N; `shard(r)` is rank r's piece, `flat_grad()` the
 # gradients laid out alike. The collectives are `dist.reduce_scatter_single` and
-# `dist.all_gather_single` (torch 2.13; the older names warn).
+# `dist.all_gather_single`.
 
 # %% [markdown] lang="ja"
 # まず 4 つの値で確かめます。reduce-scatter で各ランクが和の自分の分を受け取り、all-gather でそれを
@@ -369,8 +369,6 @@ ddp_params = train(DDPAdam).full_parameters()
 
 # %%
 # %%px
-import warnings
-
 zero1 = train(Zero1)
 diff, bitwise = compare(zero1.full_parameters(), one_process, ddp_params)
 print(f"rank {rank}, ZeRO-1: {diff:.1e} from one process; bit for bit DDP's: {bitwise}")
@@ -379,12 +377,6 @@ assert diff <= 1e-6  # one process sums the whole batch in another order
 assert zero1.model.head.weight is zero1.model.embed.weight  # still tied
 assert len(zero1.optimizer.state[zero1.shard]["exp_avg"]) == zero1.flat.shard_numel
 assert zero1.flat.shard_numel * world_size == 834  # 833 parameters and 1 padding
-
-with warnings.catch_warnings(record=True) as caught:  # the older names
-    warnings.simplefilter("always")
-    dist.all_gather_into_tensor(torch.empty(world_size), torch.ones(1))
-    dist.reduce_scatter_tensor(torch.empty(1), torch.ones(world_size))
-assert [w.category for w in caught] == [FutureWarning, FutureWarning]
 
 # %% [markdown] lang="ja"
 # DDP とはビット単位で一致します。各ランクの勾配は同じ計算で、2 ランクでは「足してから 2 で割る」と
