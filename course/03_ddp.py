@@ -265,6 +265,9 @@ for epoch in range(3):
 assert per_rank[0][0] != per_rank[0][1]  # a new order each epoch
 forgetful = ranks.pull("without_set_epoch")
 assert all(order == forgetful[0][0] for order in forgetful[0])  # the same every epoch
+rows = {labkit.t("epoch_set", e=e): [r[e] for r in per_rank] for e in range(3)}
+rows.update({labkit.t("epoch_unset", e=e): [r[e] for r in forgetful] for e in range(3)})
+fig = diagrams.collectives(rows, fmt="{:.0f}", shade=False, title="sampler_epochs_title")
 
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 演習: `set_epoch` を足す

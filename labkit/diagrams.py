@@ -50,6 +50,11 @@ i18n.register({
                        "en": "The numbers torchrun hands each process (2 nodes x 4)"},
     "fsdp_held_title": {"ja": "fully_shard のあと各ランクが持つ値の数",
                         "en": "Values each rank holds after fully_shard"},
+    "epoch_set": {"ja": "エポック {e} (set_epoch)", "en": "epoch {e}, set_epoch"},
+    "epoch_unset": {"ja": "エポック {e} (set_epoch なし)",
+                    "en": "epoch {e}, no set_epoch"},
+    "sampler_epochs_title": {"ja": "DistributedSampler が各ランクに渡す添字",
+                             "en": "The indices DistributedSampler gives each rank"},
     "not_entered": {"ja": "(入っていない)", "en": "(not entered)"},
     "sequences_title": {"ja": "各ランクが入った集団通信 (Flight Recorder): "
                               "枠 = 食い違う最初の番号",
