@@ -261,8 +261,11 @@ for beta, row in steps.items():
         assert math.isclose(row[name]["link_s"], added)  # bookkeeping: calls·α + bytes/β
         assert row[name]["step_s"] >= row[name]["link_s"]  # one wire: all of it waited
 assert ratio(BETAS[0], "fp16") < 0.8  # at 100 MB/s, half the bytes wins
-# PowerSGD sends far less, but its own compute grows most with the load (0.55 once).
+# PowerSGD sends far less, but its own compute grows most with the load.
 assert ratio(BETAS[0], "PowerSGD r=1") < 0.8
+sent = {name: steps[BETAS[0]][name]["bytes"] for name in METHODS}  # the same at every β
+fig = plots.bar_chart({labkit.t("bytes_per_step"): sent}, ylabel="bytes",
+                      title="methods_bytes_title", fmt="{:,.0f}")
 
 fig = plots.line_chart(
     {name: ([b / 1e6 for b in BETAS], [ratio(b, name) for b in BETAS])

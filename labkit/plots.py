@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from cycler import cycler
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from . import i18n
 from .fonts import MissingGlyphError, checked_glyphs, setup_japanese_font
@@ -112,6 +112,9 @@ i18n.register({
                              "en": "all-gathered in the backward"},
     "reshard_title": {"ja": "reshard_after_forward = True / False: メモリと通信の交換",
                       "en": "reshard_after_forward = True / False: memory for traffic"},
+    "bytes_per_step": {"ja": "1 ステップに送るバイト数", "en": "bytes sent per step"},
+    "methods_bytes_title": {"ja": "方法ごとに送るバイト数 (この実行の大きな MLP)",
+                            "en": "What each method sends (this run's large MLP)"},
     "one_node": {"ja": "1 台 × 2 プロセス", "en": "1 machine x 2"},
     "two_nodes": {"ja": "2 台 × 1 プロセス", "en": "2 machines x 1"},
     "allreduces_per_step": {"ja": "1 ステップの all-reduce",
@@ -255,6 +258,9 @@ def bar_chart(groups: Mapping[str, Mapping[str, float]], *, ylabel: str, title: 
             ax.set_title(name)
             ax.margins(y=0.15)
             ax.grid(alpha=0.3, axis="y")
+            # plain numbers: an offset such as "1e6" lands on the panel's title
+            ax.yaxis.set_major_formatter(FuncFormatter(
+                lambda v, _: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:g}"))
         axes[0][0].set_ylabel(t(ylabel))
         fig.suptitle(t(title))
         fig.tight_layout()
