@@ -83,8 +83,14 @@ class CommCounter:
 class _Work:
     """A collective's handle as the caller sees it, noting when it is waited for."""
 
-    def __init__(self, work, call: dict, log: CollectiveLog):
+    def __init__(self, work, call: dict, log: CollectiveLog, future=None):
         self._work, self._call, self._log = work, call, log
+        self._future = future  # the work's future, once the end is noted
+
+    def get_future(self):
+        # The future that completes after the log noted the end: waiting on the
+        # work's own one may return before its callback (the note) has run.
+        return self._future if self._future is not None else self._work.get_future()
 
     def wait(self, *args, **kwargs):
         if math.isnan(self._call["waited"]):  # the first wait is the one that blocks
@@ -189,17 +195,19 @@ class CollectiveLog:
                 call["end"] = call["waited"] = self.now()
                 return work
 
-            def done(fut: torch.futures.Future) -> None:
+            def done(fut: torch.futures.Future):
                 if math.isnan(call["end"]):  # not noted already by a wait
                     call["end"] = self.now()
+                return fut.value()  # the chained future holds the same result
 
             try:
-                work.get_future().then(done)
+                noted = work.get_future().then(done)
             except RuntimeError as err:
                 # gloo's reduce-scatter returns a work with no future, whose
                 # wait() copies the result out: its end is noted at that wait.
                 if "not implemented" not in str(err):
                     raise
-            return _Work(work, call, self)
+                noted = None
+            return _Work(work, call, self, noted)
 
         return recorded
