@@ -225,6 +225,7 @@ over = slow_link.steps_over_links(METHODS, BETAS, LINK_ALPHA, rounds=12, local=T
 # %%
 import math
 
+import labkit
 from labkit import plots, send_less, slow_link, workload
 
 METHODS, LINK_ALPHA, BETAS = ranks.pull("METHODS")[0], 1e-4, ranks.pull("BETAS")[0]
