@@ -351,9 +351,7 @@ exercises.grade_set_epoch(ranks, epoch_orders)
 # 3. during backward: all-reduce the gradients and divide by $N$;
 # 4. on each rank: `optimizer.step()` with the same gradient, so the replicas stay equal.
 #
-# In the next cell each rank passes its own 32 of the same 64 samples through the DDP
-# model; the gradient is compared with one process's on the whole batch (float32, at
-# most 1e-6).
+# The next cell checks it: each rank's 32 of 64 samples against one process on all 64.
 
 # %%
 # %%px
@@ -534,9 +532,9 @@ fig = plots.loss_curves({f"rank {r}": h for r, h in enumerate(ranks.pull("losses
 # %% [markdown] lang="en" tags=["core"]
 # ## Your own DDP script
 #
-# At work, DDP runs not in engines but as a plain script that `torchrun` launches. The
-# exercise cell writes lesson 01's one-process training loop, cut to 256 samples and 2
-# epochs, to the file `ddp_train.py` (`%%writefile`). Fix its five `TODO`s to make it a DDP script:
+# At work, DDP runs as a plain script that `torchrun` launches. The exercise cell
+# writes lesson 01's training loop (256 samples, 2 epochs) to `ddp_train.py`
+# (`%%writefile`). Fix its five `TODO`s to make it a DDP script:
 #
 # 1. First, `dist.init_process_group(backend)`: it reads the environment variables
 #    torchrun sets (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, …). The backend is nccl on
@@ -765,51 +763,6 @@ for _ in range(2):  # step 1 sizes the buckets; count step 2
 print(f"rank {rank}: {len(X_mine)} of 1024 samples, {counter.bytes:,} bytes all-reduced")
 assert len(X_mine) == 1024 // world_size
 assert counter.bytes == models.count_params(big.module) * 4  # every gradient
-
-# %% [markdown] lang="ja" tags=["deep-dive"]
-# ## スレッドの DataParallel とプロセスの DDP
-#
-# <details><summary>レッスン 02 の DataParallel との違い</summary>
-#
-# DataParallel (スレッド) は、毎ステップモデルを複製し、入力を分けて出力をデバイス 0 に集め、
-# レプリカのスレッドが 1 つの GIL を取り合います (レッスン 02)。次のセルは、3 ステップで複製が 3 回、
-# 動いたモジュールが 6 つ (ステップごとにレプリカ 2 つ) であることを数えます。DDP (プロセス) の各ランクで
-# 動くのは作ったときのモジュール 1 つだけで、代わりに毎ステップ勾配を all-reduce します (上の
-# 「何が、いつ通信されるか」)。PyTorch の文書は、1 台のマシンでも DDP を勧めています。
-#
-# </details>
-
-# %% [markdown] lang="en" tags=["deep-dive"]
-# ## Thread-based DataParallel against process-based DDP
-#
-# <details><summary>How this differs from lesson 02's DataParallel</summary>
-#
-# DataParallel (threads) replicates the model at every step, scatters the inputs,
-# gathers the outputs on device 0, and its replicas' threads share one GIL (lesson 02).
-# The next cell counts 3 replications and 6 modules run (2 replicas a step) in 3 steps.
-# On each DDP rank (a process) only the module DDP was built with runs; instead, each
-# step all-reduces the gradients ("What is communicated, and when", above). PyTorch's
-# documentation recommends DDP even on a single machine.
-#
-# </details>
-
-# %%
-from unittest import mock
-
-from labkit import data_parallel as dp
-from labkit import dp_experiments
-
-dp_step = dp_experiments.dp_stepper(100, 1, 1024, devices=2)  # the tiny MLP
-dp_ran = []  # the modules that ran, kept alive so that their ids stay unique
-hook = dp_step.model.register_forward_hook(  # replicas share the original's hooks
-    lambda module, args, out: dp_ran.append(module))
-with mock.patch.object(dp, "replicate", wraps=dp.replicate) as replicate:
-    for _ in range(3):
-        dp_step()
-hook.remove()
-print(f"DataParallel, 3 steps: {replicate.call_count} replications, "
-      f"{len({id(m) for m in dp_ran})} modules ran")
-assert replicate.call_count == 3 and len({id(m) for m in dp_ran}) == 6
 
 # %% [markdown] lang="ja" tags=["core"]
 # ## 後片付け

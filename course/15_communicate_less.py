@@ -233,49 +233,48 @@ fig = plots.line_chart(by_bytes, xlabel="bytes_sent_per_rank",
 # %% [markdown] lang="ja"
 # ### torch の `PostLocalSGDOptimizer`
 #
-# torch では、DDP の通信フック `post_localSGD_hook` と、パラメータを平均する
-# `PostLocalSGDOptimizer` (ここでは `PeriodicModelAverager` で平均します) を組み合わせます。W ステップの DDP のあとでローカル SGD に切り替える
-# post-local SGD (Lin ほか、2020、"Don't Use Large Mini-Batches, Use Local SGD"、ICLR、
-# arXiv 1808.07217) の実装です。はじめの `start_localSGD_iter` ステップは、フックがふつうの DDP と
-# 同じく勾配を all-reduce します (ウォームアップ)。そのあと、フックは既定では `subgroup` の中で
-# 勾配を all-reduce し続けます。`subgroup=None` のとき、フックはノードの GPU の数の大きさの
-# サブグループを作ろうとするので、CPU では、ウォームアップが終わったあとの最初の逆伝播で、次のエラーに
-# なります (次のセルで捕まえて確かめます)。
+# torch の post-local SGD (Lin ほか、2020) は、DDP の通信フック `post_localSGD_hook` と、
+# パラメータを平均する `PostLocalSGDOptimizer` (ここでは `PeriodicModelAverager` で平均します) の
+# 組み合わせです。W ステップの DDP のあとで、ローカル SGD に切り替えます。はじめの
+# `start_localSGD_iter` ステップは、フックがふつうの DDP と同じく勾配を all-reduce します
+# (ウォームアップ)。そのあとも、既定では `subgroup` の中で勾配を all-reduce し続けます。
+# `subgroup=None` のときはノードの GPU の数の大きさのサブグループを作るので、CPU では、ウォームアップの
+# あとの最初の逆伝播でエラーになります (次のセルで確かめます)。
 #
 # 代わりに渡すもの:
 # - `post_local_gradient_allreduce=False`: ウォームアップのあとは勾配を送りません。上で書いた
 #   ローカル SGD そのものです (このレッスンはこちらを使います)。
 # - または `subgroup=dist.new_subgroups(group_size=1)[0]`: ランクを 1 つずつ別々のグループに入れるので、
-#   all-reduce しても値は変わりません (GPU のクラスタでは、ノードの GPU の数を `group_size` に渡すと、
+#   all-reduce しても値は変わりません (クラスタでは、ノードの GPU の数を `group_size` に渡すと、
 #   ノードの中で毎ステップ勾配を平均します)。
 #
 # <details><summary>測り方の詳細</summary>
 #
 # `subgroup=None` のとき、フックはサブグループを `dist.new_subgroups()` で作り、その既定の大きさは
 # GPU の数です (`torch/distributed/algorithms/ddp_comm_hooks/post_localSGD_hook.py` と
-# `torch/distributed/distributed_c10d.py` の `new_subgroups`)。torch のドキュメントも、上の Lin ほかの
-# 論文を挙げています。
+# `torch/distributed/distributed_c10d.py` の `new_subgroups`)。論文は Lin ほか、2020、
+# "Don't Use Large Mini-Batches, Use Local SGD"、ICLR、arXiv 1808.07217 で、torch のドキュメントも
+# これを挙げています。
 #
 # </details>
 
 # %% [markdown] lang="en"
 # ### torch's `PostLocalSGDOptimizer`
 #
-# torch combines DDP's communication hook `post_localSGD_hook` with
-# `PostLocalSGDOptimizer`, which averages the parameters (here with a
-# `PeriodicModelAverager`). Together they implement post-local SGD, W steps of DDP and then local SGD (Lin et al., 2020, "Don't Use Large
-# Mini-Batches, Use Local SGD", ICLR; arXiv 1808.07217). For the first
-# `start_localSGD_iter` steps the hook all-reduces the gradients like plain DDP (the
-# warm-up). After that, by default, it keeps all-reducing gradients within `subgroup`.
-# With `subgroup=None` the hook tries to make subgroups the size of a node's GPUs, so
-# on the CPU the first backward pass after the warm-up fails with the error below
-# (caught and checked in the next cell).
+# torch's post-local SGD (Lin et al., 2020) is DDP's communication hook
+# `post_localSGD_hook` together with `PostLocalSGDOptimizer`, which averages the
+# parameters (here with a `PeriodicModelAverager`): W steps of DDP, then local SGD. For
+# the first `start_localSGD_iter` steps the hook all-reduces the gradients like plain
+# DDP (the warm-up); after that, by default, it keeps all-reducing them within
+# `subgroup`. With `subgroup=None` it makes subgroups the size of a node's GPUs, so on
+# the CPU the first backward pass after the warm-up fails (the next cell checks the
+# error).
 #
 # What to pass instead:
-# - `post_local_gradient_allreduce=False`: no gradients sent after the warm-up, which
-#   is the local SGD written above (this lesson uses it);
+# - `post_local_gradient_allreduce=False`: no gradients sent after the warm-up, the
+#   local SGD written above (this lesson uses it);
 # - or `subgroup=dist.new_subgroups(group_size=1)[0]`: each rank alone in its group,
-#   where an all-reduce changes nothing (on a GPU cluster, the GPUs per node as
+#   where an all-reduce changes nothing (on a cluster, the GPUs per node as
 #   `group_size` average the gradients within each node at every step).
 #
 # <details><summary>How this was measured</summary>
@@ -283,7 +282,9 @@ fig = plots.line_chart(by_bytes, xlabel="bytes_sent_per_rank",
 # With `subgroup=None` the hook makes the subgroup with `dist.new_subgroups()`, whose
 # default size is the number of GPUs (`torch/distributed/algorithms/ddp_comm_hooks/
 # post_localSGD_hook.py`, and `new_subgroups` in
-# `torch/distributed/distributed_c10d.py`). torch's docstrings cite Lin et al.
+# `torch/distributed/distributed_c10d.py`). The paper: Lin et al., 2020, "Don't Use
+# Large Mini-Batches, Use Local SGD", ICLR; arXiv 1808.07217, which torch's docstrings
+# cite.
 #
 # </details>
 
@@ -794,12 +795,10 @@ exercises.grade_noise_scale(noise_scale_estimate, (8, 2, 25.289, 16.629))
 # the batch takes about half the steps; well above it, the steps hardly fall below
 # S_min. B_noise is the **critical batch size**: the balance between time and compute.
 #
-# We try it: the global batch B = N·b·K from 2 to 256, each trained from zero weights
-# with SGD until the loss on all the data is 1% of the start's, counting the steps (the
-# mean over 3 seeds). A rank's batch b goes up to 16; a larger batch accumulates with
-# lesson 04's `no_sync.accumulate_no_sync`. The learning rate is searched upwards in
-# factors of √2 from the previous batch's best, until the steps stop falling (the paper
-# too tunes it per batch).
+# We try it: global batches B = N·b·K from 2 to 256, each trained from zero weights
+# until the loss is 1% of the start's, counting the steps (mean of 3 seeds). A rank's
+# batch b goes up to 16, beyond which it accumulates (lesson 04's `no_sync`). Each
+# batch gets its best learning rate, as in the paper: searched up in factors of √2.
 
 # %%
 # %%px
@@ -852,10 +851,7 @@ for B in batches:
     lr_at[B] = lr
 s_min = steps_at[batches[-1]]  # the largest batch's steps stand for S_min
 print(f"rank {rank}: measured noise scale B_simple = {B_simple:.1f}")
-for B in batches:
-    print(f"B = {B:3d}: lr {lr_at[B]:.3f}, {steps_at[B]:5.1f} steps, "
-          f"{steps_at[B] * B:6.0f} samples; S_min (1 + B_simple / B) = "
-          f"{s_min * (1 + B_simple / B):5.1f}")
+print("steps at each B:", {B: round(steps_at[B], 1) for B in batches})
 # Deterministic given the seeds: a run again takes exactly its steps.
 assert mean_steps(8, lr_at[8]) == steps_at[8]
 assert 8 <= B_simple / 2 and 256 / 4 >= 2 * B_simple  # the pairs compared below

@@ -44,7 +44,7 @@ def test_the_sections_cells_pass_as_written(ranks, capsys):
          CELLS["unequal"])
     out = capsys.readouterr().out
     assert "B_simple = 17.4" in out and "exact, on all 4096 samples" in out
-    assert "B = 256" in out and "weighted by count" in out
+    assert "steps at each B: {2: " in out and "weighted by count" in out
 
 
 CAPTURED_BEFORE = ('    norms["small"].append(grad.square().sum().item())  '
