@@ -116,7 +116,7 @@ with checks.expect_error(RuntimeError, match="shapes cannot be multiplied"):
 # ## バッチが 1 のときは黙って間違える
 #
 # バッチが 1 サンプル `(1, 10)` だと、`view(-1)` の結果は長さ 10 のベクトルで、たまたま `Linear(10, 100)` に
-# 入ります。
+# 入ります。図で、2 本の線が重なるところを見てください。
 #
 # **予想してから実行:** エラーになるでしょうか。ならないなら、出力はどんな形でしょうか?
 
@@ -124,15 +124,27 @@ with checks.expect_error(RuntimeError, match="shapes cannot be multiplied"):
 # ## With a batch of one it is silently wrong
 #
 # With a batch of one sample, `(1, 10)`, `view(-1)` gives a vector of length 10, which
-# happens to fit `Linear(10, 100)`.
+# happens to fit `Linear(10, 100)`. Look where the figure's two lines meet.
 #
 # **Predict, then run:** does it fail? If not, what shape is the output?
 
 # %%
+received = []  # the length of the vector fc1 receives, for batches of 1 to 6 samples
+hook = as_written.fc1.register_forward_pre_hook(
+    lambda module, args: received.append(args[0].shape[-1]))
 x1 = torch.randn(1, 10)
 out = as_written(x1)
 print(tuple(x1.shape), "->", tuple(out.shape))
 assert out.shape == (10,)  # not (1, 10)
+for n in range(2, 7):
+    with checks.expect_error(RuntimeError, match="shapes cannot be multiplied"):
+        as_written(torch.randn(n, 10))
+hook.remove()
+assert received == [10 * n for n in range(1, 7)]  # the whole batch in one vector
+fig = plots.line_chart(
+    {"x.view(-1)": (range(1, 7), received),
+     labkit.t("fc1_takes"): (range(1, 7), [as_written.fc1.in_features] * 6)},
+    xlabel="fc1_batch", ylabel="fc1_len", title="fc1_fits_title", from_zero=True)
 
 # %% [markdown] lang="ja"
 # エラーは出ませんが、出力の形は `(1, 10)` ではなく `(10,)` で、バッチの次元が消えています。
@@ -244,7 +256,7 @@ with checks.expect_error(ValueError, match="process group has not been initializ
 # この例には 3 つの問題があります。
 #
 # 1. `.cuda()`: GPU のないマシンではここで止まります。使えるデバイスを選ぶのが正解です。
-# 2. `optimizer.step()`: `optimizer` がどこにも定義されていません。
+# 2. `optimizer.step()`: `optimizer` がどこにも定義されておらず、`NameError` になります。
 # 3. `MyLoss` は平均二乗誤差そのもので、`nn.MSELoss()` と同じ値になります (自作は不要ですが、害もありません)。
 
 # %% [markdown] lang="en"
@@ -253,7 +265,7 @@ with checks.expect_error(ValueError, match="process group has not been initializ
 # This example has three problems.
 #
 # 1. `.cuda()`: on a machine without a GPU it stops here. Choose the device that exists.
-# 2. `optimizer.step()`: `optimizer` is never defined.
+# 2. `optimizer.step()`: `optimizer` is never defined: `NameError`.
 # 3. `MyLoss` is exactly the mean squared error, the same value as `nn.MSELoss()`
 #    (writing it is unnecessary, but harmless).
 
@@ -266,12 +278,6 @@ else:
         torch.randn(100, 10).cuda()
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 device
-
-# %% [markdown] lang="ja"
-# このノートブックではまだ `optimizer` を定義していないので、記事と同じ行は `NameError` になります。
-
-# %% [markdown] lang="en"
-# This notebook has not defined `optimizer` yet, so the document's line raises `NameError`.
 
 # %%
 with checks.expect_error(NameError, match="optimizer"):
@@ -333,8 +339,7 @@ norms = []
 for _ in range(3):
     criterion(model(X), Y).backward()  # no zero_grad, as in the document
     norms.append(model.fc1.weight.grad.norm().item())
-print("without zero_grad:", [f"{n:.4f}" for n in norms],
-      "| times the first:", [f"{n / norms[0]:.2f}" for n in norms])
+print("without zero_grad, times the first:", [f"{n / norms[0]:.2f}" for n in norms])
 torch.testing.assert_close(torch.tensor(norms), norms[0] * torch.tensor([1.0, 2, 3]))
 piled = norms
 
@@ -343,7 +348,6 @@ for _ in range(3):
     optimizer.zero_grad()
     criterion(model(X), Y).backward()
     norms.append(model.fc1.weight.grad.norm().item())
-print("with zero_grad:   ", [f"{n:.4f}" for n in norms])
 assert norms[0] == norms[1] == norms[2]
 fig = plots.line_chart({"no zero_grad()": (range(1, 4), piled),
                         "optimizer.zero_grad()": (range(1, 4), norms)},
@@ -435,8 +439,7 @@ exercises.grade_train_step(train_step)
 # ## 直した学習ループ
 #
 # 記事 004 の `DataLoader` の例 (バッチ 64、シャッフルあり、SGD、学習率 0.01、10 エポック) を、
-# 上の問題をすべて直して 1 プロセスで動かします。`nn.DataParallel` で包む部分は外しました:
-# GPU のないマシンでは何もしないからです (レッスン 02)。
+# 上の問題をすべて直して 1 プロセスで動かします。
 #
 # 1 ステップは必ず `zero_grad()` → 順伝播 → 損失 → `backward()` → `step()` の順です。
 
@@ -444,8 +447,7 @@ exercises.grade_train_step(train_step)
 # ## The corrected training loop
 #
 # Doc 004's `DataLoader` example (batch 64, shuffled, SGD, learning rate 0.01, 10 epochs),
-# with every problem above fixed, in one process. The `nn.DataParallel` wrapper is left
-# out: on a machine without GPUs it does nothing (lesson 02).
+# with every problem above fixed, in one process.
 #
 # Each step is always `zero_grad()` → forward → loss → `backward()` → `step()`.
 
@@ -495,8 +497,6 @@ curves = {
     "MyDataset": fit(random_data),
     "TeacherDataset": fit(teacher_data),
 }
-for name, h in curves.items():
-    print(f"{name:15s} epoch 1: {h[0]:.3f}   epoch {len(h)}: {h[-1]:.3f}")
 variance = random_data.target.var().item()
 fig = plots.loss_curves(curves, xlabel="epoch",
                         references={labkit.t("target_variance"): variance})
@@ -510,19 +510,16 @@ assert curves["TeacherDataset"][-1] < 0.7 * curves["TeacherDataset"][0]  # learn
 #
 # 重みの初期値、データ、シャッフルの順序はすべてシードで決まります。
 # CPU では、同じシードで 2 回学習すると損失は 1 ビットも違わず一致します。
-# 以後のレッスンでは、この性質を使って DataParallel や DDP の結果を 1 プロセスと比べます。
 
 # %% [markdown] lang="en"
 # ## Same seed, same result
 #
 # Initial weights, data and shuffling order all come from seeds. On the CPU, training
-# twice with the same seed gives bit-identical losses. Later lessons rely on this to
-# compare DataParallel and DDP with one process.
+# twice with the same seed gives bit-identical losses.
 
 # %%
 again = fit(teacher_data)
-assert again == curves["TeacherDataset"]
-print("identical:", again == curves["TeacherDataset"])
+assert again == curves["TeacherDataset"]  # bit for bit
 
 # %% [markdown] lang="ja"
 # ## 記事のコードと直し方

@@ -84,7 +84,7 @@ import threading
 import torch
 from torch import nn
 
-from labkit import checks, compare, diagrams, exercises, models
+from labkit import checks, compare, diagrams, exercises, models, plots
 from labkit import data_parallel as dp
 
 torch.manual_seed(0)
@@ -681,8 +681,10 @@ assert scatter_gather.__all__ == ["scatter", "scatter_kwargs", "gather"]
 # %% [markdown] lang="ja"
 # ## DataParallel が毎ステップ払うもの
 #
-# DataParallel を使った学習の 1 ステップは、上で見た 4 段階をすべて繰り返します。`dp.replicate` を
-# 数える版に差し替えて、2 台の模擬デバイスで 3 ステップ学習します。
+# DataParallel を使った学習の 1 ステップは、上で見た 4 段階をすべて繰り返します。`dp.scatter_kwargs`、
+# `dp.replicate`、`dp.gather` を、コピーする値を数える版に差し替えて、2 台の模擬デバイスで 3 ステップ
+# 学習します。グラフは、学習ステップごとにコピーした値の数です。どのステップにも同じ棒が並ぶことを
+# 見てください。
 #
 # **予想してから実行:** 3 ステップで、モデルは何回複製され、1 回ごとに何個の値がコピーされるでしょうか
 # (モデルのパラメータは 2110 個です)?
@@ -690,8 +692,10 @@ assert scatter_gather.__all__ == ["scatter", "scatter_kwargs", "gather"]
 # %% [markdown] lang="en"
 # ## What DataParallel pays at every step
 #
-# A training step with DataParallel repeats all four steps above. Swap `dp.replicate` for
-# a version that counts, and train 3 steps on 2 simulated devices.
+# A training step with DataParallel repeats all four steps above. Swap
+# `dp.scatter_kwargs`, `dp.replicate` and `dp.gather` for versions that count the values
+# they copy, and train 3 steps on 2 simulated devices. The chart shows what each training
+# step copies: look at the same bars, step after step.
 #
 # **Predict, then run:** in 3 steps, how many times is the model replicated, and how many
 # values does each replication copy (the model has 2110 parameters)?
@@ -701,23 +705,43 @@ from unittest import mock
 
 trained = copy.deepcopy(model)  # leave `model` as the cells above left it
 optimizer = torch.optim.SGD(trained.parameters(), lr=0.01)
-copied = []  # values copied at each replication: every replica but device 0's
-real_replicate = dp.replicate
+copied = []  # (which step of the four, values it copied), in the order they ran
+real = {name: getattr(dp, name) for name in ("scatter_kwargs", "replicate", "gather")}
+
+
+def scatter_and_count(inputs, *args, **kwargs):
+    per_device, kw = real["scatter_kwargs"](inputs, *args, **kwargs)
+    copied.append(("scatter", sum(x.numel() for chunk in per_device for x in chunk)))
+    return per_device, kw
 
 
 def replicate_and_count(module, *args, **kwargs):
-    replicas = real_replicate(module, *args, **kwargs)
-    copied.append(sum(w.numel() for r in replicas[1:] for w in weights(r)))
+    replicas = real["replicate"](module, *args, **kwargs)
+    # every replica but device 0's, which shares the original's memory
+    copies = replicas[1:]
+    copied.append(("replicate", sum(w.numel() for r in copies for w in weights(r))))
     return replicas
 
 
-with mock.patch.object(dp, "replicate", replicate_and_count):
+def gather_and_count(outputs, *args, **kwargs):
+    copied.append(("gather", sum(o.numel() for o in outputs)))
+    return real["gather"](outputs, *args, **kwargs)
+
+
+with mock.patch.multiple(dp, scatter_kwargs=scatter_and_count,
+                         replicate=replicate_and_count, gather=gather_and_count):
     for _ in range(3):
         optimizer.zero_grad()
         criterion(dp.data_parallel(trained, X, device_ids), y).backward()
         optimizer.step()
-print("replications in 3 steps:", len(copied), "| values copied each time:", copied)
-assert copied == [2110, 2110, 2110]  # once per step, the whole model each time
+per_step = {labkit.t("train_step_n", i=i + 1): dict(copied[3 * i : 3 * i + 3])
+            for i in range(len(copied) // 3)}
+assert [name for name, _ in copied] == ["scatter", "replicate", "gather"] * 3
+assert [s["replicate"] for s in per_step.values()] == [2110] * 3  # the whole model
+assert [s["scatter"] for s in per_step.values()] == [1000] * 3  # X: 100 samples x 10
+assert [s["gather"] for s in per_step.values()] == [1000] * 3  # 100 outputs x 10
+fig = plots.bar_chart(per_step, ylabel="values_copied", title="dp_pays_title",
+                      fmt="{:.0f}")
 
 # %% [markdown] lang="ja"
 # DataParallel が 1 デバイスに加えて払うものは、このレッスンのセルで確かめたとおりです。

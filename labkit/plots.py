@@ -133,6 +133,16 @@ i18n.register({
         "ja": "日本語フォントの確認: 勾配の同期とランク",
         "en": "Font check: gradient synchronization and ranks",
     },
+    "fc1_batch": {"ja": "バッチのサンプル数", "en": "samples in the batch"},
+    "fc1_len": {"ja": "fc1 に入るベクトルの長さ", "en": "length of fc1's input"},
+    "fc1_takes": {"ja": "fc1 = Linear(10, 100) が受け取れる長さ",
+                  "en": "what fc1 = Linear(10, 100) takes"},
+    "fc1_fits_title": {"ja": "x.view(-1) の長さが fc1 に合うのはバッチが 1 のときだけ",
+                       "en": "x.view(-1) fits fc1 only with a batch of one"},
+    "train_step_n": {"ja": "学習ステップ {i}", "en": "training step {i}"},
+    "values_copied": {"ja": "コピーする値の数", "en": "values copied"},
+    "dp_pays_title": {"ja": "DataParallel が学習の各ステップでコピーする値の数",
+                      "en": "Values DataParallel copies at every training step"},
 })
 
 
