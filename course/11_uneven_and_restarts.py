@@ -62,7 +62,7 @@ from torch import nn
 from torch.distributed.algorithms.join import Join  # the fix of the first section
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labkit import compare
+from labkit import comm_counting, compare
 
 # %% [markdown] lang="ja"
 # ## ランクごとに数の違う入力
@@ -88,8 +88,10 @@ batches = [(torch.randn(4, 10, generator=g), torch.randn(4, 10, generator=g))
            for _ in range(5 - rank)]  # rank 0: 5 batches, rank 1: 4
 torch.manual_seed(0)
 model = DDP(nn.Linear(10, 10))
+sent = comm_counting.CommCounter(per_step=True).attach(model)  # DDP's all-reduces
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 for X, y in batches:
+    sent.step()  # the all-reduces that follow are this update's
     optimizer.zero_grad()
     nn.functional.mse_loss(model(X), y).backward()
     optimizer.step()
@@ -177,19 +179,22 @@ from contextlib import nullcontext
 
 
 def joined(batches, K):
-    """A fresh DDP model trained under Join, one update per K batches (no_sync)."""
+    """A DDP model trained under Join, an update per K batches, and its all-reduces."""
     torch.manual_seed(0)
     model = DDP(nn.Linear(10, 10))
+    sent = comm_counting.CommCounter(per_step=True).attach(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with Join([model]):
         for i in range(0, len(batches), K):
+            sent.step()
             optimizer.zero_grad()
             group = batches[i:i + K]
             for j, (X, y) in enumerate(group):
                 with model.no_sync() if j < len(group) - 1 else nullcontext():
                     (nn.functional.mse_loss(model(X), y) / len(group)).backward()
             optimizer.step()
-    return model
+        sent.step()  # what Join sends for this rank once its batches are done
+    return model, [len(s) for s in sent.steps]
 
 
 def by_hand(batches, K):
@@ -209,12 +214,41 @@ def by_hand(batches, K):
 
 
 longer = batches + batches[:1] if rank == 0 else batches  # 6 and 4 batches
+sent_per_update = [(0, [len(s) for s in sent.steps])]  # K = 0: the first run, no Join
 for K, mine in ((1, batches), (2, longer)):
-    model = joined(mine, K)
+    model, counts = joined(mine, K)
     diff = compare.max_abs_diff(list(model.module.parameters()),
                                 list(by_hand(mine, K).parameters()))
     print(f"rank {rank}, K = {K}: |Join - by hand| {diff:.1e}")
     assert diff < 1e-6 and compare.replica_max_diff(model) == 0
+    sent_per_update.append((K, counts))
+
+# %% [markdown] lang="ja"
+# `Join` がないと、ランク 1 には 5 回目の all-reduce がなく、ランク 0 の 5 回目は相手を待ち続けます。
+# `Join` の中では、バッチを使い切ったランク 1 が足りない分を 0 の勾配で呼び (枠)、両方のランクの回数が
+# そろいます。K = 2 では、`no_sync` の中の逆伝播は何も送りません。
+
+# %% [markdown] lang="en"
+# Without `Join`, rank 1 has no fifth all-reduce, and rank 0's fifth waits for a
+# partner. Inside `Join`, rank 1, out of batches, makes up the missing ones with zero
+# gradients (framed), so both ranks call as many. With K = 2, the backward inside
+# `no_sync` sends nothing.
+
+# %%
+shown = ranks.pull("sent_per_update")  # per rank: (K, all-reduces of each update)
+rows, framed = {}, []
+for K, _ in shown[0]:
+    label = labkit.t("join_k", k=K) if K else labkit.t("join_without")
+    counts = [dict(r)[K] for r in shown]
+    if K:  # under Join the last entry: what was sent after the rank's own updates
+        assert len({sum(c) for c in counts}) == 1  # as many on every rank
+        assert [c[-1] for c in counts] == [0, 1]  # the shadow: rank 1's, of zeros
+        framed += [(label, r, len(c) - 1) for r, c in enumerate(counts) if c[-1]]
+        counts = [c if c[-1] else c[:-1] for c in counts]
+    rows[label] = counts
+assert rows[labkit.t("join_without")] == [[1] * 5, [1] * 4]  # rank 0's 5th: alone
+fig = diagrams.collectives(rows, fmt="{:.0f}", framed=framed,
+                           title="join_sent_title")
 
 # %% [markdown] lang="ja"
 # ### `DistributedSampler` の水増し
@@ -494,9 +528,11 @@ from labkit.cluster import torchrun
 ranks.stop()  # the CPUs go to torchrun's workers
 resume = ["-m", "labkit", "resume", "--steps", "20", "--accum", "1",
           "--checkpoint-every", "5"]
+die_at = 12
 runs = {}
 with tempfile.TemporaryDirectory() as tmp:
-    for name, dies in (("uninterrupted", []), ("restarted", ["--die-at", "12"])):
+    for name, dies in (("uninterrupted", []),
+                       ("restarted", ["--die-at", str(die_at)])):
         nodes = torchrun.run_nodes(resume + dies + [
             "--checkpoint", f"{tmp}/{name}.pt", "--json", f"{tmp}/{name}.json"],
             nnodes=1, nproc_per_node=2, max_restarts=1)
@@ -513,6 +549,27 @@ for name, run in runs.items():
 assert a["config"] == b["config"] and (a["attempt"], a["resumed_from"]) == (0, 0)
 assert (b["attempt"], b["resumed_from"]) == (1, 10)  # the checkpoint of step 10
 assert b["param_sha256"] == a["param_sha256"]  # bit for bit the same weights
+
+# %% [markdown] lang="ja"
+# ランク 0 の損失をステップごとに並べます。2 回目の起動はステップ 10 のチェックポイントから始まり、
+# ステップ 11 と 12 をやり直して、止まらなかった学習とまったく同じ値をたどります。
+
+# %% [markdown] lang="en"
+# Rank 0's loss per step: the second attempt starts from step 10's checkpoint, redoes
+# steps 11 and 12, and follows the run that never stopped value for value.
+
+# %%
+from labkit import plots
+
+n, restart = a["config"]["steps"], b["resumed_from"]
+assert len(a["losses"]) == n and a["losses"][-1] < a["losses"][0]  # it learns
+assert b["losses"] == a["losses"][restart:]  # the same loss at every step, bit for bit
+fig = plots.line_chart(
+    {labkit.t("run_uninterrupted"): (range(1, n + 1), a["losses"]),
+     labkit.t("run_restarted"): (range(restart + 1, n + 1), b["losses"])},
+    xlabel="step", ylabel="loss", title="resume_title",
+    marks={labkit.t("restart_mark", s=restart): restart,
+           labkit.t("death_mark", r=1): die_at})
 
 # %% [markdown] lang="ja"
 # ## 症状、原因、直し方

@@ -139,7 +139,9 @@ def resumable_training(rank: int, world_size: int, cfg: workload.Config,
     half written or one step old. A run that finds `checkpoint` loads it (on the
     CPU, tensors and plain values only) and goes on from its step. The
     workload's batches are a function of the step (workload.micro_batches), so
-    the step is all the data order needs.
+    the step is all the data order needs. Returned: this rank's loss at each
+    step this attempt ran (`losses`), the step it resumed from, and a hash of
+    the final weights.
 
     `die_at`: on torchrun's first attempt (TORCHELASTIC_RESTART_COUNT 0), rank 1
     kills itself with SIGKILL before that step, as a crashed node would
@@ -159,12 +161,14 @@ def resumable_training(rank: int, world_size: int, cfg: workload.Config,
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"]
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    losses = []  # this rank's loss at each step this attempt ran
     for step in range(start, cfg.steps):
         if step == die_at and attempt == 0 and rank == 1:
             crash()
         optimizer.zero_grad()
-        accumulate_no_sync(model, criterion,
-                           workload.micro_batches(dataset, cfg, step, rank, world_size))
+        losses.append(accumulate_no_sync(
+            model, criterion, workload.micro_batches(dataset, cfg, step, rank,
+                                                     world_size)))
         optimizer.step()
         if (step + 1) % every == 0 or step + 1 == cfg.steps:
             if rank == 0:
@@ -173,6 +177,6 @@ def resumable_training(rank: int, world_size: int, cfg: workload.Config,
                                  "step": step + 1}, checkpoint)
             dist.barrier()  # nobody reads it before rank 0 is done
     return {"rank": rank, "world_size": world_size, "config": asdict(cfg),
-            "attempt": attempt, "resumed_from": start,
+            "attempt": attempt, "resumed_from": start, "losses": losses,
             "param_sha256": training.param_sha256(model.module)}
 

@@ -74,6 +74,12 @@ i18n.register({
     "held_gradients": {"ja": "勾配", "en": "gradients"},
     "held_optimizer": {"ja": "オプティマイザの状態", "en": "optimizer state"},
     "by_formula_mark": {"ja": "式による合計", "en": "total by the formula"},
+    "join_without": {"ja": "Join なし", "en": "no Join"},
+    "join_k": {"ja": "Join, K = {k}", "en": "Join, K = {k}"},
+    "join_sent_title": {"ja": "各ランクが更新ごとに呼ぶ勾配の all-reduce: "
+                              "枠 = バッチを使い切ったあと (0 の勾配)",
+                        "en": "Gradient all-reduces each rank calls per update: "
+                              "frame = after its batches ran out (zeros)"},
 })
 
 _PARTS = ("parameters", "gradients", "optimizer")

@@ -143,6 +143,17 @@ i18n.register({
     "values_copied": {"ja": "コピーする値の数", "en": "values copied"},
     "dp_pays_title": {"ja": "DataParallel が学習の各ステップでコピーする値の数",
                       "en": "Values DataParallel copies at every training step"},
+    "run_uninterrupted": {"ja": "止まらなかった学習",
+                          "en": "the run that never stopped"},
+    "run_restarted": {"ja": "起動し直した学習 (2 回目の起動)",
+                      "en": "the restarted run (second attempt)"},
+    "restart_mark": {"ja": "再起動: ステップ {s} のチェックポイントから",
+                     "en": "restart: from the checkpoint of step {s}"},
+    "death_mark": {"ja": "ランク {r} が死ぬ (1 回目の起動)",
+                   "en": "rank {r} dies (first attempt)"},
+    "resume_title": {"ja": "ランク 0 の損失: 起動し直した学習も同じ値をたどる",
+                     "en": "Rank 0's loss: the restarted run goes on with the same "
+                           "values"},
 })
 
 
@@ -221,13 +232,22 @@ def _size_label(nbytes: float) -> str:
 
 def line_chart(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
                xlabel: str, ylabel: str, title: str, logx: bool = False,
-               logy: bool = False, from_zero: bool = False, x_bytes: bool = False):
-    """One line per label from (xs, ys); labels and title are message keys."""
+               logy: bool = False, from_zero: bool = False, x_bytes: bool = False,
+               marks: Mapping[str, float] | None = None):
+    """One line per label from (xs, ys); labels and title are message keys.
+
+    `marks` draws labelled vertical lines at x (where a run stopped, say), each
+    in its own line style; its labels are shown as given, and the legend goes
+    beside the plot, off the lines.
+    """
 
     def build():
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+        fig, ax = plt.subplots(figsize=(9.5, 3.8) if marks else (6, 3.5))
         for label, (xs, ys) in series.items():
             ax.plot(list(xs), list(ys), label=label)
+        for i, (label, x) in enumerate((marks or {}).items()):
+            ax.axvline(x, color="black", linestyle=(":", "--", "-.")[i % 3],
+                       linewidth=1.2, label=label)
         _decorate(ax, xlabel, ylabel, title, logx, logy)
         if logx:  # label the measured x values (1, 2, 4, 8), not powers of two
             ticks = sorted({x for xs, _ in series.values() for x in xs})
@@ -240,6 +260,8 @@ def line_chart(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no round 1.5
         if from_zero:
             ax.set_ylim(bottom=0)
+        if marks:
+            ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
         fig.tight_layout()
         return fig
 

@@ -156,3 +156,27 @@ def test_a_missing_glyph_is_still_refused():
                                  ylabel="step_time_ms", title="loss_vs_steps")
     finally:
         labkit.set_lang("en")
+
+
+@pytest.mark.parametrize("lang", ["en", "ja"])
+def test_a_line_chart_marks_where_a_run_stopped_beside_its_legend(lang):
+    labkit.set_lang(lang)
+    try:
+        marks = {labkit.t("restart_mark", s=10): 10, labkit.t("death_mark", r=1): 12}
+        fig = plots.line_chart({labkit.t("run_uninterrupted"): ([1, 2, 3], [3, 2, 1])},
+                               xlabel="step", ylabel="loss", title="resume_title",
+                               marks=marks)
+        ax = fig.axes[0]
+        verticals = ax.get_lines()[1:]
+        assert [list(v.get_xdata()) for v in verticals] == [[10, 10], [12, 12]]
+        assert len({str(v.get_linestyle()) for v in verticals}) == 2
+        legend = ax.get_legend()
+        assert [x.get_text() for x in legend.get_texts()] == [
+            labkit.t("run_uninterrupted"), *marks]
+        # beside the plot: the legend starts right of the axes
+        fig.canvas.draw()
+        assert legend.get_window_extent().x0 > ax.get_window_extent().x1
+        assert ax.get_title() == labkit.t("resume_title")
+    finally:
+        plt.close("all")
+        labkit.set_lang("en")
