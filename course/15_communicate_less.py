@@ -45,7 +45,7 @@ labkit.require("0.1.0")
 labkit.set_lang("ja")
 
 # %%
-from labkit import cluster
+from labkit import cluster, plots
 
 ranks = cluster.start(2, background=True)  # the ranks boot while you read
 
@@ -82,6 +82,7 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # %%px
 import torch
 import torch.distributed as dist
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from labkit import comm_counting, local_sgd, models
 
@@ -93,13 +94,10 @@ loss_fn = models.MyLoss()
 def average_parameters(model):
     """Every rank's parameters become the ranks' mean: one all-reduce of them all."""
     with torch.no_grad():
-        flat = torch.cat([p.reshape(-1) for p in model.parameters()])
+        flat = parameters_to_vector(model.parameters())
         flat /= world_size  # divided first, as torch's averager does
         dist.all_reduce(flat)  # the sum of the ranks' shares: their mean
-        offset = 0
-        for p in model.parameters():
-            p.copy_(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        vector_to_parameters(flat, model.parameters())
 
 
 def train_local_sgd(H, steps, lr=0.1, warmup=0, drift=None):
@@ -119,30 +117,33 @@ def train_local_sgd(H, steps, lr=0.1, warmup=0, drift=None):
                 p.grad /= world_size
                 dist.all_reduce(p.grad)
         optimizer.step()
+        if drift is not None:
+            drift.append((step + 1, local_sgd.divergence(model)))  # after each step
         if step >= warmup and (step - warmup) % H == H - 1:  # H local steps done
-            if drift is not None:
-                drift.append(local_sgd.divergence(model))  # apart, before averaging
             average_parameters(model)
             if drift is not None:
-                drift.append(local_sgd.divergence(model))  # right after averaging
+                drift.append((step + 1, local_sgd.divergence(model)))  # averaged
             curve.append((step + 1, local_sgd.evaluate(model, dataset, task)))
     return model, curve
 
 # %% [markdown] lang="ja"
 # H = 1 で、モーメンタムのない SGD なら、ローカル SGD は DDP と同じです。更新が勾配について線形なので、
 # (1/N) Σ (θ − lr g_r) = θ − lr (1/N) Σ g_r だからです。丸め方が違うのでビット単位では一致せず、セルは
-# 1e-6 以内を確かめます。続いて H = 8 で、平均の直前と直後に、ランクのパラメータが全ランクの平均から
-# どれだけ離れているか (L2 の最大値、`local_sgd.divergence`) を測ります。
+# 1e-6 以内を確かめます。続いて H = 8 で、ランクのパラメータが全ランクの平均からどれだけ離れているか
+# (L2 の最大値、`local_sgd.divergence`) をステップごとに測ります。下の図のように、8 ステップの間に離れ、
+# 平均のたびに 0 に戻ります。
 
 # %% [markdown] lang="en"
 # With H = 1 and SGD without momentum, local SGD is DDP: the update is linear in the
-# gradient, (1/N) Σ (θ − lr g_r) = θ − lr (1/N) Σ g_r. The rounding differs, so not bit
-# for bit: the cell checks 1e-6. Then, with H = 8, how far a rank's parameters are from
-# the ranks' mean (the largest L2 distance, `local_sgd.divergence`) right before and
-# right after each average.
+# gradient, (1/N) Σ (θ − lr g_r) = θ − lr (1/N) Σ g_r; rounding differs, so the cell
+# checks 1e-6. Then, at H = 8, each step's distance of the ranks from their mean (the
+# largest L2, `local_sgd.divergence`): drawn below, it grows for 8 steps and drops to 0
+# at each average.
 
 # %%
 # %%px
+from itertools import pairwise
+
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 steps = 64
@@ -160,13 +161,19 @@ gap = max((a - b).abs().max().item()
 print(f"H = 1 after {steps} steps: largest difference from DDP {gap:.1e}")
 assert gap <= 1e-6, gap  # momentum or a different lr would break the equality
 
-drift = []
+drift = []  # (step, distance from the mean) after each step and after each average
 train_local_sgd(H=8, steps=32, drift=drift)
-before, after = drift[0::2], drift[1::2]
-print("distance from the mean, before each average:", [f"{d:.3f}" for d in before])
-print("right after each average:", after)
-assert all(d > 1e-3 for d in before)  # the replicas drifted apart
-assert all(d == 0 for d in after)  # identical again, bit for bit
+averages = [(a, b) for a, b in pairwise(drift) if a[0] == b[0]]  # (before, after)
+assert [a[0] for a, _ in averages] == [8, 16, 24, 32]  # every H = 8 steps
+assert all(a[1] > 1e-3 for a, _ in averages)  # the replicas drifted apart
+assert all(b[1] == 0 for _, b in averages)  # identical again, bit for bit
+
+# %%
+drift = ranks.pull("drift")[0]  # a collective's result: the same on every rank
+assert [d for s, d in drift if s % 8 == 0][1::2] == [0.0] * 4  # back to 0 at each average
+fig = plots.line_chart({"H = 8": ([s for s, _ in drift], [d for _, d in drift])},
+                       xlabel="optimizer_step", ylabel="distance_from_mean",
+                       title="local_sgd_drift_title", from_zero=True)
 
 # %% [markdown] lang="ja"
 # ### ステップ数と送ったバイト数で見た損失
@@ -405,6 +412,7 @@ def train_diloco(H, steps, lr=0.1, outer_lr=0.7, outer_momentum=0.9, record=None
     model = local_sgd.make_model(task)  # θ_local, the same start on every rank
     inner = torch.optim.SGD(model.parameters(), lr=lr)
     global_params = [p.detach().clone() for p in model.parameters()]  # θ_global
+    sizes = [g.numel() for g in global_params]
     # torch refuses nesterov=True without momentum; without it the step is lr × Δ
     outer = torch.optim.SGD(global_params, lr=outer_lr, momentum=outer_momentum,
                             nesterov=outer_momentum > 0)
@@ -417,14 +425,11 @@ def train_diloco(H, steps, lr=0.1, outer_lr=0.7, outer_momentum=0.9, record=None
         if (step + 1) % H:
             continue
         with torch.no_grad():  # the pseudo-gradient Δ = θ_global − mean of θ_local
-            delta = torch.cat([(g - p).reshape(-1)
-                               for g, p in zip(global_params, model.parameters(), strict=True)])
+            delta = parameters_to_vector(global_params) - parameters_to_vector(model.parameters())
             delta /= world_size
             dist.all_reduce(delta)  # the ranks' mean: the one collective of a round
-            offset = 0
-            for g in global_params:
-                g.grad = delta[offset:offset + g.numel()].view_as(g).clone()
-                offset += g.numel()
+            for g, d in zip(global_params, delta.split(sizes), strict=True):
+                g.grad = d.view_as(g).clone()
         outer.step()  # θ_global steps with Δ as its gradient
         with torch.no_grad():
             for g, p in zip(global_params, model.parameters(), strict=True):
@@ -850,7 +855,6 @@ for B in batches:
     steps_at[B], lr = best_lr(B, lr)
     lr_at[B] = lr
 s_min = steps_at[batches[-1]]  # the largest batch's steps stand for S_min
-print(f"rank {rank}: measured noise scale B_simple = {B_simple:.1f}")
 print("steps at each B:", {B: round(steps_at[B], 1) for B in batches})
 # Deterministic given the seeds: a run again takes exactly its steps.
 assert mean_steps(8, lr_at[8]) == steps_at[8]

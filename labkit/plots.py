@@ -154,6 +154,10 @@ i18n.register({
     "resume_title": {"ja": "ランク 0 の損失: 起動し直した学習も同じ値をたどる",
                      "en": "Rank 0's loss: the restarted run goes on with the same "
                            "values"},
+    "distance_from_mean": {"ja": "ランクの平均からの距離 (L2)",
+                           "en": "distance from the ranks' mean (L2)"},
+    "local_sgd_drift_title": {"ja": "ローカル SGD: 平均のたびにレプリカが揃う",
+                              "en": "Local SGD: the replicas meet at each average"},
 })
 
 
