@@ -24,8 +24,7 @@
 #
 # After this lesson you can:
 #
-# - account for the model-state memory of a rank under DDP and ZeRO stages 1 to 3, in
-#   Ψ and k;
+# - count a rank's model-state memory under DDP and ZeRO stages 1 to 3, in Ψ and k;
 # - write ZeRO stages 1, 2 and 3 with reduce-scatters and all-gathers, and check them
 #   against torch's DDP bit for bit;
 # - measure what each stage holds, and explain how it differs from the formula;
@@ -84,9 +83,9 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # | ZeRO-2 | P + (G + kΨ)/N | 4Ψ + 12Ψ/N | 2Ψ + 14Ψ/N |
 # | ZeRO-3 | (P + G + kΨ)/N | 16Ψ/N | 16Ψ/N |
 #
-# Under DDP both make 16Ψ, split differently. `sharding.memory_parts(Ψ, N)` computes
-# the table. Adam's third state, `step`, is 4 bytes per tensor: the formula leaves it
-# out. The next cell checks that, and gives the table for the MLP measured below.
+# Under DDP both make 16Ψ, split differently; `sharding.memory_parts(Ψ, N)` computes
+# the table. Adam's third state, `step`, 4 bytes a tensor, is left out; the next cell
+# checks that and gives the table for the MLP measured below.
 
 # %%
 model = models.WideMLP(10, 63, 2, 10)
@@ -120,14 +119,14 @@ assert totals["ZeRO-3"] == (16 * psi / 2, 16 * psi / 2)
 # **予想してから実行:** DDP で測った Adam の状態は、式の 8Ψ より何バイト多いでしょうか?
 
 # %% [markdown] lang="en"
-# Now measured on the ranks. `sharding.held_bytes` counts the storage tensors hold, a
-# shared one once, a freed one (resized to 0) as 0. Every trainer here is built as
-# `T(model)` (handing out rank 0's weights), steps with `T.step(X, y, loss_fn)`, and
-# keeps in `T.held` the bytes held just before Adam's step. The baseline is `DDPAdam`:
-# torch's DDP (gradients as views of its buckets) and Adam.
+# Now on the ranks. `sharding.held_bytes` counts the storage tensors hold: a shared
+# one once, a freed one (resized to 0) as 0. Each trainer here is built as `T(model)`
+# (handing out rank 0's weights), steps with `T.step(X, y, loss_fn)` and keeps in
+# `T.held` the bytes held when Adam runs. The baseline, `DDPAdam`, is torch's DDP
+# (gradients as views of its buckets) and Adam.
 #
-# **Predict, then run:** how many bytes above the formula's 8Ψ is Adam's state, as
-# measured under DDP?
+# **Predict, then run:** how many bytes above the formula's 8Ψ does Adam's state
+# measure under DDP?
 
 # %%
 # %%px
@@ -204,7 +203,6 @@ assert ddp.held["optimizer"] == formula["optimizer"] + 4 * len(params)
 # 1. 各ランクが自分のバッチで順伝播と逆伝播をします。
 # 2. 各ランクは自分のシャードだけを更新するので、平均の勾配のうち自分の部分を **reduce-scatter** で
 #    受け取ります。全ランクのテンソルを足し、結果を N 個に分けてランク r に r 番目を渡す集団通信です。
-#    リングの all-reduce は reduce-scatter に all-gather を続けたものです。
 # 3. 自分のシャードを Adam で更新します。
 # 4. **all-gather** で、各ランクが更新したシャードを全ランクに配ります。
 #
@@ -221,10 +219,9 @@ assert ddp.held["optimizer"] == formula["optimizer"] + 4 * len(params)
 # A step:
 #
 # 1. Each rank runs the forward and backward pass on its batch.
-# 2. Each rank updates only its shard, so it receives only its shard of the mean
-#    gradient, by a **reduce-scatter**: the collective that sums the ranks' tensors,
-#    cuts the sum into N pieces and gives rank r the r-th. A ring all-reduce is a
-#    reduce-scatter followed by an all-gather.
+# 2. Updating only its shard, each rank receives only its shard of the mean gradient,
+#    by a **reduce-scatter**: it sums the ranks' tensors, cuts the sum into N pieces
+#    and gives rank r the r-th.
 # 3. Each rank updates its shard with Adam.
 # 4. An **all-gather** hands every rank the shards the others updated.
 #
@@ -241,7 +238,7 @@ assert ddp.held["optimizer"] == formula["optimizer"] + 4 * len(params)
 
 # %% [markdown] lang="en"
 # First on four values: a reduce-scatter hands each rank its piece of the sum, an
-# all-gather hands every rank all the pieces, and together they are an all-reduce.
+# all-gather hands every rank all the pieces; together, an all-reduce.
 #
 # **Predict, then run:** after the reduce-scatter, how many values does rank 1 hold?
 
@@ -313,13 +310,13 @@ class Zero1:
 # %% [markdown] lang="ja"
 # 確かめるモデル `models.TiedMLP` は、重みを共有する層と凍結した層を持ち、833 個のパラメータを学習します
 # (パディング 1 つ)。各ランクはわざと違うシードで作るので、ランク 0 の重みを配り忘れると失敗します。
-# 3 ステップのあと、1 プロセスの学習と 2 ランクの torch の DDP (`DDPAdam`) と比べます。
+# 3 ステップのあと、1 プロセスの学習と `DDPAdam` と比べます。
 
 # %% [markdown] lang="en"
-# The model checked, `models.TiedMLP`, has a tied weight and a frozen layer, and trains
-# 833 parameters (one padding value). Each rank builds it from another seed, so a
+# The model checked, `models.TiedMLP`, has a tied weight and a frozen layer (833
+# trained parameters, one padding value). Each rank builds it from another seed, so a
 # trainer that forgets to hand out rank 0's weights fails. After 3 steps it is compared
-# with one process and with torch's DDP on 2 ranks (`DDPAdam`).
+# with one process and with `DDPAdam`.
 
 # %%
 # %%px
@@ -381,13 +378,12 @@ assert zero1.flat.shard_numel * world_size == 834  # 833 parameters and 1 paddin
 # %% [markdown] lang="ja"
 # DDP とはビット単位で一致します。各ランクの勾配は同じ計算で、2 ランクでは「足してから 2 で割る」と
 # 「2 で割ってから足す」(DDP) が同じ値になり、Adam は要素ごとの計算だからです。1 プロセスとは足す順番が
-# 違い、差は 1e-6 以内です。各ランクの Adam の状態は自分のシャードの 417 個ぶんです。
+# 違い、差は 1e-6 以内です。
 
 # %% [markdown] lang="en"
-# Bit for bit DDP's: each rank's gradients are the same computation; on 2 ranks,
-# summing then halving and halving then summing (DDP) give the same value exactly; and
-# Adam works element by element. From one process, adding in another order, within
-# 1e-6. Each rank's Adam state covers its own shard: 417 values.
+# Bit for bit DDP's: the ranks' gradients are the same computation; on 2 ranks,
+# summing then halving equals halving then summing (DDP) exactly; Adam works element
+# by element. From one process, adding in another order: within 1e-6.
 
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 演習: ステージ 2 の勾配の reduce-scatter
@@ -399,8 +395,6 @@ assert zero1.flat.shard_numel * world_size == 834  # 833 parameters and 1 paddin
 # 平坦化した勾配で、要素の数は world_size で割り切れます。全ランクで平均した勾配のうち、このランクの
 # シャード (`rank * k` 番目から k 個、k = 要素の数 ÷ world_size) を新しいテンソルとして返します。
 # `dist.reduce_scatter_single(output, input)` を 1 回だけ使います (受け取る部分はランクの番号で決まります)。
-# 確認のセルは、ランクごとに別の乱数で作った長さの違う 4 つの勾配で呼び、平均のシャードと比べ、送ったのが
-# reduce-scatter 1 回だけかを確かめます。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## Exercise: stage 2's gradient reduce-scatter
@@ -411,12 +405,9 @@ assert zero1.flat.shard_numel * world_size == 834  # 833 parameters and 1 paddin
 #
 # Write `shard_of_mean_gradient(flat_grad, rank, world_size)`. `flat_grad` is this
 # rank's flat gradient; world_size divides its number of values. Return, as a new
-# tensor, this rank's shard of the gradient averaged over the ranks: k values from
-# value `rank * k` on, k = number of values ÷ world_size. Use one
-# `dist.reduce_scatter_single(output, input)` (it picks each rank's piece from its
-# rank). The check calls your function with gradients of four lengths, seeded
-# differently on each rank, compares with the shard of the mean, and checks that one
-# reduce-scatter is all you send.
+# tensor, this rank's shard of the mean over the ranks, the k = numel ÷ world_size
+# values from `rank * k` on, with one `dist.reduce_scatter_single(output, input)` (each
+# rank's piece follows from its rank).
 
 # %% tags=["exercise"]
 # %%px
@@ -438,15 +429,6 @@ def shard_of_mean_gradient(flat_grad, rank, world_size):
 
 # %%
 exercises.grade_gradient_shard(ranks)
-
-# %% [markdown] lang="ja"
-# 次のセルは、演習の 2 つの前提を確かめます。gloo の reduce-scatter は `ReduceOp.AVG` で平均でき、
-# 平坦化した勾配のビューはバッファ全体のメモリを持ち、コピーは自分の値のぶんだけを持ちます。
-
-# %% [markdown] lang="en"
-# The next cell checks two facts the exercise states: gloo's reduce-scatter averages
-# with `ReduceOp.AVG`, and a view of the flat gradient holds the whole buffer's memory,
-# where a copy holds only its own values.
 
 # %%
 # %%px
@@ -470,8 +452,8 @@ assert sharding.held_bytes([view.clone()]) == 4 * 8 // world_size
 # ## ZeRO stage 2 by hand
 #
 # `Zero2` changes only `Zero1`'s `reduce_gradients`: it receives its shard of the mean
-# with the exercise's function and lets the whole gradient go. What makes it stage 2
-# is that only the gradient's shard is held while Adam runs.
+# with the exercise's function and lets the whole gradient go: holding only the
+# gradient's shard while Adam runs is stage 2.
 
 # %%
 # %%px
@@ -521,21 +503,22 @@ assert zero2.held["gradients"] == 4 * zero2.flat.shard_numel  # the shard only
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## ZeRO stage 3 by hand
 #
-# In stage 3 the parameters are held as shards too. Computing needs them whole, so each
-# layer's parameters are all-gathered just before they are used and freed after:
+# In stage 3 the parameters too are held as shards. Computing needs them whole, so
+# each layer's are all-gathered just before use and freed after:
 #
 # 1. just before the layer's forward pass (`register_forward_pre_hook`): gather;
 # 2. after it (`register_forward_hook`): free, and put a hook on the layer's output;
 # 3. just before the layer's backward pass (that output's `register_hook`): gather
-#    again, before autograd uses the weights it saved;
+#    again, for the weights autograd saved;
 # 4. once the layer's gradients are there (`register_post_accumulate_grad_hook`):
 #    reduce-scatter them, **add** the shard of the mean to the shard's gradient (so
-#    that two backward passes accumulate), and free the gathered parameters.
+#    two backward passes accumulate), and free the gathered parameters.
 #
-# `sharding.shard_units(model)` decides the layers (a tied weight in the unit of the
-# whole model; frozen parameters whole on every rank). Freeing is resizing the storage
-# to 0 (`untyped_storage().resize_(0)`); gathering restores the same storage, which
-# the tensors autograd saved look at too. `Zero3Base` gathers and sends; `Zero3` frees.
+# `sharding.shard_units(model)` picks the layers (a tied weight goes to the whole
+# model's unit; frozen parameters stay whole on every rank). Freeing resizes the
+# storage to 0 (`untyped_storage().resize_(0)`); gathering restores that storage,
+# which autograd's saved tensors look at too. `Zero3Base` gathers and sends; `Zero3`
+# frees.
 
 # %%
 # %%px
@@ -616,14 +599,13 @@ class Zero3Base:
 #   集める (`self.gather(flat)`) フックを `output.register_hook(...)` で付けます。
 # - `after_backward(flat)` (層の勾配を reduce-scatter したあと): `flat.full` のメモリを解放します。
 #
-# 自分のシャード (`self.shards`) は解放しないでください。Adam が更新するのはそれです。確認のセルは、
-# 各層の順伝播と逆伝播の直後に持つバイト数を測り、3 ステップのあとのパラメータを torch の DDP と比べます。
+# 自分のシャード (`self.shards`) は解放しないでください。Adam が更新するのはそれです。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## Exercise: a ZeRO-3 layer frees after backward
 #
-# Write the two methods of `Zero3`. `flat` is one layer's `sharding.FlatParameters`,
-# and `flat.full` holds that layer's gathered parameters.
+# Write the two methods of `Zero3`. `flat` is one layer's `sharding.FlatParameters`;
+# `flat.full` holds its gathered parameters.
 #
 # - `after_forward(flat, output)`, after the layer's forward pass: free the memory of
 #   `flat.full`, and with `output.register_hook(...)` gather again
@@ -631,9 +613,7 @@ class Zero3Base:
 # - `after_backward(flat)`, once the layer's gradients are reduce-scattered: free the
 #   memory of `flat.full`.
 #
-# Do not free this rank's shards (`self.shards`): they are what Adam updates. The
-# check measures what each rank holds right after each layer's forward and backward
-# pass, and compares the parameters after 3 steps with torch's DDP.
+# Do not free this rank's shards (`self.shards`): they are what Adam updates.
 
 # %% tags=["exercise"]
 # %%px
@@ -662,11 +642,30 @@ class Zero3(Zero3Base):
 exercises.grade_zero3_frees(ranks)
 
 # %% [markdown] lang="ja"
+# 図は、3 層の MLP で `Zero3` が 1 ステップ進むあいだ、all-gather と解放のたびに 1 ランクが集めて持つ
+# バイト数です。山の高さを見てください。いつも 1 層ぶんで、モデル全体ではありません。
+#
 # **予想してから実行:** 順伝播を 1 回したあと、集めたパラメータは何バイト残っているでしょうか?
 
 # %% [markdown] lang="en"
+# The figure follows one step of `Zero3` on a 3-layer MLP: the bytes a rank holds
+# gathered after each all-gather and each free. Look at the peaks: one layer, never
+# the whole model.
+#
 # **Predict, then run:** after a forward pass, how many bytes of gathered parameters
 # are left?
+
+# %%
+# %%px
+traced = memory_run(lambda model: sharding.trace_gathers(Zero3(model)), steps=1)
+gathered = (traced.trace, [4 * flat.full.numel() for flat in traced.units])
+
+# %%
+trace, layer_bytes = ranks.pull("gathered")[0]  # rank 0's: (event, layer, bytes held)
+layers = [*range(len(layer_bytes)), *reversed(range(len(layer_bytes)))]  # fwd, bwd
+assert trace == [(e, i, layer_bytes[i] * (e == "gather"))  # one layer whole, then none
+                 for i in layers for e in ("gather", "free")]
+fig = diagrams.gathered(trace, whole=sum(layer_bytes))
 
 # %%
 # %%px
@@ -685,14 +684,12 @@ assert sharding.held_bytes(flat.full for flat in zero3.units) == 0
 # %% [markdown] lang="ja"
 # 次は勾配累積です。各ステップで、まずマイクロバッチ 1 つの逆伝播をしてから `step` を呼びます (DDP では
 # 1 つ目を `no_sync` の中で。レッスン 04)。ステージ 1 と 2 は DDP とビット単位で一致し、2 回の平均を足す
-# ステージ 3 は足す順番が違うので 1e-6 以内です。最後のマイクロバッチの勾配だけを残すと、差は 5e-3 ほどに
-# なります。
+# ステージ 3 は足す順番が違うので 1e-6 以内です。
 
 # %% [markdown] lang="en"
-# Now gradient accumulation: each step first runs one micro-batch's backward pass,
-# then calls `step` (DDP runs the first inside `no_sync`, lesson 04). Stages 1 and 2
-# equal DDP bit for bit; stage 3, adding two means, adds in another order: within
-# 1e-6. Keeping only the last micro-batch's gradient would miss by about 5e-3.
+# Now gradient accumulation: each step runs one micro-batch's backward pass before
+# calling `step` (DDP inside `no_sync`, lesson 04). Stages 1 and 2 equal DDP bit for
+# bit; stage 3 adds two means in another order: within 1e-6.
 
 # %%
 # %%px
@@ -729,9 +726,8 @@ for name, full in accumulated.items():
 # ## 各ステージが持つメモリ
 #
 # 「メモリは何に使われるか」の MLP (Ψ = 5365) を 4 つのやり方で 2 ステップずつ学習し、Adam が動く直前に
-# 持っていたバイト数を式と並べます。差の原因はパディング (バッファ 1 本につき最大 N − 1 要素、1 要素
-# あたり 16 バイト。バッファは `Zero3` では層ごとに 1 本) と Adam の `step` で、確認のセルは、差が 0 以上、
-# この 2 つの上限の和 (許容差) 以下であることを確かめます。
+# 持っていたバイト数を式と並べます。差の原因はパディングと Adam の `step` で、確認のセルは、差が 0 以上、
+# この 2 つの上限の和 (`tolerance`) 以下であることを確かめます。
 #
 # 図は、各ステージで 1 ランクが持つパラメータ、勾配、Adam の状態を積み上げ、式による合計を印で示します。
 # どの部分が N で割られるかを見てください。
@@ -742,9 +738,8 @@ for name, full in accumulated.items():
 # ## Memory each stage holds
 #
 # The MLP of "Where the memory goes" (Ψ = 5365), 2 steps each way: the bytes held
-# when Adam runs, beside the formula. The padding (at most N - 1 elements a flat
-# buffer, 16 bytes each; `Zero3` has a buffer per layer) and Adam's `step` make the
-# difference; the check asserts it is between 0 and these two bounds (the tolerance).
+# when Adam runs, beside the formula. Padding and Adam's `step` make the difference;
+# the check asserts it is between 0 and their bounds (`tolerance`).
 #
 # The figure stacks what one rank holds in each stage and marks the formula's total:
 # look at which part is divided by N.
@@ -776,8 +771,6 @@ for stage, row in memory_table.items():  # bytes per rank when Adam runs
 assert measured["ZeRO-3"] < measured["ZeRO-2"] < measured["ZeRO-1"] < measured["DDP"]
 
 # %%
-from labkit import diagrams
-
 fig = diagrams.zero_memory({stage: row["parts"] for stage, row in memory_table.items()},
                            ylabel="bytes_held",
                            formula={stage: row["formula"] for stage, row in memory_table.items()})
@@ -788,11 +781,9 @@ assert 0.49 < share < 0.51  # 16Ψ/N over 16Ψ, N = 2: half, plus padding and `s
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 1 ステップで送るバイト数
 #
-# 各ステージが 1 ステップで呼ぶ集団通信を `comm_counting.CollectiveLog` で記録します (バイト数は集団通信の
-# バッファ全体: reduce-scatter は入力、all-gather は出力)。DDP の all-reduce は C++ から呼ばれて記録に
-# 入らないので、DDP は通信フック `comm_counting.CommCounter` で数えます。S = 4Ψ とすると、DDP は
-# all-reduce 1 回 (S)、ステージ 1 と 2 は reduce-scatter と all-gather が S ずつ、ステージ 3 は順伝播の前と
-# 逆伝播の前の all-gather と reduce-scatter が S ずつです。
+# 各ステージが 1 ステップで呼ぶ集団通信を `comm_counting.CollectiveLog` で記録します (DDP は通信フックで
+# 数えます。下の「測り方の詳細」を見てください)。S = 4Ψ とすると、DDP は all-reduce 1 回 (S)、ステージ 1 と
+# 2 は reduce-scatter と all-gather が S ずつです。
 #
 # **予想してから実行:** ステージ 3 は 1 ステップに all-gather を何回呼び、リングでは DDP の何倍を
 # 送るでしょうか?
@@ -801,11 +792,8 @@ assert 0.49 < share < 0.51  # 16Ψ/N over 16Ψ, N = 2: half, plus padding and `s
 # ## Bytes sent per step
 #
 # `comm_counting.CollectiveLog` records the collectives each stage calls in a step
-# (their bytes: a reduce-scatter's whole input, an all-gather's whole output). DDP
-# calls its all-reduces from C++, past the log, so DDP is counted with a comm hook,
-# `comm_counting.CommCounter`. With S = 4Ψ: DDP makes one all-reduce of S; stages 1
-# and 2 a reduce-scatter and an all-gather of S each; stage 3 an all-gather before the
-# forward pass, another before the backward pass and a reduce-scatter, S each.
+# (DDP's through a comm hook; see below). With S = 4Ψ, DDP makes one all-reduce of S,
+# stages 1 and 2 a reduce-scatter and an all-gather of S each.
 #
 # **Predict, then run:** how many all-gathers does stage 3 call in a step, and how
 # many times DDP's bytes does it send in a ring?
@@ -865,14 +853,18 @@ assert 1.5 <= sent(traffic_table["ZeRO-3"]["calls"]) / ddp_sent <= 1.5 * padded 
 # %% [markdown] lang="ja"
 # リングのアルゴリズム (NCCL のリング) では、ステージ 1 と 2 は DDP と同じだけ送り、ステージ 3 は逆伝播の前の
 # all-gather のぶん 1.5 倍を送ります。このレッスンで使う gloo の reduce-scatter は中で all-reduce を
-# 実行する (プロファイラが `gloo:all_reduce` と記録します) ので、gloo では
-# **ステージ 1 と 2 が DDP の 1.5 倍、ステージ 3 が 2 倍**を送ります (集団通信 1 回ずつのバイト数は
-# レッスン 13 で数えます)。次のセルが、各ステージの 1 ステップで各ランクがソケットに書いたバイト数
-# (Linux の /proc/self/io、レッスン 05) で確かめます。
+# 実行します。それで送るバイト数がどう変わるかを、次のセルで、各ランクがソケットに書いたバイト数から
+# 確かめます。
 #
 # **予想してから実行:** gloo で、ステージ 3 は 1 ステップに DDP の何倍を書き込むでしょうか?
 #
 # <details><summary>測り方の詳細</summary>
+#
+# 記録するバイト数は集団通信のバッファ全体です (reduce-scatter は入力、all-gather は出力)。DDP の all-reduce
+# は C++ から呼ばれて `CollectiveLog` に入らないので、DDP は通信フック `comm_counting.CommCounter` で
+# 数えます。ソケットに書いたバイト数は Linux の /proc/self/io で数えます (レッスン 05)。gloo の
+# reduce-scatter が all-reduce であることは、プロファイラが `gloo:all_reduce` と記録することで確かめます
+# (集団通信 1 回ずつのバイト数はレッスン 13 で数えます)。
 #
 # torch の `ProcessGroupGloo::reduce_scatter_tensor_coalesced` (`dist.reduce_scatter_single` は最終的に
 # これを呼びます) は、入力全体のコピーを all-reduce し、終わると自分のチャンクを出力にコピーします。
@@ -887,16 +879,21 @@ assert 1.5 <= sent(traffic_table["ZeRO-3"]["calls"]) / ddp_sent <= 1.5 * padded 
 
 # %% [markdown] lang="en"
 # So in a ring (NCCL's) stages 1 and 2 send DDP's bytes, stage 3 1.5 times (the
-# backward's all-gather). The gloo backend this lesson runs on does a reduce-scatter
-# as an all-reduce underneath (the profiler records `gloo:all_reduce`), so on gloo
-# **stages 1 and 2 send 1.5 times DDP's bytes, and stage 3 twice** (lesson 13 counts
-# each collective alone). The next cell checks it with the bytes each rank writes to
-# its sockets in a step of each stage (Linux's /proc/self/io, lesson 05).
+# backward's all-gather). On gloo, this lesson's backend, a reduce-scatter is an
+# all-reduce underneath; the next cell counts what that costs in bytes written to the
+# sockets.
 #
 # **Predict, then run:** on gloo, how many times DDP's bytes does stage 3 write in a
 # step?
 #
 # <details><summary>How this was measured</summary>
+#
+# The bytes logged are a collective's whole buffer (a reduce-scatter's input, an
+# all-gather's output). DDP calls its all-reduces from C++, past `CollectiveLog`, so
+# DDP is counted with a comm hook, `comm_counting.CommCounter`. The bytes written to
+# the sockets come from Linux's /proc/self/io (lesson 05); that gloo's reduce-scatter
+# is an all-reduce, from the profiler, which records `gloo:all_reduce` (lesson 13
+# counts each collective alone).
 #
 # Torch's `ProcessGroupGloo::reduce_scatter_tensor_coalesced` (where
 # `dist.reduce_scatter_single` lands) all-reduces a copy of the whole input and then
@@ -973,7 +970,7 @@ ranks.stop()
 #
 # - **A rank's model states are P + G + kΨ**, 16Ψ under DDP in float32 and in mixed
 #   precision alike; ZeRO divides by N the kΨ in stage 1, G too in stage 2, P too in
-#   stage 3 (measured: that, plus padding and Adam's `step`).
+#   stage 3 (the measured bytes add padding and `step`).
 # - **Reduce-scatter + all-gather = all-reduce**: stages 1 and 2 reduce-scatter the
 #   gradients, update their shard and all-gather it; stage 2 drops the whole gradient.
 # - **Stage 3 gathers each layer's parameters just before use and frees them after**,

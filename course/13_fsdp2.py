@@ -45,7 +45,7 @@ labkit.set_lang("ja")
 # %%
 import torch
 
-from labkit import cluster, exercises, fsdp, models, plots, sharding
+from labkit import cluster, diagrams, exercises, fsdp, models, plots, sharding
 
 ranks = cluster.start(2, background=True)  # the ranks boot while you read
 
@@ -59,7 +59,7 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # レッスン 12 の `Zero3` がしていることと同じです ([12: ZeRO ステージ 3 を手で書く](12_zero_by_hand.ipynb#cell-id=12-zero-stage-3-by-hand))。レッスン 09 と同じく、層ごとに 1 ユニット、最後にモデル全体 (ルート) に呼びます。
 #
 # 重みを共有する層と凍結した層を持つ `models.TiedMLP` (学習するパラメータ 833 個) で、気をつけることが 2 つ
-# あります (下のセルで確かめます)。
+# あります (下で確かめます)。
 #
 # - `fully_shard` は値を配りません。各ランクは、自分が持っている値から自分のシャードを切り出すだけです。
 #   ランクごとに初期値が違えば、ランク 0 の前半とランク 1 の後半をつないだモデルになります。そこで
@@ -85,7 +85,7 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # unit each, then on the whole model (the root).
 #
 # On `models.TiedMLP`, a model with a tied weight and a frozen layer (833 trained
-# parameters), two things need care (checked in the cell below):
+# parameters), two things need care (checked below):
 #
 # - `fully_shard` sends nothing: each rank cuts its shard out of the values it holds.
 #   Ranks initialized differently would give a model made of rank 0's first half and
@@ -94,12 +94,10 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 #   model.head])`. In two units, FSDP2 stops with a `ValueError` at the first forward.
 #   `fsdp.layer_units(model)` lists the modules that hold parameters, in order, and puts
 #   those sharing a weight in one list. Frozen parameters (`requires_grad=False`) need
-#   nothing: they are gathered, but have no gradient, so nothing is reduce-scattered
-#   for them.
+#   nothing: gathered, but with no gradient, they are never reduce-scattered.
 #
 # The class below is used like lesson 12's trainers (`FSDP2Adam(model, lr)`,
-# `.step(X, y, loss_fn)`); it is compared with torch's DDP and Adam (`DDPAdam`) and
-# with one process.
+# `.step(X, y, loss_fn)`) and compared with torch's DDP (`DDPAdam`) and one process.
 
 # %%
 # %%px
@@ -153,6 +151,16 @@ class DDPAdam:
     def full_parameters(self):
         return [p.detach() for p in self.ddp.module.parameters()]
 
+# %% [markdown] lang="ja"
+# まず、`fully_shard` が各ランクに残すものです。図は、各パラメータの 0 番目の次元の行のうち、各ランクが
+# 持つ範囲です。`torch.chunk` と同じ切り方なので、33 行はランク 0 が 17 行、ランク 1 が 16 行を持ち、
+# 1 行しかないパラメータではランク 1 のシャードは空です。
+
+# %% [markdown] lang="en"
+# First, what `fully_shard` leaves on each rank: the figure shows each parameter's rows
+# of dimension 0 per rank. Cut as `torch.chunk` cuts, 33 rows split into 17 (rank 0)
+# and 16 (rank 1); a single row leaves rank 1 an empty shard.
+
 # %%
 # %%px
 import copy
@@ -171,6 +179,27 @@ from_rank0 = mine["embed.weight"].clone()
 dist.broadcast(from_rank0, src=0)
 assert not torch.equal(whole, from_rank0), "each rank cuts its own values"
 
+# Every parameter: rank r keeps piece r of torch.chunk on dim 0 (none if rows run out).
+one_row = nn.Linear(16, 1)  # 1 row for 2 ranks
+mine |= {f"one_row.{n}": p.detach().clone() for n, p in one_row.named_parameters()}
+fully_shard(one_row, mesh=init_device_mesh("cpu", (world_size,)))
+shard_rows = []  # (parameter, whole shape, first row, the row after its last)
+for name, p in [*alone.named_parameters(), *one_row.named_parameters("one_row")]:
+    pieces = mine[name].chunk(world_size)  # fewer pieces than ranks if rows run out
+    piece = pieces[rank] if rank < len(pieces) else mine[name][:0]
+    assert torch.equal(p.to_local(), piece), name
+    start = sum(len(x) for x in pieces[:rank])
+    shard_rows.append((name, tuple(p.shape), start, start + len(piece)))
+
+# %%
+shards = ranks.pull("shard_rows")  # per rank: (parameter, shape, first row, row after)
+for spans in zip(*shards, strict=True):  # one parameter: every rank's rows, in turn
+    starts, stops = [s[2] for s in spans], [s[3] for s in spans]
+    assert starts == [0, *stops[:-1]] and stops[-1] == spans[0][1][0]  # dim 0, once
+fig = diagrams.dim0_shards(shards)
+
+# %%
+# %%px
 mesh = init_device_mesh("cpu", (world_size,))
 try:  # tied modules in two units
     twice = models.TiedMLP()
@@ -217,8 +246,8 @@ assert vs_ddp == 0  # bit for bit: the same mean gradients, Adam element by elem
 fsdp_held = fsdp.held_param_bytes(sharded)  # this rank's shards: for the plot below
 
 # %% [markdown] lang="ja"
-# 5 ステップのあと、FSDP2 のパラメータは 1 プロセスの学習と `1e-6` 以内で等しく (差は上に表示して
-# います)、torch の DDP とはビット単位で一致します (レッスン 12 の `Zero3` も同じです)。どちらも同じ平均の勾配を使い、Adam は要素ごとに
+# 5 ステップのあと、FSDP2 のパラメータは 1 プロセスの学習と `1e-6` 以内で等しく、torch の DDP とは
+# ビット単位で一致します (レッスン 12 の `Zero3` も同じです)。どちらも同じ平均の勾配を使い、Adam は要素ごとに
 # 同じ計算をするからです。共有された重みは 1 つのテンソルのままで、凍結したパラメータは変わりません。
 #
 # ### reshard_after_forward: メモリと通信のトレードオフ
@@ -226,8 +255,7 @@ fsdp_held = fsdp.held_param_bytes(sharded)  # this rank's shards: for the plot b
 # `reshard_after_forward=True` (層のユニットの既定) は、順伝播のあとで集めたパラメータを解放し、逆伝播の前に
 # もう一度集めます。`False` は集めたまま逆伝播まで持ち、2 度目の all-gather を省きます。両方を 1 ステップずつ
 # 測ります。順伝播と逆伝播のあいだに 1 ランクが持つパラメータのバイト数 (`sharding.held_bytes`) と、
-# 順伝播と逆伝播それぞれの all-gather の回数とバイト数 (`CollectiveLog`) です。ルートにも同じ値を渡します (指定しなければ、FSDP2 は
-# ルートのパラメータを逆伝播まで持ちます。逆伝播がすぐに使うからです)。
+# 順伝播と逆伝播それぞれの all-gather の回数とバイト数 (`CollectiveLog`) です。ルートにも同じ値を渡します。
 #
 # **予想してから実行:** `False` では、逆伝播の all-gather は何回になるでしょうか?
 #
@@ -237,11 +265,14 @@ fsdp_held = fsdp.held_param_bytes(sharded)  # this rank's shards: for the plot b
 # そのビューです)、解放するときはそのストレージの大きさを 0 にします (`free_unsharded_param`)。
 # `fsdp.held_param_bytes` は、そことシャード (`sharded_param`) の両方を数えます。
 #
+# ルートに値を指定しなければ、FSDP2 はルートのパラメータを逆伝播まで持ちます。逆伝播がすぐに使うからです。
+# そのため、ルート自身がパラメータを持つモデルでは、FSDP2 が送るのは DDP の 1.5 倍より少し少なくなります。
+#
 # </details>
 
 # %% [markdown] lang="en"
-# After 5 steps, FSDP2's parameters equal one process's within `1e-6` (the difference
-# is printed above), and torch's DDP's bit for bit (as lesson 12's `Zero3` does): both use the same mean
+# After 5 steps, FSDP2's parameters equal one process's within `1e-6`, and torch's
+# DDP's bit for bit (as lesson 12's `Zero3` does): both use the same mean
 # gradients, and Adam does the same arithmetic element by element. The tied
 # weight is still one tensor, and the frozen parameter has not changed.
 #
@@ -252,9 +283,7 @@ fsdp_held = fsdp.held_param_bytes(sharded)  # this rank's shards: for the plot b
 # keeps them until the backward and skips the second all-gather. One step of each,
 # measured: the parameter bytes a rank holds between the forward and the backward
 # (`sharding.held_bytes`), and the all-gathers of the forward and of the backward, their
-# number and bytes (`CollectiveLog`). The root is
-# given the same value (left unset, FSDP2 keeps the root's parameters until the
-# backward, which needs them first).
+# number and bytes (`CollectiveLog`). The root is given the same value.
 #
 # **Predict, then run:** with `False`, how many all-gathers does the backward make?
 #
@@ -264,6 +293,10 @@ fsdp_held = fsdp.held_param_bytes(sharded)  # this rank's shards: for the plot b
 # module computes with is a view of it) and frees them by resizing that storage to 0
 # (`free_unsharded_param`); `fsdp.held_param_bytes` counts there and the shards
 # (`sharded_param`).
+#
+# Left unset for the root, FSDP2 keeps the root's parameters until the backward,
+# which needs them first; so where the root holds parameters of its own, FSDP2 sends
+# a little less than 1.5 times DDP's bytes.
 #
 # </details>
 
@@ -305,7 +338,7 @@ fig = plots.bar_chart({labkit.t("held_between"): held,
 
 # %% [markdown] lang="ja"
 # `True` では、順伝播と逆伝播のあいだに持つのはシャードだけで、逆伝播でモデル全体をもう一度 all-gather
-# します (1 ステップで 2 回)。`False` では、集めたモデル全体 (パディングを含むバイト数) をシャードに加えて
+# します (1 ステップで 2 回)。`False` では、集めたモデル全体をシャードに加えて
 # 持ち、all-gather は順伝播の 1 回だけです。持ち続けたバイト数は、省いた all-gather のバイト数と
 # ちょうど同じです。`False` のステージ 3 は、送るバイト数がリングのアルゴリズムでは DDP と同じになり、そのかわりパラメータの
 # メモリは逆伝播までシャードしないのと同じになります。逆伝播のあとでは、どちらも集めたパラメータを
@@ -322,7 +355,7 @@ fig = plots.bar_chart({labkit.t("held_between"): held,
 # %% [markdown] lang="en"
 # With `True`, only the shards are held between the forward and the backward, and the
 # backward all-gathers the whole model again (twice a step). With `False`, the whole
-# gathered model (in bytes, padding included) is held on top of the shards, and the only
+# gathered model is held on top of the shards, and the only
 # all-gather is the forward's: the bytes held are exactly the bytes of the all-gather
 # saved. Stage 3 with `False` sends DDP's bytes (in the ring algorithm), and in exchange holds its parameters
 # as unsharded until the backward. After the backward, both free what they gathered.
@@ -332,8 +365,8 @@ fig = plots.bar_chart({labkit.t("held_between"): held,
 # With `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`
 # the shards stay float32 (Adam updates float32), the all-gather sends bfloat16 (half
 # the bytes), the forward and backward compute in bfloat16, and the gradients are
-# reduce-scattered in float32. It runs on gloo on the CPU too.
-# Compared with a float32 step, same model, same batch.
+# reduce-scattered in float32. It runs on gloo on the CPU too; compared here with a
+# float32 step on the same batch.
 #
 # **Predict, then run:** what share of float32's bytes does the bfloat16 all-gather send?
 
@@ -416,13 +449,13 @@ if rank == 0:
 # %% [markdown] lang="ja"
 # カーネル (プロセスグループのない 1 プロセス) で、ふつうの `models.TiedMLP` に読み込みます。
 # `fsdp.load_checkpoint` は、チェックポイントの `.metadata` とモデルのキーと形を比べ (合わなければ、
-# 合わないキーをすべて挙げた `ValueError` を出します)、`dcp.load` で 2 つのシャードから全体を埋め、
+# `ValueError` を出します)、`dcp.load` で 2 つのシャードから全体を埋め、
 # `load_state_dict` します。ランクが集めた全体の state dict と等しいことを確かめ、ディレクトリを消します。
 
 # %% [markdown] lang="en"
 # In the kernel (one process, no process group), it is loaded into a plain
 # `models.TiedMLP`: `fsdp.load_checkpoint` compares the checkpoint's `.metadata` with the
-# model's keys and shapes (a `ValueError` names each that does not fit), fills the
+# model's keys and shapes (a `ValueError` where they differ), fills the
 # whole tensors from the 2 shards with `dcp.load`, and calls `load_state_dict`. It must
 # equal the full state dict the ranks gathered; then the directory is removed.
 
@@ -452,8 +485,7 @@ print(f"loaded {len(full_state)} tensors from 2 shards; equal to the ranks' full
 # 状態だけを持ちます。更新したパラメータは、ステップの終わりに `broadcast` で全ランクに配ります。
 # そのため集団通信に渡すバイト数は、勾配の all-reduce にパラメータの broadcast が加わって
 # 2 倍になります。ただし broadcast で送るのは送り元のランクだけで、各ランクが送り元になるのは自分の
-# 担当分だけです。各ランクがソケットに書き込むバイト数は、2 ランクでは 1.5 倍です (下のセルが
-# `/proc/self/io` で数えます。`/proc` のない macOS と Windows では、そう表示して数えません)。
+# 担当分だけです。各ランクがソケットに書き込むバイト数は、2 ランクでは 1.5 倍です (下のセルで数えます)。
 # この増え方は torch の `ZeroRedundancyOptimizer` の作り (勾配は DDP の
 # all-reduce で全部そろえ、更新したパラメータを broadcast する) によるものです。ZeRO の論文の
 # ステージ 1 は、勾配を reduce-scatter し、パラメータを all-gather するので、通信量は DDP と同じです
@@ -471,8 +503,7 @@ print(f"loaded {len(full_state)} tensors from 2 shards; equal to the ranks' full
 # collectives double: the gradients' all-reduce plus the
 # parameters' broadcast. But in a broadcast only the source sends, and each rank is the
 # source of its own share only: the bytes each rank writes to its sockets grow 1.5× on 2
-# ranks (the cell below counts them through `/proc/self/io`; on macOS and Windows, which
-# have no `/proc`, it says so and counts nothing). That growth comes from the
+# ranks (counted below). That growth comes from the
 # design of torch's `ZeroRedundancyOptimizer` (the gradients all-reduced whole by DDP,
 # then the updated parameters broadcast); stage 1 as the ZeRO paper describes it
 # reduce-scatters the gradients and all-gathers the parameters, the same volume as DDP
@@ -545,7 +576,6 @@ assert message is not None and "consolidate_state_dict" in message
 # `bytes_per_rank(params, world_size, stage)` を書いてください。Ψ 個のパラメータを float32 の Adam で
 # N ランクで学習するとき、`stage` (`"DDP"`、`"ZeRO-1"`、`"ZeRO-2"`、`"ZeRO-3"`) で 1 ランクが持つモデルの
 # 状態のバイト数 (レッスン 12 の表の float32 の列: [12: メモリは何に使われるか](12_zero_by_hand.ipynb#cell-id=12-where-the-memory-goes)) です。`step` とパディングは数えず、Ψ ÷ N は小数のままにします。
-# 確認のセルは、Ψ = 10 から 75 億まで、N = 1〜64 で labkit の式と比べます。
 
 # %% [markdown] lang="en"
 # ## Exercise: predict the bytes per rank
@@ -553,8 +583,7 @@ assert message is not None and "consolidate_state_dict" in message
 # Write `bytes_per_rank(params, world_size, stage)`: training Ψ parameters with Adam
 # in float32 on N ranks, the bytes of model state one rank holds under `stage`
 # (`"DDP"`, `"ZeRO-1"`, `"ZeRO-2"` or `"ZeRO-3"`), the float32 column of lesson 12's table ([12: Where the memory goes](12_zero_by_hand.ipynb#cell-id=12-where-the-memory-goes)). Leave
-# out `step` and padding, and keep Ψ ÷ N a fraction. The check compares with labkit's
-# formula for Ψ from 10 to 7.5 billion and N from 1 to 64.
+# out `step` and padding, and keep Ψ ÷ N a fraction.
 
 # %% tags=["exercise"]
 def bytes_per_rank(params, world_size, stage):
@@ -582,7 +611,7 @@ exercises.grade_bytes_per_rank(bytes_per_rank)
 # を書いてください。Ψ 個のパラメータを float32 で学習するとき、1 ステップの集団通信で 1 ランクが
 # **送る**バイト数です。集団通信はリング (レッスン 05) で、S バイトの reduce-scatter でも all-gather でも
 # 各ランクは (N − 1)/N × S を送ります。各ステージが呼ぶ集団通信はレッスン 12 のクラスのとおりで、パディングは
-# 数えません。確認のセルは、Ψ = 10 から 75 億まで、N = 1〜64 でリングの式と比べます。
+# 数えません。
 
 # %% [markdown] lang="en"
 # ## Exercise: predict the bytes sent per step
@@ -591,9 +620,7 @@ exercises.grade_bytes_per_rank(bytes_per_rank)
 # `bytes_sent_per_rank(params, world_size, stage)`: training Ψ parameters in float32,
 # the bytes one rank **sends** in a step's collectives. They are rings (lesson 05): in
 # a reduce-scatter or an all-gather of S bytes each rank sends (N − 1)/N × S. Lesson
-# 11's classes show which collectives each stage calls; padding is not counted. The
-# check compares with the ring's formula for Ψ from 10 to 7.5 billion and N from 1 to
-# 64.
+# 12's classes show which collectives each stage calls; padding is not counted.
 
 # %% tags=["exercise"]
 def bytes_sent_per_rank(params, world_size, stage):
@@ -619,9 +646,7 @@ exercises.grade_bytes_sent(bytes_sent_per_rank)
 # シャードで減るのはメモリで、通信は減りません (各ランクが更新するのは自分のシャードだけなので、
 # オプティマイザの計算は 1/N になります)。リングのアルゴリズムでは、ステージ 1 と 2 が送るバイト数は
 # DDP と同じで (reduce-scatter + all-gather = all-reduce)、ステージ 3 と FSDP2 は逆伝播の前の all-gather の
-# ぶん、DDP の 1.5 倍を送ります ([12: 1 ステップで送るバイト数](12_zero_by_hand.ipynb#cell-id=12-bytes-sent-per-step)。FSDP2 は既定ではルートのパラメータを
-# 逆伝播まで集めたまま持つので、ルート自身がパラメータを持つモデルでは 1.5 倍より少し少なくなります)。
-# gloo では、ステージ 1 と 2 が DDP の 1.5 倍、ステージ 3 が 2 倍でした (レッスン 12)。
+# ぶん、DDP の 1.5 倍を送ります ([12: 1 ステップで送るバイト数](12_zero_by_hand.ipynb#cell-id=12-bytes-sent-per-step))。
 # メモリと時間は単位が違うので、そのままでは比べられません。このレッスンでは、「シャードが割に合わない」を
 # 次の意味で使います: **シャードする範囲の小さいステージ (ステージ 1 や 2) でもメモリの予算に収まるのに、
 # ステージ 3 を選んで、余分な all-gather の時間を払うこと**。どのステージが収まるかはメモリだけで決まり、
@@ -642,10 +667,7 @@ exercises.grade_bytes_sent(bytes_sent_per_rank)
 # Sharding saves memory, not communication (it even divides the optimizer's compute by
 # N: each rank updates only its shard). In the ring algorithm stages 1 and 2 send DDP's
 # bytes (reduce-scatter + all-gather = all-reduce); stage 3 and FSDP2 send 1.5 times as
-# much, the all-gather before the backward ([12: Bytes sent per step](12_zero_by_hand.ipynb#cell-id=12-bytes-sent-per-step); by default FSDP2
-# keeps the root's own parameters gathered until the backward, so a little less where
-# the root holds parameters of its own). On gloo stages 1 and 2 sent 1.5 times DDP's
-# bytes and stage 3 twice (lesson 12). Memory and seconds are different
+# much, the all-gather before the backward ([12: Bytes sent per step](12_zero_by_hand.ipynb#cell-id=12-bytes-sent-per-step)). Memory and seconds are different
 # units, so here "sharding costs more than it saves" means: **choosing stage 3, and
 # paying for its extra all-gather, where a stage that shards less would fit the memory
 # budget too**. Which stages fit depends on memory alone; the extra all-gather's time
@@ -656,8 +678,7 @@ exercises.grade_bytes_sent(bytes_sent_per_rank)
 # ranks; the share does not depend on the number of parameters. The lines are the
 # formula (`sharding.memory_per_rank`); the marker is the FSDP2 model above on 2
 # ranks, the bytes of its parameters' shards over the whole parameters' (in stage 3
-# all three parts are divided by N, so the share is the same). Other numbers of ranks:
-# only the formula.
+# all three parts are divided by N alike). Other numbers of ranks: only the formula.
 #
 # The dashed line is an example budget: a 13-billion (13B) parameter model, which needs
 # 208 GB per rank under DDP, trained with 80 GB per rank (for the model states only:
@@ -697,13 +718,12 @@ fig = plots.memory_vs_world_size(
 # 5/6 を送ります) は、予算が必要としないメモリのための余分な通信です。1 ステップあたりの時間は、多くても
 # 下のセルが表示する秒数です。FSDP2 は逆伝播のあいだにこの all-gather を先読み (prefetch) し、GPU では
 # 計算と重ねて実行できるので、時間が増えるのは通信がボトルネックのときです。秒数は、下のセルが all-reduce を測って
-# 当てはめる α と β で見積もります (レッスン 05) (当てはめに使った all-reduce は 1 KiB〜4 MiB
-# なので、52 GB の秒数は外挿で、桁の目安です)。GPU のクラスタでは α と β が違うので秒数は変わりますが、
+# 当てはめる α と β からの外挿で、桁の目安です (レッスン 05)。GPU のクラスタでは α と β が違うので秒数は変わりますが、
 # 境目の 6 ランクはメモリだけで決まるので変わりません。
 #
-# ここでの秒数はリングのアルゴリズムのものです。gloo では reduce-scatter が all-reduce 1 回ぶんかかるので、
-# ステージ 2 は all-reduce の 1.5 倍、ステージ 3 は 2 倍になります。余分な all-gather の秒数は同じで、
-# 境目も変わりません (ステージ 3 はステージ 2 の 1.5 倍ではなく 4/3 倍)。予算から見ると、1 ランク 80 GB で
+# gloo では reduce-scatter が all-reduce 1 回ぶんかかり、ステージ 2 は all-reduce の 1.5 倍、ステージ 3 は
+# 2 倍になりますが (ステージ 3 はステージ 2 の 1.5 倍ではなく 4/3 倍)、余分な all-gather の秒数も境目も
+# 同じです。予算から見ると、1 ランク 80 GB で
 # 学習できる最大のモデルは、DDP ではランクの数によらず 50 億パラメータ、ステージ 3 ではその N 倍です。
 
 # %% [markdown] lang="en"
@@ -722,16 +742,17 @@ fig = plots.memory_vs_world_size(
 # sends 5/6) is communication added for memory the budget does not need. It costs at
 # most the seconds the cell below prints, a step: FSDP2 prefetches it during the
 # backward, and on a GPU it can run alongside the compute, so it adds time where
-# communication is the bottleneck. The seconds come from the α–β model (lesson 05), with
-# the α and β the next cell fits to measured all-reduces (on all-reduces of 1 KiB to 4 MiB:
-# for 52 GB the seconds are an extrapolation, an order of magnitude). On a GPU cluster
+# communication is the bottleneck. The seconds, extrapolated to an order of magnitude,
+# come from the α–β model (lesson 05) with the α and β the next cell fits to measured
+# all-reduces.
+# On a GPU cluster
 # α and β differ, and so do the seconds, but not the crossover at 6 ranks, which memory
 # alone decides.
 #
-# These seconds are the ring algorithm's: on gloo a reduce-scatter costs a whole
-# all-reduce, so stage 2 takes 1.5 all-reduces and stage 3 two; the extra all-gather
-# costs the same seconds, and the crossover does not move (stage 3 is 4/3 of stage 2
-# there, not 1.5). Seen from the budget: the largest model 80 GB per rank can train is
+# On gloo, where a reduce-scatter costs a whole all-reduce, stage 2 takes 1.5
+# all-reduces and stage 3 two (4/3 of stage 2, not 1.5): the same extra seconds, the
+# same crossover. Seen from
+# the budget: the largest model 80 GB per rank can train is
 # 5 billion parameters under DDP, on any number of ranks, and N times that under
 # stage 3.
 
@@ -745,8 +766,7 @@ ab = comm.fit_alpha_beta(sizes, comm.allreduce_sweep(sizes, repeat=7), world_siz
 # %% [markdown] lang="ja"
 # gloo の reduce-scatter は中で all-reduce を実行します (レッスン 12)。そのため、下の gloo の見積もりでは
 # reduce-scatter を all-reduce 1 回ぶんとします。次のセルは、数 MB の集団通信 1 回ずつで、各ランクが
-# ソケットに書き込むバイト数を数えます (Linux の /proc/self/io。`/proc` のない macOS と Windows では、
-# そう表示して数えません)。
+# ソケットに書き込むバイト数を数えます (Linux の /proc/self/io)。
 #
 # **予想してから実行:** gloo の reduce-scatter は、S バイトのうち何倍を書き込むでしょうか (リングでは
 # 0.5 倍)?
@@ -755,8 +775,7 @@ ab = comm.fit_alpha_beta(sizes, comm.allreduce_sweep(sizes, repeat=7), world_siz
 # On gloo a reduce-scatter runs an all-reduce underneath (lesson 12), so the gloo
 # pricing below charges it a whole all-reduce. The next cell counts what one
 # collective of a few megabytes each makes each rank write to its sockets (Linux's
-# /proc/self/io; on macOS and Windows, which have no `/proc`, it says so and counts
-# nothing).
+# /proc/self/io).
 #
 # **Predict, then run:** what share of S does gloo's reduce-scatter write (the ring's
 # is 0.5)?

@@ -18,7 +18,8 @@ from . import i18n
 from .i18n import t
 from .plots import HATCHES, PALETTE, VERMILLION, checked_figure
 
-__all__ = ["collectives", "micro_batches", "ring", "sequences", "zero_memory"]
+__all__ = ["collectives", "dim0_shards", "gathered", "micro_batches", "ring",
+           "sequences", "zero_memory"]
 
 i18n.register({
     "ring_start": {"ja": "最初", "en": "start"},
@@ -80,6 +81,24 @@ i18n.register({
                               "枠 = バッチを使い切ったあと (0 の勾配)",
                         "en": "Gradient all-reduces each rank calls per update: "
                               "frame = after its batches ran out (zeros)"},
+    "gathered_bytes": {"ja": "集めたパラメータのバイト数",
+                       "en": "gathered parameter bytes"},
+    "gathered_title": {"ja": "ZeRO-3 の 1 ステップ: 1 ランクが集めて持つパラメータ",
+                       "en": "One ZeRO-3 step: the parameters one rank holds gathered"},
+    "gathered_gather": {"ja": "集める\n層 {i}", "en": "gather\nlayer {i}"},
+    "gathered_free": {"ja": "解放\n層 {i}", "en": "free\nlayer {i}"},
+    "gathered_forward": {"ja": "順伝播", "en": "forward"},
+    "gathered_backward": {"ja": "逆伝播", "en": "backward"},
+    "gathered_whole": {"ja": "モデル全体 (DDP はずっと持つ)",
+                       "en": "the whole model (DDP holds it throughout)"},
+    "dim0_title": {"ja": "fully_shard: 各ランクが持つ 0 番目の次元の行 (torch.chunk)",
+                   "en": "fully_shard: the rows of dim 0 each rank holds "
+                         "(torch.chunk)"},
+    "dim0_rows": {"ja": "行 {a}〜{b} ({n} 行)", "en": "rows {a}-{b} ({n})"},
+    "dim0_row": {"ja": "行 {a}", "en": "row {a}"},
+    "dim0_empty": {"ja": "ランク {r}: 空 (0 行)", "en": "rank {r}: empty (0 rows)"},
+    "dim0_share": {"ja": "0 番目の次元の行 (全体に対する割合)",
+                   "en": "share of the rows of dim 0"},
 })
 
 _PARTS = ("parameters", "gradients", "optimizer")
@@ -272,6 +291,99 @@ def zero_memory(held: Mapping[str, Mapping[str, float]], *, ylabel: str,
         ax.set_ylabel(t(ylabel))
         ax.set_title(t("zero_held_title"))
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def gathered(trace: Sequence[tuple[str, int, float]], *,
+             whole: float | None = None) -> plt.Figure:
+    """The gathered parameter bytes one rank holds through a ZeRO-3 step: `trace`
+    lists, in order, each "gather" or "free", the layer it was for (0 first) and
+    the bytes held gathered just after it. A layer gathered a second time starts
+    the backward pass (shaded); `whole` marks the whole model's bytes."""
+    seen: set[int] = set()
+    backward = len(trace)
+    for i, (what, layer, _) in enumerate(trace):
+        if what == "gather" and layer in seen:
+            backward = min(backward, i)
+        seen.add(layer)
+
+    def build():
+        n = len(trace)
+        fig, ax = plt.subplots(figsize=(max(7.0, 0.85 * n + 1.5), 4.4))
+        held = [b for _, _, b in trace]
+        ax.stairs(held, range(n + 1), fill=True, color=PALETTE[0], alpha=0.35)
+        ax.stairs(held, range(n + 1), color=PALETTE[0], lw=2)
+        for i, b in enumerate(held):
+            if b:
+                ax.text(i + 0.5, b, f"{b:,.0f}", ha="center", va="bottom", fontsize=11)
+        if whole:
+            ax.axhline(whole, ls="--", color=VERMILLION, lw=1.5)
+            ax.text(0.1, whole * 1.015, f"{t('gathered_whole')}: {whole:,.0f}",
+                    ha="left", va="bottom", fontsize=11, color=VERMILLION)
+        top = max([*held, whole or 0, 1]) * 1.3
+        ax.axvspan(backward, n, color="gray", alpha=0.12, lw=0)
+        for x0, x1, key in ((0, backward, "gathered_forward"),
+                            (backward, n, "gathered_backward")):
+            if x1 > x0:
+                ax.text((x0 + x1) / 2, top * 0.97, t(key), ha="center", va="top",
+                        fontsize=12)
+        ax.set_xticks([i + 0.5 for i in range(n)],
+                      [t(f"gathered_{what}", i=layer + 1) for what, layer, _ in trace])
+        ax.set_xlim(0, n)
+        ax.set_ylim(0, top)
+        ax.set_ylabel(t("gathered_bytes"))
+        ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.set_title(t("gathered_title"))
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def dim0_shards(per_rank: Sequence[Sequence[tuple[str, Sequence[int], int, int]]]
+                ) -> plt.Figure:
+    """The rows of dim 0 each rank holds of each parameter: `per_rank` holds each
+    rank's (parameter name, whole shape, first row, row after its last) in the same
+    order. Each parameter is one bar, its rows cut into the ranks' pieces; a rank
+    with no rows is named beside the bar."""
+    names = [(name, tuple(shape)) for name, shape, _, _ in per_rank[0]]
+
+    def build():
+        fig, ax = plt.subplots(figsize=(9.5, 0.62 * len(names) + 1.9))
+        labelled = set()
+        for i, (_, shape) in enumerate(names):
+            y, rows = len(names) - 1 - i, shape[0] or 1  # no rows: nothing to cut
+            empty = []
+            for r, shards in enumerate(per_rank):
+                _, _, start, stop = shards[i]
+                if stop == start:
+                    empty.append(t("dim0_empty", r=r))
+                    continue
+                ax.barh(y, (stop - start) / rows, left=start / rows, height=0.7,
+                        color=PALETTE[r % len(PALETTE)],
+                        hatch=HATCHES[r % len(HATCHES)], edgecolor="black",
+                        label=None if r in labelled else t("rank_n", r=r))
+                labelled.add(r)
+                span = (t("dim0_row", a=start) if stop - start == 1 else
+                        t("dim0_rows", a=start, b=stop - 1, n=stop - start))
+                ax.text((start + stop) / 2 / rows, y, span,
+                        ha="center", va="center", fontsize=11,
+                        bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.5})
+            if empty:
+                ax.text(1.02, y, ", ".join(empty), ha="left", va="center", fontsize=11,
+                        color=VERMILLION)
+        ax.set_yticks(range(len(names)),
+                      [f"{name} {shape}" for name, shape in reversed(names)],
+                      family="monospace")
+        ax.set_xlim(0, 1.4)
+        ax.set_xticks([0, 0.5, 1], ["0", "1/2", "1"])
+        ax.set_xlabel(t("dim0_share"))
+        ax.set_title(t("dim0_title"))
+        handles, labels = ax.get_legend_handles_labels()
+        ax.legend(handles, labels, loc="upper right")
         fig.tight_layout()
         return fig
 

@@ -8,6 +8,7 @@ the optimizer states, then the gradients, then the parameters; PyTorch's FSDP
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,7 @@ __all__ = [
     "memory_parts",
     "memory_per_rank",
     "shard_units",
+    "trace_gathers",
 ]
 
 STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
@@ -32,6 +34,7 @@ STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 # exp_avg_sq, 4 each). Adam's third state, `step`, is one 4-byte scalar tensor
 # per parameter tensor, not per element: it is left out of the formula.
 FP32_ADAM = {"param_bytes": 4, "grad_bytes": 4, "optimizer_bytes": 8}
+_Trainer = TypeVar("_Trainer")
 
 i18n.register({
     "gb_per_rank": {"ja": "1 ランクあたりのメモリ [GB]", "en": "memory per rank [GB]"},
@@ -224,3 +227,27 @@ def fsdp_experiment(rank: int, world_size: int, seed: int = 0) -> dict:
             "full_numel": models.count_params(reference),
             "grad_max_abs_diff": grad_diff}
 
+
+def trace_gathers(trainer: _Trainer) -> _Trainer:
+    """After each gather and each free of a ZeRO-3 trainer, note what it holds gathered.
+
+    `trainer` is built like the ZeRO-by-hand lesson's `Zero3`: `units` (a
+    `FlatParameters` a layer) and the methods `gather(flat)`,
+    `after_forward(flat, output)` and `after_backward(flat)`. On this trainer
+    only, each is wrapped to append to `trainer.trace`, after it ran, the event
+    ("gather" or "free"), the layer's index in `units` and the bytes every
+    layer's `full` then holds (`held_bytes`). Returns the trainer.
+    """
+    trainer.trace = []
+
+    def noted(method, event):
+        def call(flat, *args):
+            method(flat, *args)
+            held = held_bytes(f.full for f in trainer.units)
+            trainer.trace.append((event, trainer.units.index(flat), held))
+        return call
+
+    trainer.gather = noted(trainer.gather, "gather")
+    trainer.after_forward = noted(trainer.after_forward, "free")
+    trainer.after_backward = noted(trainer.after_backward, "free")
+    return trainer

@@ -195,3 +195,71 @@ def test_a_ring_too_short_for_its_ranks_is_refused_by_name():
         assert alone["after"] == alone["before"] and alone["sent_bytes"] == 0
     finally:
         dist.destroy_process_group()
+
+
+# One ZeRO-3 step of 2 layers: each gathered (10 and 30 bytes), then freed; the
+# backward gathers layer 2 first.
+GATHERED = [("gather", 0, 10), ("free", 0, 0), ("gather", 1, 30), ("free", 1, 0),
+            ("gather", 1, 30), ("free", 1, 0), ("gather", 0, 10), ("free", 0, 0)]
+
+
+@pytest.mark.parametrize("lang", ["ja", "en"])
+def test_gathered_draws_each_event_and_shades_the_backward(lang):
+    labkit.set_lang(lang)
+    try:
+        fig = diagrams.gathered(GATHERED, whole=40)
+        ax = fig.axes[0]
+        ticks = [t.get_text() for t in ax.get_xticklabels()]
+        assert ticks[:2] == [labkit.t("gathered_gather", i=1),
+                             labkit.t("gathered_free", i=1)]
+        assert ("集める\n層 2" in ticks) == (lang == "ja")
+        texts = [t.get_text() for t in ax.texts]
+        assert texts.count("30") == 2 and texts.count("10") == 2  # each gather's bytes
+        assert labkit.t("gathered_backward") in texts
+        assert any(labkit.t("gathered_whole") in t and "40" in t for t in texts)
+        # the backward starts at the first layer gathered again: event 4 of 8
+        shaded = [p for p in ax.patches if p.get_alpha() == 0.12]
+        assert [round(p.get_x(), 6) for p in shaded] == [4.0]
+        assert _small(fig) == []
+    finally:
+        plt.close("all")
+        labkit.set_lang("en")
+
+
+# Two ranks: 5 rows (3 and 2), and 1 row (rank 1 empty).
+SHARDS = [[("w", (5, 2), 0, 3), ("b", (1,), 0, 1)],
+          [("w", (5, 2), 3, 5), ("b", (1,), 1, 1)]]
+
+
+@pytest.mark.parametrize("lang", ["ja", "en"])
+def test_dim0_shards_cut_each_bar_by_rank_and_name_an_empty_shard(lang):
+    labkit.set_lang(lang)
+    try:
+        fig = diagrams.dim0_shards(SHARDS)
+        ax = fig.axes[0]
+        bars = [p for p in ax.patches if isinstance(p, Rectangle)]
+        # w: two pieces, 3/5 and 2/5 of its rows; b: rank 0's piece only
+        assert sorted(round(b.get_width(), 6) for b in bars) == [0.4, 0.6, 1.0]
+        assert len({b.get_hatch() or "" for b in bars}) == 2  # ranks told apart in grey
+        texts = _texts(fig)
+        assert labkit.t("dim0_rows", a=3, b=4, n=2) in texts
+        assert labkit.t("dim0_empty", r=1) in texts
+        assert ("ランク 1" in texts) == (lang == "ja")
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["b (1,)", "w (5, 2)"]
+        assert _small(fig) == []
+    finally:
+        plt.close("all")
+        labkit.set_lang("en")
+
+
+def test_the_gathered_and_shard_diagrams_refuse_a_missing_glyph():
+    labkit.set_lang("ja")
+    try:
+        with matplotlib.rc_context({"font.family": "DejaVu Sans"}):
+            with pytest.raises(MissingGlyphError):
+                diagrams.gathered(GATHERED)
+            with pytest.raises(MissingGlyphError):
+                diagrams.dim0_shards(SHARDS)
+    finally:
+        plt.close("all")
+        labkit.set_lang("en")

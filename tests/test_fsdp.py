@@ -169,7 +169,9 @@ def _lesson_cells() -> dict[str, str]:
         assert len(found) == 1, (marker, len(found))
         return found[0].removeprefix("%%px\n")
 
-    return {"fsdp2": one("class FSDP2Adam:"), "parity": one("compared = {"),
+    return {"fsdp2": one("class FSDP2Adam:"), "shards": one("shard_rows = []"),
+            "shards_figure": one('ranks.pull("shard_rows")'),
+            "parity": one("compared = {"),
             "reshard": one("fsdp.reshard_experiment("),
             "mixed": one("fsdp.mixed_precision_experiment("),
             "save": one("dcp.save("), "load": one("fsdp.load_checkpoint(")}
@@ -186,6 +188,7 @@ def lesson(ranks):
     ranks.execute("import torch.distributed as dist\n"
                   "rank, world_size = dist.get_rank(), dist.get_world_size()")
     ranks.execute(cells["fsdp2"])  # FSDP2Adam, and DDPAdam to compare with
+    ranks.execute(cells["shards"])  # the model the parity cell starts from
     return cells
 
 
@@ -228,3 +231,30 @@ def test_the_resharding_check_fails_when_the_load_is_skipped(ranks, lesson):
     skipped = _changed(lesson["load"], LOAD, "    loaded = models.TiedMLP()\n")
     with pytest.raises(AssertionError, match="embed.weight"):
         _load_in_kernel(ranks, skipped)  # a fresh random model, not the checkpoint
+
+
+ONE_ROW = 'fully_shard(one_row, mesh=init_device_mesh("cpu", (world_size,)))\n'
+
+
+def test_the_shards_figure_draws_each_rank_s_rows_of_torch_chunk(ranks, lesson):
+    import matplotlib.pyplot as plt
+
+    from labkit import diagrams
+
+    cell = {"ranks": ranks, "diagrams": diagrams}  # the lesson's first cell imports it
+    exec(lesson["shards_figure"], cell)
+    plt.close(cell["fig"])
+    rows = {name: [(start, stop) for r in cell["shards"]
+                   for n, _, start, stop in r if n == name]
+            for name in ("embed.weight", "one_row.weight")}
+    assert rows == {"embed.weight": [(0, 17), (17, 33)],  # 33 rows: 17 and 16
+                    "one_row.weight": [(0, 1), (1, 1)]}  # rank 1: empty
+
+
+def test_the_shards_check_fails_where_fully_shard_cuts_another_dim(ranks, lesson):
+    along_columns = ONE_ROW.replace(
+        "))\n", "),\n            shard_placement_fn=lambda p: Shard(p.dim() - 1))\n")
+    cut = _changed(lesson["shards"], ONE_ROW,
+                   "from torch.distributed.tensor import Shard\n" + along_columns)
+    with pytest.raises(cluster.RankError, match="one_row.weight"):
+        ranks.execute(cut)  # each rank holds 8 of its 16 columns, not chunk's rows

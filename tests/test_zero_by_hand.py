@@ -36,6 +36,8 @@ def _cells() -> dict[str, str]:
         "zero3": find("class Zero3(", "solution"),
         "zero3_exercise": find("class Zero3(", "exercise"),
         "check3": find("zero3 = train(Zero3)"),
+        "gathered": find("sharding.trace_gathers("),
+        "gathered_figure": find('ranks.pull("gathered")'),
         "accumulate": find("def train_accumulating("),
         "memory_ddp": find("def memory_run("),
         "memory": find("memory_table = {}"),
@@ -294,3 +296,27 @@ def test_the_hints_speak_the_notebooks_language(ranks, mistake):
     with pytest.raises(exercises.WrongAnswer, match="ヒント") as wrong:
         exercises.grade_zero3_frees(ranks)
     assert "resize_(0)" in str(wrong.value) or "register_hook" in str(wrong.value)
+
+
+@pytest.mark.parametrize("mistake", [None, "freed after backward, not after forward",
+                                     "freed after forward, not after backward"])
+def test_the_gathered_bytes_figure_holds_one_layer_at_a_time(ranks, mistake):
+    """The figure's cell passes on the lesson's Zero3, and fails on one that keeps a
+    layer gathered after its forward or after its backward pass."""
+    import matplotlib.pyplot as plt
+
+    _define(ranks, {"zero3": _zero3_with(mistake)} if mistake else None)
+    ranks.execute(CELLS["memory_ddp"])  # memory_run
+    ranks.execute(CELLS["gathered"])
+    from labkit import diagrams
+
+    cell = {"ranks": ranks, "diagrams": diagrams}  # imported above it in the lesson
+    try:
+        if mistake:
+            with pytest.raises(AssertionError):
+                exec(CELLS["gathered_figure"], cell)
+        else:
+            exec(CELLS["gathered_figure"], cell)
+            assert max(b for _, _, b in cell["trace"]) == 4 * 4032  # the middle layer
+    finally:
+        plt.close("all")
