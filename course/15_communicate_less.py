@@ -800,10 +800,11 @@ exercises.grade_noise_scale(noise_scale_estimate, (8, 2, 25.289, 16.629))
 # the batch takes about half the steps; well above it, the steps hardly fall below
 # S_min. B_noise is the **critical batch size**: the balance between time and compute.
 #
-# We try it: global batches B = N·b·K from 2 to 256, each trained from zero weights
-# until the loss is 1% of the start's, counting the steps (mean of 3 seeds). A rank's
-# batch b goes up to 16, beyond which it accumulates (lesson 04's `no_sync`). Each
-# batch gets its best learning rate, as in the paper: searched up in factors of √2.
+# We try batches B = N·b·K from 2 to 256, each trained from zero weights until the
+# loss is 1% of the start's, counting the steps (mean of 3 seeds); past b = 16
+# per rank it accumulates under `no_sync`. The learning rate, tuned per batch as in the
+# paper, is searched upwards in factors of √2 from the previous batch's best until the
+# steps stop falling.
 
 # %%
 # %%px
