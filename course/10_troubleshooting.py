@@ -482,6 +482,7 @@ torch.manual_seed(0)  # the same weights on both ranks
 model = DDP(TwoHeads())
 X, y = torch.randn(8, 10) + rank, torch.randn(8, 10)  # each rank its own batch
 nn.functional.mse_loss(model(X), y).backward()  # the first step: no error...
+got_grad = [(name, p.grad is not None) for name, p in model.module.named_parameters()]
 spread = compare.rank_max_diff(model.module.head.weight.grad)
 print(f"rank {rank}: head.weight.grad differs between the ranks by {spread:.3f}")
 assert spread > 0.01  # ...but the gradients were never averaged
@@ -510,11 +511,30 @@ assert "Parameter indices which did not receive grad for rank 0: 4 5" in message
 
 # %% [markdown] lang="ja"
 # 4 と 5 は `model.parameters()` の中の番号です (`body` の重みとバイアスが 0 と 1、`head` が 2 と 3)。
-# 名前が表示されるのは `INFO` のときだけです。
+# 名前が表示されるのは `INFO` のときだけです。下の図は、1 回目の逆伝播のあと各ランクが自分の `.grad` を
+# 調べた結果です。枠の 2 行 (4 と 5) が、どちらのランクでも勾配のないパラメータで、DDP のエラーが挙げた
+# ものと同じです。
 
 # %% [markdown] lang="en"
 # 4 and 5 are positions in `model.parameters()` (`body`'s weight and bias are 0 and 1,
-# `head`'s 2 and 3); the names come only with `INFO`.
+# `head`'s 2 and 3); the names come only with `INFO`. Below, what each rank found in
+# its own `.grad` after the first backward: the two framed rows (4 and 5) have no
+# gradient on either rank, the parameters DDP's error names.
+
+# %%
+from labkit import diagrams
+
+got_grad = ranks.pull("got_grad")  # each rank's (name, got a gradient), in order
+for r, pairs in enumerate(got_grad):
+    missing = [i for i, (_, got) in enumerate(pairs) if not got]
+    names = ", ".join(sorted(pairs[i][0] for i in missing))
+    # what this rank's own .grad says is what DDP's error on this rank names
+    lines = ranks.last_failure[r].splitlines()
+    assert f"Parameters which did not receive grad for rank {r}: {names}" in lines
+    assert (f"Parameter indices which did not receive grad for rank {r}: "
+            f"{' '.join(map(str, missing))}") in lines
+assert got_grad[0] == got_grad[1] and names == "aux.bias, aux.weight"
+fig = diagrams.gradients(got_grad)
 
 # %% [markdown] lang="ja"
 # ### 演習: 使われないパラメータを見つける

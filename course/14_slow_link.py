@@ -222,6 +222,40 @@ LINK_ALPHA = 100e-6  # 100 µs a call
 BETAS = (1e8, 2e8, 5e8, 1e9, 2e9, 5e9)  # 100 MB/s to 5 GB/s
 over = slow_link.steps_over_links(METHODS, BETAS, LINK_ALPHA, rounds=12, local=True)
 
+# %% [markdown] lang="ja"
+# 測ったすべての回を、リンクごとに並べます (ランク 0 の時計、縦軸は対数)。印 1 つが 1 回の 1 ステップ、
+# 黒い横棒が中央値です。右へ行くほどリンクが遅く、DDP の印がほかの 2 つより上に離れていきます。左の速い
+# リンクでは、3 つの方法の印が入り混じります。
+
+# %% [markdown] lang="en"
+# Every timed round, link by link (rank 0's clock, log scale): a marker is one round's
+# step, the black bar the median. The slower the link (to the right), the further DDP's
+# markers rise above the other two; on the fast links to the left, the three methods'
+# rounds mix.
+
+# %%
+import math
+import statistics
+
+import labkit
+from labkit import diagrams, slow_link  # slow_link: the labels of its links
+
+steps = ranks.pull("over")[0]  # rank 0's {beta: {method: ...}}, math.inf the loopback
+links = sorted(steps, reverse=True)  # loopback, then slower and slower links
+names = list(steps[math.inf])
+counts = {len(steps[beta][name]["rounds_s"]) for beta in links for name in names}
+assert len(counts) == 1 and counts.pop() > 1  # every pair, the same rounds
+for beta in links:
+    for name in names:
+        row = steps[beta][name]
+        assert statistics.median(row["rounds_s"]) == row["step_s"]  # the table's median
+        assert min(row["rounds_s"]) >= row["link_s"]  # each round waited the link out
+shown = {labkit.t("loopback") if beta == math.inf else f"{beta / 1e6:g} MB/s":
+         {name: [s * 1e3 for s in steps[beta][name]["rounds_s"]] for name in names}
+         for beta in links}
+fig = diagrams.rounds(shown, ylabel="step_time_ms", title="link_rounds_title",
+                      logy=True)
+
 # %%
 import math
 

@@ -18,8 +18,8 @@ from . import i18n
 from .i18n import t
 from .plots import HATCHES, PALETTE, VERMILLION, checked_figure
 
-__all__ = ["collectives", "dim0_shards", "gathered", "micro_batches", "ring",
-           "sequences", "zero_memory"]
+__all__ = ["collectives", "dim0_shards", "gathered", "gradients", "micro_batches",
+           "ring", "rounds", "sequences", "zero_memory"]
 
 i18n.register({
     "ring_start": {"ja": "最初", "en": "start"},
@@ -99,6 +99,12 @@ i18n.register({
     "dim0_empty": {"ja": "ランク {r}: 空 (0 行)", "en": "rank {r}: empty (0 rows)"},
     "dim0_share": {"ja": "0 番目の次元の行 (全体に対する割合)",
                    "en": "share of the rows of dim 0"},
+    "got_grad": {"ja": "勾配あり", "en": "gradient"},
+    "gradients_title": {"ja": "最初の逆伝播で勾配ができたパラメータ "
+                              "(各ランクの .grad): 枠 = 勾配なし",
+                        "en": "Parameters with a gradient after the first backward "
+                              "(each rank's .grad): frame = no gradient"},
+    "rounds_median": {"ja": "中央値", "en": "median"},
 })
 
 _PARTS = ("parameters", "gradients", "optimizer")
@@ -384,6 +390,104 @@ def dim0_shards(per_rank: Sequence[Sequence[tuple[str, Sequence[int], int, int]]
         ax.set_title(t("dim0_title"))
         handles, labels = ax.get_legend_handles_labels()
         ax.legend(handles, labels, loc="upper right")
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def gradients(per_rank: Sequence[Sequence[tuple[str, bool]]], *,
+              title: str = "gradients_title") -> plt.Figure:
+    """Which parameters got a gradient on each rank: `per_rank` holds each rank's
+    (parameter name, got a gradient) pairs in `model.parameters()` order. Rows are
+    the parameters, numbered as DDP's errors number them; a parameter without a
+    gradient shows a hatched `None`, and its row is framed where any rank has one."""
+    names = [name for name, _ in per_rank[0]]
+
+    def build():
+        n = len(per_rank)
+        fig, ax = plt.subplots(figsize=(2.6 + 2.4 * n, 0.6 * len(names) + 1.5))
+        for i, name in enumerate(names):
+            y = len(names) - 1 - i
+            ax.text(-0.15, y + 0.35, f"{i}  {name}", ha="right", va="center",
+                    fontsize=11, family="monospace")
+            for r, pairs in enumerate(per_rank):
+                x, got = r * 2.4, dict(pairs)[name]
+                if got:
+                    ax.add_patch(Rectangle((x, y), 2.2, 0.7, color=PALETTE[4],
+                                           alpha=0.35))
+                else:
+                    ax.add_patch(Rectangle((x, y), 2.2, 0.7, fill=False,
+                                           hatch="//", ec="gray"))
+                ax.text(x + 1.1, y + 0.35, t("got_grad") if got else "None",
+                        ha="center", va="center", fontsize=11,
+                        family=None if got else "monospace",
+                        bbox=None if got else {"facecolor": "white",
+                                               "edgecolor": "none"})
+            if not all(dict(pairs)[name] for pairs in per_rank):
+                ax.add_patch(Rectangle((-0.1, y - 0.08), 2.4 * n - 0.0, 0.86,
+                                       fill=False, ec=VERMILLION, lw=2.5))
+        for r in range(n):
+            ax.text(r * 2.4 + 1.1, len(names) + 0.1, t("rank_n", r=r), ha="center",
+                    fontsize=12)
+        ax.set_xlim(-2.4, 2.4 * n)
+        ax.set_ylim(-0.3, len(names) + 0.6)
+        ax.axis("off")
+        ax.set_title(t(title))
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def rounds(groups: Mapping[str, Mapping[str, Sequence[float]]], *, ylabel: str,
+           title: str, logy: bool = False) -> plt.Figure:
+    """Every timed round, not only the median: `groups` maps a setting (a link,
+    say) to {series (a method): its rounds}. Each round is a marker, in the
+    series' colour and shape, beside the other series of its setting; a black
+    bar marks the series' median. `ylabel` and `title` are message keys."""
+    import statistics
+
+    from matplotlib.lines import Line2D
+
+    from .plots import MARKERS
+
+    series = list(dict.fromkeys(s for values in groups.values() for s in values))
+    width = 0.8 / len(series)
+
+    def build():
+        fig, ax = plt.subplots(figsize=(1.2 * len(groups) + 3.2, 4.2))
+        for g, values in enumerate(groups.values()):
+            for label, ys in values.items():
+                j = series.index(label)
+                x = g - 0.4 + width * (j + 0.5)
+                spread = [x + width * 0.5 * (k / max(1, len(ys) - 1) - 0.5)
+                          for k in range(len(ys))]
+                ax.plot(spread, list(ys), linestyle="none",
+                        marker=MARKERS[j % len(MARKERS)], markersize=5,
+                        color=PALETTE[j % len(PALETTE)], alpha=0.8)
+                mid = statistics.median(ys)
+                ax.plot([x - width * 0.4, x + width * 0.4], [mid, mid], color="black",
+                        linewidth=2.5, linestyle="-", marker="none")
+        handles = [Line2D([], [], linestyle="none", marker=MARKERS[j % len(MARKERS)],
+                          color=PALETTE[j % len(PALETTE)], label=label)
+                   for j, label in enumerate(series)]
+        handles.append(Line2D([], [], color="black", linewidth=2.5, linestyle="-",
+                              label=t("rounds_median")))
+        ax.set_xticks(range(len(groups)), list(groups))
+        ax.set_ylabel(t(ylabel))
+        if logy:  # a busy moment's round stays on the chart without flattening it
+            from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        else:
+            ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3, axis="y")
+        ax.set_title(t(title))
+        ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.tight_layout()
         return fig
 

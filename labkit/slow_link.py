@@ -70,6 +70,10 @@ i18n.register({
                       "en": "step time over DDP's"},
     "slow_link_ratio_title": {"ja": "遅いリンクでの 1 ステップ (大きな MLP、2 ランク)",
                               "en": "Steps over a slow link (large MLP, 2 ranks)"},
+    # The lesson's plot of every timed round, per link.
+    "loopback": {"ja": "ループバック", "en": "loopback"},
+    "link_rounds_title": {"ja": "リンクごとの 1 ステップ: 測ったすべての回 (ランク 0)",
+                          "en": "Steps per link: every timed round (rank 0)"},
 })
 
 
@@ -332,7 +336,8 @@ def steps_over_links(methods: Sequence[str], betas: Sequence[float], alpha_s: fl
     machine's load falls on every link alike. Returns, per link (math.inf:
     loopback, the link at alpha 0) and method: "step_s" (the median step),
     "bytes" and "calls" (what went over the link in the last step) and
-    "link_s" (the median delay the link added to a step). With `local=True`
+    "link_s" (the median delay the link added to a step), and "rounds_s", the
+    step of every timed round, in order (their median is "step_s"). With `local=True`
     each round also times each method's step sending nothing
     (send_less.no_communication), and every link's entry holds its median as
     "local_step_s": the method's local work.
@@ -398,6 +403,7 @@ def steps_over_links(methods: Sequence[str], betas: Sequence[float], alpha_s: fl
          for beta in (*links, *(["local"] if local else [])) for name in methods},
         rounds=rounds, before=before, after=after)
     return {beta: {name: {"step_s": statistics.median(times[beta, name]),
+                          "rounds_s": list(times[beta, name]),
                           "bytes": seen[beta, name][-1][0],
                           "calls": seen[beta, name][-1][1],
                           "link_s": statistics.median(s[2] for s in seen[beta, name]),

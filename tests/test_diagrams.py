@@ -263,3 +263,69 @@ def test_the_gathered_and_shard_diagrams_refuse_a_missing_glyph():
     finally:
         plt.close("all")
         labkit.set_lang("en")
+
+
+_GOT_GRAD = [[("body.weight", True), ("aux.weight", False)],
+             [("body.weight", True), ("aux.weight", False)]]
+_ROUNDS = {"loopback": {"DDP": [30.0, 20.0, 40.0], "fp16": [25.0, 35.0, 30.0]},
+           "100 MB/s": {"DDP": [100.0, 110.0, 105.0], "fp16": [60.0, 62.0, 64.0]}}
+
+
+@pytest.mark.parametrize("lang", ["ja", "en"])
+def test_the_gradients_and_the_rounds_label_in_the_lesson_s_language(lang):
+    labkit.set_lang(lang)
+    try:
+        grads = diagrams.gradients(_GOT_GRAD)
+        rounds = diagrams.rounds(_ROUNDS, ylabel="step_time_ms", title="round")
+        assert _small(grads) == [] and _small(rounds) == []
+        assert labkit.t("got_grad") in _texts(grads)
+        assert ("勾配あり" in _texts(grads)) == (lang == "ja")
+        legend = [t.get_text() for t in rounds.axes[0].get_legend().get_texts()]
+        assert legend == ["DDP", "fp16", labkit.t("rounds_median")]
+        assert ("中央値" in legend) == (lang == "ja")
+    finally:
+        plt.close("all")
+        labkit.set_lang("en")
+
+
+def test_the_gradients_frame_the_parameters_without_one():
+    fig = diagrams.gradients(_GOT_GRAD)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.texts if t.get_text() == "None"] == ["None"] * 2
+    frames = [p for p in ax.patches if p.get_edgecolor()[:3] == matplotlib.colors
+              .to_rgb(plots.VERMILLION)]
+    assert len(frames) == 1  # aux.weight's row, the second: the lower one
+    rows = {t.get_text(): t.get_position()[1] for t in ax.texts
+            if t.get_text().endswith("weight")}
+    assert frames[0].get_y() < rows["1  aux.weight"] < rows["0  body.weight"]
+    assert "0  body.weight" in rows  # numbered as in model.parameters()
+    plt.close(fig)
+
+
+def test_the_rounds_draw_every_round_and_the_median():
+    ax = diagrams.rounds(_ROUNDS, ylabel="step_time_ms", title="round").axes[0]
+    marks = [line for line in ax.lines if line.get_marker() not in ("None", "none")]
+    assert sorted(y for line in marks for y in line.get_ydata()) == sorted(
+        y for values in _ROUNDS.values() for ys in values.values() for y in ys)
+    assert len({line.get_marker() for line in marks}) == 2  # a shape per method
+    bars = [line for line in ax.lines if line not in marks]
+    assert sorted(line.get_ydata()[0] for line in bars) == [30.0, 30.0, 62.0, 105.0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(_ROUNDS)
+    logged = diagrams.rounds(_ROUNDS, ylabel="step_time_ms", title="round",
+                             logy=True).axes[0]
+    assert logged.get_yscale() == "log" and ax.get_ylim()[0] == 0
+    # plain numbers on the log axis (20, 30, 50, 100), not powers of ten
+    labels = {t.get_text() for t in logged.get_yticklabels()} - {""}
+    assert {"20", "30", "50", "100"} <= labels
+    plt.close("all")
+
+
+def test_the_rounds_refuse_a_missing_glyph():
+    labkit.set_lang("ja")
+    try:
+        with matplotlib.rc_context({"font.family": "DejaVu Sans"}):
+            with pytest.raises(MissingGlyphError):
+                diagrams.rounds(_ROUNDS, ylabel="step_time_ms", title="round")
+    finally:
+        plt.close("all")
+        labkit.set_lang("en")

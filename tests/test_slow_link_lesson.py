@@ -22,6 +22,7 @@ def _cells() -> dict[str, str]:
     return {"one": find("ALPHA, BETA = 1e-3, 100e6"),
             "measure": find("over = slow_link.steps_over_links("),
             "table": find('over = ranks.pull("over")'),
+            "rounds": find('steps = ranks.pull("over")[0]'),
             "solution": find("return (S_ddp - S_fp16) / (t_fp16 - t_ddp)"),
             "crossover": find("def predicted_crossover(name):")}
 
@@ -129,6 +130,7 @@ def test_the_sections_measurement_passes_its_assertions(ranks):
     namespace = {"ranks": ranks}
     _kernel("table", namespace)
     assert set(namespace["steps"]) == {float("inf"), 1e8, 5e8}  # loopback, two links
+    _kernel("rounds", {"ranks": ranks})  # every round drawn: the same run passes
 
 
 @pytest.mark.parametrize(("patch", "line"), [
@@ -177,3 +179,48 @@ def test_the_crossover_check_fails_with_powersgds_extra_call_left_out():
         CELLS["crossover"], ' + (m["calls"] - d["calls"]) * LINK_ALPHA', "")
     _fails_at("crossover_no_alpha", namespace,
               "assert math.isclose(on_grid, predicted, rel_tol=1e-3)")
+
+
+class _Pulled:
+    """Ranks whose pulled "over" is made up: the rounds figure's cell reads it."""
+
+    def __init__(self, over):
+        self.over = over
+
+    def pull(self, name):
+        assert name == "over"
+        return [self.over, self.over]
+
+
+def _over(broken: str = "") -> dict:
+    """steps_over_links' answer on loopback and 100 MB/s, made up, and `broken`."""
+    import math
+    import statistics
+
+    def entry(rounds_s, link_s):
+        return {"step_s": statistics.median(rounds_s), "rounds_s": rounds_s,
+                "link_s": link_s, "bytes": 8, "calls": 2}
+
+    over = {beta: {name: entry([0.06, 0.07, 0.08], 0.05 if beta < math.inf else 0.0)
+                   for name in ("DDP", "fp16")} for beta in (math.inf, 1e8)}
+    if broken == "short round":  # a step shorter than the delay the link added
+        over[1e8]["DDP"] = entry([0.06, 0.04, 0.08], 0.05)
+    elif broken == "fewer rounds":  # one pair timed fewer rounds
+        over[1e8]["fp16"] = entry([0.06, 0.07], 0.05)
+    elif broken == "other median":  # the median shown is not these rounds'
+        over[1e8]["fp16"]["step_s"] = 0.065
+    return over
+
+
+@pytest.mark.parametrize(("broken", "line"), [
+    ("short round", 'assert min(row["rounds_s"]) >= row["link_s"]'),
+    ("fewer rounds", "assert len(counts) == 1"),
+    ("other median", 'assert statistics.median(row["rounds_s"]) == row["step_s"]')])
+def test_the_rounds_figure_fails_on_rounds_that_break_the_measurement(broken, line):
+    import matplotlib.pyplot as plt
+
+    try:
+        _kernel("rounds", {"ranks": _Pulled(_over())})  # made up, and sound
+        _fails_at("rounds", {"ranks": _Pulled(_over(broken))}, line)
+    finally:
+        plt.close("all")

@@ -294,3 +294,45 @@ def test_find_unused_parameters_adds_an_all_reduce_a_comm_hook_does_not_see():
     assert plain == [gradients]
     assert unused == [gradients, ("gloo:all_reduce", ["Int"], [[4]])]  # 4 parameters
     assert plain_hooked == unused_hooked == 1  # the hook sees the gradients only
+
+
+class _Pulled:
+    """What the figure cell of "Parameters the forward pass does not use" reads."""
+
+    def __init__(self, got_grad, failures):
+        self.got_grad, self.last_failure = got_grad, failures
+
+    def pull(self, name):
+        assert name == "got_grad"
+        return self.got_grad
+
+
+_NAMES = ("body.weight", "body.bias", "head.weight", "head.bias", "aux.weight",
+          "aux.bias")
+# The end of DDP's error on each rank, as torch 2.13 writes it under INFO.
+_DDP_SAYS = {r: f"RuntimeError: Expected to have finished reduction ...\n"
+                f"Parameters which did not receive grad for rank {r}: aux.bias, "
+                f"aux.weight\nParameter indices which did not receive grad for rank "
+                f"{r}: 4 5" for r in (0, 1)}
+
+
+@pytest.mark.parametrize(("got", "passes"), [
+    ((True,) * 4 + (False,) * 2, True),  # as the ranks record it
+    ((True,) * 5 + (False,), False),  # a rank that saw a gradient for aux.weight
+    ((False,) * 6, False)],  # recorded after zero_grad(set_to_none=True)
+    ids=["as run", "aux.weight with a gradient", "all None"])
+def test_the_gradients_figure_holds_each_rank_s_grad_to_ddp_s_error(got, passes):
+    import matplotlib.pyplot as plt
+    from lesson_cells import finder
+
+    cell = finder("10_troubleshooting")('got_grad = ranks.pull("got_grad")')
+    as_run = list(zip(_NAMES, (True,) * 4 + (False,) * 2, strict=True))
+    ranks = _Pulled([as_run, list(zip(_NAMES, got, strict=True))], _DDP_SAYS)
+    try:
+        if passes:
+            exec(compile(cell, "<figure cell>", "exec"), {"ranks": ranks})
+        else:
+            with pytest.raises(AssertionError):
+                exec(compile(cell, "<figure cell>", "exec"), {"ranks": ranks})
+    finally:
+        plt.close("all")
