@@ -295,9 +295,9 @@ for beta, row in steps.items():
         added = calls * LINK_ALPHA + sent / beta if beta < math.inf else 0.0
         assert math.isclose(row[name]["link_s"], added)  # bookkeeping: calls·α + bytes/β
         assert row[name]["step_s"] >= row[name]["link_s"]  # one wire: all of it waited
-assert ratio(BETAS[0], "fp16") < 0.8  # at 100 MB/s, half the bytes wins
+assert ratio(BETAS[0], "fp16") < 1  # at 100 MB/s, half the bytes wins
 # PowerSGD sends far less, but its own compute grows most with the load.
-assert ratio(BETAS[0], "PowerSGD r=1") < 0.8
+assert ratio(BETAS[0], "PowerSGD r=1") < 1
 sent = {name: steps[BETAS[0]][name]["bytes"] for name in METHODS}  # the same at every β
 fig = plots.bar_chart({labkit.t("bytes_per_step"): sent}, ylabel="bytes",
                       title="methods_bytes_title", fmt="{:,.0f}")
@@ -316,14 +316,15 @@ fig = plots.line_chart(
 # どのリンクでも同じです。DDP は勾配の全体 (float32)、fp16 はその半分、PowerSGD はバイアスをそのまま、
 # n × m の行列を P と Q (n + m 個の値) にして渡します。1 ステップにリンクが足した遅延は、呼び出しの
 # 回数 × α + バイト数 / β にちょうど等しくなります (帳簿の確認)。時間を確かめるのは、1 ステップが
-# それより長くかかることと、最も遅い 100 MB/s で fp16 も PowerSGD も DDP の 0.8 倍より短いことです。
+# それより長くかかることと、最も遅い 100 MB/s で fp16 も PowerSGD も DDP より短いことです。
 #
 # <details><summary>測り方の詳細</summary>
 #
 # マシンに負荷をかけながら同じ測定を 16 回繰り返すと、100 MB/s での比は fp16 が 0.54〜0.63、
 # PowerSGD が 0.19〜0.33 でした。ただし、マシンがとても混んでいたときの短い測定では、PowerSGD の比が
-# 0.55 になったことがあります (PowerSGD 自身の計算が負荷でいちばん延びるからです)。そのため、どちらにも
-# 余裕のある同じしきい値 (0.8 倍) にしています。
+# 0.55 になったことがあります (PowerSGD 自身の計算が負荷でいちばん延びるからです)。負荷で計算が k 倍に
+# 延びると、100 MB/s での fp16 の 1 ステップは「計算 + 43 ms」、DDP は「計算 + 85 ms」なので、比は 1 に
+# 近づいていきます。そのため、確かめるのは比のしきい値ではなく、DDP より短いこと (比 < 1) だけにしています。
 #
 # </details>
 
@@ -338,15 +339,17 @@ fig = plots.line_chart(
 # float32, fp16 half of it, PowerSGD the biases whole and, for each n × m matrix, P and
 # Q (n + m values). The delay the link added to a step equals calls × α + bytes / β
 # exactly (bookkeeping). What checks a time is that the step takes longer than that,
-# and that at the slowest link, 100 MB/s, both fp16's step and PowerSGD's are under 0.8
-# times DDP's.
+# and that at the slowest link, 100 MB/s, both fp16's step and PowerSGD's are shorter
+# than DDP's.
 #
 # <details><summary>How this was measured</summary>
 #
 # The same measurement repeated 16 times with the machine kept busy gave ratios at
 # 100 MB/s of 0.54 to 0.63 for fp16 and 0.19 to 0.33 for PowerSGD, but a short run on a
 # very busy machine once gave PowerSGD 0.55 (its own compute stretches most under
-# load): hence one threshold (0.8) with room for both.
+# load). With compute stretched k-fold by load, fp16's step at 100 MB/s is compute +
+# 43 ms against DDP's compute + 85 ms, and the ratio creeps towards 1: hence the check
+# asks only that both beat DDP (ratio < 1), not a margin.
 #
 # </details>
 
@@ -543,7 +546,7 @@ ranks.stop()
 # - **遅いリンクは、all-reduce 1 回ごとに α + バイト数 / β を足し**、回線が 1 本なので、続けて送ればその
 #   遅延が積み重なります。
 # - **fp16 は DDP の半分のバイト数、PowerSGD はずっと少ないバイト数をリンクに渡し**、100 MB/s ではどちらも
-#   1 ステップが DDP の 0.8 倍より短くなりました。
+#   1 ステップが DDP より短くなりました。
 # - **分かれ目は、ループバックでの 1 ステップの差とバイト数の差で決まり**、fp16 では
 #   β* = (S_DDP − S_fp16) / (t_fp16 − t_DDP) で、それより遅いリンクで得になります。
 # - **呼び出しの回数が DDP より多い方法 (PowerSGD) では α の項が残り**、分母に (c_m − c_DDP) α が足されます。
@@ -556,7 +559,7 @@ ranks.stop()
 # - **A slow link adds α + bytes / β to each all-reduce**, and with one wire the delays
 #   of calls sent in a row add up.
 # - **fp16 hands the link half of DDP's bytes and PowerSGD far fewer**: at 100 MB/s both
-#   took a step under 0.8 times DDP's.
+#   took a shorter step than DDP.
 # - **The crossover is set by the difference of the loopback steps and of the bytes**:
 #   for fp16 β* = (S_DDP − S_fp16) / (t_fp16 − t_DDP), below which it pays.
 # - **A method making more calls than DDP (PowerSGD) keeps its α term**: (c_m − c_DDP) α
