@@ -99,6 +99,10 @@ i18n.register({
     "dim0_empty": {"ja": "ランク {r}: 空 (0 行)", "en": "rank {r}: empty (0 rows)"},
     "dim0_share": {"ja": "0 番目の次元の行 (全体に対する割合)",
                    "en": "share of the rows of dim 0"},
+    "ddp_bytes_title": {"ja": "DDP の逆伝播ごとの all-reduce\n箱 = 1 回の呼び出し\n"
+                              "数字 = 送ったバイト数",
+                        "en": "DDP's all-reduces in each backward\n"
+                              "(one box = one call, number = bytes sent)"},
 })
 
 _PARTS = ("parameters", "gradients", "optimizer")
