@@ -265,7 +265,28 @@ from labkit import diagrams
 
 before, after = ranks.pull("x_before"), ranks.pull("x_after")
 assert after[0] == after[1] == [a + b for a, b in zip(*before, strict=True)]
-fig = diagrams.collectives({"before": before, "dist.all_reduce(x)": after})
+fig = diagrams.collectives({labkit.t("values_before"): before,
+                           "dist.all_reduce(x)": after})
+
+# %% [markdown] lang="ja"
+# もう 1 つの集団通信 broadcast は、1 つのランク (ここではランク 0) のテンソルを全ランクに配ります。
+# 後の行では、どちらのランクもランク 0 の `[0, 1, 2, 3]` を持っています。
+
+# %% [markdown] lang="en"
+# Another collective, broadcast, copies one rank's tensor (here rank 0's) to every rank:
+# after it, both hold rank 0's `[0, 1, 2, 3]`.
+
+# %%
+# %%px
+x = torch.arange(4.0) + 10 * rank  # a different tensor on each rank, again
+dist.broadcast(x, src=0)  # every rank gets rank 0's tensor
+x_broadcast = x.tolist()
+
+# %%
+broadcast = ranks.pull("x_broadcast")
+assert broadcast == [before[0]] * 2  # rank 0's values, on both ranks
+fig = diagrams.collectives({labkit.t("values_before"): before,
+                           "dist.broadcast(x, src=0)": broadcast})
 
 # %% [markdown] lang="ja"
 # ランクどうしの通信は、手元のコンピュータの中だけで行われます。各ランクの gloo はループバック

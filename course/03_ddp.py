@@ -419,8 +419,8 @@ exercises.grade_average_gradients(ranks, average_gradients)
 #
 # DDP は勾配を**バケット**にまとめ、逆伝播でバケットの勾配がそろうたびに all-reduce を 1 回実行します
 # (バケットの大きさとその理由はレッスン 05 で扱います)。通信フック (`comm_counting.CommCounter`) で、
-# 3 回の逆伝播のそれぞれで送ったバイト数を数えます。オプティマイザは使いません。通信は逆伝播の中、
-# 更新の前に起きます。フォワードフックは、動いたモジュールを記録します。
+# 3 回の逆伝播のそれぞれで送ったバイト数を数えます。オプティマイザは使いません。通信は逆伝播の中で
+# 起きます。フォワードフックは、動いたモジュールを記録します。
 #
 # **予想してから実行:** この小さな MLP (2110 パラメータ、float32) で、1 回の逆伝播は何回 all-reduce し、
 # 何バイト送るでしょうか?
@@ -431,8 +431,8 @@ exercises.grade_average_gradients(ranks, average_gradients)
 # DDP groups gradients into **buckets** and runs one all-reduce per bucket as soon as the
 # backward pass has filled it (bucket sizes are lesson 05's). A
 # communication hook (`comm_counting.CommCounter`) counts the bytes sent in each of 3
-# backward passes; no optimizer, since the communication happens inside the backward
-# pass, before any update. A forward hook records which modules ran.
+# backward passes; no optimizer: the communication happens inside the backward pass.
+# A forward hook records which modules ran.
 #
 # **Predict, then run:** for this tiny MLP (2,110 parameters, float32), how many
 # all-reduces does one backward pass make, and how many bytes do they send?
@@ -448,19 +448,23 @@ for step in range(3):
     log.step()
     criterion(model(data.shard(X, rank, world_size)),
               data.shard(y, rank, world_size)).backward()
-print(f"rank {rank}: " + "; ".join(
-    f"backward {i}: {len(sizes)} all-reduce(s), {sum(sizes)} bytes"
-    for i, sizes in enumerate(log.steps, start=1)))
-assert log.steps == [[2110 * 4]] * 3  # every gradient once, in one call, per backward
 assert len(ran) == 3 and all(m is model.module for m in ran)  # no copies of the model
 
 # %% [markdown] lang="ja"
-# 逆伝播ごとに全勾配 (2110 × 4 = 8440 バイト) を 1 回で送り、動いたのは DDP を作ったときのモジュール
-# だけでした (毎ステップ複製する DataParallel との違いです)。
+# ランクから集めた記録を図にします。どちらのランクでも、逆伝播のたびに全勾配 (2110 × 4 = 8440 バイト)
+# を 1 回で送っています。動いたのは DDP を作ったときのモジュールだけでした
+# (毎ステップ複製する DataParallel との違いです)。
 
 # %% [markdown] lang="en"
-# Each backward sent all gradients (2110 × 4 = 8440 bytes) in one call, and only the
-# module DDP was built with ran: DataParallel, unlike DDP, copies it every step.
+# Pulled from the ranks: each backward sent all gradients (2110 × 4 = 8440 bytes) in
+# one call. Only the module DDP was built with ran: DataParallel, unlike DDP, copies it
+# every step.
+
+# %%
+steps = ranks.pull("log.steps")  # per rank, per backward: the bytes of each all-reduce
+assert steps == [[[2110 * 4]] * 3] * 2  # every gradient once, in one call, per backward
+fig = diagrams.collectives({labkit.t("backward_n", k=k): [s[k - 1] for s in steps]
+                            for k in (1, 2, 3)}, fmt="{:.0f}", title="ddp_bytes_title")
 
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 学習してもレプリカは一致したまま

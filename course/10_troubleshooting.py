@@ -353,8 +353,9 @@ assert compare.rank_max_diff(t) == 0  # and both ranks agree on it: nothing look
 # %%
 after = [x.tolist() for x in ranks.pull("t")]
 assert after == [[11.0, 22.0, 30.0, 40.0]] * 2
-fig = diagrams.collectives({"before": [[1, 2, 3, 4], [10, 20, 30, 40]],
-                            "SUM (rank 0) / MAX (rank 1)": after}, fmt="{:.0f}")
+fig = diagrams.collectives({labkit.t("values_before"): [[1, 2, 3, 4], [10, 20, 30, 40]],
+                            "SUM (rank 0) / MAX (rank 1)": after},
+                           fmt="{:.0f}")
 
 # %% [markdown] lang="ja"
 # ### `TORCH_DISTRIBUTED_DEBUG=DETAIL`

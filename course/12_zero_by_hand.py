@@ -259,8 +259,8 @@ steps_shown = [("before", g.tolist()), ("reduce_scatter_single", piece.tolist())
 from labkit import diagrams
 
 shown = ranks.pull("steps_shown")  # per rank: (what ran, values after it), in order
-rows = {op if op == "before" else f"dist.{op}": [dict(r)[op] for r in shown]
-        for op, _ in shown[0]}
+rows = {labkit.t("values_before") if op == "before" else f"dist.{op}":
+        [dict(r)[op] for r in shown] for op, _ in shown[0]}
 assert [len(v) for v in rows["dist.reduce_scatter_single"]] == [2, 2]
 fig = diagrams.collectives(rows, fmt="{:.0f}")
 

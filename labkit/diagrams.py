@@ -105,6 +105,11 @@ i18n.register({
                         "en": "Parameters with a gradient after the first backward "
                               "(each rank's .grad): frame = no gradient"},
     "rounds_median": {"ja": "中央値", "en": "median"},
+    "ddp_bytes_title": {"ja": "DDP の逆伝播ごとの all-reduce\n箱 = 1 回の呼び出し\n"
+                              "数字 = 送ったバイト数",
+                        "en": "DDP's all-reduces in each backward\n"
+                              "(one box = one call, number = bytes sent)"},
+    "values_before": {"ja": "呼ぶ前", "en": "before"},
 })
 
 _PARTS = ("parameters", "gradients", "optimizer")
