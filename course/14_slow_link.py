@@ -178,13 +178,26 @@ assert all(call.thread.startswith("slow_link") for call in link.calls[1:])
 # %% [markdown] lang="ja"
 # `SlowLink` を外すと (`loopback`)、同じ all-reduce は数 ms で終わります。リンクを通すと、1 回は
 # 遅延の 43 ms 以上、続けて 2 回なら 86 ms 以上かかります。`async_op=True` の呼び出しはリンクを待たずに
-# 戻り (表示の `returned after`)、待つのは `work.wait()` です。
+# 戻り (表示の `returned after`)、待つのは `work.wait()` です。図は、呼び出しごとにリンクが実際に
+# 止めた時間と規則の遅延です。3 回目は、2 回目が回線を出るのを待ったぶん長くなっています。
 
 # %% [markdown] lang="en"
 # Without `SlowLink` (`loopback`) the same all-reduce takes a few ms. Over the link one
 # takes at least the 43 ms delay, two in a row at least 86 ms. The call with
 # `async_op=True` returns without waiting for the link (the printed `returned after`);
-# `work.wait()` is where the time goes.
+# `work.wait()` is where the time goes. The figure: each call's hold against the rule's
+# delay; the third also waited for the second to leave the wire.
+
+# %%
+from labkit import plots
+
+calls = ranks.pull("link.calls")[0]  # rank 0's record of each all-reduce, in order
+rule, held = [c.delay_s * 1e3 for c in calls], [c.held_s * 1e3 for c in calls]
+assert all(h >= d for h, d in zip(held, rule, strict=True))  # never shorter than the rule
+fig = plots.line_chart({labkit.t("link_rule_delay"): ([1, 2, 3], rule),
+                        labkit.t("link_held"): ([1, 2, 3], held)},
+                       xlabel="link_call_n", ylabel="link_ms", title="link_calls_title",
+                       from_zero=True)
 
 # %% [markdown] lang="ja"
 # ### fp16 と PowerSGD は、帯域がどこまで下がると得になるか

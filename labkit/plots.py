@@ -158,6 +158,15 @@ i18n.register({
                            "en": "distance from the ranks' mean (L2)"},
     "local_sgd_drift_title": {"ja": "ローカル SGD: 平均のたびにレプリカが揃う",
                               "en": "Local SGD: the replicas meet at each average"},
+    "link_rule_delay": {"ja": "規則の遅延 α + バイト数 / β",
+                        "en": "the rule's delay α + bytes / β"},
+    "link_held": {"ja": "リンクが止めた時間", "en": "held by the link"},
+    "link_call_n": {"ja": "リンクを通した all-reduce (1: 同期、2 と 3: async_op=True)",
+                    "en": "all-reduce over the link "
+                          "(1: blocking, 2 and 3: async_op=True)"},
+    "link_ms": {"ja": "時間 [ミリ秒]", "en": "time [ms]"},
+    "link_calls_title": {"ja": "4 MiB の all-reduce 3 回: 回線は 1 本",
+                         "en": "Three 4 MiB all-reduces: one wire"},
 })
 
 
