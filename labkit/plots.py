@@ -158,6 +158,13 @@ i18n.register({
                            "en": "distance from the ranks' mean (L2)"},
     "local_sgd_drift_title": {"ja": "ローカル SGD: 平均のたびにレプリカが揃う",
                               "en": "Local SGD: the replicas meet at each average"},
+    "ef_off": {"ja": "誤差のフィードバックなし", "en": "without error feedback"},
+    "ef_on": {"ja": "誤差のフィードバックあり", "en": "with error feedback"},
+    "steps_k": {"ja": "ウォームアップのあとのステップ数 k",
+                "en": "steps k after the warm-up"},
+    "sum_rel_error": {"ja": "和の相対誤差", "en": "relative error of the sum"},
+    "ef_title": {"ja": "PowerSGD (r = 1) で使われた勾配の和と本当の和 k C",
+                 "en": "PowerSGD at r = 1: the applied gradients' sum against k C"},
 })
 
 
