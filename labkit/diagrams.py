@@ -99,6 +99,10 @@ i18n.register({
     "dim0_empty": {"ja": "ランク {r}: 空 (0 行)", "en": "rank {r}: empty (0 rows)"},
     "dim0_share": {"ja": "0 番目の次元の行 (全体に対する割合)",
                    "en": "share of the rows of dim 0"},
+    "bn_stats_title": {"ja": "BatchNorm が正規化に使う特徴ごとの統計: "
+                             "自分のバッチと全体のバッチ",
+                       "en": "Per-feature statistics BatchNorm normalizes with: "
+                             "own batch, whole batch"},
 })
 
 _PARTS = ("parameters", "gradients", "optimizer")
