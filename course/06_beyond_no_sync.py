@@ -493,14 +493,14 @@ fig = plots.loss_curves({m: by_method[m]["loss"] for m in
 
 # %% [markdown] lang="ja"
 # 誤差のフィードバックの働きを、毎ステップ同じ勾配 C (16 × 16 の行列) になる層で見ます。近似ランク 1 では、
-# C の大部分が毎回落ちます。下のセルは、ウォームアップのあと k ステップで使われた勾配の和が、本当の和 k C
-# からどれだけ離れているか (相対誤差) を測ります。
+# C の大部分が毎回落ちます。下の図は、ウォームアップのあと k ステップで使われた勾配の和が、本当の和 k C
+# からどれだけ離れているか (相対誤差) を、2 つの線で描きます。
 #
 # **予想してから実行:** 誤差のフィードバックがないとき、和は k C に追いつくでしょうか? あるときは?
 
 # %% [markdown] lang="en"
 # Error feedback at work: a layer whose gradient is the same 16 × 16 matrix C at every
-# step, which a rank-1 approximation mostly drops. The cell below measures how far the
+# step, which a rank-1 approximation mostly drops. The figure below draws how far the
 # sum of the gradients applied in k steps after the warm-up is from the true k C.
 #
 # **Predict, then run:** without error feedback, does the sum catch up with k C? With it?
@@ -509,14 +509,17 @@ fig = plots.loss_curves({m: by_method[m]["loss"] for m in
 # %%px
 without = send_less.error_feedback_trial(use_error_feedback=False)
 with_feedback = send_less.error_feedback_trial(use_error_feedback=True)
-for k in (1, 10, len(without)):
-    print(f"rank {rank}, after {k:>2} steps: sum off by {without[k - 1]:.0%} without "
-          f"error feedback, {with_feedback[k - 1]:.0%} with it")
+
+# %%
+without, with_feedback = ranks.pull("without")[0], ranks.pull("with_feedback")[0]
 assert with_feedback[-1] < 0.3 < 0.8 < without[-1]
 assert with_feedback[-1] < with_feedback[9] / 2  # falls as 1/k: the sum catches up
+fig = plots.line_chart({labkit.t(key): (range(1, len(e) + 1), e) for key, e in
+                        (("ef_off", without), ("ef_on", with_feedback))}, from_zero=True,
+                       xlabel="steps_k", ylabel="sum_rel_error", title="ef_title")
 
 # %% [markdown] lang="ja"
-# フィードバックがなければ落ちた分は失われたままで、あれば和が追いつきます。
+# フィードバックがなければ落ちた分は失われたままで (線は高いまま)、あれば和が追いつきます (線は 0 に近づきます)。
 #
 # 最後のセルは、fp16 の bfloat16 版 `bf16_compress_hook` を torch がいつ受け付けるかを確かめます。
 # CPU 版の torch ではエラーになります。
@@ -539,7 +542,8 @@ assert with_feedback[-1] < with_feedback[9] / 2  # falls as 1/k: the sum catches
 # </details>
 
 # %% [markdown] lang="en"
-# Without feedback, what is dropped stays lost; with it, the sum catches up.
+# Without feedback, what is dropped stays lost (its line stays high); with it, the sum
+# catches up (its line falls towards 0).
 #
 # The last cell of this section checks when torch accepts `bf16_compress_hook`, fp16's
 # bfloat16 twin: the CPU build of torch refuses it.

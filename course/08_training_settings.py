@@ -393,6 +393,9 @@ assert sum(len(X) for X, _ in loader) == len(dataset) // world_size
 # **順伝播を始める前に**ランク 0 のバッファを全ランクにコピー (broadcast) し、そのあと各ランクが自分の
 # バッチで更新します。`forward_sync_buffers=False` にすると、このコピーはなくなります。
 # ランクごとにデータの平均をずらして (並べ替えたデータを分けたときのように) 確かめます。
+#
+# 次のセルのあとの図では、各ランクが正規化に使う特徴ごとの平均と分散 (`x`) と、全体のバッチのもの
+# (`whole`、1 プロセスや SyncBatchNorm が使う値で、どのランクでも同じ) を比べてください。
 
 # %% [markdown] lang="en"
 # ## BatchNorm statistics are per replica
@@ -406,6 +409,10 @@ assert sum(len(X) for X, _ in loader) == len(dataset) // world_size
 # **before every forward**, and then each rank updates them with its own batch; with
 # `forward_sync_buffers=False` there is no such copy. Give each rank data with another
 # mean (as when sorted data is split) and see.
+#
+# In the figure after the next cell, compare the mean and variance per feature each rank
+# normalizes with (`x`) with the whole batch's (`whole`, what one process or
+# SyncBatchNorm uses, the same on every rank).
 
 # %%
 # %%px
@@ -428,6 +435,20 @@ for _ in range(2):  # two training steps (forwards are enough for BatchNorm)
 print(f"rank {rank}: local mean {x.mean():+.2f}, "
       f"|output - whole-batch output| {compare.max_abs_diff(out, out_whole):.2f}")
 assert compare.max_abs_diff(out, out_whole) > 0.1  # each replica, its own statistics
+stats = [(label, v.tolist()) for label, v in (  # one value per feature
+    ("x.mean(0)", x.mean(0)), ("x.var(0, unbiased=False)", x.var(0, unbiased=False)),
+    ("whole.mean(0)", whole.mean(0)),
+    ("whole.var(0, unbiased=False)", whole.var(0, unbiased=False)))]  # BatchNorm's
+
+# %%
+from labkit import diagrams
+
+per_rank = ranks.pull("stats")  # each rank's (what, one value per feature), in order
+rows = {what: [dict(s)[what] for s in per_rank] for what, _ in per_rank[0]}
+assert rows["whole.mean(0)"][0] == rows["whole.mean(0)"][1]  # one batch, every rank
+assert all(abs(a - b) > 1 for mean in rows["x.mean(0)"]  # each rank's own, far off
+           for a, b in zip(mean, rows["whole.mean(0)"][0], strict=True))
+fig = diagrams.collectives(rows, title="bn_stats_title", fmt="{:.1f}")
 
 # %% [markdown] lang="ja"
 # 次に `running_mean` です。学習のあとと、評価モードで DDP を通してもう 1 回順伝播したあとの値を、

@@ -474,11 +474,17 @@ ranks = cluster.start(2)
 
 # %%
 # %%px
+import torch
+
 from labkit import sharding
 
 fsdp = sharding.fsdp_experiment(rank, world_size)
+shard_rows = []  # (parameter, whole shape, first row, the row after its last)
 for name, s in fsdp["shards"].items():
-    print(f"rank {rank} {name:10s} whole {s['global']}, held here {s['local']} ({s['placement']})")
+    pieces = torch.arange(s["global"][0]).chunk(world_size)  # dim 0, as torch.chunk cuts
+    assert s["local"][0] == len(pieces[rank]), name  # this rank holds its piece
+    start = sum(len(p) for p in pieces[:rank])
+    shard_rows.append((name, s["global"], start, start + s["local"][0]))
 print(f"rank {rank}: holds {fsdp['local_numel']} of {fsdp['full_numel']} values; "
       f"|grad - whole-batch grad| = {fsdp['grad_max_abs_diff']:.1e}")
 assert fsdp["local_numel"] * world_size == fsdp["full_numel"]
@@ -486,10 +492,13 @@ assert fsdp["shards"]["fc1.weight"]["local"] == (100 // world_size, 10)
 assert fsdp["grad_max_abs_diff"] <= 1e-6
 
 # %% [markdown] lang="ja"
-# 各ランクが各パラメータの値をいくつ持つかを、2 つのランクから集めて図にします。
+# 各ランクが各パラメータの値をいくつ持つか、そして 0 番目の次元のどの行を持つかを、2 つのランクから
+# 集めて図にします。2 つ目の図では、どのパラメータも行の前半がランク 0、後半がランク 1 になっています。
 
 # %% [markdown] lang="en"
-# How many values of each parameter each rank holds, pulled from the two ranks.
+# How many values of each parameter each rank holds, and which rows of dimension 0,
+# pulled from the two ranks: in the second figure every parameter's first half of rows
+# is rank 0's, its second half rank 1's.
 
 # %%
 import math
@@ -500,6 +509,13 @@ rows = {name: [[math.prod(h["shards"][name]["local"])] for h in held]
 assert all(sum(v for v, in r) == math.prod(held[0]["shards"][name]["global"])
            for name, r in rows.items())  # the shards add up to each whole parameter
 fig = diagrams.collectives(rows, title="fsdp_held_title", fmt="{:.0f}")
+
+# %%
+shards = ranks.pull("shard_rows")  # per rank: (parameter, shape, first row, row after)
+for spans in zip(*shards, strict=True):  # one parameter: every rank's rows, in turn
+    starts, stops = [s[2] for s in spans], [s[3] for s in spans]
+    assert starts == [0, *stops[:-1]] and stops[-1] == spans[0][1][0]  # dim 0, once
+fig = diagrams.dim0_shards(shards)
 
 # %% [markdown] lang="ja"
 # ## 演習 (任意): 各ランクはいくつの値を持つか

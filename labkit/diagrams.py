@@ -110,6 +110,10 @@ i18n.register({
                         "en": "DDP's all-reduces in each backward\n"
                               "(one box = one call, number = bytes sent)"},
     "values_before": {"ja": "呼ぶ前", "en": "before"},
+    "bn_stats_title": {"ja": "BatchNorm が正規化に使う特徴ごとの統計: "
+                             "自分のバッチと全体のバッチ",
+                       "en": "Per-feature statistics BatchNorm normalizes with: "
+                             "own batch, whole batch"},
 })
 
 _PARTS = ("parameters", "gradients", "optimizer")

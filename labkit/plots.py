@@ -167,6 +167,13 @@ i18n.register({
     "link_ms": {"ja": "時間 [ミリ秒]", "en": "time [ms]"},
     "link_calls_title": {"ja": "4 MiB の all-reduce 3 回: 回線は 1 本",
                          "en": "Three 4 MiB all-reduces: one wire"},
+    "ef_off": {"ja": "誤差のフィードバックなし", "en": "without error feedback"},
+    "ef_on": {"ja": "誤差のフィードバックあり", "en": "with error feedback"},
+    "steps_k": {"ja": "ウォームアップのあとのステップ数 k",
+                "en": "steps k after the warm-up"},
+    "sum_rel_error": {"ja": "和の相対誤差", "en": "relative error of the sum"},
+    "ef_title": {"ja": "PowerSGD (r = 1) で使われた勾配の和と本当の和 k C",
+                 "en": "PowerSGD at r = 1: the applied gradients' sum against k C"},
 })
 
 

@@ -192,3 +192,24 @@ def test_the_check_names_a_class_the_ranks_do_not_have(ranks):
     with pytest.raises(cluster.RankError) as err:
         exercises.grade_scratch_ddp(ranks, "NoSuchDDP")
     assert "NoSuchDDP" in str(err.value)
+
+
+def test_the_error_feedback_figure_asserts_what_it_draws(ranks):
+    """The lesson's PowerSGD trial and its figure; with feedback off in both runs,
+    the figure's cell refuses to draw."""
+    import labkit
+    from labkit import plots
+
+    cells = nbformat.read(LESSON, as_version=4).cells
+    trial = next(c.source for c in cells
+                 if "error_feedback_trial(use_error_feedback=True)" in c.source)
+    draw = next(c.source for c in cells if 'ranks.pull("with_feedback")' in c.source)
+    ranks.execute("from labkit import send_less")
+    ranks.execute(trial.removeprefix("%%px\n"))
+    scope = {"ranks": ranks, "labkit": labkit, "plots": plots}
+    exec(draw, scope)  # as written: the sum catches up with feedback only
+    assert len(scope["fig"].axes[0].lines) == 2
+    ranks.execute(trial.removeprefix("%%px\n").replace("use_error_feedback=True",
+                                                       "use_error_feedback=False"))
+    with pytest.raises(AssertionError):
+        exec(draw, {"ranks": ranks, "labkit": labkit, "plots": plots})
