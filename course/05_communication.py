@@ -105,7 +105,8 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # %% [markdown] lang="ja" tags=["core"]
 # ## all-reduce を測る
 #
-# 2 つのランクで、大きさを 4 倍ずつ変えながら all-reduce の時間 (中央値) を測ります。
+# 2 つのランクで、大きさを 4 倍ずつ変えながら all-reduce の時間を 7 回ずつ測ります。図の点が 1 回ずつの
+# 時間、実線がその中央値、破線が下で当てはめる α–β モデルです。
 # nccl-tests の定義では、大きさ S、時間 t、ランク数 n のとき
 #
 # - アルゴリズム帯域 algbw = S / t
@@ -124,7 +125,9 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # %% [markdown] lang="en" tags=["core"]
 # ## Timing all-reduce
 #
-# On two ranks, time an all-reduce (median) for sizes growing four-fold at each step.
+# On two ranks, time an all-reduce 7 times for each size, sizes growing four-fold. In
+# the figure each point is one round, the solid line their median, the dashed line the
+# alpha-beta model fitted below.
 # nccl-tests defines, for size S, time t and n ranks,
 #
 # - algorithm bandwidth algbw = S / t
@@ -148,10 +151,14 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 from labkit import comm
 
 sizes = [4**k * 1024 for k in range(9)]  # 1 KiB .. 64 MiB
-seconds = comm.allreduce_sweep(sizes, repeat=7)
+rounds = comm.allreduce_rounds(sizes, repeat=7)  # 7 timed rounds of each size
 
 # %%
-sizes, seconds = ranks.pull("sizes")[0], ranks.pull("seconds")[0]
+import statistics
+
+sizes, rounds = ranks.pull("sizes")[0], ranks.pull("rounds")[0]
+assert [len(r) for r in rounds] == [7] * len(sizes)  # every round rank 0 timed
+seconds = [statistics.median(r) for r in rounds]
 ab = comm.fit_alpha_beta(sizes, seconds, world_size=2)
 print(f"{'size':>10} {'time':>10} {'algbw':>11} {'busbw':>11} {'model':>10}")
 for size, t in zip(sizes, seconds, strict=True):
@@ -159,10 +166,10 @@ for size, t in zip(sizes, seconds, strict=True):
     print(f"{size:>10} {t * 1e3:>8.3f}ms {algbw / 1e9:>7.3f}GB/s {busbw / 1e9:>7.3f}GB/s "
           f"{ab.time(size, 2) * 1e3:>8.3f}ms")
 print(f"alpha = {ab.alpha * 1e6:.0f} µs, beta = {ab.beta / 1e9:.2f} GB/s")
-fig = plots.line_chart(
-    {labkit.t("measured"): (sizes, [t * 1e3 for t in seconds]),
-     labkit.t("alpha_beta_model"): (sizes, [ab.time(s, 2) * 1e3 for s in sizes])},
-    xlabel="message_bytes", ylabel="allreduce_ms", title="allreduce_title",
+fig = plots.rounds(
+    {labkit.t("measured"): (sizes, [[t * 1e3 for t in r] for r in rounds])},
+    lines={labkit.t("alpha_beta_model"): (sizes, [ab.time(s, 2) * 1e3 for s in sizes])},
+    xlabel="message_bytes", ylabel="allreduce_ms", title="allreduce_rounds_title",
     logx=True, logy=True, x_bytes=True)
 
 # %%
@@ -604,7 +611,7 @@ assert small_k8.sync > 1.5 * small_k8.no_sync, small_k8
 # あります。更新の最初のマイクロバッチは、ほかのマイクロバッチより仕事が少ないからです。`zero_grad()` の
 # あとの最初の逆伝播は勾配を書き込むだけですが、2 回目からは前の勾配に足し込みます (全勾配をもう 1 回
 # 読んで書く)。その分がモデルでは o を小さく見せます。大きなモデルで、1 プロセスで確かめます。
-# 足し込みが起きること (同じテンソルに、2 回分の和) はセルが確かめます。時間は今回の実行での値です。
+# 足し込みが起きること (同じテンソルに、2 回分の和) はセルが確かめます。図は 20 回すべての時間と中央値です。
 
 # %% [markdown] lang="en"
 # c, s and o are times, so the fit keeps them non-negative (non-negative least squares).
@@ -613,10 +620,9 @@ assert small_k8.sync > 1.5 * small_k8.no_sync, small_k8
 # second on, each adds to them (reading and writing every gradient once more). In the
 # model that extra work makes o look smaller. Check it in one process with the large
 # model: the cell asserts that the second backward adds (into the same tensors, the sum
-# of both); the times are this run's.
+# of both); the figure shows all 20 rounds of each and their median.
 
 # %%
-import statistics
 import time
 
 import torch
@@ -640,10 +646,13 @@ for _ in range(20):
     for p, (ptr, grad) in zip(net.parameters(), written, strict=True):
         assert p.grad.data_ptr() == ptr  # the same tensor, added to in place
         torch.testing.assert_close(p.grad, 2 * grad)  # the sum of both micro-batches
-print(f"on this run: forward + backward, first micro-batch "
-      f"{statistics.median(first) * 1e3:.2f} ms, second "
-      f"{statistics.median(later) * 1e3:.2f} ms; fitted o: "
-      + ", ".join(f"{name} {m.optimizer_s * 1e3:.2f} ms" for name, m in fitted.items()))
+assert len(first) == len(later) == 20  # every round timed, drawn
+fig = plots.rounds({labkit.t("measured"): (
+    [labkit.t("first_backward"), labkit.t("second_backward")],
+    [[t * 1e3 for t in first], [t * 1e3 for t in later]])},
+    xlabel="", ylabel="fwd_bwd_ms", title="first_vs_second_title")
+print("fitted o: " + ", ".join(f"{name} {m.optimizer_s * 1e3:.2f} ms"
+                               for name, m in fitted.items()))
 
 # %% [markdown] lang="ja"
 # 同期 1 回のコスト s のうち、all-reduce そのものはどれだけでしょうか。上で通信フックが記録した

@@ -32,6 +32,7 @@ __all__ = [
     "LINKS",
     "AlphaBeta",
     "StepModel",
+    "allreduce_rounds",
     "allreduce_sweep",
     "allreduce_time",
     "bandwidths",
@@ -134,7 +135,15 @@ def ring_steps(world_size: int) -> int:
 
 def allreduce_sweep(sizes: Sequence[int], repeat: int = 10,
                     dtype: torch.dtype = torch.float32) -> list[float]:
-    """Median seconds of one all-reduce per message size in bytes (collective).
+    """Median seconds of one all-reduce per message size in bytes (collective):
+    the medians of allreduce_rounds."""
+    return [statistics.median(r) for r in allreduce_rounds(sizes, repeat, dtype)]
+
+
+def allreduce_rounds(sizes: Sequence[int], repeat: int = 10,
+                     dtype: torch.dtype = torch.float32) -> list[list[float]]:
+    """Seconds of one all-reduce per message size in bytes, every one of `repeat`
+    timed rounds (collective).
 
     `dtype` is what is summed: on this course's machine gloo's float16
     all-reduce cost more per byte, and one took longer than a float32 one of
@@ -155,7 +164,7 @@ def allreduce_sweep(sizes: Sequence[int], repeat: int = 10,
     times = timing.interleaved(
         {i: functools.partial(dist.all_reduce, x) for i, x in enumerate(buffers)},
         rounds=repeat, warmup=2, device=device, before=lambda _: dist.barrier())
-    return [statistics.median(times[i]) for i in range(len(buffers))]
+    return [times[i] for i in range(len(buffers))]
 
 
 def bandwidths(nbytes: float, seconds: float, world_size: int) -> tuple[float, float]:

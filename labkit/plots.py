@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -73,6 +74,7 @@ __all__ = [
     "measured_vs_model",
     "memory_vs_world_size",
     "methods_chart",
+    "rounds",
     "timeline",
 ]
 
@@ -178,6 +180,20 @@ i18n.register({
     "sum_rel_error": {"ja": "和の相対誤差", "en": "relative error of the sum"},
     "ef_title": {"ja": "PowerSGD (r = 1) で使われた勾配の和と本当の和 k C",
                  "en": "PowerSGD at r = 1: the applied gradients' sum against k C"},
+    "every_round": {"ja": "{label}: 各回", "en": "{label}: every round"},
+    "median_of_rounds": {"ja": "{label}: 中央値", "en": "{label}: median"},
+    "allreduce_rounds_title": {
+        "ja": "all-reduce の時間: 測った各回と中央値",
+        "en": "All-reduce times: every timed round and the median"},
+    "ckpt_time_title": {"ja": "1 ステップの時間: チェックポイントなしとあり",
+                        "en": "Time per step, without and with checkpointing"},
+    "fwd_bwd_ms": {"ja": "順伝播と逆伝播 1 回 [ミリ秒]",
+                   "en": "one forward + backward [ms]"},
+    "first_backward": {"ja": "1 つ目 (勾配を書き込む)",
+                       "en": "first (writes the gradients)"},
+    "second_backward": {"ja": "2 つ目 (勾配に足し込む)", "en": "second (adds to them)"},
+    "first_vs_second_title": {"ja": "更新の 1 つ目と 2 つ目のマイクロバッチ",
+                              "en": "An update's first and second micro-batch"},
 })
 
 
@@ -518,6 +534,47 @@ def memory_vs_world_size(formula: Mapping[str, tuple[Sequence[int], Sequence[flo
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         # Bottom left stays empty: every line starts at the top left.
         ax.legend(handles=handles, loc="lower left")
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def rounds(series: Mapping[str, tuple[Sequence, Sequence[Sequence[float]]]], *,
+           xlabel: str, ylabel: str, title: str, logx: bool = False,
+           logy: bool = False, x_bytes: bool = False,
+           lines: Mapping[str, tuple[Sequence, Sequence[float]]] | None = None):
+    """Every timed round as a point, and the rounds' median as a line, per label.
+
+    `series` maps a label to (xs, rounds): rounds[i] holds every time measured
+    at xs[i] (numbers, or names for a category axis). `lines` adds dashed lines
+    without markers (a model's), labelled as given. Axis keys as line_chart's.
+    """
+
+    def build():
+        fig, ax = plt.subplots(figsize=(6.5, 3.8))
+        for i, (label, (xs, rs)) in enumerate(series.items()):
+            color, marker = PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)]
+            ax.plot([x for x, r in zip(xs, rs, strict=True) for _ in r],
+                    [v for r in rs for v in r], linestyle="none", marker=marker,
+                    fillstyle="none", alpha=0.7, color=color,
+                    label=t("every_round", label=label))
+            ax.plot(list(xs), [statistics.median(r) for r in rs], color=color,
+                    marker="_", markersize=16, markeredgewidth=2, linestyle="-",
+                    label=t("median_of_rounds", label=label))
+        for j, (label, (xs, ys)) in enumerate((lines or {}).items()):
+            ax.plot(list(xs), list(ys), color=PALETTE[(len(series) + j) % len(PALETTE)],
+                    marker="none", linestyle="--", label=label)
+        _decorate(ax, xlabel, ylabel, title, logx, logy)
+        if logx:  # label the measured x values, not powers of two
+            ticks = sorted({x for xs, _ in series.values() for x in xs})
+            ax.set_xticks(ticks, [_size_label(x) if x_bytes else f"{x:g}"
+                                  for x in ticks])
+            ax.xaxis.set_minor_locator(plt.NullLocator())
+            if x_bytes:
+                ax.tick_params(axis="x", labelrotation=45)
+        if any(isinstance(x, str) for xs, _ in series.values() for x in xs):
+            ax.margins(x=0.25)  # names: the points and their labels off the frame
         fig.tight_layout()
         return fig
 

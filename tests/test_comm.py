@@ -332,3 +332,35 @@ def test_a_stall_at_the_start_of_a_sweep_leaves_the_fit_standing(monkeypatch):
     assert max(seconds) < 20e-3, seconds  # no median is a stalled call
     ab = comm.fit_alpha_beta(sizes, seconds, world_size=2)
     assert 0.5e9 < ab.beta < 8e9, ab  # 2 GB/s given; sleeps only add to the times
+
+
+@pytest.mark.parametrize("lang", ["en", "ja"])
+def test_lesson_05s_sweep_cell_draws_every_round_or_fails(lang):
+    """The kernel cell after the sweep, on fixed rounds: 7 a size are drawn (a
+    point each, the median a line); a round short, and its assert fails."""
+    from types import SimpleNamespace
+
+    from lesson_cells import finder
+    from matplotlib import pyplot as plt
+
+    import labkit
+    from labkit import plots
+
+    cell = finder("05_communication", lang)("ranks.pull(\"rounds\")")
+    sizes = [4**k * 1024 for k in range(9)]
+    good = [[1e-4 + s / 1e9 * (1 + j / 10) for j in range(7)] for s in sizes]
+    for rounds, ok in ((good, True), ([r[:6] for r in good], False)):
+        pulled = {"sizes": [sizes, sizes], "rounds": [rounds, rounds]}
+        ns = {"comm": comm, "labkit": labkit, "plots": plots,
+              "ranks": SimpleNamespace(pull=pulled.__getitem__)}
+        try:
+            if ok:
+                exec(cell, ns)
+                points, median, _ = ns["fig"].axes[0].get_lines()
+                assert len(points.get_xdata()) == 7 * 9
+                assert list(median.get_ydata()) == [r[3] * 1e3 for r in good]
+            else:
+                with pytest.raises(AssertionError):
+                    exec(cell, ns)
+        finally:
+            plt.close("all")

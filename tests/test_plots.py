@@ -180,3 +180,33 @@ def test_a_line_chart_marks_where_a_run_stopped_beside_its_legend(lang):
     finally:
         plt.close("all")
         labkit.set_lang("en")
+
+
+@pytest.mark.parametrize("lang", ["en", "ja"])
+def test_rounds_draws_every_round_and_their_median(lang):
+    labkit.set_lang(lang)
+    try:
+        measured = labkit.t("measured")
+        fig = plots.rounds({measured: ([1024, 4096], [[1, 3, 2], [5, 4, 9]])},
+                           xlabel="round", ylabel="allreduce_ms",
+                           title="allreduce_rounds_title", logx=True, x_bytes=True,
+                           lines={"model": ([1024, 4096], [2, 4])})
+        ax = fig.axes[0]
+        points, median, model = ax.get_lines()
+        assert list(points.get_xdata()) == [1024] * 3 + [4096] * 3  # every round
+        assert list(points.get_ydata()) == [1, 3, 2, 5, 4, 9]
+        assert points.get_linestyle() == "None"
+        assert list(median.get_ydata()) == [2, 5]  # medians, not means
+        assert list(model.get_ydata()) == [2, 4] and model.get_linestyle() == "--"
+        assert [x.get_text() for x in ax.get_legend().get_texts()] == [
+            labkit.t("every_round", label=labkit.t("measured")),
+            labkit.t("median_of_rounds", label=labkit.t("measured")), "model"]
+        assert ax.get_title() == labkit.t("allreduce_rounds_title")
+        assert [x.get_text() for x in ax.get_xticklabels()] == ["1 KiB", "4 KiB"]
+        # names on a category axis too
+        fig = plots.rounds({"step": (["plain", "checkpointed"], [[1, 2], [3, 4]])},
+                           xlabel="", ylabel="step_time_ms", title="ckpt_time_title")
+        assert list(fig.axes[0].get_lines()[1].get_ydata()) == [1.5, 3.5]
+    finally:
+        plt.close("all")
+        labkit.set_lang("en")
