@@ -8,6 +8,8 @@ weights and data.
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 
 from . import i18n, models, timing
@@ -74,8 +76,14 @@ def step_times(widths, depth: int = 1, batch_size: int = 256, rounds: int = 7,
 
 
 def samples_per_s(batch_sizes, hidden: int = 100, depth: int = 1,
-               repeat: int = 5) -> dict[int, float]:
-    """Training samples per second at each batch size (median of `repeat` steps)."""
-    return {b: b / timing.median_time(_training_step(hidden, depth, b),
-                                      repeat=repeat, warmup=2)
-            for b in batch_sizes}
+                  repeat: int = 7, steps: int = 10) -> dict[int, float]:
+    """Training samples per second at each batch size: the median of `repeat`
+    rounds, each the mean of `steps` steps in a row.
+
+    The batch sizes take turns in every round (timing.interleaved): timed one
+    after the other, a busy moment of a shared machine would land on one
+    batch size alone and could turn the curve over.
+    """
+    step_fns = {b: _training_step(hidden, depth, b) for b in batch_sizes}
+    times = timing.interleaved(step_fns, rounds=repeat, warmup=2, repeat=steps)
+    return {b: b / statistics.median(times[b]) for b in batch_sizes}
