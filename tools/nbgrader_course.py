@@ -59,18 +59,25 @@ def _nbgrader(cell, grade_id: str, *, solution=False, grade=False, locked=False)
     return cell
 
 
+def commented_file(cell: str) -> str:
+    """A %%writefile cell with the file's lines commented out: the magic stays,
+    so that the learner's cell still writes the file."""
+    magic, body = cell.split("\n", 1)
+    return magic + "\n" + "\n".join(f"# {line}".rstrip() for line in body.splitlines())
+
+
 def _answer(exercise: str, solution: str) -> str:
     """One cell: the exercise, then the reference solution between the markers. A
     cell magic (%%px: the answer runs on every rank) stays on the first line."""
+    if exercise.startswith("%%writefile"):
+        # The cell is one file: the exercise stays as comments to start from, or
+        # the file would hold both programs
+        exercise = commented_file(exercise)
     magic = ""
     if exercise.startswith("%%") and solution.startswith("%%"):
         magic, exercise = exercise.split("\n", 1)
         solution = solution.split("\n", 1)[1]
         magic += "\n"
-    if magic.startswith("%%writefile"):
-        # The cell is one file: the exercise stays as comments to start from, or
-        # the file would hold both programs
-        exercise = "\n".join(f"# {line}".rstrip() for line in exercise.splitlines())
     return f"{magic}{exercise.rstrip()}\n{BEGIN}\n{solution.rstrip()}\n{END}"
 
 
