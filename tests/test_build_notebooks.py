@@ -301,3 +301,48 @@ def test_a_tagged_section_gets_its_mark_under_the_heading_in_each_language():
         bn.mark_section("no heading here", ["core"], "en")
     with pytest.raises(bn.SourceError, match="one heading"):
         bn.mark_section(src, ["core", "deep-dive"], "en")
+
+
+def test_a_folded_code_cell_is_built_hidden_and_read_apart(tmp_path):
+    """A cell tagged hide-input opens folded in JupyterLab, and its lines leave the
+    reading minutes (tools/lesson_time.py counts them in `hid`)."""
+    import lesson_time
+    body = GOOD + '\n# %% tags=["hide-input"]\nplots.line_chart(x)\nassert x == 2\n'
+    course, out = lesson(tmp_path, body), tmp_path / "notebooks"
+    assert run(course, out) == 0
+    nb = nbformat.read(out / "en" / "00_demo.ipynb", as_version=4)
+    folded = [c for c in nb.cells if "hide-input" in c.metadata.get("tags", [])]
+    assert [c.metadata.get("jupyter") for c in folded] == [{"source_hidden": True}]
+    shown = [c for c in nb.cells if c.cell_type == "code" and c not in folded]
+    assert all("jupyter" not in c.metadata for c in shown)
+    t = lesson_time.measure(out / "en" / "00_demo.ipynb", "en", run=False)
+    assert (t.code_lines, t.hidden_lines, t.figures) == (3, 2, 1)
+
+
+# What a lesson teaches in its code: a folded cell holding one of these hides it.
+TAUGHT = re.compile(r"DDP\(|\bdist\.|no_sync|init_process_group|\boptim\.|"
+                    r"%%writefile|fully_shard|register_comm_hook")
+
+
+@pytest.mark.parametrize("lang", ["ja", "en"])
+def test_a_folded_code_cell_only_draws_or_checks(lang):
+    problems = []
+    for path in sorted((ROOT / "notebooks" / lang).glob("*.ipynb")):
+        for n, c in enumerate(nbformat.read(path, as_version=4).cells):
+            tags = c.metadata.get("tags", [])
+            if c.cell_type != "code" or bn.FOLD_CODE not in tags:
+                continue
+            where = f"{path.stem} cell {n}"
+            if {"exercise", "solution"} & set(tags):
+                problems.append(f"{where}: an exercise is never folded")
+            if m := TAUGHT.search(c.source):
+                problems.append(f"{where}: folds taught code ({m.group()})")
+            if not re.search(r"\b(plots|diagrams)\.\w+\(|^\s*assert\b|\bcheck",
+                             c.source, re.M):
+                problems.append(f"{where}: neither draws nor checks")
+    assert problems == []
+
+
+def test_the_folding_rule_finds_taught_code():
+    assert TAUGHT.search("model = DDP(net)\nplots.timeline(t)")
+    assert not TAUGHT.search("fig = plots.timeline(t)\nassert len(t) == 3")

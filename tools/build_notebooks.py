@@ -169,6 +169,13 @@ def mark_section(source: str, tags: list[str], lang: str) -> str:
     return "\n".join([*lines[:at], "", marks[0], *lines[at:]])
 
 
+# A code cell tagged so draws a figure or checks a result that the lesson has
+# already computed in view: JupyterLab shows it folded (its output stays in view,
+# a click opens the code) and the site behind a "show code" toggle (myst-nb reads
+# the same tag). The code a lesson teaches is never folded (tests/test_core_path.py).
+FOLD_CODE = "hide-input"
+
+
 def _clean(cell: nbformat.NotebookNode, cell_id: str) -> nbformat.NotebookNode:
     metadata = {k: v for k, v in cell.metadata.items() if k != "lang"}
     if cell.cell_type == "markdown":
@@ -178,6 +185,9 @@ def _clean(cell: nbformat.NotebookNode, cell_id: str) -> nbformat.NotebookNode:
             source = join_japanese_lines(source)
         new = nbformat.v4.new_markdown_cell(source, metadata=metadata)
     else:
+        if FOLD_CODE in metadata.get("tags", []):
+            metadata = {**metadata, "jupyter": {**metadata.get("jupyter", {}),
+                                                "source_hidden": True}}
         new = nbformat.v4.new_code_cell(cell.source, metadata=metadata)
     new.id = cell_id
     return new

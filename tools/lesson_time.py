@@ -12,7 +12,9 @@ here (tools/execute.py); without it that column is empty. The instructor
 guides' plans are built from this table.
 
 A folded note (`<details>…</details>`, "how this was measured") is read only by
-who opens it: its words are counted apart (`fold`) and not in the minutes. The
+who opens it: its words are counted apart (`fold`) and not in the minutes; so are
+the lines of a folded code cell (tagged `hide-input`: a figure's drawing or a
+check, whose output the learner reads), counted in `hid`. The
 table also says how the lesson is shaped: its figure calls (`fig`, the `plots.`
 calls a learner runs), whether it has a summary and a self-check (cells tagged
 so), and `lab %`, the share of the prose outside folds in sentences that report
@@ -30,6 +32,7 @@ from pathlib import Path
 import execute
 import nbcells
 import nbformat
+from build_notebooks import FOLD_CODE
 
 ROOT = Path(__file__).resolve().parent.parent
 READ_RATE = {"en": 180, "ja": 450}  # words / characters a minute, technical text
@@ -64,6 +67,7 @@ class LessonTime:
     summary: bool = False
     self_check: bool = False
     lab_share: float = 0.0
+    hidden_lines: int = 0
 
     def minutes(self, lang: str) -> float:
         run_min = (self.run_s or 0.0) / 60
@@ -96,14 +100,17 @@ def measure(path: Path, lang: str, run: bool) -> LessonTime:
     lab = sum(lab_units(text, lang) for text in shown)
     # A learner reads the code they run; solutions are hidden in the student copy.
     code = [c for c in nb.cells if c.cell_type == "code" and not nbcells.is_solution(c)]
-    lines = sum(1 for c in code for line in c.source.splitlines() if line.strip())
+    folded = [c for c in code if FOLD_CODE in nbcells.tags(c)]
+    lines = sum(1 for c in code for line in c.source.splitlines() if line.strip()
+                and c not in folded)
+    hidden = sum(1 for c in folded for line in c.source.splitlines() if line.strip())
     exercises = sum(map(nbcells.is_exercise, nb.cells))
     run_s = execute.run(path) if run else None
     figures = sum(len(_FIGURE.findall(c.source)) for c in code)
     tagged = {tag for c in nb.cells for tag in nbcells.tags(c)}
     return LessonTime(path.stem, prose, lines, exercises, run_s, fold, figures,
                       "summary" in tagged, "self-check" in tagged,
-                      lab / prose if prose else 0.0)
+                      lab / prose if prose else 0.0, hidden)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,14 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"assumed: prose {READ_RATE[args.lang]} {unit}/min, code "
           f"{CODE_LINES_PER_MIN} lines/min, {EXERCISE_MIN} min per exercise")
     print(f"{'lesson':<20} {'prose':>6} {'code':>5} {'ex':>3} {'run s':>6} {'min':>5}"
-          f" {'fold':>5} {'fig':>3} {'sum':>3} {'chk':>3} {'lab %':>5}")
+          f" {'fold':>5} {'hid':>4} {'fig':>3} {'sum':>3} {'chk':>3} {'lab %':>5}")
     total = 0.0
     for path in sorted((args.notebooks / args.lang).glob("*.ipynb")):
         t = measure(path, args.lang, args.run)
         run = f"{t.run_s:6.1f}" if t.run_s is not None else f"{'':>6}"
         total += t.minutes(args.lang)
         print(f"{t.name:<20} {t.prose_units:>6} {t.code_lines:>5} {t.exercises:>3} "
-              f"{run} {t.minutes(args.lang):5.0f} {t.fold_units:>5} {t.figures:>3} "
+              f"{run} {t.minutes(args.lang):5.0f} {t.fold_units:>5} "
+              f"{t.hidden_lines:>4} {t.figures:>3} "
               f"{'yes' if t.summary else 'no':>3} {'yes' if t.self_check else 'no':>3} "
               f"{100 * t.lab_share:5.1f}")
     print(f"{'total':<20} {'':>6} {'':>5} {'':>3} {'':>6} {total:5.0f}")
