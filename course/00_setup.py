@@ -152,7 +152,7 @@ assert "torchrun" in str(refused.exception) and cluster.current() is None
 # Japanese font is installed. The figures of `labkit.plots` raise an error when a
 # character cannot be drawn.
 
-# %%
+# %% tags=["hide-input"]
 from labkit import plots
 
 # The English notebooks draw no Japanese but here: they need no Japanese font.
@@ -168,7 +168,7 @@ if labkit.get_lang() == "ja" or report.japanese_font is not None:
 # cannot draw its Japanese text: it raises `MissingGlyphError` instead of quietly showing
 # boxes.
 
-# %%
+# %% tags=["hide-input"]
 import matplotlib
 import matplotlib.pyplot as plt
 
@@ -353,7 +353,7 @@ assert max(ms) > min(ms)  # but the times differ
 # Every round of both ranks, in one figure: the bytes are 4,000 each time; only the
 # time moves.
 
-# %%
+# %% tags=["hide-input"]
 from labkit import plots
 
 times = ranks.pull("ms")

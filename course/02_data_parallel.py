@@ -344,7 +344,7 @@ assert Y_hat.shape == (100, 10) and out_diff <= 1e-6
 # The four steps in one picture, from the tensors the cells above made: the whole
 # model is copied to each device, the batch is split, and the outputs end on device 0.
 
-# %%
+# %% tags=["hide-input"]
 steps = {
     labkit.t("dp_scatter"): [[len(c)] for c in chunks],
     labkit.t("dp_replicate"): [[sum(w.numel() for w in weights(r))] for r in replicas],

@@ -256,7 +256,7 @@ print(f"rank {rank}, with set_epoch {with_set_epoch}, without {without_set_epoch
 # The indices pulled from the ranks cover all 16 samples in every epoch without overlap,
 # and without `set_epoch` the order never changes.
 
-# %%
+# %% tags=["hide-input"]
 per_rank = ranks.pull("with_set_epoch")
 for epoch in range(3):
     parts = [set(indices[epoch]) for indices in per_rank]
@@ -460,7 +460,7 @@ assert len(ran) == 3 and all(m is model.module for m in ran)  # no copies of the
 # one call. Only the module DDP was built with ran: DataParallel, unlike DDP, copies it
 # every step.
 
-# %%
+# %% tags=["hide-input"]
 steps = ranks.pull("log.steps")  # per rank, per backward: the bytes of each all-reduce
 assert steps == [[[2110 * 4]] * 3] * 2  # every gradient once, in one call, per backward
 fig = diagrams.collectives({labkit.t("backward_n", k=k): [s[k - 1] for s in steps]

@@ -448,7 +448,7 @@ print(f"rank {rank}: max difference after 15 misused steps {param_diff[15]:.4f},
 assert param_diff[15] > 1e-3 and param_diff[-1] > 0.5 * param_diff[15]
 assert param_diff[-1] < 1.01 * param_diff[15]  # the same update: nor does it grow
 
-# %%
+# %% tags=["hide-input"]
 param_diff = ranks.pull("param_diff")[0]
 fig = plots.line_chart({labkit.t("misuse_then_sync"): (range(31), param_diff)},
                        xlabel="optimizer_step", ylabel="param_diff",

@@ -341,7 +341,7 @@ assert all(s["started_after_grads"] == 0 for s in result["steps"])
 assert sum(s["overlapped"] for s in result["steps"]) >= 1
 assert all(s["waited_before_grads"] == 0 for s in result["steps"])
 
-# %%
+# %% tags=["hide-input"]
 fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_title",
                      end_label="sync_finished")
 
@@ -402,7 +402,7 @@ from labkit import send_less
 methods = [m for m in send_less.METHODS if "Adam" not in m]  # ZeRO: lesson 12
 runs = send_less.compare_methods(methods, steps=25)
 
-# %%
+# %% tags=["hide-input"]
 from labkit import send_less
 
 runs = ranks.pull("runs")[0]  # rank 0's
@@ -472,7 +472,7 @@ final = {m: by_method[m]["final_loss"] for m in by_method}
 assert (final["DDP"] < final["PowerSGD r=4"] < final["PowerSGD r=2"]
         < final["PowerSGD r=1"])  # slower to fall; closer to DDP as r grows
 
-# %%
+# %% tags=["hide-input"]
 fig = plots.loss_curves({m: by_method[m]["loss"] for m in
                          ("DDP", "fp16", "PowerSGD r=1", "PowerSGD r=2", "PowerSGD r=4")},
                         title="levers_loss_title")
@@ -510,7 +510,7 @@ fig = plots.loss_curves({m: by_method[m]["loss"] for m in
 without = send_less.error_feedback_trial(use_error_feedback=False)
 with_feedback = send_less.error_feedback_trial(use_error_feedback=True)
 
-# %%
+# %% tags=["hide-input"]
 without, with_feedback = ranks.pull("without")[0], ranks.pull("with_feedback")[0]
 assert with_feedback[-1] < 0.3 < 0.8 < without[-1]
 assert with_feedback[-1] < with_feedback[9] / 2  # falls as 1/k: the sum catches up

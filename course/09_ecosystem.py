@@ -221,7 +221,7 @@ exercises.grade_torchrun_env(torchrun_env)
 # The numbers of 2 nodes × 4 processes, from the `torchrun_env` that passed the check:
 # `RANK` counts on from the node before, `LOCAL_RANK` starts at 0 on every node.
 
-# %%
+# %% tags=["hide-input"]
 from labkit import diagrams
 
 envs = [torchrun_env(2, 4, node) for node in (0, 1)]
@@ -500,7 +500,7 @@ assert fsdp["grad_max_abs_diff"] <= 1e-6
 # pulled from the two ranks: in the second figure every parameter's first half of rows
 # is rank 0's, its second half rank 1's.
 
-# %%
+# %% tags=["hide-input"]
 import math
 
 held = ranks.pull("fsdp")
@@ -510,7 +510,7 @@ assert all(sum(v for v, in r) == math.prod(held[0]["shards"][name]["global"])
            for name, r in rows.items())  # the shards add up to each whole parameter
 fig = diagrams.collectives(rows, title="fsdp_held_title", fmt="{:.0f}")
 
-# %%
+# %% tags=["hide-input"]
 shards = ranks.pull("shard_rows")  # per rank: (parameter, shape, first row, row after)
 for spans in zip(*shards, strict=True):  # one parameter: every rank's rows, in turn
     starts, stops = [s[2] for s in spans], [s[3] for s in spans]

@@ -258,7 +258,7 @@ if rank == 0:
 # The ends of the two ranks' records side by side: at the framed number only rank 0
 # entered a collective.
 
-# %%
+# %% tags=["hide-input"]
 from labkit import diagrams
 
 recent = ranks.pull("recent")  # each rank's last 5 (number, name)
@@ -350,7 +350,7 @@ t = sum_against_max()
 assert t.tolist() == [11.0, 22.0, 30.0, 40.0]  # first half summed, second half maxed
 assert compare.rank_max_diff(t) == 0  # and both ranks agree on it: nothing looks wrong
 
-# %%
+# %% tags=["hide-input"]
 after = [x.tolist() for x in ranks.pull("t")]
 assert after == [[11.0, 22.0, 30.0, 40.0]] * 2
 fig = diagrams.collectives({labkit.t("values_before"): [[1, 2, 3, 4], [10, 20, 30, 40]],
@@ -522,7 +522,7 @@ assert "Parameter indices which did not receive grad for rank 0: 4 5" in message
 # its own `.grad` after the first backward: the two framed rows (4 and 5) have no
 # gradient on either rank, the parameters DDP's error names.
 
-# %%
+# %% tags=["hide-input"]
 from labkit import diagrams
 
 got_grad = ranks.pull("got_grad")  # each rank's (name, got a gradient), in order

@@ -234,7 +234,7 @@ for K, mine in ((1, batches), (2, longer)):
 # gradients (framed), so both ranks call as many. With K = 2, the backward inside
 # `no_sync` sends nothing.
 
-# %%
+# %% tags=["hide-input"]
 shown = ranks.pull("sent_per_update")  # per rank: (K, all-reduces of each update)
 rows, framed = {}, []
 for K, _ in shown[0]:
@@ -309,7 +309,7 @@ assert sorted(real) == list(range(len(scores)))  # shuffled too: each sample onc
 # The k-th sample (from 0) of rank r is padding when `r + k × world_size` is at least the
 # data set's size (shuffled or not).
 
-# %%
+# %% tags=["hide-input"]
 rows = {"DistributedSampler(9)": ranks.pull("order"),
         "drop_last=True": ranks.pull("order_dropped")}
 padding = [("DistributedSampler(9)", r, k) for r, mine in enumerate(rows[
@@ -558,7 +558,7 @@ assert b["param_sha256"] == a["param_sha256"]  # bit for bit the same weights
 # Rank 0's loss per step: the second attempt starts from step 10's checkpoint, redoes
 # steps 11 and 12, and follows the run that never stopped value for value.
 
-# %%
+# %% tags=["hide-input"]
 from labkit import plots
 
 n, restart = a["config"]["steps"], b["resumed_from"]

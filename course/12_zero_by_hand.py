@@ -660,7 +660,7 @@ exercises.grade_zero3_frees(ranks)
 traced = memory_run(lambda model: sharding.trace_gathers(Zero3(model)), steps=1)
 gathered = (traced.trace, [4 * flat.full.numel() for flat in traced.units])
 
-# %%
+# %% tags=["hide-input"]
 trace, layer_bytes = ranks.pull("gathered")[0]  # rank 0's: (event, layer, bytes held)
 layers = [*range(len(layer_bytes)), *reversed(range(len(layer_bytes)))]  # fwd, bwd
 assert trace == [(e, i, layer_bytes[i] * (e == "gather"))  # one layer whole, then none
@@ -770,7 +770,7 @@ for stage, row in memory_table.items():  # bytes per rank when Adam runs
     assert 0 <= row["measured"] - row["formula"] <= row["tolerance"], stage
 assert measured["ZeRO-3"] < measured["ZeRO-2"] < measured["ZeRO-1"] < measured["DDP"]
 
-# %%
+# %% tags=["hide-input"]
 fig = diagrams.zero_memory({stage: row["parts"] for stage, row in memory_table.items()},
                            ylabel="bytes_held",
                            formula={stage: row["formula"] for stage, row in memory_table.items()})

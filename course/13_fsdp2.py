@@ -191,7 +191,7 @@ for name, p in [*alone.named_parameters(), *one_row.named_parameters("one_row")]
     start = sum(len(x) for x in pieces[:rank])
     shard_rows.append((name, tuple(p.shape), start, start + len(piece)))
 
-# %%
+# %% tags=["hide-input"]
 shards = ranks.pull("shard_rows")  # per rank: (parameter, shape, first row, row after)
 for spans in zip(*shards, strict=True):  # one parameter: every rank's rows, in turn
     starts, stops = [s[2] for s in spans], [s[3] for s in spans]
@@ -324,7 +324,7 @@ assert kept["held_between"]["sharded"] == freed["held_between"]["sharded"]
 assert kept["backward"]["reduce_scatter"] == freed["backward"]["reduce_scatter"]
 assert kept["held_after"]["gathered"] == freed["held_after"]["gathered"] == 0
 
-# %%
+# %% tags=["hide-input"]
 from labkit import plots
 
 runs0 = ranks.pull("runs")[0]  # rank 0's; rank 1's holds and sends as much
@@ -684,7 +684,7 @@ exercises.grade_bytes_sent(bytes_sent_per_rank)
 # 208 GB per rank under DDP, trained with 80 GB per rank (for the model states only:
 # activations and buffers need room besides).
 
-# %%
+# %% tags=["hide-input"]
 world_sizes = range(1, 65)
 per_rank = {n: sharding.memory_per_rank(1, n, **sharding.FP32_ADAM) for n in world_sizes}
 formula = {stage: (world_sizes, [m[stage] / m["DDP"] for m in per_rank.values()])

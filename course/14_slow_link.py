@@ -188,7 +188,7 @@ assert all(call.thread.startswith("slow_link") for call in link.calls[1:])
 # `work.wait()` is where the time goes. The figure: each call's hold against the rule's
 # delay; the third also waited for the second to leave the wire.
 
-# %%
+# %% tags=["hide-input"]
 from labkit import plots
 
 calls = ranks.pull("link.calls")[0]  # rank 0's record of each all-reduce, in order
@@ -246,7 +246,7 @@ over = slow_link.steps_over_links(METHODS, BETAS, LINK_ALPHA, rounds=12, local=T
 # markers rise above the other two; on the fast links to the left, the three methods'
 # rounds mix.
 
-# %%
+# %% tags=["hide-input"]
 import math
 import statistics
 

@@ -168,7 +168,7 @@ assert [a[0] for a, _ in averages] == [8, 16, 24, 32]  # every H = 8 steps
 assert all(a[1] > 1e-3 for a, _ in averages)  # the replicas drifted apart
 assert all(b[1] == 0 for _, b in averages)  # identical again, bit for bit
 
-# %%
+# %% tags=["hide-input"]
 drift = ranks.pull("drift")[0]  # a collective's result: the same on every rank
 assert [d for s, d in drift if s % 8 == 0][1::2] == [0.0] * 4  # back to 0 at each average
 fig = plots.line_chart({"H = 8": ([s for s, _ in drift], [d for _, d in drift])},
@@ -207,7 +207,7 @@ for H in (1, 4, 16):
     print(f"H = {H:2d}: {log.count('all_reduce')} averages of {param_bytes:,} bytes = "
           f"{log.nbytes():,} bytes, held-out loss {curve[-1][1]:.4f}")
 
-# %%
+# %% tags=["hide-input"]
 import torch
 
 from labkit import exercises, local_sgd, plots
@@ -521,7 +521,7 @@ for name, train in (("DDP", lambda: train_local_sgd(1, T // H)),  # H = 1 is DDP
     equal_bytes[name] = {"curve": curve, "bytes": log.nbytes()}
 assert len({r["bytes"] for r in equal_bytes.values()}) == 1  # equal bytes sent
 
-# %%
+# %% tags=["hide-input"]
 equal_bytes = ranks.pull("equal_bytes")[0]
 rows = {name: (r["curve"][-1][0], r["bytes"], r["curve"][-1][1])
         for name, r in equal_bytes.items()}
