@@ -45,18 +45,20 @@ KERNEL_IDLE = """() => {
     return Boolean(kernel) && kernel.status === 'idle'
         && document.querySelectorAll('.jp-Notebook .jp-Cell').length > 0;
 }"""
-ALL_RAN = r"""() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
-    .every(p => /\[\d+\]/.test(p.textContent))"""
+# Read from each cell's model: a folded cell (hide-input) shows no input prompt.
+ALL_RAN = r"""() => window.jupyterapp.shell.currentWidget.content.widgets
+    .filter(cell => cell.model.type === 'code')
+    .every(cell => Number.isInteger(cell.model.executionCount))"""
 # The cells (by index) of the notebook on screen whose outputs hold an error, read
 # from the notebook's model: JupyterLab renders an error with the stderr mime
 # type, so the page's output elements cannot tell an error from a warning.
-# The code cells (index, first line, prompt) whose prompt shows no number yet.
+# The code cells (index, first line, execution count) that have not run yet.
 NOT_RAN = r"""() => window.jupyterapp.shell.currentWidget.content.widgets
     .map((cell, i) => [i, cell])
-    .filter(([, cell]) => cell.model.type === 'code' && !/\[\d+\]/.test(
-        cell.node.querySelector('.jp-InputPrompt').textContent))
+    .filter(([, cell]) => cell.model.type === 'code'
+        && !Number.isInteger(cell.model.executionCount))
     .map(([i, cell]) => [i, cell.model.sharedModel.getSource().split('\n')[0],
-        cell.node.querySelector('.jp-InputPrompt').textContent])"""
+        String(cell.model.executionCount)])"""
 FAILED_CELLS = """() => window.jupyterapp.shell.currentWidget.content.widgets
     .map((cell, i) => [i, cell.model.type === 'code'
         && cell.model.outputs.toJSON().some(o => o.output_type === 'error')])
@@ -188,12 +190,16 @@ def _run_all(lab, path: str, wait_for=(), timeout_ms: int = 180_000, done=ALL_RA
 
 
 def _notebook(lab_dir, path: str, cells) -> None:
-    """Write a notebook of code `cells` (sources, or (source, tags)) at `path` in
-    the folder JupyterLab serves."""
+    """Write a notebook of code `cells` (sources, (source, tags), or a lesson's own
+    cells, metadata and all) at `path` in the folder JupyterLab serves."""
     import nbformat
 
     nb = nbformat.v4.new_notebook()
     for cell in cells:
+        if isinstance(cell, dict):  # a lesson's cell, as the lesson holds it
+            nb.cells.append(nbformat.v4.new_code_cell(
+                cell["source"], metadata=dict(cell["metadata"])))
+            continue
         source, tags = cell if isinstance(cell, tuple) else (cell, [])
         nb.cells.append(nbformat.v4.new_code_cell(source))
         nb.cells[-1].metadata["tags"] = list(tags)
@@ -205,22 +211,25 @@ def _notebook(lab_dir, path: str, cells) -> None:
 def test_lesson_cells_show_a_plot_and_a_slider_in_a_browser(lab, tmp_path):
     """Lesson 00's first cell, its Japanese figure and its slider, run in JupyterLab
     as installed: the figure is drawn, the slider appears and answers (ipywidgets'
-    JupyterLab extension works), no widget fails to display."""
+    JupyterLab extension works), no widget fails to display. The figure's cell is
+    folded (tagged hide-input): its code shows collapsed, its figure in full."""
     import nbformat
 
     lesson = nbformat.read(ROOT / "notebooks" / "ja" / "00_setup.ipynb", as_version=4)
 
     def cell(marker):
-        (found,) = [c.source for c in lesson.cells
+        (found,) = [c for c in lesson.cells
                     if c.cell_type == "code" and marker in c.source]
         return found
 
+    figure = cell("fig = plots.font_check()")
+    assert "hide-input" in figure.metadata["tags"]
     _notebook(tmp_path, "ja/plot_and_slider.ipynb",
-              [cell("labkit.require"), cell("fig = plots.font_check()"),
-               cell("widgets.interact(")])
+              [cell("labkit.require"), figure, cell("widgets.interact(")])
     text, failed, _ = _run_all(lab, "ja/plot_and_slider.ipynb", wait_for=(
         ".jp-OutputArea-output img", ".jp-OutputArea-output .widget-slider"))
     assert "Error displaying widget" not in text
+    assert "plots.font_check()" not in text  # the folded code is not on the page
     assert failed == [], f"cells {failed} failed in the browser"
     assert "world_size=2: 32 samples per rank" in text  # the slider's function ran
 
