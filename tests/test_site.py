@@ -258,3 +258,17 @@ def test_a_solution_shows_only_when_asked_for(served, page, lang):
     page.locator("div.tag_solution + div.cell").first.get_by_text(
         labkit_site.TEXT[lang]["show_check"]).click()
     assert verdict.is_visible()
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_a_folded_cell_shows_its_figure_and_its_code_on_request(served, page, lang):
+    """Lesson 00's font check, folded in the lesson (hide-input): the page shows its
+    figure, and its code after a click on the prompt in the page's language."""
+    page.goto(f"{served}/{lang}/lessons/00_setup.html")
+    cell = page.locator("div.tag_hide-input").filter(
+        has_text=labkit_site.TEXT[lang]["show_code"]).first
+    code = cell.locator("div.cell_input")
+    assert cell.locator("div.cell_output img").count() >= 1
+    assert not code.is_visible()
+    cell.get_by_text(labkit_site.TEXT[lang]["show_code"]).click()
+    assert code.is_visible() and "plots" in code.inner_text()

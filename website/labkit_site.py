@@ -64,6 +64,8 @@ TEXT = {
         "hide": "解答を隠す",
         "show_check": "解答の確認結果を表示",
         "hide_check": "解答の確認結果を隠す",
+        "show_code": "図と確認のコードを表示",
+        "hide_code": "図と確認のコードを隠す",
         "ran": "このページの出力は、コミット {commit} のレッスンを {when} に"
                "実行した結果です (make test の nbval による実行、{seconds:g} 秒)。",
         "widget": "ここにはスライダー (ipywidgets) があります。カーネルを動かすと"
@@ -83,6 +85,8 @@ TEXT = {
         "hide": "Hide the solution",
         "show_check": "Show the check of the solution",
         "hide_check": "Hide the check of the solution",
+        "show_code": "Show the code that draws and checks",
+        "hide_code": "Hide the code that draws and checks",
         "ran": "The outputs on this page come from running this lesson at commit "
                "{commit} on {when} (make test's nbval run, {seconds:g} s).",
         "widget": "Here the lesson has sliders (ipywidgets), which need a running "
@@ -127,7 +131,8 @@ def lesson_source(app: Sphinx, docname: str, source: list[str]) -> None:
     """A page's source as the site shows it (`source-read`; a lesson's is its
     notebook's JSON): each heading cell a target named by its cell id, and the
     lessons' `#cell-id=` links pointed at those targets; each solution cell folded
-    (myst-nb's `hide-cell`, with the page language's prompt); on the Japanese site,
+    (myst-nb's `hide-cell`, with the page language's prompt), and a cell the lesson
+    folds (`hide-input`) with its code folded the same way; on the Japanese site,
     Japanese sentences without their line breaks."""
     japanese = app.config.language == "ja"
     if not docname.startswith(LESSONS):
@@ -149,13 +154,16 @@ def lesson_source(app: Sphinx, docname: str, source: list[str]) -> None:
             _fold(cell, "hide-cell", TEXT[app.config.language], "")
         elif after_solution:  # its check, run on the solution
             _fold(cell, "hide-output", TEXT[app.config.language], "_check")
+        elif "hide-input" in cell["metadata"].get("tags", []):  # folded in the lesson
+            _fold(cell, "hide-input", TEXT[app.config.language], "_code")
         after_solution = "solution" in cell["metadata"].get("tags", [])
     source[0] = json.dumps(nb)
 
 
 def _fold(cell: dict, tag: str, text: dict[str, str], what: str) -> None:
     """Fold a code cell (myst-nb's `tag`), with the page language's prompts."""
-    cell["metadata"]["tags"] = [*cell["metadata"].get("tags", []), tag]
+    tags = cell["metadata"].get("tags", [])
+    cell["metadata"]["tags"] = tags if tag in tags else [*tags, tag]
     cell["metadata"]["mystnb"] = {"code_prompt_show": text[f"show{what}"],
                                   "code_prompt_hide": text[f"hide{what}"]}
 
