@@ -33,7 +33,7 @@ i18n.register({
         "ja": "同じステップ、bucket_cap_mb だけを変える",
         "en": "The same step, only bucket_cap_mb changes",
     },
-    "cap_panel": {"ja": "{name}: all-reduce {n} 回", "en": "{name}: {n} all-reduce(s)"},
+    "cap_panel": {"ja": "{name}: all-reduce {n} 回", "en": "{name}: all-reduces {n}"},
 })
 
 

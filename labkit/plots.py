@@ -497,6 +497,11 @@ def timelines(panels: Mapping[str, Mapping], *, title: str,
         for ax, (heading, step) in zip(axes, panels.items(), strict=True):
             _step_bars(ax, step, end_label)
             ax.set_title(heading, loc="left", fontsize=12)
+        # every panel's bars and its backward's return inside the one shared axis
+        # (each panel's set_xlim(left=0) froze the right end at the first's data)
+        right = max(max([stop for _, stop in step["events"]] + [step["backward_end"]])
+                    for step in panels.values()) * 1e3
+        axes[0].set_xlim(0, 1.02 * right)
         axes[-1].set_xlabel("ms")
         handles = {}
         for ax in axes:  # every entry once, whichever panel drew it

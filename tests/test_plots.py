@@ -167,6 +167,9 @@ def test_timelines_draws_one_panel_a_step_on_one_time_axis(lang):
         assert [top.get_title(loc="left"), bottom.get_title(loc="left")] == [
             "cap 1", "cap 25"]
         assert top.get_shared_x_axes().joined(top, bottom)  # the same time axis
+        # the axis holds every panel's last bar, the first panel's or not
+        ends = [max(b for _, b in s["events"]) * 1e3 for s in (step, _ONE_BUCKET)]
+        assert bottom.get_xlim()[0] == 0 and bottom.get_xlim()[1] >= max(ends)
         # a bar for the computation and each all-reduce's parts; one bucket: one bar
         assert [len(ax.get_yticks()) for ax in fig.axes] == [3, 2]
         colours = {matplotlib.colors.to_hex(p.get_facecolor()): p.get_hatch()
