@@ -521,6 +521,38 @@ timeline = ranks.pull("timeline")[0]
 fig = plots.timeline(timeline, title="overlap_title")
 
 # %% [markdown] lang="ja" tags=["deep-dive"]
+# ## バケットの上限と通信の始まり
+#
+# **見るところ:** 最初の緑の棒が始まる位置です。バケットが多いほど通信は逆伝播の早くに始まり、
+# バケットが 1 つなら最後の勾配まで待ちます。同じモデルの 4 ステップ目で、`bucket_cap_mb` だけを
+# 1 MB、既定 (`DDP(model)`)、25 MB (モデル全体より大きい) と変えます。
+
+# %% [markdown] lang="en" tags=["deep-dive"]
+# ## The bucket cap and when communication starts
+#
+# **Look at** where the first green bar starts: the more buckets, the earlier
+# communication starts; one bucket waits for the last gradient. Step 4 of one model;
+# only `bucket_cap_mb` changes: 1 MB, the default (`DDP(model)`), 25 MB (all of it).
+
+# %%
+# %%px
+import dataclasses
+
+by_cap = [("bucket_cap_mb=1", timeline[-1])] + [  # step 4 of each, caps growing
+    (name, buckets.bucket_timeline(rank, world_size, dataclasses.replace(
+        cfg, bucket_cap_mb=cap), allreduce_hook, steps=4)[-1])
+    for name, cap in [("DDP(model)", None), ("bucket_cap_mb=25", 25)]]
+
+# %% tags=["hide-input"]
+from labkit import buckets
+
+by_cap = ranks.pull("by_cap")[0]
+# Fewer all-reduces as the cap grows; one bucket starts after the last gradient.
+buckets.check_by_cap([step for _, step in by_cap])
+fig = plots.timelines({labkit.t("cap_panel", name=name, n=len(step["events"])): step
+                       for name, step in by_cap}, title="by_cap_title")
+
+# %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 1 回の更新の時間を予測する
 #
 # K 個のマイクロバッチで 1 回更新するとき、時間は次の 3 つでほぼ決まります。

@@ -20,15 +20,20 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import comm_counting, i18n, models, workload
 
-__all__ = ["Timeline", "bucket_timeline", "check_buckets_rebuilt", "check_overlap",
-           "split_at"]
+__all__ = ["Timeline", "bucket_timeline", "check_buckets_rebuilt", "check_by_cap",
+           "check_overlap", "split_at"]
 
-# Lesson 05's plot of the overlap.
+# Lesson 05's plots of the overlap.
 i18n.register({
     "overlap_title": {
         "ja": "勾配の計算とバケットの all-reduce",
         "en": "Gradient computation and the buckets' all-reduces",
     },
+    "by_cap_title": {
+        "ja": "同じステップ、bucket_cap_mb だけを変える",
+        "en": "The same step, only bucket_cap_mb changes",
+    },
+    "cap_panel": {"ja": "{name}: all-reduce {n} 回", "en": "{name}: all-reduces {n}"},
 })
 
 
@@ -196,3 +201,27 @@ def check_overlap(steps: Sequence[dict], skip: int = 1) -> None:
                 f"({len(step['events'])} all-reduce(s), the first starting at "
                 f"{step['events'][0][0] * 1e3:.2f} ms, gradients done at "
                 f"{step['grad_end'] * 1e3:.2f} ms): nothing overlapped")
+
+def check_by_cap(steps: Sequence[dict]) -> None:
+    """Assert what small multiples over `bucket_cap_mb` show, caps growing.
+
+    `steps` holds one step record each, after the rebuild, in the order of
+    growing caps: each makes fewer all-reduces than the one before, and the
+    last, one bucket for the whole model, makes exactly one, which starts only
+    once the backward's last gradient is written (nothing is hidden).
+    """
+    if len(steps) < 2:
+        raise ValueError(f"need at least 2 caps to compare, got {len(steps)}")
+    counts = [len(step["events"]) for step in steps]
+    if any(a <= b for a, b in zip(counts, counts[1:], strict=False)):
+        raise AssertionError(f"all-reduces per step {counts}: a larger cap must "
+                             f"make fewer buckets")
+    last = steps[-1]
+    if counts[-1] != 1:
+        raise AssertionError(f"the largest cap made {counts[-1]} all-reduces, "
+                             f"expected one bucket for the whole model")
+    start = last["events"][0][0]
+    if start < last["grad_end"]:
+        raise AssertionError(
+            f"the one bucket's all-reduce started at {start * 1e3:.2f} ms, before "
+            f"the last gradient at {last['grad_end'] * 1e3:.2f} ms")

@@ -76,6 +76,7 @@ __all__ = [
     "methods_chart",
     "rounds",
     "timeline",
+    "timelines",
 ]
 
 # The axes and titles the plots below draw, and those lessons' cells pass them.
@@ -407,6 +408,40 @@ def _decorate(ax, xlabel, ylabel, title, logx, logy):
         ax.legend()
 
 
+# Green and vermillion stay apart for colour-blind readers; the exposed part is
+# hatched too, so that it reads without its colour.
+_HIDDEN_C, _EXPOSED_C, _EXPOSED_H = GREEN, VERMILLION, "//"
+
+
+def _step_bars(ax, step: Mapping, end_label: str) -> None:
+    """One step of a buckets.Timeline on `ax`: the gradient computation, then one
+    bar per all-reduce, hidden part green, exposed part hatched vermillion."""
+    spans = [(a * 1e3, b * 1e3) for a, b in step["events"]]
+    grad_end, returned = step["grad_end"] * 1e3, step["backward_end"] * 1e3
+    ax.barh(0, grad_end, height=0.6, color=BLUE, label=t("grad_compute"))
+    hidden_done = exposed_done = False  # one legend entry each
+    for i, (start, stop) in enumerate(spans, start=1):
+        if start < grad_end:
+            ax.barh(i, min(stop, grad_end) - start, left=start, height=0.6,
+                    color=_HIDDEN_C,
+                    label=None if hidden_done else t("comm_hidden"))
+            hidden_done = True
+        if stop > grad_end:
+            ax.barh(i, stop - max(start, grad_end), left=max(start, grad_end),
+                    height=0.6, color=_EXPOSED_C, hatch=_EXPOSED_H,
+                    edgecolor="white",
+                    label=None if exposed_done else t("comm_exposed"))
+            exposed_done = True
+    ax.axvline(grad_end, color=BLUE, linestyle="--", linewidth=1)
+    ax.axvline(returned, color="black", linestyle=":", linewidth=1,
+               label=t(end_label))
+    buckets = [t("bucket_n", i=i) for i in range(len(spans))]
+    ax.set_yticks(range(len(spans) + 1), [t("grad_compute"), *buckets])
+    ax.set_xlim(left=0)
+    ax.invert_yaxis()
+    ax.grid(alpha=0.3)
+
+
 def timeline(steps: Sequence[Mapping], *, show: int = -1, title: str,
              end_label: str = "backward_returns"):
     """Communication against the gradient computation, from buckets.Timeline records.
@@ -416,49 +451,68 @@ def timeline(steps: Sequence[Mapping], *, show: int = -1, title: str,
     step's gradients are synchronized (`end_label`, a message key). Bottom:
     hidden and exposed milliseconds of every step. `title` is a message key.
     """
-    # Green and vermillion stay apart for colour-blind readers; the exposed part is
-    # hatched too, so that it reads without its colour.
-    hidden_c, exposed_c, exposed_h = GREEN, VERMILLION, "//"
-
     def build():
         step = steps[show]
-        spans = [(a * 1e3, b * 1e3) for a, b in step["events"]]
-        grad_end, returned = step["grad_end"] * 1e3, step["backward_end"] * 1e3
+        n = len(step["events"])
         fig, (ax, ax2) = plt.subplots(
-            2, 1, figsize=(8.5, 0.4 * len(spans) + 4.5),
-            gridspec_kw={"height_ratios": [len(spans) + 2, 3]})
-        ax.barh(0, grad_end, height=0.6, color=BLUE, label=t("grad_compute"))
-        for i, (start, stop) in enumerate(spans, start=1):
-            if start < grad_end:
-                ax.barh(i, min(stop, grad_end) - start, left=start, height=0.6,
-                        color=hidden_c, label=t("comm_hidden") if i == 1 else None)
-            if stop > grad_end:
-                ax.barh(i, stop - max(start, grad_end), left=max(start, grad_end),
-                        height=0.6, color=exposed_c, hatch=exposed_h,
-                        edgecolor="white",
-                        label=t("comm_exposed") if i == len(spans) else None)
-        ax.axvline(grad_end, color=BLUE, linestyle="--", linewidth=1)
-        ax.axvline(returned, color="black", linestyle=":", linewidth=1,
-                   label=t(end_label))
-        buckets = [t("bucket_n", i=i) for i in range(len(spans))]
-        ax.set_yticks(range(len(spans) + 1), [t("grad_compute"), *buckets])
+            2, 1, figsize=(8.5, 0.4 * n + 4.5),
+            gridspec_kw={"height_ratios": [n + 2, 3]})
+        _step_bars(ax, step, end_label)
         ax.set_xlabel("ms")
-        ax.set_xlim(left=0)
-        ax.invert_yaxis()
-        _decorate(ax, None, None, title, False, False)
         number = show + 1 if show >= 0 else len(steps) + show + 1
         ax.set_title(f"{t(title)} ({t('step')} {number})")
         ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
         numbers = range(1, len(steps) + 1)
         hidden = [s["hidden_s"] * 1e3 for s in steps]
         exposed = [s["exposed_s"] * 1e3 for s in steps]
-        ax2.bar(numbers, hidden, color=hidden_c, label=t("comm_hidden"))
-        ax2.bar(numbers, exposed, bottom=hidden, color=exposed_c, hatch=exposed_h,
+        ax2.bar(numbers, hidden, color=_HIDDEN_C, label=t("comm_hidden"))
+        ax2.bar(numbers, exposed, bottom=hidden, color=_EXPOSED_C, hatch=_EXPOSED_H,
                 edgecolor="white", label=t("comm_exposed"))
         ax2.set_xticks(list(numbers))
         _decorate(ax2, "step", None, "overlap_steps_title", False, False)
         ax2.set_ylabel("ms")
         ax2.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
+        fig.tight_layout()
+        return fig
+
+    return checked_figure(build)
+
+
+def timelines(panels: Mapping[str, Mapping], *, title: str,
+              end_label: str = "backward_returns"):
+    """Small multiples: one buckets.Timeline step a panel, stacked on one time axis.
+
+    `panels` maps a panel's heading (already in the lesson's language) to a step
+    record; each panel draws it as `timeline`'s top does, with the same x axis, so
+    that where the communication starts compares at a glance. `title` is a
+    message key.
+    """
+    def build():
+        sizes = [len(step["events"]) + 1 for step in panels.values()]
+        fig, axes = plt.subplots(
+            len(panels), 1, sharex=True, squeeze=False,
+            figsize=(8.5, 0.4 * sum(sizes) + 1.0 * len(panels) + 1.0),
+            gridspec_kw={"height_ratios": [n + 1.5 for n in sizes]})
+        axes = axes[:, 0]
+        for ax, (heading, step) in zip(axes, panels.items(), strict=True):
+            _step_bars(ax, step, end_label)
+            ax.set_title(heading, loc="left", fontsize=12)
+        # every panel's bars and its backward's return inside the one shared axis
+        # (each panel's set_xlim(left=0) froze the right end at the first's data)
+        right = max(max([stop for _, stop in step["events"]] + [step["backward_end"]])
+                    for step in panels.values()) * 1e3
+        axes[0].set_xlim(0, 1.02 * right)
+        axes[-1].set_xlabel("ms")
+        handles = {}
+        for ax in axes:  # every entry once, whichever panel drew it
+            for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+                handles.setdefault(label, h)
+        order = [t(k) for k in ("grad_compute", "comm_hidden", "comm_exposed",
+                                end_label)]
+        labels = [label for label in order if label in handles]
+        fig.legend([handles[k] for k in labels], labels, loc="upper center",
+                   bbox_to_anchor=(0.5, 0.0), ncol=2)
+        fig.suptitle(t(title))
         fig.tight_layout()
         return fig
 

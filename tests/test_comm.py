@@ -364,3 +364,25 @@ def test_lesson_05s_sweep_cell_draws_every_round_or_fails(lang):
                     exec(cell, ns)
         finally:
             plt.close("all")
+
+
+def _step(events, grad_end):
+    return {"events": events, "grad_end": grad_end}
+
+
+def test_check_by_cap_passes_fewer_buckets_and_fails_on_wrong_panels():
+    """Lesson 05's small multiples over bucket_cap_mb: what the cell asserts."""
+    small = _step([(0.001, 0.002), (0.002, 0.004), (0.004, 0.006)], 0.005)
+    default = _step([(0.003, 0.005), (0.005, 0.007)], 0.005)
+    one = _step([(0.0052, 0.008)], 0.005)
+    buckets.check_by_cap([small, default, one])  # the lesson's shape
+    with pytest.raises(AssertionError, match="a larger cap must make fewer"):
+        buckets.check_by_cap([default, default, one])  # equal caps
+    with pytest.raises(AssertionError, match="a larger cap must make fewer"):
+        buckets.check_by_cap([default, small, one])  # panels swapped
+    with pytest.raises(AssertionError, match="expected one bucket"):
+        buckets.check_by_cap([small, default])  # the largest cap still splits
+    with pytest.raises(AssertionError, match="before the last gradient"):
+        buckets.check_by_cap([small, _step([(0.004, 0.008)], 0.005)])  # swapped times
+    with pytest.raises(ValueError, match="at least 2 caps"):
+        buckets.check_by_cap([one])

@@ -75,6 +75,11 @@ def _texts(fig) -> list[Text]:
     return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
 
 
+# One bucket for the whole model: its all-reduce after the last gradient.
+_ONE_BUCKET = {"events": [(0.0052, 0.011)], "grad_end": 0.005, "backward_end": 0.0112,
+               "hidden_s": 0.0, "exposed_s": 0.0058}
+
+
 def _figures():
     """One figure from each plotting function, on fixed data."""
     step = {"events": [(0.001, 0.004), (0.003, 0.009)], "grad_end": 0.005,
@@ -93,6 +98,9 @@ def _figures():
         "convergence": plots.convergence({"a": [1.0, 0.5]}, {"a": ([0.1, 0.2],
                                                                    [1.0, 0.5])}),
         "timeline": plots.timeline([step, step], title="overlap_steps_title"),
+        "timelines": plots.timelines(
+            {"bucket_cap_mb=1": step, "bucket_cap_mb=25": _ONE_BUCKET},
+            title="overlap_steps_title"),
         "measured_vs_model": plots.measured_vs_model(
             series, series, xlabel="world_size", ylabel="step_time_ms",
             title="loss_vs_steps"),
@@ -145,6 +153,42 @@ def test_the_timeline_hatches_the_exposed_communication():
     assert closest_pair([plots.BLUE, plots.GREEN, plots.VERMILLION])[
         "deuteranopia"][0] >= APART
     plt.close(fig)
+
+
+@pytest.mark.parametrize("lang", ["en", "ja"])
+def test_timelines_draws_one_panel_a_step_on_one_time_axis(lang):
+    labkit.set_lang(lang)
+    try:
+        step = {"events": [(0.001, 0.004), (0.003, 0.009)], "grad_end": 0.005,
+                "backward_end": 0.0095, "hidden_s": 0.004, "exposed_s": 0.004}
+        fig = plots.timelines({"cap 1": step, "cap 25": _ONE_BUCKET},
+                              title="overlap_steps_title")
+        top, bottom = fig.axes
+        assert [top.get_title(loc="left"), bottom.get_title(loc="left")] == [
+            "cap 1", "cap 25"]
+        assert top.get_shared_x_axes().joined(top, bottom)  # the same time axis
+        # the axis holds every panel's last bar, the first panel's or not
+        ends = [max(b for _, b in s["events"]) * 1e3 for s in (step, _ONE_BUCKET)]
+        assert bottom.get_xlim()[0] == 0 and bottom.get_xlim()[1] >= max(ends)
+        # a bar for the computation and each all-reduce's parts; one bucket: one bar
+        assert [len(ax.get_yticks()) for ax in fig.axes] == [3, 2]
+        colours = {matplotlib.colors.to_hex(p.get_facecolor()): p.get_hatch()
+                   for p in bottom.patches}
+        assert set(colours) == {plots.BLUE.lower(), plots.VERMILLION.lower()}
+        assert colours[plots.VERMILLION.lower()] == "//"  # exposed, hatched
+        legend = fig.legends[0]
+        texts = [x.get_text() for x in legend.get_texts()]
+        assert texts == [labkit.t("grad_compute"), labkit.t("comm_hidden"),
+                         labkit.t("comm_exposed"), labkit.t("backward_returns")]
+        assert fig._suptitle.get_text() == labkit.t("overlap_steps_title")
+        # nothing overlaps: the panels' tick labels stay apart from each other
+        fig.canvas.draw()
+        boxes = [label.get_window_extent() for ax in fig.axes
+                 for label in ax.get_yticklabels()]
+        assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
+    finally:
+        plt.close("all")
+        labkit.set_lang("en")
 
 
 def test_a_missing_glyph_is_still_refused():
