@@ -100,10 +100,10 @@ def measure(path: Path, lang: str, run: bool) -> LessonTime:
     lab = sum(lab_units(text, lang) for text in shown)
     # A learner reads the code they run; solutions are hidden in the student copy.
     code = [c for c in nb.cells if c.cell_type == "code" and not nbcells.is_solution(c)]
-    folded = [c for c in code if FOLD_CODE in nbcells.tags(c)]
-    lines = sum(1 for c in code for line in c.source.splitlines() if line.strip()
-                and c not in folded)
-    hidden = sum(1 for c in folded for line in c.source.splitlines() if line.strip())
+    def lines_of(cells):
+        return sum(1 for c in cells for line in c.source.splitlines() if line.strip())
+    lines = lines_of(c for c in code if FOLD_CODE not in nbcells.tags(c))
+    hidden = lines_of(c for c in code if FOLD_CODE in nbcells.tags(c))
     exercises = sum(map(nbcells.is_exercise, nb.cells))
     run_s = execute.run(path) if run else None
     figures = sum(len(_FIGURE.findall(c.source)) for c in code)
