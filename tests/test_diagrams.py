@@ -329,3 +329,35 @@ def test_the_rounds_refuse_a_missing_glyph():
     finally:
         plt.close("all")
         labkit.set_lang("en")
+
+
+@pytest.mark.parametrize("lesson", ["09_ecosystem", "13_fsdp2"])
+@pytest.mark.parametrize("lang", ["en", "ja"])
+def test_the_shard_rows_cell_draws_dim0_split_once_or_fails(lesson, lang):
+    """Lessons 09 and 13's figure of each rank's rows of dim 0, on fixed shards: it
+    draws them when the ranks' rows follow each other and cover dim 0 once, and its
+    assert fails when two ranks hold the same rows or a row is held by none."""
+    from types import SimpleNamespace
+
+    from lesson_cells import finder
+
+    cell = finder(lesson, lang)('shards = ranks.pull("shard_rows")')
+    good = [[("w", (5, 3), 0, 3), ("b", (5,), 0, 3)],
+            [("w", (5, 3), 3, 5), ("b", (5,), 3, 5)]]
+    overlap = [good[0], [("w", (5, 3), 2, 5), ("b", (5,), 3, 5)]]
+    short = [good[0], [("w", (5, 3), 3, 4), ("b", (5,), 3, 5)]]
+    labkit.set_lang(lang)
+    try:
+        for shards, ok in ((good, True), (overlap, False), (short, False)):
+            ns = {"diagrams": diagrams,
+                  "ranks": SimpleNamespace(pull={"shard_rows": shards}.__getitem__)}
+            if ok:
+                exec(cell, ns)
+                assert ns["fig"].axes
+            else:
+                with pytest.raises(AssertionError):
+                    exec(cell, ns)
+            plt.close("all")
+    finally:
+        plt.close("all")
+        labkit.set_lang("en")
