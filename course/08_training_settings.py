@@ -444,7 +444,7 @@ stats = [(label, v.tolist()) for label, v in (  # one value per feature
     ("whole.mean(0)", whole.mean(0)),
     ("whole.var(0, unbiased=False)", whole.var(0, unbiased=False)))]  # BatchNorm's
 
-# %%
+# %% tags=["hide-input"]
 from labkit import diagrams
 
 per_rank = ranks.pull("stats")  # each rank's (what, one value per feature), in order

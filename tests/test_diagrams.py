@@ -361,3 +361,40 @@ def test_the_shard_rows_cell_draws_dim0_split_once_or_fails(lesson, lang):
     finally:
         plt.close("all")
         labkit.set_lang("en")
+
+
+@pytest.mark.parametrize("lang", ["en", "ja"])
+def test_the_batchnorm_statistics_cell_draws_per_rank_means_or_fails(lang):
+    """Lesson 08's figure of each rank's BatchNorm statistics against the whole
+    batch's, on fixed values: drawn when each rank's mean is far from the whole
+    batch's, which both ranks share; its assert fails when the ranks' batches have
+    the same mean as the whole (no shift) or the whole batch differs by rank."""
+    from types import SimpleNamespace
+
+    from lesson_cells import finder
+
+    cell = finder("08_training_settings", lang)('per_rank = ranks.pull("stats")')
+
+    def stats(means, whole):
+        return [[("x.mean(0)", m), ("x.var(0, unbiased=False)", [1.0] * 2),
+                 ("whole.mean(0)", w), ("whole.var(0, unbiased=False)", [3.0] * 2)]
+                for m, w in zip(means, whole, strict=True)]
+
+    good = stats([[0.0, 0.1], [3.0, 2.9]], [[1.5, 1.5]] * 2)
+    no_shift = stats([[1.4, 1.5], [1.6, 1.5]], [[1.5, 1.5]] * 2)
+    not_shared = stats([[0.0, 0.1], [3.0, 2.9]], [[1.5, 1.5], [1.4, 1.5]])
+    labkit.set_lang(lang)
+    try:
+        for pulled, ok in ((good, True), (no_shift, False), (not_shared, False)):
+            ns = {"diagrams": diagrams,
+                  "ranks": SimpleNamespace(pull={"stats": pulled}.__getitem__)}
+            if ok:
+                exec(cell, ns)
+                assert ns["fig"].axes
+            else:
+                with pytest.raises(AssertionError):
+                    exec(cell, ns)
+            plt.close("all")
+    finally:
+        plt.close("all")
+        labkit.set_lang("en")
