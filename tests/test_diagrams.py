@@ -331,26 +331,19 @@ def test_the_rounds_refuse_a_missing_glyph():
         labkit.set_lang("en")
 
 
-@pytest.mark.parametrize("lesson", ["09_ecosystem", "13_fsdp2"])
-@pytest.mark.parametrize("lang", ["en", "ja"])
-def test_the_shard_rows_cell_draws_dim0_split_once_or_fails(lesson, lang):
-    """Lessons 09 and 13's figure of each rank's rows of dim 0, on fixed shards: it
-    draws them when the ranks' rows follow each other and cover dim 0 once, and its
-    assert fails when two ranks hold the same rows or a row is held by none."""
+def _draws_or_fails(lesson, lang, marker, key, good, *wrong):
+    """Run the lesson's figure cell (found by `marker`) on each rank's `key` faked:
+    it draws on `good`, and its assert fails on each of `wrong`."""
     from types import SimpleNamespace
 
     from lesson_cells import finder
 
-    cell = finder(lesson, lang)('shards = ranks.pull("shard_rows")')
-    good = [[("w", (5, 3), 0, 3), ("b", (5,), 0, 3)],
-            [("w", (5, 3), 3, 5), ("b", (5,), 3, 5)]]
-    overlap = [good[0], [("w", (5, 3), 2, 5), ("b", (5,), 3, 5)]]
-    short = [good[0], [("w", (5, 3), 3, 4), ("b", (5,), 3, 5)]]
+    cell = finder(lesson, lang)(marker)
     labkit.set_lang(lang)
     try:
-        for shards, ok in ((good, True), (overlap, False), (short, False)):
+        for pulled, ok in ((good, True), *((w, False) for w in wrong)):
             ns = {"diagrams": diagrams,
-                  "ranks": SimpleNamespace(pull={"shard_rows": shards}.__getitem__)}
+                  "ranks": SimpleNamespace(pull={key: pulled}.__getitem__)}
             if ok:
                 exec(cell, ns)
                 assert ns["fig"].axes
@@ -361,6 +354,20 @@ def test_the_shard_rows_cell_draws_dim0_split_once_or_fails(lesson, lang):
     finally:
         plt.close("all")
         labkit.set_lang("en")
+
+
+@pytest.mark.parametrize("lesson", ["09_ecosystem", "13_fsdp2"])
+@pytest.mark.parametrize("lang", ["en", "ja"])
+def test_the_shard_rows_cell_draws_dim0_split_once_or_fails(lesson, lang):
+    """Lessons 09 and 13's figure of each rank's rows of dim 0, on fixed shards: it
+    draws them when the ranks' rows follow each other and cover dim 0 once, and its
+    assert fails when two ranks hold the same rows or a row is held by none."""
+    good = [[("w", (5, 3), 0, 3), ("b", (5,), 0, 3)],
+            [("w", (5, 3), 3, 5), ("b", (5,), 3, 5)]]
+    overlap = [good[0], [("w", (5, 3), 2, 5), ("b", (5,), 3, 5)]]
+    short = [good[0], [("w", (5, 3), 3, 4), ("b", (5,), 3, 5)]]
+    _draws_or_fails(lesson, lang, 'shards = ranks.pull("shard_rows")', "shard_rows",
+                    good, overlap, short)
 
 
 @pytest.mark.parametrize("lang", ["en", "ja"])
@@ -369,12 +376,6 @@ def test_the_batchnorm_statistics_cell_draws_per_rank_means_or_fails(lang):
     batch's, on fixed values: drawn when each rank's mean is far from the whole
     batch's, which both ranks share; its assert fails when the ranks' batches have
     the same mean as the whole (no shift) or the whole batch differs by rank."""
-    from types import SimpleNamespace
-
-    from lesson_cells import finder
-
-    cell = finder("08_training_settings", lang)('per_rank = ranks.pull("stats")')
-
     def stats(means, whole):
         return [[("x.mean(0)", m), ("x.var(0, unbiased=False)", [1.0] * 2),
                  ("whole.mean(0)", w), ("whole.var(0, unbiased=False)", [3.0] * 2)]
@@ -383,18 +384,5 @@ def test_the_batchnorm_statistics_cell_draws_per_rank_means_or_fails(lang):
     good = stats([[0.0, 0.1], [3.0, 2.9]], [[1.5, 1.5]] * 2)
     no_shift = stats([[1.4, 1.5], [1.6, 1.5]], [[1.5, 1.5]] * 2)
     not_shared = stats([[0.0, 0.1], [3.0, 2.9]], [[1.5, 1.5], [1.4, 1.5]])
-    labkit.set_lang(lang)
-    try:
-        for pulled, ok in ((good, True), (no_shift, False), (not_shared, False)):
-            ns = {"diagrams": diagrams,
-                  "ranks": SimpleNamespace(pull={"stats": pulled}.__getitem__)}
-            if ok:
-                exec(cell, ns)
-                assert ns["fig"].axes
-            else:
-                with pytest.raises(AssertionError):
-                    exec(cell, ns)
-            plt.close("all")
-    finally:
-        plt.close("all")
-        labkit.set_lang("en")
+    _draws_or_fails("08_training_settings", lang, 'per_rank = ranks.pull("stats")',
+                    "stats", good, no_shift, not_shared)
