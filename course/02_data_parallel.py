@@ -211,7 +211,7 @@ fig = diagrams.collectives({labkit.t("split_row", b=b, n=n): [[s] for s in sizes
 # batches below, and write each as the list of chunk sizes: batch 5 on 4 devices, for
 # instance, is `[2, 2, 1]`.
 
-# %% tags=["exercise"]
+# %% tags=["exercise", "optional"]
 predicted = {  # (batch, devices): chunk sizes
     (7, 3): None,
     (6, 4): None,

@@ -270,25 +270,25 @@ rows.update({labkit.t("epoch_unset", e=e): [r[e] for r in forgetful] for e in ra
 fig = diagrams.collectives(rows, fmt="{:.0f}", shade=False, title="sampler_epochs_title")
 
 # %% [markdown] lang="ja" tags=["deep-dive"]
-# ## 演習: `set_epoch` を足す
+# ## 演習 (任意): `set_epoch` を足す
 #
-# `epoch_orders` は、このランクが各エポックで受け持つ添字のリストを返す関数です。ところが、並びが
+# 飛ばしても先に進めます。`epoch_orders` は、このランクが各エポックで受け持つ添字のリストを返す関数です。ところが、並びが
 # 毎エポック同じになってしまいます。直してください。確認のセルは、この関数を両方のランクで実行し
 # (`rank` と `world_size` は引数で渡されます)、各エポックでランクの添字が重ならずに全 16 サンプルを
 # 覆っているか、並びがエポックごとに変わるかを確かめます。関数はランクのエンジンで実行されるので、
 # 中で使う名前はエンジンにあるもの (前の `%%px` セルで import した `DistributedSampler` など) です。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
-# ## Exercise: add `set_epoch`
+# ## Exercise (optional): add `set_epoch`
 #
-# `epoch_orders` returns the indices this rank gets in each epoch. But the order is the
+# You can skip it. `epoch_orders` returns the indices this rank gets in each epoch. But the order is the
 # same every epoch: fix it. The check runs the function on both ranks (`rank` and
 # `world_size` come as arguments) and checks that in every epoch the ranks' indices
 # cover all 16 samples without overlap, and that the order changes from epoch to epoch.
 # The function runs on the ranks' engines, so the names it uses are the engines' (such
 # as `DistributedSampler`, imported there by the `%%px` cell above).
 
-# %% tags=["exercise"]
+# %% tags=["exercise", "optional"]
 from torch.utils.data import DistributedSampler
 
 

@@ -622,7 +622,7 @@ if refused is None:  # accepted on gloo: a step in bfloat16
 #
 # The check compares with the bytes PowerSGD really sends on the two ranks.
 
-# %% tags=["exercise"]
+# %% tags=["exercise", "optional"]
 import math
 
 
@@ -768,7 +768,7 @@ cap_calls = list(counts.items())  # ipyparallel sorts dict keys: None and number
 # The check compares with what DDP really did on the two ranks, for several models and
 # caps.
 
-# %% tags=["exercise"]
+# %% tags=["exercise", "optional"]
 def ddp_buckets(param_bytes, bucket_cap_mb):
     """All-reduces per step of DDP after its rebuild, for parameters of these bytes."""
     return None  # TODO

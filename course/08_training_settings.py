@@ -160,7 +160,7 @@ assert [round(x, 2) for x in warm["lr 3.2 + warm-up 20"]["lr"][:3]] == [0.16, 0.
 # バッチ 128、512、2048、80 のそれぞれについて、ステップ 0〜59 の学習率を torch の `LinearLR` と比べます。
 
 # %% [markdown] lang="en"
-# ## Optional exercise: the learning rate of a large batch
+# ## Exercise (optional): the learning rate of a large batch
 #
 # This optional exercise works the two ideas above out as arithmetic. Write
 # `lr_at(step, batch_size)`: the learning rate of the warm-up run above at optimizer
@@ -175,7 +175,7 @@ assert [round(x, 2) for x in warm["lr 3.2 + warm-up 20"]["lr"][:3]] == [0.16, 0.
 # 0.46. The check compares your rates at steps 0 to 59 with torch's `LinearLR`, for
 # batches of 128, 512, 2048 and 80.
 
-# %% tags=["exercise"]
+# %% tags=["exercise", "optional"]
 base_lr, base_batch, warmup_steps = 0.2, 32, 20  # the warm-up run above
 
 

@@ -543,7 +543,7 @@ fig = diagrams.dim0_shards(shards)
 # MLP with odd numbers of rows (`Linear(10, 5)` and `Linear(5, 1)`), then with
 # `torch.chunk` for the tiny MLP on 3 and 8 ranks. The function runs in the kernel.
 
-# %% tags=["exercise"]
+# %% tags=["exercise", "optional"]
 import math
 
 

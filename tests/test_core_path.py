@@ -55,3 +55,50 @@ def test_a_readme_table_is_read_as_its_lessons(tmp_path):
                       "|---|---|\n| 10 | 00 Setup: a collective |\n| 30 | 03 DDP |\n\n"
                       "### The parts\n\n| 1 | 99 not this |\n", encoding="utf-8")
     assert core_lessons(readme, "### The core path") == ["00", "03"]
+
+
+OPTIONAL_WORD = {"en": "(optional)", "ja": "(任意)"}
+
+
+def exercise_headings(path: Path) -> list[tuple[str, bool]]:
+    """Each exercise cell's nearest heading above it, and whether the cell is tagged
+    `optional` (tools/lesson_time.py leaves those out of the lesson's minutes)."""
+    nb = nbformat.read(path, as_version=4)
+    heading, found = "", []
+    for cell in nb.cells:
+        tags = cell.metadata.get("tags", [])
+        if cell.cell_type == "markdown" and cell.source.startswith("#"):
+            heading = cell.source.splitlines()[0]
+        elif "exercise" in tags:
+            found.append((heading, "optional" in tags))
+    return found
+
+
+def optional_mismatches(path: Path, lang: str) -> list[str]:
+    """Exercises whose `optional` tag and heading disagree."""
+    word = OPTIONAL_WORD[lang]
+    return [f"{path.stem}: {h!r} tagged {'optional' if opt else 'required'}"
+            for h, opt in exercise_headings(path) if (word in h) != opt]
+
+
+@pytest.mark.parametrize("lang", ["ja", "en"])
+def test_an_exercise_is_optional_exactly_when_its_heading_says_so(lang):
+    paths = sorted((ROOT / "notebooks" / lang).glob("*.ipynb"))
+    assert [p.stem for p in paths if any(o for _, o in exercise_headings(p))]
+    assert [m for p in paths for m in optional_mismatches(p, lang)] == []
+
+
+def test_an_optional_tag_without_its_word_is_found(tmp_path):
+    optional = {"tags": ["exercise", "optional"]}
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("## Exercise: predict the split"),
+        nbformat.v4.new_code_cell("x = None", metadata=optional),
+        nbformat.v4.new_markdown_cell("## Exercise (optional): more"),
+        nbformat.v4.new_code_cell("y = None", metadata={"tags": ["exercise"]}),
+        nbformat.v4.new_markdown_cell("## 演習 (任意): 分け方"),
+        nbformat.v4.new_code_cell("z = None", metadata=optional)])
+    path = tmp_path / "99_x.ipynb"
+    nbformat.write(nb, path)
+    assert len(optional_mismatches(path, "en")) == 3
+    assert optional_mismatches(path, "ja") == [
+        "99_x: '## Exercise: predict the split' tagged optional"]

@@ -7,8 +7,10 @@
 Reading speed is an assumption, not a measurement, and is printed with the table:
 prose at READ_RATE units a minute (English words; Japanese characters), code at
 CODE_LINES_PER_MIN lines a minute, EXERCISE_MIN minutes for each exercise (its
-attempt and the check). `--run` adds the seconds the notebook takes to execute
-here (tools/execute.py); without it that column is empty. The instructor
+attempt and the check). An exercise tagged `optional` (practice off the lesson's
+path, which its heading says) is counted in `opt` and not in the minutes. `--run`
+adds the seconds the notebook takes to execute here (tools/execute.py); without it
+that column is empty. The instructor
 guides' plans are built from this table.
 
 A folded note (`<details>…</details>`, "how this was measured") is read only by
@@ -68,6 +70,7 @@ class LessonTime:
     self_check: bool = False
     lab_share: float = 0.0
     hidden_lines: int = 0
+    optional: int = 0
 
     def minutes(self, lang: str) -> float:
         run_min = (self.run_s or 0.0) / 60
@@ -104,13 +107,14 @@ def measure(path: Path, lang: str, run: bool) -> LessonTime:
         return sum(1 for c in cells for line in c.source.splitlines() if line.strip())
     lines = lines_of(c for c in code if FOLD_CODE not in nbcells.tags(c))
     hidden = lines_of(c for c in code if FOLD_CODE in nbcells.tags(c))
-    exercises = sum(map(nbcells.is_exercise, nb.cells))
+    optional = sum(map(nbcells.is_optional, nb.cells))
+    exercises = sum(map(nbcells.is_exercise, nb.cells)) - optional
     run_s = execute.run(path) if run else None
     figures = sum(len(_FIGURE.findall(c.source)) for c in code)
     tagged = {tag for c in nb.cells for tag in nbcells.tags(c)}
     return LessonTime(path.stem, prose, lines, exercises, run_s, fold, figures,
                       "summary" in tagged, "self-check" in tagged,
-                      lab / prose if prose else 0.0, hidden)
+                      lab / prose if prose else 0.0, hidden, optional)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,19 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     unit = "words" if args.lang == "en" else "chars"
     print(f"assumed: prose {READ_RATE[args.lang]} {unit}/min, code "
           f"{CODE_LINES_PER_MIN} lines/min, {EXERCISE_MIN} min per exercise")
-    print(f"{'lesson':<20} {'prose':>6} {'code':>5} {'ex':>3} {'run s':>6} {'min':>5}"
-          f" {'fold':>5} {'hid':>4} {'fig':>3} {'sum':>3} {'chk':>3} {'lab %':>5}")
+    print(f"{'lesson':<20} {'prose':>6} {'code':>5} {'ex':>3} {'opt':>3} {'run s':>6}"
+          f" {'min':>5} {'fold':>5} {'hid':>4} {'fig':>3} {'sum':>3} {'chk':>3}"
+          f" {'lab %':>5}")
     total = 0.0
     for path in sorted((args.notebooks / args.lang).glob("*.ipynb")):
         t = measure(path, args.lang, args.run)
         run = f"{t.run_s:6.1f}" if t.run_s is not None else f"{'':>6}"
         total += t.minutes(args.lang)
         print(f"{t.name:<20} {t.prose_units:>6} {t.code_lines:>5} {t.exercises:>3} "
-              f"{run} {t.minutes(args.lang):5.0f} {t.fold_units:>5} "
+              f"{t.optional:>3} {run} {t.minutes(args.lang):5.0f} {t.fold_units:>5} "
               f"{t.hidden_lines:>4} {t.figures:>3} "
               f"{'yes' if t.summary else 'no':>3} {'yes' if t.self_check else 'no':>3} "
               f"{100 * t.lab_share:5.1f}")
-    print(f"{'total':<20} {'':>6} {'':>5} {'':>3} {'':>6} {total:5.0f}")
+    print(f"{'total':<20} {'':>6} {'':>5} {'':>3} {'':>3} {'':>6} {total:5.0f}")
     return 0
 
 

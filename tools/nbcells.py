@@ -1,7 +1,8 @@
 """What the tools read in a lesson notebook's cells: tags and headings.
 
 A cell's tags say its part in an exercise (`exercise`: what a student fills in,
-`solution`: the reference answer, removed from the student copies) or how nbval
+`solution`: the reference answer, removed from the student copies; `optional` on an
+exercise: practice off the lesson's 45-minute path, which its heading says) or how nbval
 treats it (`raises-exception`). A Markdown heading names its cell: the cell's id
 (tools/build_notebooks.py) and the anchor a link lands on (tools/links.py) come
 from the same heading lines, found here once.
@@ -12,7 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-__all__ = ["HEADING", "heading_lines", "is_exercise", "is_solution", "tags"]
+__all__ = ["HEADING", "heading_lines", "is_exercise", "is_optional", "is_solution",
+           "tags"]
 
 # A Markdown heading line: up to three spaces, one to six "#", a space; group 1 is
 # its text.
@@ -33,6 +35,11 @@ def is_solution(cell: Mapping) -> bool:
 def is_exercise(cell: Mapping) -> bool:
     """Whether `cell` is an exercise a student fills in."""
     return "exercise" in tags(cell)
+
+
+def is_optional(cell: Mapping) -> bool:
+    """Whether `cell` is an exercise a learner may skip (tagged `optional`)."""
+    return is_exercise(cell) and "optional" in tags(cell)
 
 
 def heading_lines(markdown: str) -> list[str]:
