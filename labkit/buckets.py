@@ -20,8 +20,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import comm_counting, i18n, models, workload
 
-__all__ = ["Timeline", "bucket_timeline", "check_buckets_rebuilt", "check_by_cap",
-           "check_overlap", "split_at"]
+__all__ = ["Timeline", "allreduce_hook", "bucket_timeline", "check_buckets_rebuilt",
+           "check_by_cap", "check_overlap", "check_step", "split_at"]
 
 # Lesson 05's plots of the overlap.
 i18n.register({
@@ -34,6 +34,12 @@ i18n.register({
         "en": "The same step, only bucket_cap_mb changes",
     },
     "cap_panel": {"ja": "{name}: all-reduce {n} 回", "en": "{name}: all-reduces {n}"},
+    "ddp_step_title": {
+        "ja": "DDP の 1 ステップ、ランクごと",
+        "en": "One DDP step, rank by rank",
+    },
+    "rank_panel": {"ja": "ランク {rank}: all-reduce {n} 回",
+                   "en": "rank {rank}: all-reduces {n}"},
 })
 
 
@@ -93,8 +99,10 @@ class Timeline:
     DDP's `loss.backward()` returns later: it waits there for every bucket's
     all-reduce. Times are seconds from the step's start.
 
-    Each step's record holds "calls" (CollectiveLog's), "grad_times",
-    "grad_end", "end", "backward_end" (the same: what plots.timeline marks),
+    Each step's record holds "calls" (CollectiveLog's), "grad_times" and
+    "grad_names" (each gradient as written, and its parameter's name),
+    "grad_end", "end", "backward_end" (when `loss.backward()` returned: the end,
+    unless `train_step` ran the optimizer after it; what plots.timeline marks),
     "events" (the calls' spans, sorted), and "hidden_s" and "exposed_s" (the
     seconds of communication before and after grad_end). `comm_hook`, if given,
     is registered on the DDP `model` with the timeline as its state:
@@ -108,8 +116,10 @@ class Timeline:
         self._log = comm_counting.CollectiveLog(("all_reduce",))
         self._open = False
         self._world_size = dist.get_world_size()
+        inner = model.module if isinstance(model, DDP) else model
+        self._names = {p: name for name, p in inner.named_parameters()}
         self._handles = [p.register_post_accumulate_grad_hook(self._grad_done)
-                         for p in model.parameters() if p.requires_grad]
+                         for p in inner.parameters() if p.requires_grad]
         if comm_hook is not None:
             model.register_comm_hook(self, comm_hook)
 
@@ -128,6 +138,7 @@ class Timeline:
             now = self._log.now()
             self.steps[-1]["grad_end"] = now
             self.steps[-1]["grad_times"].append(now)
+            self.steps[-1]["grad_names"].append(self._names[param])
 
     def allreduce(self, tensor: torch.Tensor) -> torch.futures.Future:
         """DDP's default all-reduce (sum, then mean), for a comm hook to return."""
@@ -141,7 +152,7 @@ class Timeline:
             raise RuntimeError("end_step() must end the step before the next starts")
         self._log.reset()
         self.steps.append({"calls": self._log.calls, "grad_times": [],
-                           "grad_end": math.nan, "end": math.nan})
+                           "grad_names": [], "grad_end": math.nan, "end": math.nan})
         self._open = True
         self._log.__enter__()
 
@@ -155,7 +166,7 @@ class Timeline:
             if math.isnan(call["end"]):
                 call["end"] = step["end"]
         step["events"] = sorted((c["start"], c["end"]) for c in step["calls"])
-        step["backward_end"] = step["end"]
+        step.setdefault("backward_end", step["end"])
         step["hidden_s"], step["exposed_s"] = split_at(step["events"], step["grad_end"])
         return step
 
@@ -165,6 +176,29 @@ class Timeline:
         self.step()
         loss.backward()
         return self.end_step()
+
+    def train_step(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor,
+                   criterion: Callable, optimizer: torch.optim.Optimizer) -> dict:
+        """One whole training step on every rank at once, its record returned:
+        also "forward_end" (the loss computed) and "backward_end" (when
+        `loss.backward()` returned), the optimizer's step running until "end"."""
+        optimizer.zero_grad()
+        dist.barrier()
+        self.step()
+        loss = criterion(model(X), y)
+        self.steps[-1]["forward_end"] = self._log.now()
+        loss.backward()
+        self.steps[-1]["backward_end"] = self._log.now()
+        optimizer.step()
+        return self.end_step()
+
+def allreduce_hook(timeline: Timeline, bucket):
+    """DDP's default comm hook (all-reduce, then the mean), through `timeline`, so
+    that each bucket's all-reduce is stamped: `Timeline(model, allreduce_hook)`.
+    (No return annotation: DDP refuses any but the exact Future[Tensor], which a
+    postponed annotation is not.)"""
+    return timeline.allreduce(bucket.buffer())
+
 
 def bucket_timeline(rank: int, world_size: int, cfg: workload.Config,
                     comm_hook: Callable, steps: int = 4) -> list[dict]:
@@ -201,6 +235,39 @@ def check_overlap(steps: Sequence[dict], skip: int = 1) -> None:
                 f"({len(step['events'])} all-reduce(s), the first starting at "
                 f"{step['events'][0][0] * 1e3:.2f} ms, gradients done at "
                 f"{step['grad_end'] * 1e3:.2f} ms): nothing overlapped")
+
+def check_step(per_rank: Sequence[dict]) -> None:
+    """Assert what one DDP training step shows on every rank (Timeline.train_step).
+
+    On each rank the forward ends before the first gradient is written; every
+    all-reduce starts after the forward and has completed when `loss.backward()`
+    returns (DDP waits there, so the optimizer steps on averaged gradients); at
+    least one starts before the last gradient (communication overlaps the
+    backward); and every rank makes the same number of all-reduces, more than one.
+    """
+    if not per_rank:
+        raise ValueError("no rank's record to check")
+    counts = [len(step["events"]) for step in per_rank]
+    if len(set(counts)) != 1 or counts[0] < 2:
+        raise AssertionError(f"all-reduces per rank {counts}: expected the same "
+                             f"number on every rank, more than one bucket")
+    for rank, step in enumerate(per_rank):
+        forward, returned = step["forward_end"], step["backward_end"]
+        first = min(step["grad_times"])
+        if not forward <= first:
+            raise AssertionError(f"rank {rank}: a gradient at {first * 1e3:.2f} ms, "
+                                 f"before the forward ended at {forward * 1e3:.2f} ms")
+        for start, end in step["events"]:
+            if start < forward or end > returned:
+                raise AssertionError(
+                    f"rank {rank}: an all-reduce from {start * 1e3:.2f} to "
+                    f"{end * 1e3:.2f} ms, outside the backward ({forward * 1e3:.2f} "
+                    f"to {returned * 1e3:.2f} ms): the optimizer would not step on "
+                    f"averaged gradients")
+        if not step["events"][0][0] < step["grad_end"]:
+            raise AssertionError(f"rank {rank}: no all-reduce started before the last "
+                                 f"gradient: nothing overlapped the backward")
+
 
 def check_by_cap(steps: Sequence[dict]) -> None:
     """Assert what small multiples over `bucket_cap_mb` show, caps growing.

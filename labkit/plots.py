@@ -25,7 +25,7 @@ setup_japanese_font()
 # yellow is left out: too pale for a line on white.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7",
            "#000000")
-BLUE, ORANGE, GREEN, VERMILLION = PALETTE[:4]
+BLUE, ORANGE, GREEN, VERMILLION, SKY = PALETTE[:5]
 # A marker and a line style per series too, so that no series is told by its colour
 # alone (and a grey print keeps them apart).
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
@@ -92,6 +92,10 @@ i18n.register({
     "step_time_ms": {"ja": "1 ステップの時間 [ミリ秒]", "en": "time per step [ms]"},
     "measured": {"ja": "実測", "en": "measured"},
     "grad_compute": {"ja": "勾配の計算", "en": "gradient computation"},
+    "forward_pass": {"ja": "順伝播", "en": "forward"},
+    "grad_written": {"ja": "1 つのパラメータの勾配ができた",
+                     "en": "one parameter's gradient written"},
+    "compute_row": {"ja": "計算", "en": "computation"},
     "comm_hidden": {"ja": "隠れた通信 (計算と重なる)",
                     "en": "hidden (overlaps the computation)"},
     "comm_exposed": {"ja": "表に出た通信 (計算のあと)",
@@ -415,10 +419,23 @@ _HIDDEN_C, _EXPOSED_C, _EXPOSED_H = GREEN, VERMILLION, "//"
 
 def _step_bars(ax, step: Mapping, end_label: str) -> None:
     """One step of a buckets.Timeline on `ax`: the gradient computation, then one
-    bar per all-reduce, hidden part green, exposed part hatched vermillion."""
+    bar per all-reduce, hidden part green, exposed part hatched vermillion. A
+    whole training step (Timeline.train_step) also draws its forward before the
+    backward, a tick where each gradient is written, and the optimizer's step."""
     spans = [(a * 1e3, b * 1e3) for a, b in step["events"]]
     grad_end, returned = step["grad_end"] * 1e3, step["backward_end"] * 1e3
-    ax.barh(0, grad_end, height=0.6, color=BLUE, label=t("grad_compute"))
+    forward = step.get("forward_end", 0.0) * 1e3
+    if forward:
+        ax.barh(0, forward, height=0.6, color=SKY, hatch="..", edgecolor="white",
+                label=t("forward_pass"))
+    ax.barh(0, grad_end - forward, left=forward, height=0.6, color=BLUE,
+            label=t("grad_compute"))
+    if forward:  # the backward layer by layer, and the step after it
+        ticks = [g * 1e3 for g in step["grad_times"]]
+        ax.plot(ticks, [0] * len(ticks), linestyle="none", marker="|",
+                markersize=16, color="black", label=t("grad_written"))
+        ax.barh(0, step["end"] * 1e3 - returned, left=returned, height=0.6,
+                color=ORANGE, hatch="xx", edgecolor="white", label=t("optimizer_step"))
     hidden_done = exposed_done = False  # one legend entry each
     for i, (start, stop) in enumerate(spans, start=1):
         if start < grad_end:
@@ -436,7 +453,8 @@ def _step_bars(ax, step: Mapping, end_label: str) -> None:
     ax.axvline(returned, color="black", linestyle=":", linewidth=1,
                label=t(end_label))
     buckets = [t("bucket_n", i=i) for i in range(len(spans))]
-    ax.set_yticks(range(len(spans) + 1), [t("grad_compute"), *buckets])
+    ax.set_yticks(range(len(spans) + 1),
+                  [t("compute_row" if forward else "grad_compute"), *buckets])
     ax.set_xlim(left=0)
     ax.invert_yaxis()
     ax.grid(alpha=0.3)
@@ -499,7 +517,8 @@ def timelines(panels: Mapping[str, Mapping], *, title: str,
             ax.set_title(heading, loc="left", fontsize=12)
         # every panel's bars and its backward's return inside the one shared axis
         # (each panel's set_xlim(left=0) froze the right end at the first's data)
-        right = max(max([stop for _, stop in step["events"]] + [step["backward_end"]])
+        right = max(max([stop for _, stop in step["events"]]
+                        + [step["backward_end"], step.get("end", 0.0)])
                     for step in panels.values()) * 1e3
         axes[0].set_xlim(0, 1.02 * right)
         axes[-1].set_xlabel("ms")
@@ -507,8 +526,9 @@ def timelines(panels: Mapping[str, Mapping], *, title: str,
         for ax in axes:  # every entry once, whichever panel drew it
             for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
                 handles.setdefault(label, h)
-        order = [t(k) for k in ("grad_compute", "comm_hidden", "comm_exposed",
-                                end_label)]
+        order = [t(k) for k in ("forward_pass", "grad_compute", "grad_written",
+                                "comm_hidden", "comm_exposed", end_label,
+                                "optimizer_step")]
         labels = [label for label in order if label in handles]
         fig.legend([handles[k] for k in labels], labels, loc="upper center",
                    bbox_to_anchor=(0.5, 0.0), ncol=2)

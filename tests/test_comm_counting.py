@@ -235,3 +235,45 @@ def test_reduce_scatter_and_all_gather_count_the_whole_buffer_once(one_rank):
         for n in names]
     assert log.nbytes("all_gather") == 24 * sum(n.startswith("all_g") for n in names)
     assert {n: getattr(dist, n) for n in names} == before  # put back
+
+
+def test_a_training_step_records_forward_backward_buckets_and_the_optimizer(one_rank):
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    X, y = torch.ones(2, 40), torch.zeros(2, 1)
+    before = model.module[1].bias.detach().clone()
+    with buckets.Timeline(model, buckets.allreduce_hook) as timeline:
+        records = [timeline.train_step(model, X, y, torch.nn.MSELoss(), optimizer)
+                   for _ in range(2)]
+    last = records[-1]  # after the rebuild: three buckets
+    assert [c["bytes"] for c in last["calls"]] == STEPS[1]
+    assert last["grad_names"] == ["1.bias", "1.weight", "0.bias", "0.weight"]
+    assert 0 < last["forward_end"] <= last["grad_times"][0]
+    assert last["grad_end"] <= last["backward_end"] < last["end"]
+    buckets.check_step([last, last])
+    assert not torch.equal(before, model.module[1].bias)  # the optimizer stepped
+
+
+def _traced_step(**changes) -> dict:
+    """A step record as Timeline.train_step makes it: forward to 2 ms, gradients
+    at 3, 4 and 6 ms, two buckets (the first hidden), backward back at 8 ms."""
+    step = {"forward_end": 0.002, "grad_times": [0.003, 0.004, 0.006],
+            "grad_end": 0.006, "events": [(0.0041, 0.005), (0.0061, 0.0075)],
+            "backward_end": 0.008, "end": 0.009}
+    return step | changes
+
+
+def test_the_step_check_fails_where_ddp_would_not_behave_so():
+    buckets.check_step([_traced_step(), _traced_step()])
+    with pytest.raises(AssertionError, match="same number"):
+        buckets.check_step([_traced_step(), _traced_step(events=[(0.0061, 0.0075)])])
+    with pytest.raises(AssertionError, match="more than one bucket"):
+        buckets.check_step([_traced_step(events=[(0.0061, 0.0075)])])
+    with pytest.raises(AssertionError, match="before the forward ended"):
+        buckets.check_step([_traced_step(forward_end=0.0035)])
+    with pytest.raises(AssertionError, match="averaged gradients"):  # still running
+        buckets.check_step([_traced_step(events=[(0.0041, 0.005), (0.0061, 0.0085)])])
+    with pytest.raises(AssertionError, match="nothing overlapped"):
+        buckets.check_step([_traced_step(events=[(0.0061, 0.007), (0.0065, 0.0075)])])
+    with pytest.raises(ValueError, match="no rank"):
+        buckets.check_step([])

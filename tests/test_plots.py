@@ -12,6 +12,7 @@ import pytest
 from matplotlib.text import Text
 
 import labkit
+import labkit.buckets  # noqa: F401  (registers the DDP step's titles)
 from labkit import plots
 from labkit.fonts import MissingGlyphError
 
@@ -80,6 +81,14 @@ _ONE_BUCKET = {"events": [(0.0052, 0.011)], "grad_end": 0.005, "backward_end": 0
                "hidden_s": 0.0, "exposed_s": 0.0058}
 
 
+# A whole training step (buckets.Timeline.train_step): forward, gradients, two
+# buckets, backward's return, the optimizer's step.
+_TRAIN_STEP = {"forward_end": 0.002, "grad_times": [0.003, 0.004, 0.006],
+               "grad_end": 0.006, "events": [(0.0041, 0.005), (0.0061, 0.0075)],
+               "backward_end": 0.008, "end": 0.009, "hidden_s": 0.0009,
+               "exposed_s": 0.0014}
+
+
 def _figures():
     """One figure from each plotting function, on fixed data."""
     step = {"events": [(0.001, 0.004), (0.003, 0.009)], "grad_end": 0.005,
@@ -101,6 +110,8 @@ def _figures():
         "timelines": plots.timelines(
             {"bucket_cap_mb=1": step, "bucket_cap_mb=25": _ONE_BUCKET},
             title="overlap_steps_title"),
+        "ddp_step": plots.timelines({"rank 0": _TRAIN_STEP, "rank 1": _TRAIN_STEP},
+                                    title="ddp_step_title"),
         "measured_vs_model": plots.measured_vs_model(
             series, series, xlabel="world_size", ylabel="step_time_ms",
             title="loss_vs_steps"),
@@ -186,6 +197,36 @@ def test_timelines_draws_one_panel_a_step_on_one_time_axis(lang):
         boxes = [label.get_window_extent() for ax in fig.axes
                  for label in ax.get_yticklabels()]
         assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
+    finally:
+        plt.close("all")
+        labkit.set_lang("en")
+
+
+@pytest.mark.parametrize("lang", ["en", "ja"])
+def test_a_training_step_draws_forward_gradients_and_the_optimizer(lang):
+    labkit.set_lang(lang)
+    try:
+        fig = plots.timelines({"rank 0": _TRAIN_STEP, "rank 1": _TRAIN_STEP},
+                              title="ddp_step_title")
+        ax = fig.axes[0]
+        bars = {matplotlib.colors.to_hex(p.get_facecolor()): (p.get_x(), p.get_width())
+                for p in ax.patches}
+        # the forward to 2 ms, the backward to the last gradient, the step after
+        assert bars[plots.SKY.lower()] == pytest.approx((0.0, 2.0))
+        assert bars[plots.BLUE.lower()] == pytest.approx((2.0, 4.0))
+        assert bars[plots.ORANGE.lower()] == pytest.approx((8.0, 1.0))
+        ticks = [ln for ln in ax.get_lines() if ln.get_marker() == "|"]
+        assert list(ticks[0].get_xdata()) == pytest.approx([3.0, 4.0, 6.0])
+        assert ax.get_yticklabels()[0].get_text() == labkit.t("compute_row")
+        assert fig.axes[1].get_xlim()[1] >= 9.0  # the optimizer's end inside
+        texts = [x.get_text() for x in fig.legends[0].get_texts()]
+        assert texts == [labkit.t(k) for k in (
+            "forward_pass", "grad_compute", "grad_written", "comm_hidden",
+            "comm_exposed", "backward_returns", "optimizer_step")]
+        assert ("順伝播" in texts[0]) == (lang == "ja")
+        # the step's five colours apart for every reader
+        assert closest_pair([plots.SKY, plots.BLUE, plots.ORANGE, plots.GREEN,
+                             plots.VERMILLION])["deuteranopia"][0] >= APART
     finally:
         plt.close("all")
         labkit.set_lang("en")
