@@ -13,9 +13,8 @@
 #
 # この講座は、PyTorch のデータ並列 (`DistributedDataParallel`、`no_sync()`、`DataParallel` など) を、GPU の
 # ないノート PC でも動かしながら学びます。このレッスンでは、手元のコンピュータで何が動くかを確かめ、2 つのランクで
-# 最初の集団通信を実行し、レッスンのセルの使い方を知ります。講座をどこで動かせるか (GPU のあるマシン、
-# リモートのサーバー、コンテナ、Binder、Colab) は、講座のフォルダにある `README.ja.md` の「どこで動かすか」に
-# あります。
+# 最初の集団通信を実行し、レッスンのセルの使い方を知ります。ほかに動かせる場所は `README.ja.md` の
+# 「どこで動かすか」にあります。
 #
 # このレッスンを終えると、次のことができます。
 #
@@ -33,9 +32,7 @@
 # This course teaches PyTorch data parallelism (`DistributedDataParallel`, `no_sync()`,
 # `DataParallel` and more) by running it, even on a laptop without a GPU. This lesson
 # checks what your computer can run, runs a first collective on two ranks, and shows how
-# the lessons' cells work. Where the course can run (a machine with GPUs, a remote
-# server, a container, Binder, Colab) is in the course folder's `README.md`, under
-# "Where to run it".
+# the lessons' cells work. Where else the course runs: `README.md`, "Where to run it".
 #
 # After this lesson you can:
 #
@@ -70,8 +67,8 @@ labkit.set_lang("ja")
 # 一覧にします。
 #
 # - **gloo** は CPU 上のプロセス同士で通信するバックエンドです。ノートブックのランクは、GPU のある
-#   マシンでも**いつも gloo** を使い、CPU の上で動きます。セルがモデルもテンソルも CPU に作るからです。
-#   レッスンで学ぶ仕組み (勾配の all-reduce、バケット、`no_sync`) はどのバックエンドでも同じです。
+#   マシンでも**いつも gloo** を使い、CPU の上で動きます。レッスンで学ぶ仕組みは、どのバックエンドでも
+#   同じです。
 # - **nccl** は NVIDIA GPU 同士の通信用で、CUDA 版の PyTorch と GPU が要り、CUDA のテンソルしか
 #   扱えません。この講座では、コマンドライン (`torchrun … -m labkit nosync --backend nccl`) が
 #   1 ランクに GPU 1 台で使います。
@@ -85,9 +82,8 @@ labkit.set_lang("ja")
 # here and what does not.
 #
 # - **gloo** lets processes on CPUs talk to each other. The notebooks' ranks **always**
-#   use gloo and run on the CPU, also on a machine with GPUs: the cells build their models
-#   and tensors on the CPU. What the lessons teach (the gradients' all-reduce, buckets,
-#   `no_sync`) works the same on every backend.
+#   use gloo and run on the CPU, also on a machine with GPUs; what the lessons teach
+#   works the same on every backend.
 # - **nccl** is for communication between NVIDIA GPUs; it needs a CUDA build and GPUs,
 #   and takes CUDA tensors only. In this course the command line uses it
 #   (`torchrun … -m labkit nosync --backend nccl`), one GPU per rank.
@@ -137,8 +133,7 @@ assert "torchrun" in str(refused.exception) and cluster.current() is None
 #
 # 日本語のノートブックは図のラベルも日本語です。matplotlib の既定フォントには日本語の字形がなく、
 # そのままでは日本語のラベルが「□」(豆腐) になります。labkit は `matplotlib-fontja` の IPAexGothic を
-# 既定フォントにします (`labkit.plots` を読み込んだとき。matplotlib をすでに使っていれば
-# `labkit.set_lang` のときにも)。次の図に日本語と英語が両方きちんと描かれていることを確かめてください。
+# 既定フォントにします。次の図に日本語と英語が両方きちんと描かれていることを確かめてください。
 # `labkit.plots` の図は、描けない文字があるとエラーになります。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
@@ -146,11 +141,10 @@ assert "torchrun" in str(refused.exception) and cluster.current() is None
 #
 # The Japanese notebooks label their figures in Japanese, and matplotlib's default font
 # has no Japanese glyphs: the labels would come out as empty boxes ("tofu"). labkit
-# makes IPAexGothic, from `matplotlib-fontja`, the default font (when `labkit.plots` is
-# imported, and at `labkit.set_lang` where matplotlib is already in use). The figure
-# below shows Japanese and English text; the English notebook draws it only where a
-# Japanese font is installed. The figures of `labkit.plots` raise an error when a
-# character cannot be drawn.
+# makes IPAexGothic, from `matplotlib-fontja`, the default font. The figure below shows
+# Japanese and English text (the English notebook draws it only where a Japanese font
+# is installed). The figures of `labkit.plots` raise an error when a character cannot
+# be drawn.
 
 # %% tags=["hide-input"]
 from labkit import plots
@@ -311,18 +305,17 @@ assert listening <= {"127.0.0.1", "::1"}, listening  # loopback only (IPv4, IPv6
 assert os.environ["MASTER_ADDR"] == "127.0.0.1"  # where the ranks met
 
 # %% [markdown] lang="ja"
-# > **時間はばらつき、回数とバイト数はばらつかない。** この講座は、ほかのプログラムと共有された CPU
-# > (ノート PC、教室のサーバー、CI) の上で動きます。そのため、1 ステップや 1 回の集団通信にかかる時間は、
-# > 実行ごとにも、同じ実行の 1 回ごとにも変わります。変わらないのは、集団通信が計算する値、呼び出しの回数、
-# > 送るバイト数です。レッスンはこちらを確かめ、時間は「この実行での値」として、測ったすべての回を示します。
+# > **時間はばらつき、回数とバイト数はばらつかない。** ほかのプログラムと共有された CPU の上では、
+# > 1 ステップや 1 回の集団通信にかかる時間は 1 回ごとに変わります。集団通信が計算する値、呼び出しの回数、
+# > 送るバイト数は変わりません。レッスンはこちらを確かめ、時間は「この実行での値」として、測ったすべての
+# > 回を示します。
 #
 # 同じ all-reduce を 5 回実行し、1 回ごとの時間とバイト数を記録します。
 
 # %% [markdown] lang="en"
-# > **Times scatter; counts and bytes do not.** The course runs on CPUs shared with other
-# > programs (a laptop, a classroom server, CI), so the time a step or a collective
-# > takes changes from run to run, and from one round to the next. What does not change
-# > is what a collective computes, how many calls are made and how many bytes they send:
+# > **Times scatter; counts and bytes do not.** On a CPU shared with other programs, the
+# > time a step or a collective takes changes from one round to the next. What a
+# > collective computes, how many calls are made and how many bytes they send do not:
 # > the lessons assert those, and show a time as this run's, with every round measured.
 #
 # Run the same all-reduce 5 times, and record each round's time and bytes.
@@ -421,17 +414,16 @@ assert saved["torch_version"] == torch.__version__
 #
 # - **演習**は、見出しに「演習」とあるコードのセルです。セルを書き換えて実行してから、次の**確認のセル**
 #   (`exercises.grade_…`) を実行します。正しければ「✓ 正解です。」と確かめた内容が表示され、違っていれば
-#   「まだ正解ではありません。」と、どこが違うかがヒントとともに表示されます。完全版のノートブックでは演習の
-#   すぐあとに解答のセルがありますが、まず自分で解いてみてください。「(任意)」と書いた演習は、飛ばしても
-#   先に進めます。
+#   「まだ正解ではありません。」と、どこが違うかがヒントとともに表示されます。完全版のノートブックには解答の
+#   セルもありますが、まず自分で解いてみてください。「(任意)」と書いた演習は飛ばせます。
 # - 「**予想してから実行:**」とある問いには、セルを実行する前に自分の答えを決めます。セルがその値を示し、
 #   確かめます。
 # - 各レッスンは「**覚えておくこと**」と 3 問の「**確認問題**」で終わります。
 # - レッスンのコード自身が表示する出力 (`print`) は、コードと同じく英語です。labkit が表示するもの
 #   (doctor の一覧、図、確認のセルの判定とヒント、確認問題) はノートブックの言語になります。
 #
-# 次のセルは、レッスン 01 の最初の確認のセルに、演習のセルの書き始めのまま (記事のモデルそのもの) を渡します。
-# 判定はノートブックの言語で、ヒント付きです。
+# 次のセルは、レッスン 01 の最初の確認のセルに演習の書き始めのままを渡します。判定はノートブックの言語で、
+# ヒント付きです。
 
 # %% [markdown] lang="en" tags=["core"]
 # ## How the lessons work
@@ -439,8 +431,8 @@ assert saved["torch_version"] == torch.__version__
 # - An **exercise** is a code cell under a heading that says so. Edit it and run it, then
 #   run the **check cell** after it (`exercises.grade_…`): it says "✓ Correct." and what
 #   it checked when the answer is right, and otherwise "Not yet." with what is wrong and a
-#   hint. In the full notebooks a solution cell follows each exercise: try on your own
-#   first. An exercise marked "(optional)" can be skipped.
+#   hint. A solution cell follows in the full notebooks: try on your own first. An
+#   exercise marked "(optional)" can be skipped.
 # - Where the text asks "**Predict, then run:**", settle on your answer before running
 #   the cell; the cell then shows the value and asserts it.
 # - Each lesson ends with "**What to remember**" and a three-question **Self-check**.
@@ -448,9 +440,8 @@ assert saved["torch_version"] == torch.__version__
 #   code; what labkit shows (the doctor's list, figures, the checks' verdicts and hints,
 #   the self-checks) follows the notebook's language.
 #
-# The next cell gives lesson 01's first check what its exercise cell starts with (the
-# article's model as printed): the verdict comes in the notebook's language, with a
-# hint.
+# The next cell gives lesson 01's first check its exercise's starting point: the
+# verdict comes in the notebook's language, with a hint.
 
 # %%
 from labkit import exercises, models

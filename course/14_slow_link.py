@@ -20,9 +20,9 @@
 # - ループバックでの 1 ステップの差とバイト数の差から、分かれ目の帯域 β* を式で予測し、測った値と比べる
 # - 呼び出しの回数が DDP と違う方法 (PowerSGD) で、α の項が分かれ目をどう動かすかを説明する
 #
-# レッスン 06 では、送るバイト数を圧縮で減らし、ループバック (同じマシンの中の通信) ではどれも得に
-# ならないことを測りました。このレッスンでは、遅いネットワークを模擬して、「圧縮はいつ得になるのか」に
-# 測って答えます。コードのセルが表示する出力は英語のままです (図と確認のメッセージは日本語です)。
+# レッスン 06 では、ループバック (同じマシンの中の通信) では圧縮が得にならないことを測りました。ここでは
+# 遅いネットワークを模擬して、圧縮がいつ得になるかを測ります。コードのセルの表示は英語のままです
+# (図と確認のメッセージは日本語です)。
 
 # %% [markdown] lang="en" tags=["outcomes"]
 # # 14 When compressing pays: a slow link
@@ -38,10 +38,9 @@
 # - say how the α term moves the crossover of a method that makes more calls than DDP
 #   (PowerSGD).
 #
-# Lesson 06 sent fewer bytes by compressing them, and measured that over loopback (within
-# one machine) none of it pays. This lesson imitates a slow network and answers "when
-# does compressing pay", measured. The code cells print in English in both editions;
-# figures and checks follow the notebook's language.
+# Lesson 06 measured that over loopback (within one machine) compressing does not pay.
+# Here we imitate a slow network and measure when it does. The code cells print in
+# English in both editions.
 
 # %%
 import labkit
@@ -58,35 +57,33 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # ## 遅いリンク
 # <!-- section: link -->
 #
-# ランクはループバックで通信します。ネットワークよりずっと速いので、レッスン 06 の圧縮はここでは得に
-# なりませんでした。そこで、遅いネットワークを模擬します。`slow_link.SlowLink(alpha_s, beta_Bps)` を
-# 有効にしているあいだ、`dist.all_reduce` は、実際の all-reduce が終わったあと、さらに
-# α + バイト数 / β だけ完了を遅らせます。α は 1 回ごとの固定の遅延 (秒)、β は帯域 (バイト/秒) です。
-# 数えるバイト数は、フックが all-reduce に渡すテンソルの大きさです (fp16 なら半分、PowerSGD なら P と Q)。
+# ループバックはネットワークよりずっと速いので、遅いネットワークを模擬します。
+# `slow_link.SlowLink(alpha_s, beta_Bps)` を有効にしているあいだ、`dist.all_reduce` は、実際の
+# all-reduce のあと、さらに α + バイト数 / β だけ遅れて完了します。α は 1 回ごとの遅延 (秒)、β は帯域
+# (バイト/秒)、バイト数はフックが all-reduce に渡すテンソルの大きさです (fp16 なら半分、PowerSGD なら
+# P と Q)。
 #
-# - **回線は 1 本**: リンクは一度に 1 つの all-reduce しか運びません。遅延は、実際の all-reduce が
-#   終わり、前の all-reduce がリンクを出てから数えます。
-# - **待つのはリンク専用のスレッド**: DDP のフックと同じく `async_op=True` で呼ぶと、完了は
-#   フューチャー (`Future`) で届きます。それを時間どおりに完了させるのは、gloo のスレッドではなく、
-#   リンク専用のスレッド (名前が `slow_link` で始まります) です。
-# - `link.calls` には、all-reduce 1 回ごとに `LinkCall` (バイト数、規則による遅延、実際に止めた時間、
-#   予定より遅れた時間、完了させたスレッドの名前) が残ります。
+# - **回線は 1 本**: リンクは一度に 1 つの all-reduce しか運びません。続けて送ると遅延が積み重なります。
+# - `async_op=True` で呼ぶと (DDP のフックと同じ)、呼び出しはすぐに戻り、完了はフューチャーで届きます。
+# - `link.calls` には、all-reduce 1 回ごとの記録 (`LinkCall`: バイト数、規則の遅延、実際に止めた時間など)
+#   が残ります。
 #
-# 次のセルは、4 MiB の all-reduce を、α = 1 ms、β = 100 MB/s のリンクで送ります。遅延は
-# 1 ms + 4,194,304 / 10⁸ 秒 ≈ 43 ms です。all-reduce は遅延より長くかかることはあっても、短く終わる
-# ことはありません。確かめるのはその下限です (2 つの `>=` の行。ほかの行は帳簿の確認です)。
+# 次のセルは、4 MiB の all-reduce を α = 1 ms、β = 100 MB/s のリンクで送ります。遅延は
+# 1 ms + 4,194,304 / 10⁸ 秒 ≈ 43 ms です。負荷で長くなることはあっても、短くはなりません。折りたたんだ
+# セルが確かめるのはこの下限です。
 #
 # **予想してから実行:** このリンクで 4 MiB の all-reduce を 1 回送ると、少なくとも何 ms かかるでしょうか?
 # 続けて 2 回送ると?
 #
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
 # gloo は、フューチャーの完了とそのコールバックを自分のワーカースレッド (既定で 2 本、
 # `ProcessGroupGloo` の `threads`。1 つのキューの仕事を分け合います) で実行します。そのスレッドの中で
 # スリープすると、2 本のうち 1 本がふさがり、そのうしろに並んだ集団通信も待たされます。そのため
-# `SlowLink` は、完了を新しいフューチャーに移し、それをリンク専用のスレッド (使い回されます) が完了
-# させます (`labkit/slow_link.py`)。セルの最後の行は、リンクが完了の直前に残した記録から、完了させた
-# スレッドがリンクのものであることを確かめます。
+# `SlowLink` は、完了を新しいフューチャーに移し、それをリンク専用のスレッド (名前が `slow_link` で
+# 始まり、使い回されます) が完了させます (`labkit/slow_link.py`)。`LinkCall` には、予定より遅れた時間と
+# 完了させたスレッドの名前も残ります。確認のセルの最後の行は、完了させたのがリンクのスレッドである
+# ことを確かめます。
 #
 # </details>
 
@@ -94,26 +91,21 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # ## A slow link you can dial
 # <!-- section: link -->
 #
-# The ranks talk over loopback, far faster than a network, which is why lesson 06's
-# compression did not pay here. So we imitate a slow network. While
+# Loopback is far faster than a network, so we imitate a slow one. While
 # `slow_link.SlowLink(alpha_s, beta_Bps)` is active, `dist.all_reduce` completes
-# α + bytes / β later than the real all-reduce: α is a fixed latency per call
-# (seconds), β a bandwidth (bytes per second). The bytes are those of the tensor the
-# hook hands to the all-reduce (half for fp16; P and Q for PowerSGD).
+# α + bytes / β after the real all-reduce: α a latency per call (seconds), β a
+# bandwidth (bytes per second), the bytes those of the tensor the hook hands over (half
+# for fp16; P and Q for PowerSGD).
 #
-# - **One wire**: the link carries one all-reduce at a time. A call's delay starts when
-#   the real all-reduce is done and the call before it has left the link.
-# - **The link's own thread waits**: called with `async_op=True`, as DDP's hooks call,
-#   the result comes as a future (`Future`), and a thread of the link's own (named
-#   `slow_link...`), not gloo's, completes it on time.
-# - `link.calls` keeps a `LinkCall` per all-reduce: its bytes, the delay by the rule,
-#   how long it was really held, how late against the schedule, and the name of the
-#   thread that completed it.
+# - **One wire**: the link carries one all-reduce at a time; calls in a row add up.
+# - Called with `async_op=True`, as DDP's hooks call, it returns at once and the result
+#   comes as a future.
+# - `link.calls` keeps a `LinkCall` per all-reduce: its bytes, the rule's delay, how
+#   long it was really held, and more.
 #
 # The next cell sends a 4 MiB all-reduce over a link of α = 1 ms and β = 100 MB/s: the
-# delay is 1 ms + 4,194,304 / 10⁸ s ≈ 43 ms. An all-reduce may take longer than that,
-# never shorter: that lower bound is what the cell checks (the two `>=` lines; the
-# others are bookkeeping).
+# delay is 1 ms + 4,194,304 / 10⁸ s ≈ 43 ms. Load can make it longer, never shorter:
+# that lower bound is what the folded cell checks.
 #
 # **Predict, then run:** at least how many ms will one 4 MiB all-reduce take over this
 # link? Two in a row?
@@ -123,9 +115,10 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # gloo completes futures and runs their callbacks on its worker threads (two by
 # default, `ProcessGroupGloo`'s `threads`, serving one queue); sleeping there would hold
 # one of the two, and the collectives queued behind it. So `SlowLink` moves the result
-# into a new future, which a thread of the link's own (reused from call to call)
-# completes (`labkit/slow_link.py`). The cell's last line checks, from the record the
-# link wrote just before completing each call, that the link's thread completed it.
+# into a new future, which a thread of the link's own (named `slow_link...`, reused
+# from call to call) completes (`labkit/slow_link.py`). A `LinkCall` also records how
+# late the call was against the schedule and the thread that completed it; the check's
+# last line asks that it was the link's.
 #
 # </details>
 
@@ -160,6 +153,9 @@ with slow_link.SlowLink(ALPHA, BETA) as link:
     for work in works:
         work.wait()
     two_s = time.perf_counter() - start
+
+# %% tags=["hide-input"]
+# %%px
 if rank == 0:
     print(link.describe())
     print(f"loopback {loopback_s * 1e3:.1f} ms; over the link: one all-reduce "
@@ -176,17 +172,15 @@ assert two_s >= 2 * delay  # one wire: the second waits for the first to leave i
 assert all(call.thread.startswith("slow_link") for call in link.calls[1:])
 
 # %% [markdown] lang="ja"
-# `SlowLink` を外すと (`loopback`)、同じ all-reduce は数 ms で終わります。リンクを通すと、1 回は
-# 遅延の 43 ms 以上、続けて 2 回なら 86 ms 以上かかります。`async_op=True` の呼び出しはリンクを待たずに
-# 戻り (表示の `returned after`)、待つのは `work.wait()` です。図は、呼び出しごとにリンクが実際に
-# 止めた時間と規則の遅延です。3 回目は、2 回目が回線を出るのを待ったぶん長くなっています。
+# ループバック (`loopback`) なら数 ms の all-reduce が、リンクでは 1 回 43 ms 以上、続けて 2 回なら
+# 86 ms 以上かかります。`async_op=True` の呼び出しはすぐに戻り (`returned after`)、待つのは
+# `work.wait()` です。図の 3 回目は、2 回目が回線を出るのを待ったぶん長くなっています。
 
 # %% [markdown] lang="en"
-# Without `SlowLink` (`loopback`) the same all-reduce takes a few ms. Over the link one
-# takes at least the 43 ms delay, two in a row at least 86 ms. The call with
-# `async_op=True` returns without waiting for the link (the printed `returned after`);
-# `work.wait()` is where the time goes. The figure: each call's hold against the rule's
-# delay; the third also waited for the second to leave the wire.
+# Over loopback the all-reduce takes a few ms; over the link one takes at least 43 ms,
+# two in a row at least 86 ms. The `async_op=True` calls return at once (`returned
+# after`); `work.wait()` is where the time goes. In the figure the third call also
+# waited for the second to leave the wire.
 
 # %% tags=["hide-input"]
 from labkit import plots
@@ -202,13 +196,11 @@ fig = plots.line_chart({labkit.t("link_rule_delay"): ([1, 2, 3], rule),
 # %% [markdown] lang="ja"
 # ### fp16 と PowerSGD は、帯域がどこまで下がると得になるか
 #
-# レッスン 06 の大きな MLP (幅 1024、3 層) で、DDP、fp16 (`fp16_compress_hook`)、PowerSGD (r = 1。
-# Vogels ほか、2019、"PowerSGD: Practical Low-Rank Gradient Compression for Distributed
-# Optimization"、NeurIPS) を、ループバックと、β = 100 MB/s〜5 GB/s の 6 つのリンク (α = 100 µs) で
-# 学習します。`slow_link.steps_over_links` は、(リンク, 方法) の組を 1 ステップずつ順番に回し
-# (交互に測る)、負荷がどの組にも同じようにかかるようにします。各方法を、通信をしないコピー
-# (`send_less.no_communication`) でも 1 ステップずつ回します (その方法の計算だけの時間、ローカルの
-# ステップ)。12 ラウンドで、10 秒ほどかかります。
+# レッスン 06 の大きな MLP (幅 1024、3 層) で、DDP、fp16 (`fp16_compress_hook`)、PowerSGD (r = 1、
+# Vogels ほか、2019) を、ループバックと、β = 100 MB/s〜5 GB/s の 6 つのリンク (α = 100 µs) で学習します。
+# `slow_link.steps_over_links` は (リンク, 方法) の組を 1 ステップずつ交互に回すので、負荷はどの組にも
+# 同じようにかかります。通信しないコピー (`send_less.no_communication`) の 1 ステップも測ります (その
+# 方法の計算だけの時間)。12 ラウンドで 10 秒ほどかかります。
 #
 # **予想してから実行:** 100 MB/s のリンクで、3 つの方法のうち 1 ステップがいちばん短いのはどれでしょうか?
 # ループバックでは?
@@ -217,13 +209,11 @@ fig = plots.line_chart({labkit.t("link_rule_delay"): ([1, 2, 3], rule),
 # ### When fp16 and PowerSGD pay
 #
 # On lesson 06's large MLP (width 1024, 3 layers), DDP, fp16 (`fp16_compress_hook`) and
-# PowerSGD (r = 1; Vogels et al., 2019, "PowerSGD: Practical Low-Rank Gradient
-# Compression for Distributed Optimization", NeurIPS) train over loopback and over six
-# links of β = 100 MB/s to 5 GB/s (α = 100 µs). `slow_link.steps_over_links` takes one
-# step of each (link, method) pair in turn (interleaved), so that the load falls on
-# every pair alike. Each method's copy sending nothing (`send_less.no_communication`)
-# takes a step in every round too: the method's compute alone (its local step). Twelve
-# rounds, about 10 s.
+# PowerSGD (r = 1; Vogels et al., 2019) train over loopback and over six links of
+# β = 100 MB/s to 5 GB/s (α = 100 µs). `slow_link.steps_over_links` takes one step of
+# each (link, method) pair in turn, so that the load falls on every pair alike; each
+# method's copy sending nothing (`send_less.no_communication`) steps too, its compute
+# alone. Twelve rounds, about 10 s.
 #
 # **Predict, then run:** over the 100 MB/s link, which of the three methods takes the
 # shortest step? And over loopback?
@@ -236,15 +226,13 @@ BETAS = (1e8, 2e8, 5e8, 1e9, 2e9, 5e9)  # 100 MB/s to 5 GB/s
 over = slow_link.steps_over_links(METHODS, BETAS, LINK_ALPHA, rounds=12, local=True)
 
 # %% [markdown] lang="ja"
-# 測ったすべての回を、リンクごとに並べます (ランク 0 の時計、縦軸は対数)。印 1 つが 1 回の 1 ステップ、
-# 黒い横棒が中央値です。右へ行くほどリンクが遅く、DDP の印がほかの 2 つより上に離れていきます。左の速い
-# リンクでは、3 つの方法の印が入り混じります。
+# 測ったすべての回を、リンクごとに並べます (ランク 0 の時計、縦軸は対数、黒い横棒が中央値)。右の遅い
+# リンクほど、DDP の印がほかの 2 つより上に離れます。
 
 # %% [markdown] lang="en"
-# Every timed round, link by link (rank 0's clock, log scale): a marker is one round's
-# step, the black bar the median. The slower the link (to the right), the further DDP's
-# markers rise above the other two; on the fast links to the left, the three methods'
-# rounds mix.
+# Every timed round, link by link (rank 0's clock, log scale, the black bar the
+# median): the slower the link (to the right), the further DDP's markers rise above
+# the other two.
 
 # %% tags=["hide-input"]
 import math
@@ -284,7 +272,7 @@ def ratio(beta, name):
     """The method's median step over DDP's, over the link of bandwidth beta."""
     return steps[beta][name]["step_s"] / steps[beta]["DDP"]["step_s"]
 
-
+# %% tags=["hide-input"]
 print(f"{'link':>10} " + " ".join(f"{m + ' ms':>16}" for m in METHODS)
       + f" {'fp16/DDP':>9} {'PSGD/DDP':>9} {'DDP link ms':>12}")
 for beta in (math.inf, *BETAS):
@@ -321,19 +309,18 @@ fig = plots.line_chart(
     title="slow_link_ratio_title", logx=True)
 
 # %% [markdown] lang="ja"
-# 遅いリンクでは、圧縮する 2 つの方法が DDP より速くなります。100 MB/s では、DDP の 1 ステップの大部分が
-# リンクの遅延で、半分のバイト数を送る fp16 はその遅延が半分、PowerSGD はほとんどありません。
-# 帯域が上がるにつれて差は縮み、ループバックでは、レッスン 06 と同じく DDP がいちばん速いか、ほぼ同じです。
+# 遅いリンクでは、圧縮する 2 つの方法が DDP より速くなります。100 MB/s では DDP の 1 ステップの大部分が
+# リンクの遅延で、fp16 はその半分、PowerSGD はほとんど待ちません。帯域が上がるにつれて差は縮み、
+# ループバックでは、レッスン 06 と同じく DDP がいちばん速いか、ほぼ同じです。
 #
-# 上のセルが確かめるのは、測り方の決まりごとと、余裕を持たせた比です。各方法がリンクに渡すバイト数は、
-# どのリンクでも同じです。DDP は勾配の全体 (float32)、fp16 はその半分、PowerSGD はバイアスをそのまま、
-# n × m の行列を P と Q (n + m 個の値) にして渡します。1 ステップにリンクが足した遅延は、呼び出しの
-# 回数 × α + バイト数 / β にちょうど等しくなります (帳簿の確認)。時間を確かめるのは、1 ステップが
-# それより長くかかることと、最も遅い 100 MB/s で fp16 も PowerSGD も DDP より短いことです。
+# 各方法がリンクに渡すバイト数は、どのリンクでも同じです。DDP は勾配の全体 (float32)、fp16 はその半分、
+# PowerSGD はバイアスをそのまま、n × m の行列を P と Q (n + m 個の値) にして渡します。
 #
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
-# マシンに負荷をかけながら同じ測定を 16 回繰り返すと、100 MB/s での比は fp16 が 0.54〜0.63、
+# 確認のセルは、リンクが 1 ステップに足した遅延が呼び出しの回数 × α + バイト数 / β にちょうど等しいこと
+# (帳簿の確認) と、1 ステップがそれより長いこと、100 MB/s で fp16 も PowerSGD も DDP より短いことを
+# 確かめます。マシンに負荷をかけながら同じ測定を 16 回繰り返すと、100 MB/s での比は fp16 が 0.54〜0.63、
 # PowerSGD が 0.19〜0.33 でした。ただし、マシンがとても混んでいたときの短い測定では、PowerSGD の比が
 # 0.55 になったことがあります (PowerSGD 自身の計算が負荷でいちばん延びるからです)。負荷で計算が k 倍に
 # 延びると、100 MB/s での fp16 の 1 ステップは「計算 + 43 ms」、DDP は「計算 + 85 ms」なので、比は 1 に
@@ -343,26 +330,24 @@ fig = plots.line_chart(
 
 # %% [markdown] lang="en"
 # Over the slow links the two that compress beat DDP. At 100 MB/s most of DDP's step
-# is the link's delay; fp16, sending half the bytes, waits half of it, and PowerSGD
-# hardly any. The gap narrows as the bandwidth grows, and on loopback DDP is the fastest
-# or about even, as in lesson 06.
+# is the link's delay; fp16 waits half of it, PowerSGD hardly any. The gap narrows as
+# the bandwidth grows, and on loopback DDP is the fastest or about even, as in
+# lesson 06.
 #
-# The cell above checks the rules of the measurement and ratios with room to spare.
 # What each method hands the link is the same on every link: DDP the whole gradient in
 # float32, fp16 half of it, PowerSGD the biases whole and, for each n × m matrix, P and
-# Q (n + m values). The delay the link added to a step equals calls × α + bytes / β
-# exactly (bookkeeping). What checks a time is that the step takes longer than that,
-# and that at the slowest link, 100 MB/s, both fp16's step and PowerSGD's are shorter
-# than DDP's.
+# Q (n + m values).
 #
 # <details><summary>How this was measured</summary>
 #
-# The same measurement repeated 16 times with the machine kept busy gave ratios at
-# 100 MB/s of 0.54 to 0.63 for fp16 and 0.19 to 0.33 for PowerSGD, but a short run on a
-# very busy machine once gave PowerSGD 0.55 (its own compute stretches most under
-# load). With compute stretched k-fold by load, fp16's step at 100 MB/s is compute +
-# 43 ms against DDP's compute + 85 ms, and the ratio creeps towards 1: hence the check
-# asks only that both beat DDP (ratio < 1), not a margin.
+# The check asks that the delay the link added to a step equals calls × α + bytes / β
+# exactly (bookkeeping), that the step took longer, and that at 100 MB/s both fp16 and
+# PowerSGD beat DDP. The same measurement repeated 16 times with the machine kept busy
+# gave ratios at 100 MB/s of 0.54 to 0.63 for fp16 and 0.19 to 0.33 for PowerSGD, but a
+# short run on a very busy machine once gave PowerSGD 0.55 (its own compute stretches
+# most under load). With compute stretched k-fold by load, fp16's step at 100 MB/s is
+# compute + 43 ms against DDP's compute + 85 ms, and the ratio creeps towards 1: hence
+# the check asks only that both beat DDP (ratio < 1), not a margin.
 #
 # </details>
 
@@ -370,14 +355,11 @@ fig = plots.line_chart(
 # ### 分かれ目を測り、予測する
 #
 # 分かれ目 (crossover) は、それより遅いリンクなら、その方法の 1 ステップが DDP より短くなる帯域です。
-# 測った値は、比が 1 をまたぐ 2 つのリンクのあいだを、log β で補間して求めます
+# 測った値は、比が 1 をまたぐ 2 つのリンクのあいだを log β で補間して求めます
 # (`slow_link.crossover_bandwidth`)。
 #
-# 予測はこう考えます。リンクは、1 ステップに「呼び出しの回数 c × α + バイト数 S / β」を足します。
-# ループバックでの 1 ステップを t とすると、リンクを通したときは t + cα + S/β です (リンクの遅延が
-# すべてステップに足されるとみなしています。DDP と fp16 では、最初のバケットの遅延の一部が残りの
-# 逆伝播の計算と重なって隠れることがあるので、これは上限です。バケットが 1 つで逆伝播の最後に送る PowerSGD
-# では、何も隠れません)。方法 m が得になるのは
+# 予測: リンクは 1 ステップに「呼び出しの回数 c × α + バイト数 S / β」を足します。ループバックでの
+# 1 ステップを t とすると、方法 m が得になるのは
 #
 # t_m + c_m α + S_m / β < t_DDP + c_DDP α + S_DDP / β
 #
@@ -385,8 +367,16 @@ fig = plots.line_chart(
 #
 # β* = (S_DDP − S_fp16) / (t_fp16 − t_DDP)
 #
-# より遅いリンクで得になります。t_fp16 ≤ t_DDP なら、どの帯域でも得です。レッスン 06 のモデルとの違いは、
-# t_m を予測せず、ループバックで測った値を使うことです。圧縮の計算も、重なりも、その中に入っています。
+# より遅いリンクで得になります。t_fp16 ≤ t_DDP なら、どの帯域でも得です。t_m はループバックで測った値で、
+# 圧縮の計算も重なりもその中に入っています。
+#
+# <details><summary>測り方</summary>
+#
+# リンクの遅延はすべてステップに足されるとみなしています。DDP と fp16 では、最初のバケットの遅延の
+# 一部が残りの逆伝播の計算と重なって隠れることがあるので、これは上限です。バケットが 1 つで逆伝播の
+# 最後に送る PowerSGD では、何も隠れません。レッスン 06 のモデルと違い、t_m は予測せずに測ります。
+#
+# </details>
 
 # %% [markdown] lang="en"
 # ### The crossover, measured and predicted
@@ -396,10 +386,7 @@ fig = plots.line_chart(
 # 1 (`slow_link.crossover_bandwidth`).
 #
 # To predict it: the link adds "calls c × α + bytes S / β" to a step. With t a method's
-# step on loopback, its step over the link is t + cα + S/β (the link's delay taken as
-# wholly added to the step: for DDP and fp16, part of the first bucket's delay can hide
-# behind the rest of the backward, so this is an upper bound; PowerSGD, one bucket sent
-# when the backward ends, hides none), and method m pays where
+# step on loopback, method m pays where
 #
 # t_m + c_m α + S_m / β < t_DDP + c_DDP α + S_DDP / β.
 #
@@ -408,9 +395,17 @@ fig = plots.line_chart(
 #
 # β* = (S_DDP − S_fp16) / (t_fp16 − t_DDP),
 #
-# and at every bandwidth when t_fp16 ≤ t_DDP. Unlike lesson 06's model, this does not
-# predict t_m: it takes the one measured on loopback, which holds the compression's
-# compute and the overlap already.
+# and at every bandwidth when t_fp16 ≤ t_DDP. t_m is measured on loopback, so it holds
+# the compression's compute and the overlap already.
+#
+# <details><summary>How this was measured</summary>
+#
+# The link's delay is taken as wholly added to the step: for DDP and fp16, part of the
+# first bucket's delay can hide behind the rest of the backward, so this is an upper
+# bound; PowerSGD, one bucket sent when the backward ends, hides none. Unlike lesson
+# 06's model, t_m is measured, not predicted.
+#
+# </details>
 
 # %% [markdown] lang="ja"
 # ## 演習: fp16 の分かれ目を予測する
@@ -420,8 +415,8 @@ fig = plots.line_chart(
 # (2 つで同じ)、リンクの α (秒) から、fp16 が DDP より速くなる帯域の上限 β* を、バイト/秒で返します。
 # fp16 がループバックですでに DDP より速い (か同じ) ときは、どの帯域でも得なので `math.inf` を返します。
 #
-# 確認のセルは、上で測った値と、決まった値のいくつかで関数を呼び、答えと比べます。決まった値には、
-# 送るバイト数が DDP の半分ではない圧縮の場合も入っています (式は同じです)。
+# 確認のセルは、上で測った値と、送るバイト数が DDP の半分ではない圧縮を含むいくつかの決まった値で
+# 関数を呼び、答えと比べます。
 
 # %% [markdown] lang="en"
 # ## Exercise: predict fp16's crossover
@@ -432,9 +427,8 @@ fig = plots.line_chart(
 # bandwidth β* below which fp16 beats DDP, in bytes per second. Where fp16 is already as
 # fast as DDP or faster on loopback, it pays at every bandwidth: return `math.inf`.
 #
-# The check calls your function with the values measured above and with a few fixed
-# ones, among them a compression that sends other than half of DDP's bytes (the formula
-# is the same), and compares.
+# The check calls it with the values measured above and with a few fixed ones (among
+# them a compression sending other than half of DDP's bytes), and compares.
 
 # %%
 t_ddp, t_fp16 = loop["DDP"]["step_s"], loop["fp16"]["step_s"]  # seconds, loopback
@@ -464,20 +458,19 @@ exercises.grade_crossover_bandwidth(fp16_crossover, t_ddp, t_fp16, S_ddp, S_fp16
                                     calls, alpha_s)
 
 # %% [markdown] lang="ja"
-# PowerSGD は 1 つのバケットで 3 回 (バイアス、P、Q) 呼びます。このモデルの DDP はバケット 2 つで
-# 2 回なので、ここでは 1 回多く、α の項が残ります。
-# β* = (S_DDP − S_m) / (t_m − t_DDP + (c_m − c_DDP) α) です。次のセルは、2 つの方法の予測と測った値を
-# 出し、予測の式が「ループバックの 1 ステップ + リンクの遅延」の 2 本の曲線が交わる帯域と一致すること
-# を確かめます。
+# PowerSGD は 1 つのバケットで 3 回 (バイアス、P、Q) 呼び、このモデルの DDP (バケット 2 つ) より 1 回
+# 多いので、α の項が残ります。β* = (S_DDP − S_m) / (t_m − t_DDP + (c_m − c_DDP) α) です。次のセルは
+# 2 つの方法の予測と測った値を出し、予測が「ループバックの 1 ステップ + リンクの遅延」の 2 本の曲線の
+# 交点と一致することを確かめます。
 #
 # **予想してから実行:** PowerSGD の余分な 1 回の α (100 µs) は、分かれ目を上げるでしょうか、下げるでしょうか?
 
 # %% [markdown] lang="en"
-# PowerSGD makes three calls in its one bucket (the biases, P, Q), where DDP's two
-# buckets on this model make two: one more here, so its α term stays:
+# PowerSGD makes three calls in its one bucket (the biases, P, Q), one more than DDP's
+# two buckets here, so its α term stays:
 # β* = (S_DDP − S_m) / (t_m − t_DDP + (c_m − c_DDP) α). The next cell prints both
-# methods' predicted and measured crossovers, and checks that the formula gives the
-# bandwidth where the two curves "loopback step + the link's delay" cross.
+# methods' predicted and measured crossovers, and checks that the prediction is where
+# the two curves "loopback step + the link's delay" cross.
 #
 # **Predict, then run:** does PowerSGD's one extra α (100 µs) raise its crossover or
 # lower it?
@@ -490,11 +483,6 @@ def predicted_crossover(name):
     return (d["bytes"] - m["bytes"]) / extra if extra > 0 else math.inf
 
 
-def loopback_plus_link(name, beta):
-    return loop[name]["step_s"] + loop[name]["calls"] * LINK_ALPHA + loop[name][
-        "bytes"] / beta
-
-
 def shown(beta):
     """A crossover as bandwidth, or where the method never or always pays."""
     if beta is None:
@@ -502,13 +490,21 @@ def shown(beta):
     return "at every bandwidth" if beta == math.inf else f"{beta / 1e6:,.0f} MB/s"
 
 
-grid = [10 ** (6 + k / 100) for k in range(601)]  # 1 MB/s to 1 TB/s
 crossover = {}
 for name in METHODS[1:]:
     measured = slow_link.crossover_bandwidth([(b, ratio(b, name)) for b in BETAS])
     crossover[name] = predicted = predicted_crossover(name)
     print(f"{name}: crossover measured {shown(measured)}, predicted {shown(predicted)}"
           f" (loopback step {loop[name]['step_s'] / loop['DDP']['step_s']:.2f} x DDP's)")
+
+# %% tags=["hide-input"]
+def loopback_plus_link(name, beta):
+    return loop[name]["step_s"] + loop[name]["calls"] * LINK_ALPHA + loop[name][
+        "bytes"] / beta
+
+
+grid = [10 ** (6 + k / 100) for k in range(601)]  # 1 MB/s to 1 TB/s
+for name, predicted in crossover.items():
     on_grid = slow_link.crossover_bandwidth(
         [(b, loopback_plus_link(name, b) / loopback_plus_link("DDP", b)) for b in grid])
     if predicted > grid[-1]:  # math.inf, or a crossing beyond the grid
@@ -519,11 +515,11 @@ assert crossover["fp16"] == fp16_crossover(t_ddp, t_fp16, S_ddp, S_fp16, calls,
                                            alpha_s)
 
 # %% [markdown] lang="ja"
-# 分かれ目は、ループバックでの 2 つの方法の差が数 ms しかないところで決まります。その差は時間の揺らぎと
-# 同じくらいなので、測った値も予測も、実行のたびに大きく動きます。変わらないのは予測の式そのものと、
-# 最も遅いリンクで圧縮が得になることで、上のセルが確かめるのもその 2 つです。
+# 分かれ目は、ループバックでの数 ms の差で決まります。その差は時間の揺らぎと同じくらいなので、測った値も
+# 予測も実行のたびに大きく動きます。変わらないのは予測の式と、最も遅いリンクで圧縮が得になることで、
+# セルが確かめるのもその 2 つです。
 #
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
 # bench (`bench/run.py --only crossover`) の 7 回の実行では、fp16 の分かれ目 (実測) は 1.2〜4.3 GB/s で、
 # 1 回だけ 5 GB/s を超えました (試したどのリンクでも DDP より速かった)。PowerSGD r = 1 は
@@ -534,10 +530,10 @@ assert crossover["fp16"] == fp16_crossover(t_ddp, t_fp16, S_ddp, S_fp16, calls,
 # </details>
 
 # %% [markdown] lang="en"
-# The crossover is decided where the two methods' loopback steps differ by a few ms,
-# about as much as times scatter, so both the measured and the predicted crossover move
-# a lot from run to run. What does not move is the formula itself and that compression
-# pays on the slowest link: what these cells check.
+# The crossover hangs on a few ms of loopback difference, about as much as times
+# scatter, so the measured and the predicted crossover both move from run to run. What
+# does not move is the formula and that compression pays on the slowest link: what the
+# cells check.
 #
 # <details><summary>How this was measured</summary>
 #

@@ -13,30 +13,25 @@
 #
 # このレッスンを終えると、次のことができます。
 #
-# - ローカル SGD (H ステップごとにパラメータを平均する) を書き、H = 1 では DDP と同じであること、
-#   平均のあいだにレプリカが離れ、平均で元に戻ることを確かめる
-# - 送ったバイト数を数え (1/H になる)、損失をステップ数とバイト数の両方で比べ、torch の
-#   `PostLocalSGDOptimizer` を手で書いた実装とビット単位で一致する設定で使う
-# - DiLoCo の外側のステップ (疑似勾配でのネステロフのモーメンタム) を書き、同じバイト数で DDP、
-#   ローカル SGD と比べる
-# - DDP 自身の all-reduce の前と後の勾配から勾配のノイズスケールを推定し、バッチを大きくしても
-#   ステップ数が減らなくなるところ (臨界バッチサイズ) を説明する
+# - ローカル SGD (H ステップごとにパラメータを平均する) を書き、H = 1 では DDP と同じこと、平均の
+#   あいだにレプリカが離れることを確かめる
+# - そのバイト数 (DDP の 1/H) を数え、torch の `PostLocalSGDOptimizer` をビット単位で一致させる
+# - DiLoCo の外側のステップ (疑似勾配でのネステロフのモーメンタム) を書く
+# - DDP の all-reduce の前と後の勾配から勾配のノイズスケールを推定し、バッチを大きくしてもステップ数が
+#   減らなくなるところを説明する
 
 # %% [markdown] lang="en" tags=["outcomes"]
 # # 15 Communicate less often, and how big a batch
 #
 # After this lesson you can:
 #
-# - write local SGD (the parameters averaged every H steps), and check that it is DDP
-#   at H = 1 and that the replicas drift apart between averages, identical after each;
-# - count the bytes sent (1/H of DDP's), compare the loss against steps and against
-#   bytes, and set up torch's `PostLocalSGDOptimizer` so that it matches the hand-written
-#   one bit for bit;
-# - write DiLoCo's outer step (Nesterov momentum on the pseudo-gradient) and compare it
-#   with DDP and local SGD at equal bytes;
-# - estimate the gradient noise scale from DDP's own gradients before and after the
-#   all-reduce, and say where a larger batch stops saving steps (the critical batch
-#   size).
+# - write local SGD (parameters averaged every H steps), and check that it is DDP at
+#   H = 1 and that the replicas drift apart between averages;
+# - count its bytes (1/H of DDP's) and make torch's `PostLocalSGDOptimizer` match it
+#   bit for bit;
+# - write DiLoCo's outer step (Nesterov momentum on the pseudo-gradient);
+# - estimate the gradient noise scale from DDP's gradients before and after the
+#   all-reduce, and say where a larger batch stops saving steps.
 
 # %%
 import labkit
@@ -53,30 +48,23 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # ## ローカル SGD
 # <!-- section: localsgd -->
 #
-# DDP は毎ステップ、勾配を all-reduce します。**ローカル SGD** (Stich、2019、"Local SGD Converges
-# Fast and Communicates Little"、ICLR) では、各ランクが自分のバッチだけで H 回ステップし
-# (all-reduce なし)、そのあとでパラメータを平均します。1 回の平均で送るのはパラメータと同じ大きさ、
-# つまり DDP の 1 ステップの勾配と同じバイト数なので、送るバイト数は 1/H になります。
+# DDP は毎ステップ勾配を all-reduce します。**ローカル SGD** (Stich、2019) では、各ランクが自分の
+# バッチだけで H 回ステップし、そのあとパラメータを平均します。1 回の平均は DDP の 1 ステップの勾配と
+# 同じバイト数なので、送るバイト数は 1/H です。
 #
-# 次のセルがローカル SGD をそのまま書いたものです。課題は教師ネットワークの回帰、モデルは幅 32 の
-# MLP です。`local_sgd.batch` はステップ t のランク r のバッチを、`local_sgd.evaluate` は学習に使わない
-# 1024 サンプルでの損失を返します。`warmup` (はじめの何ステップかを DDP と同じく勾配の平均で進める) は、
-# あとで torch の実装と比べるときに使います。
+# ここでは幅 32 の MLP が教師ネットワークを学習します。`local_sgd.evaluate` は学習に使わない
+# サンプルでの損失を返し、`warmup` はあとで torch の実装と比べるときに使います。
 
 # %% [markdown] lang="en"
 # ## Local SGD
 # <!-- section: localsgd -->
 #
-# DDP all-reduces the gradients at every step. In **local SGD** (Stich, 2019, "Local SGD
-# Converges Fast and Communicates Little", ICLR) each rank takes H steps on its own
-# batches alone (no all-reduce), then the parameters are averaged. One average sends as
-# many bytes as the parameters, the bytes of one DDP step's gradients, so the bytes sent
-# fall to 1/H.
+# DDP all-reduces the gradients at every step. In **local SGD** (Stich, 2019) each rank
+# takes H steps on its own batches, then the parameters are averaged. One average sends
+# the bytes of one DDP step's gradients: 1/H of the bytes.
 #
-# The next cell is local SGD written out. The task is the teacher network's regression,
-# the model an MLP of width 32. `local_sgd.batch` gives rank r's batch at step t,
-# `local_sgd.evaluate` the loss on 1024 samples never trained on. `warmup` (first steps
-# with averaged gradients, as DDP's) is for the comparison with torch's below.
+# Here an MLP of width 32 learns a teacher network; `local_sgd.evaluate` gives the loss
+# on held-out samples, and `warmup` is for the comparison with torch's below.
 
 # %%
 # %%px
@@ -101,10 +89,7 @@ def average_parameters(model):
 
 
 def train_local_sgd(H, steps, lr=0.1, warmup=0, drift=None):
-    """Local SGD: after `warmup` DDP-like steps, average the parameters every H steps.
-
-    Returns the model and the held-out loss after each average, as (step, loss).
-    """
+    """Local SGD: after `warmup` DDP-like steps, the parameters averaged every H."""
     model = local_sgd.make_model(task)  # the same start on every rank
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)  # plain SGD: no momentum
     curve = []
@@ -127,23 +112,17 @@ def train_local_sgd(H, steps, lr=0.1, warmup=0, drift=None):
     return model, curve
 
 # %% [markdown] lang="ja"
-# H = 1 で、モーメンタムのない SGD なら、ローカル SGD は DDP と同じです。更新が勾配について線形なので、
-# (1/N) Σ (θ − lr g_r) = θ − lr (1/N) Σ g_r だからです。丸め方が違うのでビット単位では一致せず、セルは
-# 1e-6 以内を確かめます。続いて H = 8 で、ランクのパラメータが全ランクの平均からどれだけ離れているか
-# (L2 の最大値、`local_sgd.divergence`) をステップごとに測ります。下の図のように、8 ステップの間に離れ、
-# 平均のたびに 0 に戻ります。
+# H = 1 でモーメンタムのない SGD なら、更新が勾配について線形なので
+# (1/N) Σ (θ − lr g_r) = θ − lr (1/N) Σ g_r となり、ローカル SGD は DDP と (丸めの差を除いて) 同じです。
+# H = 8 では、ランクと全ランクの平均との距離 (`local_sgd.divergence`) を図に描きます。
 
 # %% [markdown] lang="en"
-# With H = 1 and SGD without momentum, local SGD is DDP: the update is linear in the
-# gradient, (1/N) Σ (θ − lr g_r) = θ − lr (1/N) Σ g_r; rounding differs, so the cell
-# checks 1e-6. Then, at H = 8, each step's distance of the ranks from their mean (the
-# largest L2, `local_sgd.divergence`): drawn below, it grows for 8 steps and drops to 0
-# at each average.
+# With H = 1 and SGD without momentum the update is linear in the gradient,
+# (1/N) Σ (θ − lr g_r) = θ − lr (1/N) Σ g_r: local SGD is DDP, up to rounding. At
+# H = 8 the figure draws the ranks' distance from their mean (`local_sgd.divergence`).
 
 # %%
 # %%px
-from itertools import pairwise
-
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 steps = 64
@@ -156,13 +135,17 @@ for step in range(steps):
     ddp_optimizer.step()
 
 local1, _ = train_local_sgd(H=1, steps=steps)
+drift = []  # (step, distance from the mean) after each step and after each average
+train_local_sgd(H=8, steps=32, drift=drift)
+
+# %% tags=["hide-input"]
+# %%px
+from itertools import pairwise
+
 gap = max((a - b).abs().max().item()
           for a, b in zip(local1.parameters(), ddp.module.parameters(), strict=True))
 print(f"H = 1 after {steps} steps: largest difference from DDP {gap:.1e}")
 assert gap <= 1e-6, gap  # momentum or a different lr would break the equality
-
-drift = []  # (step, distance from the mean) after each step and after each average
-train_local_sgd(H=8, steps=32, drift=drift)
 averages = [(a, b) for a, b in pairwise(drift) if a[0] == b[0]]  # (before, after)
 assert [a[0] for a, _ in averages] == [8, 16, 24, 32]  # every H = 8 steps
 assert all(a[1] > 1e-3 for a, _ in averages)  # the replicas drifted apart
@@ -178,18 +161,16 @@ fig = plots.line_chart({"H = 8": ([s for s, _ in drift], [d for _, d in drift])}
 # %% [markdown] lang="ja"
 # ### ステップ数と送ったバイト数で見た損失
 #
-# H = 1、4、16 で 64 ステップ学習します。`comm_counting.CollectiveLog` が all-reduce を 1 回ずつ
-# 記録するので、送ったバイト数は計算ではなく数えた値です。どの平均も、パラメータ全体
-# (682 個の float32、2,728 バイト) の all-reduce 1 回で、回数は 64 / H です。
+# H = 1、4、16 で 64 ステップ学習し、`comm_counting.CollectiveLog` で all-reduce を数えます。平均は
+# どれも、パラメータ全体 (682 個の float32、2,728 バイト) の all-reduce 1 回です。
 #
 # **予想してから実行:** H = 16 では、64 ステップで all-reduce は何回、何バイトになるでしょうか?
 
 # %% [markdown] lang="en"
 # ### Loss against steps and against bytes sent
 #
-# 64 steps for H = 1, 4 and 16. `comm_counting.CollectiveLog` records each all-reduce,
-# so the bytes sent are counted, not computed: each average is one all-reduce of all
-# the parameters (682 float32 values, 2,728 bytes), 64 / H of them.
+# 64 steps for H = 1, 4 and 16, the all-reduces counted by `comm_counting.CollectiveLog`.
+# Each average is one all-reduce of all the parameters (682 float32 values, 2,728 bytes).
 #
 # **Predict, then run:** with H = 16, how many all-reduces, and how many bytes, in
 # 64 steps?
@@ -200,12 +181,9 @@ runs = {}
 for H in (1, 4, 16):
     with comm_counting.CollectiveLog(ops=("all_reduce",)) as log:
         model, curve = train_local_sgd(H, steps=64)
-    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert {c["bytes"] for c in log.calls} == {param_bytes}  # the parameters, each time
-    assert log.count("all_reduce") == 64 // H  # H divides the bytes
-    runs[H] = {"curve": curve, "bytes": log.nbytes(), "param_bytes": param_bytes}
-    print(f"H = {H:2d}: {log.count('all_reduce')} averages of {param_bytes:,} bytes = "
-          f"{log.nbytes():,} bytes, held-out loss {curve[-1][1]:.4f}")
+    runs[H] = {"curve": curve, "calls": [c["bytes"] for c in log.calls]}
+    print(f"H = {H:2d}: {log.count('all_reduce')} averages, {log.nbytes():,} bytes, "
+          f"held-out loss {curve[-1][1]:.4f}")
 
 # %% tags=["hide-input"]
 import torch
@@ -213,11 +191,11 @@ import torch
 from labkit import exercises, local_sgd, plots
 
 runs = ranks.pull("runs")[0]
-param_bytes = runs[1]["param_bytes"]
 psi = sum(p.numel() for p in local_sgd.make_model(local_sgd.Task()).parameters())
-assert param_bytes == 4 * psi  # float32: 4 bytes per parameter
+param_bytes = 4 * psi  # float32: 4 bytes per parameter
 for H, r in runs.items():
-    assert r["bytes"] == (64 // H) * param_bytes  # H = 4 sends a quarter of H = 1's
+    # one all-reduce of all the parameters per average, 64 / H of them
+    assert r["calls"] == [param_bytes] * (64 // H), (H, r["calls"])
 final = {H: r["curve"][-1][1] for H, r in runs.items()}
 assert final[16] < 1.01 * final[1]  # 1/16 of the bytes, within 1% of the loss (0.2%)
 by_step = {f"H = {H}": ([s for s, _ in r["curve"]], [v for _, v in r["curve"]])
@@ -230,32 +208,24 @@ fig = plots.line_chart(by_bytes, xlabel="bytes_sent_per_rank",
                        ylabel="held_out_loss", title="loss_vs_bytes")
 
 # %% [markdown] lang="ja"
-# 64 ステップのあとの H = 16 の損失は H = 1 と 1% 以内で、送ったバイト数は 1/16 です。この小さな
-# 課題では、離れたレプリカを平均が引き戻します。
+# H = 16 の損失は H = 1 と 1% 以内で、送ったバイト数は 1/16 です。
 
 # %% [markdown] lang="en"
-# After 64 steps H = 16's loss is within 1% of H = 1's, for 1/16 of the bytes: on this
-# small task the average brings the drifting replicas back.
+# H = 16's loss is within 1% of H = 1's, for 1/16 of the bytes.
 
 # %% [markdown] lang="ja"
 # ### torch の `PostLocalSGDOptimizer`
 #
-# torch の post-local SGD (Lin ほか、2020) は、DDP の通信フック `post_localSGD_hook` と、
-# パラメータを平均する `PostLocalSGDOptimizer` (ここでは `PeriodicModelAverager` で平均します) の
-# 組み合わせです。W ステップの DDP のあとで、ローカル SGD に切り替えます。はじめの
-# `start_localSGD_iter` ステップは、フックがふつうの DDP と同じく勾配を all-reduce します
-# (ウォームアップ)。そのあとも、既定では `subgroup` の中で勾配を all-reduce し続けます。
-# `subgroup=None` のときはノードの GPU の数の大きさのサブグループを作るので、CPU では、ウォームアップの
-# あとの最初の逆伝播でエラーになります (次のセルで確かめます)。
+# torch の post-local SGD (Lin ほか、2020) は、DDP の通信フック `post_localSGD_hook` と、パラメータを
+# 平均する `PostLocalSGDOptimizer` (ここでは `PeriodicModelAverager`) の組み合わせです。はじめの
+# `start_localSGD_iter` ステップは DDP と同じで (ウォームアップ)、そのあとローカル SGD になります。
+# ただし既定では、フックはそのあとも `subgroup` の中で勾配を all-reduce し、その既定の大きさはノードの
+# GPU の数なので、CPU ではウォームアップ直後の逆伝播でエラーになります (次のセル)。代わりに
+# `post_local_gradient_allreduce=False` (上のローカル SGD そのもの。ここで使います) か、
+# `subgroup=dist.new_subgroups(group_size=1)[0]` (各ランクが 1 つだけのグループ。クラスタでは
+# `group_size` をノードの GPU の数にすると、ノードの中で毎ステップ平均します) を渡します。
 #
-# 代わりに渡すもの:
-# - `post_local_gradient_allreduce=False`: ウォームアップのあとは勾配を送りません。上で書いた
-#   ローカル SGD そのものです (このレッスンはこちらを使います)。
-# - または `subgroup=dist.new_subgroups(group_size=1)[0]`: ランクを 1 つずつ別々のグループに入れるので、
-#   all-reduce しても値は変わりません (クラスタでは、ノードの GPU の数を `group_size` に渡すと、
-#   ノードの中で毎ステップ勾配を平均します)。
-#
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
 # `subgroup=None` のとき、フックはサブグループを `dist.new_subgroups()` で作り、その既定の大きさは
 # GPU の数です (`torch/distributed/algorithms/ddp_comm_hooks/post_localSGD_hook.py` と
@@ -268,21 +238,15 @@ fig = plots.line_chart(by_bytes, xlabel="bytes_sent_per_rank",
 # %% [markdown] lang="en"
 # ### torch's `PostLocalSGDOptimizer`
 #
-# torch's post-local SGD (Lin et al., 2020) is DDP's communication hook
-# `post_localSGD_hook` together with `PostLocalSGDOptimizer`, which averages the
-# parameters (here with a `PeriodicModelAverager`): W steps of DDP, then local SGD. For
-# the first `start_localSGD_iter` steps the hook all-reduces the gradients like plain
-# DDP (the warm-up); after that, by default, it keeps all-reducing them within
-# `subgroup`. With `subgroup=None` it makes subgroups the size of a node's GPUs, so on
-# the CPU the first backward pass after the warm-up fails (the next cell checks the
-# error).
-#
-# What to pass instead:
-# - `post_local_gradient_allreduce=False`: no gradients sent after the warm-up, the
-#   local SGD written above (this lesson uses it);
-# - or `subgroup=dist.new_subgroups(group_size=1)[0]`: each rank alone in its group,
-#   where an all-reduce changes nothing (on a cluster, the GPUs per node as
-#   `group_size` average the gradients within each node at every step).
+# torch's post-local SGD (Lin et al., 2020) is DDP's comm hook `post_localSGD_hook`
+# with `PostLocalSGDOptimizer`, which averages the parameters (here with a
+# `PeriodicModelAverager`). The first `start_localSGD_iter` steps are DDP's (the
+# warm-up), then local SGD; but by default the hook keeps all-reducing the gradients
+# within `subgroup`, whose default size is a node's GPUs: on the CPU the first backward
+# after the warm-up fails (the next cell). Pass instead
+# `post_local_gradient_allreduce=False` (the local SGD above, used here), or
+# `subgroup=dist.new_subgroups(group_size=1)[0]` (each rank alone in its group; on a
+# cluster, `group_size` = GPUs per node averages within each node at every step).
 #
 # <details><summary>How this was measured</summary>
 #
@@ -318,7 +282,8 @@ def train_torch_local_sgd(H, steps, warmup, averager_warmup, lr=0.1, subgroup=No
         optimizer.step()  # the local step, then the averager's turn
     return ddp.module
 
-
+# %% tags=["hide-input"]
+# %%px
 error = None
 try:  # the defaults: subgroup=None, post_local_gradient_allreduce=True
     train_torch_local_sgd(H=4, steps=3, warmup=2, averager_warmup=2)
@@ -328,25 +293,18 @@ print(f"{type(error).__name__}: {error}")
 assert torch.cuda.is_available() or "only takes effect when CUDA" in str(error)
 
 # %% [markdown] lang="ja"
-# 次に、torch の実装と、上で手で書いた実装を比べます。フックは逆伝播の回数を数え、最初の
-# `start_localSGD_iter` = W 回は勾配を all-reduce します (上の `warmup` = W と同じです)。平均するほうは
-# `optimizer.step()` の回数を 0 から数え、`warmup_steps` 回のあと `period` 回ごとに平均します。
-# ドキュメントのとおり `warmup_steps` = W にすると、最初の平均はウォームアップ直後の最初のローカルの
-# ステップのすぐあとに来て、手で書いた実装 (H 回ローカルにステップしてから平均) とは H − 1 ステップ
-# ずれます。`warmup_steps` = W + H − 1 にすれば同じ時点で平均し、パラメータはビット単位で一致します
-# (平均も、torch と同じく先に N で割ってから all-reduce しています)。セルは、ドキュメントどおりの
-# W では一致しないことも確かめます。
+# フックは逆伝播の回数を数え、最初の `start_localSGD_iter` = W 回は勾配を all-reduce します (上の
+# `warmup` = W と同じ)。平均するほうは `optimizer.step()` を 0 から数え、`warmup_steps` 回のあと
+# `period` 回ごとに平均します。ドキュメントどおり `warmup_steps` = W にすると、手で書いた実装より
+# H − 1 ステップ早く平均します。W + H − 1 なら同じ時点で平均し、ビット単位で一致します。
 #
 # **予想してから実行:** `warmup_steps` = W のとき、torch の実装は手で書いた実装と一致するでしょうか?
 
 # %% [markdown] lang="en"
-# Now torch's implementation against ours. The hook all-reduces the gradients in the
-# first `start_localSGD_iter` = W backward passes (our `warmup` = W). The averager
-# counts `optimizer.step()` calls from 0 and averages every `period` after
-# `warmup_steps`. With `warmup_steps` = W, as documented, its first average comes right
-# after the first local step, H − 1 steps before ours; `warmup_steps` = W + H − 1
-# averages when ours does, and the parameters are equal bit for bit (both divide by N
-# before the all-reduce). The cell checks both.
+# The hook all-reduces the gradients in the first `start_localSGD_iter` = W backward
+# passes (our `warmup` = W). The averager counts `optimizer.step()` calls from 0 and
+# averages every `period` after `warmup_steps`. With `warmup_steps` = W, as documented,
+# it averages H − 1 steps before ours; with W + H − 1, when ours does, bit for bit.
 #
 # **Predict, then run:** with `warmup_steps` = W, will torch's match the hand-written
 # one?
@@ -357,10 +315,13 @@ W, H, T = 3, 4, 35
 ours, _ = train_local_sgd(H, T, warmup=W)
 theirs = train_torch_local_sgd(H, T, warmup=W, averager_warmup=W + H - 1,
                                post_local_gradient_allreduce=False)
-gap = max((a - b).abs().max().item()
-          for a, b in zip(ours.parameters(), theirs.parameters(), strict=True))
 documented = train_torch_local_sgd(H, T, warmup=W, averager_warmup=W,
                                    post_local_gradient_allreduce=False)
+
+# %% tags=["hide-input"]
+# %%px
+gap = max((a - b).abs().max().item()
+          for a, b in zip(ours.parameters(), theirs.parameters(), strict=True))
 shifted = max((a - b).abs().max().item()
               for a, b in zip(ours.parameters(), documented.parameters(), strict=True))
 print(f"torch's, averager warm-up W + H - 1: largest difference {gap:.1e}; "
@@ -379,12 +340,9 @@ assert shifted > 1e-4  # averaging H - 1 steps earlier is another run
 #    Δ を勾配として θ_global を 1 ステップ更新します。
 # 3. どのランクも θ_global から再開します。
 #
-# 送るのは Δ の all-reduce 1 回で、バイト数は同じ H のローカル SGD と同じです。内側のオプティマイザは、
-# 論文の AdamW ではなくローカル SGD と同じ SGD にして、違いを外側のステップだけにします。
-#
-# 外側の lr を 1、モーメンタムを 0 にすると θ_global − Δ = θ_local の平均なので、DiLoCo は
-# ローカル SGD と同じです (丸めの差だけ)。セルはこれを確かめ、続いて本来の DiLoCo で、ラウンドごとの
-# 平均した Δ を記録します。
+# 送るのは Δ の all-reduce 1 回で、ローカル SGD と同じバイト数です。内側は (論文の AdamW ではなく) SGD
+# なので、違いは外側のステップだけです。外側の lr が 1、モーメンタムが 0 なら、DiLoCo はローカル SGD です
+# (折りたたんだセルで確かめます)。
 
 # %% [markdown] lang="en"
 # ## DiLoCo
@@ -397,13 +355,9 @@ assert shifted > 1e-4  # averaging H - 1 steps earlier is another run
 #    steps θ_global with Δ as its gradient;
 # 3. every rank restarts from θ_global.
 #
-# What is sent is one all-reduce of Δ: the bytes of local SGD with the same H. The inner
-# optimizer is local SGD's SGD, not the paper's AdamW, so that the outer step is the only
-# difference.
-#
-# With outer lr 1 and no momentum, θ_global − Δ is the mean of θ_local: DiLoCo is local
-# SGD (up to rounding). The cell checks that, then runs DiLoCo proper and records the
-# averaged Δ of every round.
+# One all-reduce of Δ: local SGD's bytes. The inner optimizer is SGD (the paper's is
+# AdamW), so the outer step is the only difference: with outer lr 1 and no momentum,
+# DiLoCo is local SGD (the folded cell checks it).
 
 # %%
 # %%px
@@ -440,6 +394,8 @@ def train_diloco(H, steps, lr=0.1, outer_lr=0.7, outer_momentum=0.9, record=None
     return model, curve
 
 
+# %% tags=["hide-input"]
+# %%px
 plain, _ = train_diloco(H=4, steps=32, outer_lr=1.0, outer_momentum=0.0)
 local, _ = train_local_sgd(H=4, steps=32)
 gap = max((a - b).abs().max().item()
@@ -460,8 +416,7 @@ deltas = torch.stack(deltas)  # one averaged pseudo-gradient per round
 #
 # m ← μ m + Δ、θ_global ← θ_global − lr (Δ + μ m)
 #
-# 8 ラウンドのあとの θ_global が、各ランクの値と一致します。モーメンタムを取り除いた外側のステップ
-# (θ_global ← θ_global − lr Δ) では一致しません。
+# 8 ラウンドのあと各ランクの θ_global と一致し、モーメンタムを除くと一致しません。
 
 # %% [markdown] lang="en"
 # Is the outer step really Nesterov's? The kernel recomputes θ_global from the
@@ -469,10 +424,9 @@ deltas = torch.stack(deltas)  # one averaged pseudo-gradient per round
 #
 # m ← μ m + Δ, θ_global ← θ_global − lr (Δ + μ m)
 #
-# After 8 rounds θ_global equals the ranks'. An outer step without the momentum
-# (θ_global ← θ_global − lr Δ) would not.
+# After 8 rounds it equals the ranks' θ_global; without the momentum it would not.
 
-# %%
+# %% tags=["hide-input"]
 theta_start, theta_end, deltas = (ranks.pull(name)[0]
                                   for name in ("theta_start", "theta_end", "deltas"))
 outer_lr, mu = 0.7, 0.9
@@ -490,19 +444,16 @@ assert (no_momentum - theta_end).abs().max() > 1e-2
 # %% [markdown] lang="ja"
 # ### 同じバイト数で比べる
 #
-# ローカル SGD、DiLoCo (どちらも H = 16 で 512 ステップ) と DDP を、送るバイト数をそろえて比べます。
-# どれも 1 回に送るのはパラメータの大きさの all-reduce 1 回なので、DDP は 32 ステップです。損失は
-# 乱数のシードで決まるので、セルは同じ学習を 2 回して、ビット単位で一致することも確かめます。
+# ローカル SGD と DiLoCo (どちらも H = 16、512 ステップ) を、同じバイト数を送る DDP (32 ステップ) と
+# 比べます。どの学習も 2 回して、損失がビット単位で一致することも確かめます。
 #
 # **予想してから実行:** 同じバイト数で、DDP、ローカル SGD、DiLoCo のどれがいちばん低い損失に届くでしょうか?
 
 # %% [markdown] lang="en"
 # ### At equal bytes sent
 #
-# Local SGD and DiLoCo (both H = 16, 512 steps) against DDP, at equal bytes: each sends
-# one all-reduce of the parameters' size at a time, so DDP takes 32 steps. The seeds
-# decide the losses, so the cell runs each training twice and checks that they match
-# bit for bit.
+# Local SGD and DiLoCo (both H = 16, 512 steps) against DDP sending the same bytes
+# (32 steps). Each training runs twice, and the losses must match bit for bit.
 #
 # **Predict, then run:** at equal bytes, which of DDP, local SGD and DiLoCo reaches
 # the lowest loss?
@@ -519,10 +470,10 @@ for name, train in (("DDP", lambda: train_local_sgd(1, T // H)),  # H = 1 is DDP
     _, again = train()
     assert again == curve  # the same seeds, the same losses, bit for bit
     equal_bytes[name] = {"curve": curve, "bytes": log.nbytes()}
-assert len({r["bytes"] for r in equal_bytes.values()}) == 1  # equal bytes sent
 
 # %% tags=["hide-input"]
 equal_bytes = ranks.pull("equal_bytes")[0]
+assert len({r["bytes"] for r in equal_bytes.values()}) == 1  # equal bytes sent
 rows = {name: (r["curve"][-1][0], r["bytes"], r["curve"][-1][1])
         for name, r in equal_bytes.items()}
 print(f"{'':10s} {'steps':>6s} {'bytes sent':>11s} {'held-out loss':>14s}")
@@ -537,14 +488,14 @@ assert loss["local SGD"] < 0.2 * loss["DDP"]  # measured 0.13: 16x the steps pay
 assert loss["DiLoCo"] < 0.95 * loss["local SGD"]  # measured 0.88: the outer momentum
 
 # %% [markdown] lang="ja"
-# この課題では、同じバイト数なら、ローカル SGD が (16 倍のステップを進めるので) DDP よりずっと低い
-# 損失に届き、DiLoCo の外側のモーメンタムがさらに 1 割ほど下げます。レプリカがもっと離れる課題
-# (大きな H、大きな lr) では、平均だけのローカル SGD は遅くなります。
+# ローカル SGD は 16 倍のステップを進めるので DDP よりずっと低い損失に届き、DiLoCo の外側の
+# モーメンタムがさらに 1 割ほど下げます。レプリカがもっと離れる課題 (大きな H や lr) では、平均するだけの
+# ローカル SGD は遅くなります。
 
 # %% [markdown] lang="en"
-# On this task, at equal bytes, local SGD reaches a far lower loss than DDP (16 times the
-# steps), and DiLoCo's outer momentum lowers it by about a tenth more. Where the replicas
-# drift further apart (a larger H or lr), averaging alone slows local SGD down.
+# Local SGD reaches a far lower loss than DDP (16 times the steps), and DiLoCo's outer
+# momentum about a tenth lower still. Where the replicas drift further apart (a larger
+# H or lr), averaging alone slows local SGD down.
 
 # %% [markdown] lang="ja"
 # ## 演習: DiLoCo の外側のステップを書く
@@ -598,60 +549,42 @@ exercises.grade_diloco_outer_step(ranks)
 # ## バッチはどこまで大きくできるか
 # <!-- section: batch -->
 #
-# ランクを増やすと、全体バッチ (N ランク × 1 ランクのバッチ b × 累積の回数 K) が大きくなり、勾配の
-# ノイズが減ります。ただ、ノイズがもう小さいところでは、バッチを大きくしてもステップ数はほとんど
-# 減りません。その境目の目安が **勾配のノイズスケール** です
-# (McCandlish ほか、2018、"An Empirical Model of Large-Batch Training")。
+# ランクを増やすと全体バッチ (N × 1 ランクのバッチ b × 累積の回数 K) が大きくなり、勾配のノイズが
+# 減ります。ノイズがもう小さければ、ステップ数はほとんど減りません。その境目の目安が
+# **勾配のノイズスケール** です (McCandlish ほか、2018)。
 #
-# G を全データの平均の勾配、Σ を 1 サンプルの勾配の共分散とすると、B 個のサンプルを独立に選んだ
-# バッチの平均の勾配 G_B について E|G_B|² = |G|² + tr(Σ) / B が成り立ちます。ノイズスケールは
-# B_simple = tr(Σ) / |G|² です。B がこれよりずっと小さいと、勾配はほとんどノイズです。
-#
-# 2 つのバッチサイズ B_small < B_big で二乗ノルムを測れば、上の式が 2 本になり、不偏推定量が 2 つ
-# 得られます (論文の付録 A.1)。
+# G を全データの平均の勾配、Σ を 1 サンプルの勾配の共分散とすると、独立に選んだ B 個のサンプルの
+# 平均の勾配 G_B について E|G_B|² = |G|² + tr(Σ) / B です。ノイズスケールは B_simple = tr(Σ) / |G|²
+# です。2 つのバッチサイズ B_small < B_big の二乗ノルムから、不偏推定量が得られます (論文の付録 A.1)。
 #
 # - |G|² ≈ (B_big |G_big|² − B_small |G_small|²) / (B_big − B_small)
 # - tr(Σ) ≈ (|G_small|² − |G_big|²) / (1/B_small − 1/B_big)
 #
-# DDP は、この 2 つのバッチをもう持っています。all-reduce の前の各ランクの勾配は b サンプルの平均、
-# all-reduce のあとの勾配は N·b サンプルの平均です。そこで、torch の `allreduce_hook` と同じことをする
-# 通信フックで、バケットを割る前の二乗ノルムと、all-reduce の結果が届いたところ (`Future.then` の
-# コールバック) での二乗ノルムを記録します。
-#
-# 題材は、ラベルにノイズのない線形回帰 (特徴量 16、サンプル 4096) です。学習のはじめ (重みが 0) で、
-# パラメータを動かさずに 200 ステップ分の勾配を測り、1 プロセスで全サンプルの 1 サンプルごとの勾配から
-# 厳密に計算した値 (`noise_scale.exact_stats`) と比べます。
+# DDP はこの 2 つのバッチを持っています。all-reduce の前の各ランクの勾配は b サンプルの平均、あとは
+# N·b サンプルの平均です。torch の `allreduce_hook` と同じことをする通信フックで両方の二乗ノルムを
+# 記録し (あとのほうは `Future.then` のコールバックで)、線形回帰の重み 0 で 200 ステップ分測って、
+# 厳密な値 (`noise_scale.exact_stats`) と比べます。
 
 # %% [markdown] lang="en"
 # ## How large a batch can grow
 # <!-- section: batch -->
 #
-# More ranks make a larger global batch (N ranks × b per rank × K accumulated), with
-# less gradient noise; but once the noise is small, a larger batch saves hardly any
-# steps. The **gradient noise scale** says where (McCandlish et al., 2018, "An
-# Empirical Model of Large-Batch Training").
+# More ranks make a larger global batch (N × b per rank × K accumulated) with less
+# gradient noise; once the noise is small, it saves hardly any steps. The **gradient
+# noise scale** says where (McCandlish et al., 2018).
 #
 # With G the mean gradient over the data and Σ the covariance of one sample's gradient,
 # the mean gradient G_B of B samples drawn independently has E|G_B|² = |G|² + tr(Σ) / B.
-# The noise scale is B_simple = tr(Σ) / |G|²: at batches much smaller, the gradient is
-# mostly noise.
-#
-# The squared norms at two batch sizes B_small < B_big give two such equations, and two
-# unbiased estimates (the paper's appendix A.1):
+# The noise scale is B_simple = tr(Σ) / |G|². The squared norms at two batch sizes
+# B_small < B_big give unbiased estimates (the paper's appendix A.1):
 #
 # - |G|² ≈ (B_big |G_big|² − B_small |G_small|²) / (B_big − B_small)
 # - tr(Σ) ≈ (|G_small|² − |G_big|²) / (1/B_small − 1/B_big)
 #
-# DDP already has both batches: each rank's gradient before the all-reduce is the mean
-# of b samples, the averaged one after it the mean of N·b. A comm hook that does what
-# torch's `allreduce_hook` does records both: the bucket's squared norm before dividing
-# it, and the mean's when the all-reduce's result arrives (in the `Future.then`
-# callback).
-#
-# The task: a linear regression without label noise (16 features, 4096 samples). At the
-# start of training (weights 0) we measure 200 steps of gradients with the parameters
-# held still, against the values computed exactly in one process from every sample's
-# own gradient (`noise_scale.exact_stats`).
+# DDP has both batches: before the all-reduce each rank's gradient averages b samples,
+# after it N·b. A comm hook doing what torch's `allreduce_hook` does records both
+# squared norms (the second in `Future.then`'s callback), here on a linear regression
+# at zero weights, for 200 steps, against the exact values (`noise_scale.exact_stats`).
 
 # %%
 # %%px
@@ -698,11 +631,14 @@ for _ in range(steps):
     measured.zero_grad()
     loss_fn(measured(X), y).backward()  # the hook runs here; no step: the model stays
 
-assert len(norms["small"]) == len(norms["big"]) == steps  # one bucket, once a step
 g2_small = torch.tensor(norms["small"]).mean()
 dist.all_reduce(g2_small)
 g2_small = g2_small.item() / world_size  # both ranks' small batches
 g2_big = sum(norms["big"]) / steps
+
+# %% tags=["hide-input"]
+# %%px
+assert len(norms["small"]) == len(norms["big"]) == steps  # one bucket, once a step
 B_simple = noise_scale.simple_noise_scale(b, world_size * b, g2_small, g2_big)
 exact = noise_scale.exact_stats(model, loss_fn, X_all, y_all)
 trace = noise_scale.estimated_trace(b, world_size * b, g2_small, g2_big)
@@ -717,19 +653,17 @@ print(f"exact, on all 4096 samples: tr(Σ) = {exact['trace']:.1f}, "
 assert abs(B_simple / exact["noise_scale"] - 1) < 0.25
 
 # %% [markdown] lang="ja"
-# 推定は正解に近くなりました。上のセルは、二乗ノルムを **200 ステップで平均してから** 比をとって
-# います。1 ステップごとの推定も不偏ですが、ばらつきが大きく、tr(Σ) の推定が負になる
-# こともあります。不偏推定量どうしの比は、比の不偏推定量にはならないので、1 ステップごとの比を
-# 平均すると当てになりません (論文も、分子と分母を別々に平均してから割ります)。
+# 推定は正解に近くなりました。セルは二乗ノルムを **200 ステップで平均してから** 比をとっています。
+# 1 ステップだけの推定は tr(Σ) が負になるほどばらつき、不偏推定量どうしの比は不偏ではないので、
+# 1 ステップごとの比の平均は当てになりません (次のセル)。
 
 # %% [markdown] lang="en"
-# The estimate is close to the exact value. The cell above averages the squared norms
-# **over the 200 steps first**, then takes the ratio. One step's estimates are so noisy
-# that tr(Σ) can come out negative, and a ratio of unbiased estimates is not an
-# unbiased ratio: an average of per-step ratios cannot be trusted (the paper too
-# averages numerator and denominator apart).
+# The estimate is close to the exact value. The cell averages the squared norms
+# **over the 200 steps first**, then takes the ratio: one step's tr(Σ) can come out
+# negative, and a ratio of unbiased estimates is not unbiased, so an average of
+# per-step ratios cannot be trusted (the next cell).
 
-# %%
+# %% tags=["hide-input"]
 # %%px
 per_step_traces = [noise_scale.estimated_trace(b, world_size * b, s, g)
                    for s, g in zip(norms["small"], norms["big"], strict=True)]
@@ -781,30 +715,24 @@ exercises.grade_noise_scale(noise_scale_estimate, (8, 2, 25.289, 16.629))
 # %% [markdown] lang="ja"
 # ## 臨界バッチサイズ: ステップ数はどこで減らなくなるか
 #
-# 論文は、目標の損失に届くまでのステップ数 S とバッチサイズ B の関係を S = S_min (1 + B_noise / B)
-# と見積もります (B_simple は B_noise の近似です)。B ≪ B_noise ではバッチを 2 倍にするとステップ数が
-# ほぼ半分になり、B ≫ B_noise では S_min からほとんど減りません。その境目 B_noise が
-# **臨界バッチサイズ** で、時間と計算の釣り合いがとれるところです。
+# 論文は、目標の損失までのステップ数を S = S_min (1 + B_noise / B) と見積もります (B_simple は
+# B_noise の近似)。B ≪ B_noise ではバッチを 2 倍にするとステップ数がほぼ半分に、B ≫ B_noise では
+# S_min からほとんど減りません。B_noise が **臨界バッチサイズ** です。
 #
-# 試します。全体バッチ B = N·b·K を 2 から 256 まで変え、それぞれ重み 0 から SGD で、全データの損失が
-# はじめの 1% 以下になるまでのステップ数を数えます (3 つのシードの平均)。1 ランクのバッチ b は 16 まで、
-# それより大きいバッチはレッスン 04 の `no_sync.accumulate_no_sync` で累積します。学習率は、1 つ前の
-# バッチでいちばんよかった値から √2 倍ずつ上げていき、ステップ数が減らなくなったところの直前の値を
-# 使います (論文も、バッチごとに学習率を選び直します)。
+# B = N·b·K を 2 から 256 まで変え、重み 0 から損失がはじめの 1% になるまでのステップ数を数えます
+# (3 シード、b が 16 を超える分は `no_sync` で累積)。学習率は論文と同じくバッチごとに選びます。
 
 # %% [markdown] lang="en"
 # ## The critical batch size: where the steps stop falling
 #
-# The paper models the steps S to reach a target loss at batch size B as
-# S = S_min (1 + B_noise / B) (B_simple approximates B_noise). Well below B_noise, twice
-# the batch takes about half the steps; well above it, the steps hardly fall below
-# S_min. B_noise is the **critical batch size**: the balance between time and compute.
+# The paper models the steps to a target loss as S = S_min (1 + B_noise / B), with
+# B_simple approximating B_noise: well below B_noise, twice the batch takes about half
+# the steps; well above, hardly fewer than S_min. B_noise is the **critical batch
+# size**.
 #
-# We try batches B = N·b·K from 2 to 256, each trained from zero weights until the
-# loss is 1% of the start's, counting the steps (mean of 3 seeds); past b = 16
-# per rank it accumulates under `no_sync`. The learning rate, tuned per batch as in the
-# paper, is searched upwards in factors of √2 from the previous batch's best until the
-# steps stop falling.
+# We count the steps from zero weights to 1% of the starting loss for B = N·b·K from 2
+# to 256 (3 seeds; past b = 16 per rank, accumulated under `no_sync`), the learning
+# rate tuned per batch as in the paper.
 
 # %%
 # %%px
@@ -855,6 +783,9 @@ steps_at, lr_at, lr = {}, {}, 0.03
 for B in batches:
     steps_at[B], lr = best_lr(B, lr)
     lr_at[B] = lr
+
+# %% tags=["hide-input"]
+# %%px
 s_min = steps_at[batches[-1]]  # the largest batch's steps stand for S_min
 print("steps at each B:", {B: round(steps_at[B], 1) for B in batches})
 # Deterministic given the seeds: a run again takes exactly its steps.
@@ -873,47 +804,41 @@ print(f"exact B_simple: {exact['noise_scale']:.1f} at the start, "
 assert abs(at_target["noise_scale"] / exact["noise_scale"] - 1) < 0.25
 
 # %% [markdown] lang="ja"
-# ステップ数は、B_simple より十分小さいところではバッチにほぼ反比例して減り、B_simple を超えると
-# ほとんど減りません。処理するサンプル数 (ステップ数 × B) は逆に、大きいバッチほど増えます。
-# B_simple を超えてランクを増やしても、学習はほとんど速くならず、計算の多くが無駄になります。
-# 図の点線が測ったノイズスケール、破線が論文の式です。論文の課題では学習が進むとノイズスケールが
-# 大きくなりますが、この課題では、目標に届いたところでもはじめとの違いは 25% 未満でした (上のセル)。
+# B_simple より十分小さいところでは、ステップ数はバッチにほぼ反比例して減り、B_simple を超えると
+# ほとんど減りません。処理するサンプル数 (ステップ数 × B) は増えるので、そこで足したランクの計算は
+# ほとんど無駄になります。点線が測ったノイズスケール、破線が論文の式です。
 
 # %% [markdown] lang="en"
 # Well below B_simple the steps fall almost in proportion to the batch; past it they
-# hardly fall. The samples processed (steps × B) do the opposite. Ranks added past
-# B_simple make training hardly faster, and their compute is mostly wasted. The dotted
-# line is the measured noise scale, the dashed one the paper's formula. In the paper the
-# noise scale grows as training goes on; on this task, where the target is reached it is
-# within 25% of the start's (the cell above).
+# hardly fall, while the samples processed (steps × B) grow: ranks added there mostly
+# waste their compute. Dotted: the measured noise scale; dashed: the paper's formula.
 
-# %%
+# %% tags=["hide-input"]
 from labkit import noise_scale
 
 steps_at, B_simple, s_min = (ranks.pull(name)[0]
                              for name in ("steps_at", "B_simple", "s_min"))
+assert min(steps_at) < B_simple < max(steps_at)  # the knee lies inside the drawn range
 fig = noise_scale.steps_vs_batch(steps_at, B_simple, s_min=s_min)
 
 # %% [markdown] lang="ja"
 # ## 不揃いなバッチの平均
 #
-# DDP の平均は、ランクごとの平均の平均です。ランクのサンプル数が違うと、それは全サンプルの平均では
-# なく、ノイズスケールの式の B_big = N·b も成り立ちません (レッスン 04 の
-# [「K 倍のバッチと同じ」が成り立つ条件](04_no_sync.ipynb#cell-id=04-when-the-same-as-a-k-times-batch-holds)
-# と同じことです)。次のセルでは、ランク 0 が 3 サンプル、ランク 1 が 13 サンプルを持ちます。サンプル数で
-# 重み付けする `no_sync.accumulate_by_count` (レッスン 04) なら、16 サンプル全体の勾配と一致します。
+# DDP の平均はランクごとの平均の平均なので、サンプル数が違うと全サンプルの平均になりません
+# (レッスン 04 の
+# [「K 倍のバッチと同じ」が成り立つ条件](04_no_sync.ipynb#cell-id=04-when-the-same-as-a-k-times-batch-holds))。
+# ここではランク 0 が 3 サンプル、ランク 1 が 13 サンプルを持ち、`no_sync.accumulate_by_count` は
+# サンプル数で重み付けします。
 #
 # **予想してから実行:** DDP のふつうの平均は、16 サンプル全体の勾配と一致するでしょうか?
 
 # %% [markdown] lang="en"
 # ## Averages over unequal batches
 #
-# DDP's average is a mean of the ranks' means. When the ranks hold unequal counts, it
-# is not the mean over the samples, and the noise scale's B_big = N·b does not hold
-# (as lesson 04 showed for micro-batches:
+# DDP's average is a mean of the ranks' means, not the mean over the samples when the
+# counts differ (lesson 04:
 # [When "the same as a K-times batch" holds](04_no_sync.ipynb#cell-id=04-when-the-same-as-a-k-times-batch-holds)).
-# In the next cell rank 0 holds 3 samples and rank 1 holds 13. Weighting by count,
-# lesson 04's `no_sync.accumulate_by_count`, gives the gradient of all 16.
+# Here rank 0 holds 3 samples, rank 1 13; `no_sync.accumulate_by_count` weights by count.
 #
 # **Predict, then run:** will DDP's plain average equal the gradient of all 16
 # samples?
@@ -931,6 +856,9 @@ mean_of_means = [trainer.module.weight.grad.clone()]
 trainer.zero_grad()
 no_sync.accumulate_by_count(trainer, loss_fn, [(X16[mine], y16[mine])])
 by_count = [trainer.module.weight.grad.clone()]
+
+# %% tags=["hide-input"]
+# %%px
 one = nn.Linear(16, 1, bias=False)
 one.load_state_dict(trainer.module.state_dict())
 loss_fn(one(X16), y16).backward()  # one process, all 16 samples

@@ -14,14 +14,21 @@ from labkit import cluster, local_sgd
 
 def _cells() -> dict[str, str]:
     find = finder("15_communicate_less")
+    # A shown cell and the folded cell after it that checks it: run as one.
     return {"local": find("def train_local_sgd("),
-            "ddp_and_drift": find("local1, _ = train_local_sgd(H=1"),
+            "ddp_and_drift": find("local1, _ = train_local_sgd(H=1")
+            + find("assert gap <= 1e-6, gap  # momentum"),
             "bytes": find("for H in (1, 4, 16):"),
-            "torch": find("def train_torch_local_sgd("),
-            "torch_equal": find("documented = train_torch_local_sgd("),
-            "diloco": find("def train_diloco("),
+            "torch": find("def train_torch_local_sgd(")
+            + find("only takes effect when CUDA"),
+            "torch_equal": find("documented = train_torch_local_sgd(")
+            + find("assert shifted > 1e-4"),
+            "diloco": find("def train_diloco(")
+            + find("diloco, _ = train_diloco(H=4, steps=32, record=deltas)"),
             "nesterov": find("theta_start, theta_end, deltas = (ranks.pull"),
-            "equal_bytes": find("equal_bytes = {}")}
+            "equal_bytes": find("equal_bytes = {}"),
+            # the kernel's check on the bytes the ranks sent
+            "bytes_check": find('runs = ranks.pull("runs")[0]')}
 
 
 CELLS = _cells()
@@ -48,6 +55,7 @@ def test_the_lessons_cells_pass_as_written(ranks):
     _define(ranks)
     for name in ("ddp_and_drift", "bytes", "torch", "torch_equal", "diloco"):
         ranks.execute(CELLS[name])
+    exec(CELLS["bytes_check"], {"ranks": ranks})
     _nesterov_cell(ranks)
 
 

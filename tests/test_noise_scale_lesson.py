@@ -16,10 +16,14 @@ from labkit import cluster
 
 def _cells() -> dict[str, str]:
     find = finder("15_communicate_less")
-    return {"measure": find("measured.register_comm_hook(norms, capture)"),
+    # A shown cell and the folded cell after it that checks it: run as one.
+    return {"measure": find("measured.register_comm_hook(norms, capture)")
+            + find("B_simple = noise_scale.simple_noise_scale("),
             "per_step": find("per_step_traces = ["),
-            "critical": find("def steps_to_target("),
-            "unequal": find("counts = (3, 13)")}
+            "critical": find("def steps_to_target(")
+            + find("assert mean_steps(8, lr_at[8]) == steps_at[8]"),
+            "unequal": find("counts = (3, 13)")
+            + find("gap = checks.grads_differ(mean_of_means")}
 
 
 CELLS = _cells()

@@ -19,12 +19,16 @@ from labkit import cluster
 def _cells() -> dict[str, str]:
     """The section's cells, by a line each contains (no magic line)."""
     find = finder("14_slow_link")
-    return {"one": find("ALPHA, BETA = 1e-3, 100e6"),
+    # A shown cell and the folded cell after it that checks it: run as one.
+    return {"one": find("ALPHA, BETA = 1e-3, 100e6")
+            + find("assert one_s >= delay"),
             "measure": find("over = slow_link.steps_over_links("),
-            "table": find('over = ranks.pull("over")'),
+            "table": find('over = ranks.pull("over")')
+            + find("What each method hands the link per step"),
             "rounds": find('steps = ranks.pull("over")[0]'),
             "solution": find("return (S_ddp - S_fp16) / (t_fp16 - t_ddp)"),
-            "crossover": find("def predicted_crossover(name):")}
+            "crossover": find("def predicted_crossover(name):")
+            + find("def loopback_plus_link(name, beta):")}
 
 
 CELLS = _cells()
