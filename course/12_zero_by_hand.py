@@ -13,23 +13,21 @@
 #
 # このレッスンを終えると、次のことができます。
 #
-# - 1 ランクが持つモデルの状態のメモリを、DDP と ZeRO のステージ 1〜3 について Ψ と k で数える
-# - reduce-scatter と all-gather で ZeRO のステージ 1、2、3 を書き、torch の DDP とビット単位で
-#   一致することを確かめる
-# - 各ステージが持つメモリを測り、式との差を説明する
-# - 各ステージが 1 ステップに送るバイト数を数え、シャードで減るのはメモリで、通信ではないことを説明する
+# - 1 ランクが持つメモリを、DDP と ZeRO のステージ 1〜3 について Ψ と k で数える
+# - reduce-scatter と all-gather で ZeRO のステージ 1〜3 を書き、DDP とビット単位で一致させる
+# - 各ステージが持つメモリを測り、式と比べる
+# - 送るバイト数から、シャードで減るのはメモリで、通信ではないことを示す
 
 # %% [markdown] lang="en" tags=["outcomes"]
 # # 12 ZeRO by hand
 #
 # After this lesson you can:
 #
-# - count a rank's model-state memory under DDP and ZeRO stages 1 to 3, in Ψ and k;
-# - write ZeRO stages 1, 2 and 3 with reduce-scatters and all-gathers, and check them
-#   against torch's DDP bit for bit;
-# - measure what each stage holds, and explain how it differs from the formula;
-# - count the bytes each stage sends per step, and say why sharding saves memory, not
-#   traffic.
+# - count, in Ψ and k, what a rank holds under DDP and ZeRO stages 1 to 3;
+# - write ZeRO stages 1 to 3 with reduce-scatters and all-gathers, equal to DDP bit
+#   for bit;
+# - measure what each stage holds against the formula;
+# - show from the bytes sent that sharding saves memory, not traffic.
 
 # %%
 import labkit
@@ -47,12 +45,10 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # %% [markdown] lang="ja" tags=["core"]
 # ## メモリは何に使われるか
 #
-# Ψ 個のパラメータを Adam で学習するとき、各ランクが持つ「モデルの状態」は、パラメータ (P バイト)、
-# 勾配 (G バイト)、Adam の状態 (1 パラメータあたり k バイト) です (活性値は含みません)。このレッスンの
-# float32 では P = G = 4Ψ、`exp_avg` と `exp_avg_sq` で k = 8 です。
-# ZeRO の論文 (Rajbhandari ほか、2020) の混合精度では P = G = 2Ψ、Adam の状態が float32 のパラメータのコピーも持って k = 12 です。
-# ZeRO は、ステージ 1 で Adam の状態を、ステージ 2 でさらに勾配を、ステージ 3 でさらにパラメータを
-# N 個のランクで分割して持ちます。
+# Adam で Ψ 個のパラメータを学習するとき、1 ランクはパラメータ (P バイト)、勾配 (G)、Adam の状態 (kΨ)
+# を持ちます。1 パラメータあたり、float32 では 4 + 4 + 8 バイト (`exp_avg` と `exp_avg_sq`)、ZeRO の論文
+# (Rajbhandari ほか、2020) の混合精度では 2 + 2 + 12 バイト (Adam が float32 のパラメータのコピーも
+# 持ちます) です。ZeRO はこれを N 個のランクで分けて持ちます。
 #
 # | | 1 ランクあたり | float32 の Adam (4 + 4 + 8) | 混合精度 (2 + 2 + 12) |
 # |---|---|---|---|
@@ -61,20 +57,17 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # | ZeRO-2 | P + (G + kΨ)/N | 4Ψ + 12Ψ/N | 2Ψ + 14Ψ/N |
 # | ZeRO-3 | (P + G + kΨ)/N | 16Ψ/N | 16Ψ/N |
 #
-# DDP ではどちらも 16Ψ で、内訳が違います。表は `sharding.memory_parts(Ψ, N)` が計算します。Adam の 3 つ目の状態 `step` はテンソル 1 つにつき
-# 4 バイトなので、式には入れません。次のセルはそれを確かめ、メモリを測る MLP の
-# 表の値を出します。
+# DDP ではどちらも 16Ψ で、内訳だけが違います (`sharding.memory_parts(Ψ, N)`。Adam の `step` は
+# テンソル 1 つにつき 4 バイトなので入れません)。
 
 # %% [markdown] lang="en" tags=["core"]
 # ## Where the memory goes
 #
-# Training Ψ parameters with Adam, each rank holds three "model states" (activations
-# not included): the parameters (P bytes), the gradients (G bytes) and Adam's state (k
-# bytes a parameter). In this lesson's float32, P = G = 4Ψ, and `exp_avg` and
-# `exp_avg_sq` make k = 8; in the ZeRO paper's mixed precision (Rajbhandari et al.,
-# 2020), P = G = 2Ψ, and Adam's state holds a float32 copy of the parameters too,
-# k = 12. ZeRO shares out over the N ranks Adam's state in stage 1, the gradients too
-# in stage 2, and the parameters too in stage 3:
+# Training Ψ parameters with Adam, a rank holds the parameters (P bytes), the
+# gradients (G) and Adam's state (kΨ): in float32, 4 + 4 + 8 bytes a parameter
+# (`exp_avg`, `exp_avg_sq`); in the ZeRO paper's mixed precision (Rajbhandari et al.,
+# 2020), 2 + 2 + 12, Adam keeping a float32 copy of the parameters. ZeRO shares them
+# out over N ranks:
 #
 # | | per rank | float32 Adam (4 + 4 + 8) | mixed precision (2 + 2 + 12) |
 # |---|---|---|---|
@@ -83,9 +76,8 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # | ZeRO-2 | P + (G + kΨ)/N | 4Ψ + 12Ψ/N | 2Ψ + 14Ψ/N |
 # | ZeRO-3 | (P + G + kΨ)/N | 16Ψ/N | 16Ψ/N |
 #
-# Under DDP both make 16Ψ, split differently; `sharding.memory_parts(Ψ, N)` computes
-# the table. Adam's third state, `step`, 4 bytes a tensor, is left out; the next cell
-# checks that and gives the table for the MLP measured below.
+# Under DDP both make 16Ψ, split differently (`sharding.memory_parts(Ψ, N)`; Adam's
+# `step`, 4 bytes a tensor, is left out).
 
 # %%
 model = models.WideMLP(10, 63, 2, 10)
@@ -94,6 +86,8 @@ adam = torch.optim.Adam(model.parameters(), lr=1e-3)
 model(torch.randn(4, 10)).sum().backward()
 adam.step()
 state = adam.state[model.net[0].weight]
+
+# %% tags=["hide-input"]
 assert set(state) == {"step", "exp_avg", "exp_avg_sq"}
 assert state["exp_avg"].shape == state["exp_avg_sq"].shape == model.net[0].weight.shape
 assert state["step"].shape == () and state["step"].dtype == torch.float32
@@ -111,19 +105,14 @@ assert totals["ZeRO-2"] == (4 * psi + 12 * psi / 2, 2 * psi + 14 * psi / 2)
 assert totals["ZeRO-3"] == (16 * psi / 2, 16 * psi / 2)
 
 # %% [markdown] lang="ja"
-# 次に、各ランクで測ります。`sharding.held_bytes` はテンソルが持つストレージを、共有されたものは 1 回、
-# 解放した (大きさ 0 の) ものは 0 と数えます。このレッスンの学習クラスは、どれも `T(model)` で作り
-# (ランク 0 の重みを配ります)、`T.step(X, y, loss_fn)` で 1 ステップ進め、Adam が動く直前のバイト数を
-# `T.held` に残します。基準は `DDPAdam` (torch の DDP と Adam。勾配はバケットのビュー) です。
+# 次に各ランクで測ります。学習クラス `T(model)` は `T.step(X, y, loss_fn)` で 1 ステップ進み、Adam が
+# 動く直前に持つバイト数を `T.held` に残します。基準の `DDPAdam` は torch の DDP と Adam です。
 #
 # **予想してから実行:** DDP で測った Adam の状態は、式の 8Ψ より何バイト多いでしょうか?
 
 # %% [markdown] lang="en"
-# Now on the ranks. `sharding.held_bytes` counts the storage tensors hold: a shared
-# one once, a freed one (resized to 0) as 0. Each trainer here is built as `T(model)`
-# (handing out rank 0's weights), steps with `T.step(X, y, loss_fn)` and keeps in
-# `T.held` the bytes held when Adam runs. The baseline, `DDPAdam`, is torch's DDP
-# (gradients as views of its buckets) and Adam.
+# Now on the ranks. A trainer `T(model)` steps with `T.step(X, y, loss_fn)` and keeps
+# in `T.held` what it holds when Adam runs; the baseline, `DDPAdam`, is torch's DDP.
 #
 # **Predict, then run:** how many bytes above the formula's 8Ψ does Adam's state
 # measure under DDP?
@@ -152,20 +141,22 @@ class DDPAdam:
     def step(self, X, y, loss_fn):
         loss = loss_fn(self.ddp(X), y)
         loss.backward()  # DDP all-reduces the gradients bucket by bucket, and averages
-        self.held = self.memory()  # what this rank holds when Adam runs
+        self.held = held(self)  # what this rank holds when Adam runs
         self.optimizer.step()
         self.optimizer.zero_grad()
         return loss.detach()
 
-    def memory(self):
-        params = list(self.model.parameters())
-        return sharding.held_by_part(params, [p.grad for p in params], self.optimizer)
-
-    def full_parameters(self):
-        return [p.detach().clone() for p in self.model.parameters()]
-
-# %%
+# %% tags=["hide-input"]
 # %%px
+def held(trainer):
+    """Bytes a trainer holds: its model's and its optimizer's parameters, their grads.
+
+    `sharding.held_bytes` counts a storage shared once, a freed one (resized to 0) as 0.
+    """
+    params = [*trainer.model.parameters(), *trainer.optimizer.param_groups[0]["params"]]
+    return sharding.held_by_part(params, [p.grad for p in params], trainer.optimizer)
+
+
 def memory_run(make, steps=2):
     """Train the MLP for `steps` steps with trainer `make`; return the trainer."""
     torch.manual_seed(rank)  # each rank starts different: the trainer must broadcast
@@ -195,20 +186,18 @@ assert ddp.held["optimizer"] == formula["optimizer"] + 4 * len(params)
 # %% [markdown] lang="ja" tags=["core"]
 # ## ZeRO ステージ 1 を手で書く
 #
-# ステージ 1 では、各ランクが Adam の状態を自分のシャードのぶんだけ持ちます (torch では
+# ステージ 1 では、各ランクが自分のシャードの Adam の状態だけを持ちます (torch では
 # `ZeroRedundancyOptimizer` です:
 # [13: ZeroRedundancyOptimizer: オプティマイザの状態を分割して持つ (シャード)](13_fsdp2.ipynb#cell-id=13-zeroredundancyoptimizer-sharing-out-the-optimizer-state))。
 # 1 ステップは次のとおりです。
 #
 # 1. 各ランクが自分のバッチで順伝播と逆伝播をします。
-# 2. 各ランクは自分のシャードだけを更新するので、平均の勾配のうち自分の部分を **reduce-scatter** で
-#    受け取ります。全ランクのテンソルを足し、結果を N 個に分けてランク r に r 番目を渡す集団通信です。
+# 2. **reduce-scatter** で、平均の勾配のうち自分のシャードだけを受け取ります (全ランクの和を N 個に分け、
+#    ランク r に r 番目を渡します)。
 # 3. 自分のシャードを Adam で更新します。
-# 4. **all-gather** で、各ランクが更新したシャードを全ランクに配ります。
+# 4. **all-gather** で、更新したシャードを全ランクに配ります。
 #
-# `sharding.FlatParameters` は、学習するパラメータを 1 本のバッファ `full` のビューにし、N の倍数まで
-# 0 で埋めます (パディング)。`shard(r)` はランク r の部分、`flat_grad()` は同じ並びの勾配です。集団通信は
-# `dist.reduce_scatter_single` と `dist.all_gather_single` です。
+# `sharding.FlatParameters` はパラメータを 0 で埋めた 1 本のバッファ `full` に並べます。
 
 # %% [markdown] lang="en" tags=["core"]
 # ## ZeRO stage 1 by hand
@@ -219,26 +208,20 @@ assert ddp.held["optimizer"] == formula["optimizer"] + 4 * len(params)
 # A step:
 #
 # 1. Each rank runs the forward and backward pass on its batch.
-# 2. Updating only its shard, each rank receives only its shard of the mean gradient,
-#    by a **reduce-scatter**: it sums the ranks' tensors, cuts the sum into N pieces
-#    and gives rank r the r-th.
+# 2. A **reduce-scatter** hands it its shard of the mean gradient (the ranks' sum, cut
+#    into N pieces, rank r getting the r-th).
 # 3. Each rank updates its shard with Adam.
-# 4. An **all-gather** hands every rank the shards the others updated.
+# 4. An **all-gather** hands every rank the updated shards.
 #
-# `sharding.FlatParameters` makes the trained parameters views of one buffer `full`,
-# padded with zeros to a multiple of N; `shard(r)` is rank r's piece, `flat_grad()` the
-# gradients laid out alike. The collectives are `dist.reduce_scatter_single` and
-# `dist.all_gather_single`.
+# `sharding.FlatParameters` lays the parameters out in one zero-padded buffer `full`.
 
 # %% [markdown] lang="ja"
-# まず 4 つの値で確かめます。reduce-scatter で各ランクが和の自分の分を受け取り、all-gather でそれを
-# 全ランクに配ると、all-reduce と同じ結果になります。
+# まず 4 つの値で確かめます。reduce-scatter のあと all-gather をすると、all-reduce と同じ結果になります。
 #
 # **予想してから実行:** reduce-scatter のあと、ランク 1 はいくつの値を持っているでしょうか?
 
 # %% [markdown] lang="en"
-# First on four values: a reduce-scatter hands each rank its piece of the sum, an
-# all-gather hands every rank all the pieces; together, an all-reduce.
+# First on four values: a reduce-scatter, then an all-gather, make an all-reduce.
 #
 # **Predict, then run:** after the reduce-scatter, how many values does rank 1 hold?
 
@@ -252,16 +235,16 @@ dist.all_gather_single(whole, piece)  # every rank: all the pieces
 summed = g.clone()
 dist.all_reduce(summed)
 assert torch.equal(whole, summed)  # reduce-scatter + all-gather = all-reduce
-steps_shown = [("before", g.tolist()), ("reduce_scatter_single", piece.tolist()),
-               ("all_gather_single", whole.tolist()), ("all_reduce", summed.tolist())]
+steps_shown = [("before", g), ("dist.reduce_scatter_single", piece),
+               ("dist.all_gather_single", whole), ("dist.all_reduce", summed)]
 
-# %%
+# %% tags=["hide-input"]
 from labkit import diagrams
 
 shown = ranks.pull("steps_shown")  # per rank: (what ran, values after it), in order
-rows = {labkit.t("values_before") if op == "before" else f"dist.{op}":
-        [dict(r)[op] for r in shown] for op, _ in shown[0]}
-assert [len(v) for v in rows["dist.reduce_scatter_single"]] == [2, 2]
+rows = {labkit.t("values_before") if op == "before" else op:
+        [dict(r)[op].tolist() for r in shown] for op, _ in shown[0]}
+assert [len(v) for v in list(rows.values())[1]] == [2, 2]  # after the reduce-scatter
 fig = diagrams.collectives(rows, fmt="{:.0f}")
 
 # %%
@@ -275,16 +258,16 @@ class Zero1:
         for p in model.parameters():  # every rank starts from rank 0's weights
             dist.broadcast(p.detach(), src=0)
         trained = [p for p in model.parameters() if p.requires_grad]  # not the frozen
-        self.flat = sharding.FlatParameters(trained, self.world_size)
+        self.flat = sharding.FlatParameters(trained, self.world_size)  # padded to N
         # This rank's shard is a view of the flat buffer: Adam updates it in place.
-        self.shard = nn.Parameter(self.flat.shard(self.rank))
+        self.shard = nn.Parameter(self.flat.shard(self.rank))  # its r-th piece
         self.optimizer = torch.optim.Adam([self.shard], lr=lr)  # the shard's state only
 
     def step(self, X, y, loss_fn):
         loss = loss_fn(self.model(X), y)
         loss.backward()
         self.reduce_gradients()  # this rank's shard of the mean gradient -> shard.grad
-        self.held = self.memory()  # what this rank holds when Adam runs
+        self.held = held(self)  # what this rank holds when Adam runs
         self.optimizer.step()  # updates this rank's shard of the parameters
         # Each rank updated its own shard: the all-gather brings it the others'.
         dist.all_gather_single(self.flat.full, self.shard.detach())
@@ -300,23 +283,14 @@ class Zero1:
         dist.reduce_scatter_single(mine, grads)
         self.shard.grad = mine.div_(self.world_size)  # the sum -> the mean
 
-    def memory(self):
-        params = [*self.model.parameters(), self.shard]
-        return sharding.held_by_part(params, [p.grad for p in params], self.optimizer)
-
-    def full_parameters(self):
-        return [p.detach().clone() for p in self.model.parameters()]
-
 # %% [markdown] lang="ja"
-# 確かめるモデル `models.TiedMLP` は、重みを共有する層と凍結した層を持ち、833 個のパラメータを学習します
-# (パディング 1 つ)。各ランクはわざと違うシードで作るので、ランク 0 の重みを配り忘れると失敗します。
-# 3 ステップのあと、1 プロセスの学習と `DDPAdam` と比べます。
+# 確かめる `models.TiedMLP` は、共有する重みと凍結した層を持ちます。各ランクは違うシードで作るので、
+# 重みを配り忘れると失敗します。3 ステップ後に、1 プロセスの学習と `DDPAdam` と比べます。
 
 # %% [markdown] lang="en"
-# The model checked, `models.TiedMLP`, has a tied weight and a frozen layer (833
-# trained parameters, one padding value). Each rank builds it from another seed, so a
-# trainer that forgets to hand out rank 0's weights fails. After 3 steps it is compared
-# with one process and with `DDPAdam`.
+# `models.TiedMLP`, checked here, has a tied weight and a frozen layer; the ranks build
+# it from different seeds, so a missing broadcast fails. After 3 steps we compare with
+# one process and with `DDPAdam`.
 
 # %%
 # %%px
@@ -355,6 +329,15 @@ def alone(micro_batches):
     return [p.detach() for p in one.parameters()]
 
 
+# %% tags=["hide-input"]
+# %%px
+def params_of(trainer):
+    """The trainer's whole parameters, copied (stage 3 gathers them first)."""
+    if hasattr(trainer, "full_parameters"):
+        return trainer.full_parameters()
+    return [p.detach().clone() for p in trainer.model.parameters()]
+
+
 def compare(full, one_process, ddp):
     """(largest difference from one process, bit for bit equal to DDP's?)"""
     diff = max((a - b).abs().max().item() for a, b in zip(full, one_process, strict=True))
@@ -362,12 +345,13 @@ def compare(full, one_process, ddp):
 
 
 one_process = alone(lambda step: [batch(step)])  # the whole batch, one process
-ddp_params = train(DDPAdam).full_parameters()
+ddp_params = params_of(train(DDPAdam))
+assert compare(ddp_params, one_process, ddp_params)[0] <= 1e-6  # DDP: one process
 
-# %%
+# %% tags=["hide-input"]
 # %%px
 zero1 = train(Zero1)
-diff, bitwise = compare(zero1.full_parameters(), one_process, ddp_params)
+diff, bitwise = compare(params_of(zero1), one_process, ddp_params)
 print(f"rank {rank}, ZeRO-1: {diff:.1e} from one process; bit for bit DDP's: {bitwise}")
 assert bitwise  # the same bits as torch's DDP on 2 ranks
 assert diff <= 1e-6  # one process sums the whole batch in another order
@@ -376,38 +360,32 @@ assert len(zero1.optimizer.state[zero1.shard]["exp_avg"]) == zero1.flat.shard_nu
 assert zero1.flat.shard_numel * world_size == 834  # 833 parameters and 1 padding
 
 # %% [markdown] lang="ja"
-# DDP とはビット単位で一致します。各ランクの勾配は同じ計算で、2 ランクでは「足してから 2 で割る」と
-# 「2 で割ってから足す」(DDP) が同じ値になり、Adam は要素ごとの計算だからです。1 プロセスとは足す順番が
-# 違い、差は 1e-6 以内です。
+# DDP とはビット単位で一致します。2 ランクでは「足してから 2 で割る」と「2 で割ってから足す」(DDP) が
+# 同じ値になり、Adam は要素ごとの計算だからです。1 プロセスとは足す順番が違い、差は 1e-6 以内です。
 
 # %% [markdown] lang="en"
-# Bit for bit DDP's: the ranks' gradients are the same computation; on 2 ranks,
-# summing then halving equals halving then summing (DDP) exactly; Adam works element
-# by element. From one process, adding in another order: within 1e-6.
+# Bit for bit DDP's: on 2 ranks, halving then summing (DDP) equals summing then
+# halving, and Adam is element-wise. One process adds in another order: within 1e-6.
 
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 演習: ステージ 2 の勾配の reduce-scatter
 #
-# `Zero1` は reduce-scatter の結果を平坦化した勾配のビューに書くので、勾配の全体 (4Ψ バイトとパディング)
-# が残ります。ステージ 2 は、自分のシャードの平均を**新しいテンソル**に受け取ります。
+# `Zero1` は勾配のビューに reduce-scatter するので、勾配の全体が残ります。ステージ 2 は、シャードの平均を
+# **新しいテンソル**に受け取ります。
 #
-# `shard_of_mean_gradient(flat_grad, rank, world_size)` を書いてください。`flat_grad` はこのランクの
-# 平坦化した勾配で、要素の数は world_size で割り切れます。全ランクで平均した勾配のうち、このランクの
-# シャード (`rank * k` 番目から k 個、k = 要素の数 ÷ world_size) を新しいテンソルとして返します。
-# `dist.reduce_scatter_single(output, input)` を 1 回だけ使います (受け取る部分はランクの番号で決まります)。
+# `shard_of_mean_gradient(flat_grad, rank, world_size)` を書いてください。`flat_grad` を全ランクで平均した
+# うち、このランクのシャード (`rank * k` 番目から k 個、k = 要素の数 ÷ world_size) を新しいテンソルとして
+# 返します。`dist.reduce_scatter_single` を 1 回だけ使います。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## Exercise: stage 2's gradient reduce-scatter
 #
-# `Zero1` writes the reduce-scatter's result into a view of the flat gradient, so the
-# whole gradient (4Ψ bytes and the padding) stays. Stage 2 receives its shard of the
-# mean in a **new tensor**.
+# `Zero1` reduce-scatters into a view, so the whole gradient stays; stage 2 receives
+# its shard of the mean in a **new tensor**.
 #
-# Write `shard_of_mean_gradient(flat_grad, rank, world_size)`. `flat_grad` is this
-# rank's flat gradient; world_size divides its number of values. Return, as a new
-# tensor, this rank's shard of the mean over the ranks, the k = numel ÷ world_size
-# values from `rank * k` on, with one `dist.reduce_scatter_single(output, input)` (each
-# rank's piece follows from its rank).
+# Write `shard_of_mean_gradient(flat_grad, rank, world_size)`: return, as a new
+# tensor, this rank's shard (k = numel ÷ world_size values from `rank * k` on) of
+# `flat_grad` averaged over the ranks, by one `dist.reduce_scatter_single`.
 
 # %% tags=["exercise"]
 # %%px
@@ -432,28 +410,26 @@ exercises.grade_gradient_shard(ranks)
 
 # %%
 # %%px
-# ReduceOp.AVG on gloo: the sum halved; a view holds its whole buffer, a copy its own.
-flat = torch.randn(8, generator=torch.Generator().manual_seed(rank))
+flat = torch.randn(8, generator=torch.Generator().manual_seed(rank))  # AVG = sum / N
 by_avg, by_sum = torch.empty(4), torch.empty(4)
 dist.reduce_scatter_single(by_avg, flat, op=dist.ReduceOp.AVG)
 dist.reduce_scatter_single(by_sum, flat)
 assert torch.equal(by_avg, by_sum / world_size)
-view = flat.chunk(world_size)[rank]
+view = flat.chunk(world_size)[rank]  # a view holds its whole buffer, a copy its own
 assert sharding.held_bytes([view]) == sharding.held_bytes([flat]) == 4 * 8
 assert sharding.held_bytes([view.clone()]) == 4 * 8 // world_size
 
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## ZeRO ステージ 2 を手で書く
 #
-# `Zero2` は `Zero1` の `reduce_gradients` だけを書き換え、演習の関数でシャードの平均を受け取り、勾配の
-# 全体を解放します。Adam が動くあいだ勾配のシャードだけを持つ点がステージ 2 です。
+# `Zero2` は `Zero1` の `reduce_gradients` だけを書き換えます。演習の関数でシャードの平均を受け取り、
+# 勾配の全体を解放します。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## ZeRO stage 2 by hand
 #
-# `Zero2` changes only `Zero1`'s `reduce_gradients`: it receives its shard of the mean
-# with the exercise's function and lets the whole gradient go: holding only the
-# gradient's shard while Adam runs is stage 2.
+# `Zero2` changes only `Zero1`'s `reduce_gradients`: the exercise's function gives it
+# the mean's shard, and the whole gradient goes.
 
 # %%
 # %%px
@@ -473,10 +449,10 @@ class Zero2(Zero1):
 # **Predict, then run:** how many bytes of gradients do stages 1 and 2 hold when Adam
 # runs?
 
-# %%
+# %% tags=["hide-input"]
 # %%px
 zero2 = train(Zero2)
-diff, bitwise = compare(zero2.full_parameters(), one_process, ddp_params)
+diff, bitwise = compare(params_of(zero2), one_process, ddp_params)
 print(f"rank {rank}, ZeRO-2: {diff:.1e} from one process; bit for bit DDP's: {bitwise};"
       f" gradient bytes {zero1.held['gradients']} (ZeRO-1), {zero2.held['gradients']}")
 assert bitwise and diff <= 1e-6
@@ -486,39 +462,34 @@ assert zero2.held["gradients"] == 4 * zero2.flat.shard_numel  # the shard only
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## ZeRO ステージ 3 を手で書く
 #
-# ステージ 3 では、パラメータもシャードだけを持ちます。計算には全体が要るので、層ごとに、使う直前に
-# all-gather で集め、使い終わったら解放します。
+# ステージ 3 では、パラメータもシャードだけを持ちます。層ごとに、使う直前に all-gather で集め、使ったら
+# 解放します。
 #
 # 1. 層の順伝播の直前 (`register_forward_pre_hook`): 集める
-# 2. 層の順伝播のあと (`register_forward_hook`): 解放し、層の出力にフックを付ける
-# 3. 層の逆伝播の直前 (出力の `register_hook`): もう一度集める (autograd が保存した重みを使う前に戻す)
-# 4. 層の勾配がそろったとき (`register_post_accumulate_grad_hook`): 勾配を reduce-scatter して平均の
-#    シャードをシャードの勾配に**足し込み** (逆伝播 2 回で勾配累積になるように)、集めたパラメータを解放する
+# 2. 順伝播のあと (`register_forward_hook`): 解放し、出力にフックを付ける
+# 3. 層の逆伝播の直前 (出力の `register_hook`): autograd が保存した重みのために、もう一度集める
+# 4. 層の勾配がそろったとき (`register_post_accumulate_grad_hook`): reduce-scatter し、平均のシャードを
+#    シャードの勾配に**足し込み** (勾配累積のため)、解放する
 #
-# 層は `sharding.shard_units(model)` が決めます (共有された重みはモデル全体の単位、凍結したパラメータは
-# 全ランクがそのまま持ちます)。解放はストレージの大きさを 0 にすること (`untyped_storage().resize_(0)`)
-# で、集めるときは同じストレージ (autograd が保存したテンソルも見ているもの) に戻します。`Zero3Base` が
-# 集めて送り、`Zero3` が解放します。
+# 解放は `untyped_storage().resize_(0)` で、集めるときは同じストレージに戻します。`Zero3Base` が集めて
+# 送り、`Zero3` が解放します。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## ZeRO stage 3 by hand
 #
-# In stage 3 the parameters too are held as shards. Computing needs them whole, so
-# each layer's are all-gathered just before use and freed after:
+# In stage 3 the parameters too are held as shards; each layer's are all-gathered just
+# before use and freed after:
 #
-# 1. just before the layer's forward pass (`register_forward_pre_hook`): gather;
-# 2. after it (`register_forward_hook`): free, and put a hook on the layer's output;
-# 3. just before the layer's backward pass (that output's `register_hook`): gather
-#    again, for the weights autograd saved;
-# 4. once the layer's gradients are there (`register_post_accumulate_grad_hook`):
-#    reduce-scatter them, **add** the shard of the mean to the shard's gradient (so
-#    two backward passes accumulate), and free the gathered parameters.
+# 1. before the layer's forward (`register_forward_pre_hook`): gather;
+# 2. after it (`register_forward_hook`): free, and hook the output;
+# 3. before the layer's backward (the output's `register_hook`): gather again, for
+#    the weights autograd saved;
+# 4. once its gradients are in (`register_post_accumulate_grad_hook`): reduce-scatter
+#    them, **add** the mean's shard to the shard's gradient (so backward passes
+#    accumulate), and free.
 #
-# `sharding.shard_units(model)` picks the layers (a tied weight goes to the whole
-# model's unit; frozen parameters stay whole on every rank). Freeing resizes the
-# storage to 0 (`untyped_storage().resize_(0)`); gathering restores that storage,
-# which autograd's saved tensors look at too. `Zero3Base` gathers and sends; `Zero3`
-# frees.
+# Freeing is `untyped_storage().resize_(0)`; gathering restores that storage.
+# `Zero3Base` gathers and sends; `Zero3` frees.
 
 # %%
 # %%px
@@ -531,7 +502,7 @@ class Zero3Base:
         for p in model.parameters():  # every rank starts from rank 0's weights
             dist.broadcast(p.detach(), src=0)
         self.units, self.shards, self.pending = [], [], {}
-        for module, params in sharding.shard_units(model):
+        for module, params in sharding.shard_units(model):  # tied weights: one unit
             flat = sharding.FlatParameters(params, self.world_size)
             shard = nn.Parameter(flat.shard(self.rank).clone())  # memory of its own
             flat.full.untyped_storage().resize_(0)  # whole only while gathered
@@ -572,14 +543,10 @@ class Zero3Base:
     def step(self, X, y, loss_fn):
         loss = loss_fn(self.model(X), y)
         loss.backward()  # the hooks gather, reduce-scatter and free, layer by layer
-        self.held = self.memory()  # what this rank holds when Adam runs
+        self.held = held(self)  # what this rank holds when Adam runs
         self.optimizer.step()  # each rank updates its shards; nothing to gather now
         self.optimizer.zero_grad()
         return loss.detach()
-
-    def memory(self):
-        params = [*self.model.parameters(), *self.shards]
-        return sharding.held_by_part(params, [p.grad for p in params], self.optimizer)
 
     def full_parameters(self):
         for flat in self.units:
@@ -592,28 +559,26 @@ class Zero3Base:
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 演習: ZeRO-3 で、集めたパラメータを層ごとに解放する
 #
-# `Zero3` の 2 つのメソッドを書いてください。`flat` は 1 つの層の `sharding.FlatParameters` で、
-# `flat.full` がその層の集めたパラメータです。
+# `Zero3` の 2 つのメソッドを書いてください。`flat.full` は 1 つの層の集めたパラメータです (`flat` はその層の
+# `sharding.FlatParameters`)。
 #
-# - `after_forward(flat, output)` (層の順伝播のあと): `flat.full` のメモリを解放し、逆伝播の前にもう一度
-#   集める (`self.gather(flat)`) フックを `output.register_hook(...)` で付けます。
-# - `after_backward(flat)` (層の勾配を reduce-scatter したあと): `flat.full` のメモリを解放します。
+# - `after_forward(flat, output)`: `flat.full` のメモリを解放し、`output.register_hook(...)` で逆伝播の前に
+#   もう一度集める (`self.gather(flat)`) ようにします。
+# - `after_backward(flat)` (層の勾配を reduce-scatter したあと): `flat.full` を解放します。
 #
-# 自分のシャード (`self.shards`) は解放しないでください。Adam が更新するのはそれです。
+# 自分のシャード (`self.shards`) は Adam が更新するので、解放しないでください。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## Exercise: a ZeRO-3 layer frees after backward
 #
-# Write the two methods of `Zero3`. `flat` is one layer's `sharding.FlatParameters`;
-# `flat.full` holds its gathered parameters.
+# Write `Zero3`'s two methods; `flat.full` holds one layer's gathered parameters
+# (`flat` is its `sharding.FlatParameters`).
 #
-# - `after_forward(flat, output)`, after the layer's forward pass: free the memory of
-#   `flat.full`, and with `output.register_hook(...)` gather again
-#   (`self.gather(flat)`) before the backward pass.
-# - `after_backward(flat)`, once the layer's gradients are reduce-scattered: free the
-#   memory of `flat.full`.
+# - `after_forward(flat, output)`: free `flat.full`'s memory, and with
+#   `output.register_hook(...)` gather it again (`self.gather(flat)`) before backward.
+# - `after_backward(flat)`, once its gradients are reduce-scattered: free it.
 #
-# Do not free this rank's shards (`self.shards`): they are what Adam updates.
+# Keep this rank's shards (`self.shards`): Adam updates them.
 
 # %% tags=["exercise"]
 # %%px
@@ -642,15 +607,14 @@ class Zero3(Zero3Base):
 exercises.grade_zero3_frees(ranks)
 
 # %% [markdown] lang="ja"
-# 図は、3 層の MLP で `Zero3` が 1 ステップ進むあいだ、all-gather と解放のたびに 1 ランクが集めて持つ
-# バイト数です。山の高さを見てください。いつも 1 層ぶんで、モデル全体ではありません。
+# 図は、3 層の MLP で `Zero3` が 1 ステップ進むあいだに 1 ランクが集めて持つバイト数です。山はいつも
+# 1 層ぶんです。
 #
 # **予想してから実行:** 順伝播を 1 回したあと、集めたパラメータは何バイト残っているでしょうか?
 
 # %% [markdown] lang="en"
-# The figure follows one step of `Zero3` on a 3-layer MLP: the bytes a rank holds
-# gathered after each all-gather and each free. Look at the peaks: one layer, never
-# the whole model.
+# The figure: the bytes a rank holds gathered in one `Zero3` step on a 3-layer MLP.
+# Each peak is one layer.
 #
 # **Predict, then run:** after a forward pass, how many bytes of gathered parameters
 # are left?
@@ -667,10 +631,10 @@ assert trace == [(e, i, layer_bytes[i] * (e == "gather"))  # one layer whole, th
                  for i in layers for e in ("gather", "free")]
 fig = diagrams.gathered(trace, whole=sum(layer_bytes))
 
-# %%
+# %% tags=["hide-input"]
 # %%px
 zero3 = train(Zero3)
-diff, bitwise = compare(zero3.full_parameters(), one_process, ddp_params)
+diff, bitwise = compare(params_of(zero3), one_process, ddp_params)
 frozen = [zero3.model.frozen.weight, zero3.model.frozen.bias]  # whole on every rank
 print(f"rank {rank}, ZeRO-3: {diff:.1e} from one process; bit for bit DDP's: {bitwise};"
       f" parameter bytes {zero3.held['parameters']}")
@@ -682,14 +646,14 @@ zero3.model(batch(0)[0][:4])  # a forward pass: each layer gathered, then freed
 assert sharding.held_bytes(flat.full for flat in zero3.units) == 0
 
 # %% [markdown] lang="ja"
-# 次は勾配累積です。各ステップで、まずマイクロバッチ 1 つの逆伝播をしてから `step` を呼びます (DDP では
-# 1 つ目を `no_sync` の中で。レッスン 04)。ステージ 1 と 2 は DDP とビット単位で一致し、2 回の平均を足す
-# ステージ 3 は足す順番が違うので 1e-6 以内です。
+# 次は勾配累積です。各ステップで、マイクロバッチ 1 つの逆伝播をしてから `step` を呼びます (DDP では
+# `no_sync` の中で。レッスン 04)。ステージ 1 と 2 は DDP とビット単位で一致し、ステージ 3 は足す順番が
+# 違うので 1e-6 以内です。
 
 # %% [markdown] lang="en"
-# Now gradient accumulation: each step runs one micro-batch's backward pass before
-# calling `step` (DDP inside `no_sync`, lesson 04). Stages 1 and 2 equal DDP bit for
-# bit; stage 3 adds two means in another order: within 1e-6.
+# Now gradient accumulation: a micro-batch's backward pass before each `step` (DDP's
+# in `no_sync`, lesson 04). Stages 1 and 2 equal DDP bit for bit; stage 3, adding in
+# another order, within 1e-6.
 
 # %%
 # %%px
@@ -701,19 +665,20 @@ def train_accumulating(make, steps=STEPS):
     torch.manual_seed(rank)
     trainer = make(models.TiedMLP())
     is_ddp = isinstance(trainer, DDPAdam)
+    model = trainer.ddp if is_ddp else trainer.model
     mine = slice(rank * BATCH // world_size, (rank + 1) * BATCH // world_size)
     for step in range(steps):
         X, y = batch(STEPS + step)  # the step's first micro-batch
-        with trainer.ddp.no_sync() if is_ddp else contextlib.nullcontext():
-            model = trainer.ddp if is_ddp else trainer.model
+        with model.no_sync() if is_ddp else contextlib.nullcontext():
             loss_fn(model(X[mine]), y[mine]).backward()  # DDP: no all-reduce yet
         X, y = batch(step)
         trainer.step(X[mine], y[mine], loss_fn)  # the second, then the update
     return trainer
 
-
+# %% tags=["hide-input"]
+# %%px
 one_accumulating = alone(lambda step: [batch(STEPS + step), batch(step)])
-accumulated = {make.__name__: train_accumulating(make).full_parameters()
+accumulated = {make.__name__: params_of(train_accumulating(make))
                for make in (DDPAdam, Zero1, Zero2, Zero3)}
 for name, full in accumulated.items():
     diff, bitwise = compare(full, one_accumulating, accumulated["DDPAdam"])
@@ -725,28 +690,22 @@ for name, full in accumulated.items():
 # %% [markdown] lang="ja" tags=["core"]
 # ## 各ステージが持つメモリ
 #
-# 「メモリは何に使われるか」の MLP (Ψ = 5365) を 4 つのやり方で 2 ステップずつ学習し、Adam が動く直前に
-# 持っていたバイト数を式と並べます。差の原因はパディングと Adam の `step` で、確認のセルは、差が 0 以上、
-# この 2 つの上限の和 (`tolerance`) 以下であることを確かめます。
-#
-# 図は、各ステージで 1 ランクが持つパラメータ、勾配、Adam の状態を積み上げ、式による合計を印で示します。
-# どの部分が N で割られるかを見てください。
+# 上の MLP (Ψ = 5365) を 4 つのやり方で学習し、Adam が動く直前のバイト数を式と比べます (差はパディングと
+# `step` です)。図は 1 ランクが持つ 3 つの部分を積み上げ、式の合計を印で示します。どの部分が N で割られるかを
+# 見てください。
 #
 # **予想してから実行:** 2 ランクの ZeRO-3 は、DDP の何分の 1 を持つでしょうか?
 
 # %% [markdown] lang="en" tags=["core"]
 # ## Memory each stage holds
 #
-# The MLP of "Where the memory goes" (Ψ = 5365), 2 steps each way: the bytes held
-# when Adam runs, beside the formula. Padding and Adam's `step` make the difference;
-# the check asserts it is between 0 and their bounds (`tolerance`).
-#
-# The figure stacks what one rank holds in each stage and marks the formula's total:
-# look at which part is divided by N.
+# The MLP above (Ψ = 5365), trained each way: the bytes held when Adam runs, against
+# the formula (plus padding and `step`). The figure stacks one rank's three parts and
+# marks the formula's total: which part is divided by N?
 #
 # **Predict, then run:** what fraction of DDP's memory does ZeRO-3 hold on 2 ranks?
 
-# %%
+# %% tags=["hide-input"]
 # %%px
 trainers = {"DDP": DDPAdam, "ZeRO-1": Zero1, "ZeRO-2": Zero2, "ZeRO-3": Zero3}
 memory_table = {}
@@ -760,8 +719,10 @@ for stage, make in trainers.items():
                                              **sharding.FP32_ADAM)[stage].values()),
         "tolerance": 16 * (world_size - 1) * buffers + 4 * len(trainer.optimizer.state),
         "parts": trainer.held}
+    row = memory_table[stage]  # padding and Adam's `step` above the formula, no more:
+    assert 0 <= row["measured"] - row["formula"] <= row["tolerance"], stage
 
-# %%
+# %% tags=["hide-input"]
 memory_table = ranks.pull("memory_table")[0]  # rank 0's; rank 1's is the same
 measured = {stage: row["measured"] for stage, row in memory_table.items()}
 for stage, row in memory_table.items():  # bytes per rank when Adam runs
@@ -781,9 +742,8 @@ assert 0.49 < share < 0.51  # 16Ψ/N over 16Ψ, N = 2: half, plus padding and `s
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 1 ステップで送るバイト数
 #
-# 各ステージが 1 ステップで呼ぶ集団通信を `comm_counting.CollectiveLog` で記録します (DDP は通信フックで
-# 数えます。下の「測り方の詳細」を見てください)。S = 4Ψ とすると、DDP は all-reduce 1 回 (S)、ステージ 1 と
-# 2 は reduce-scatter と all-gather が S ずつです。
+# S = 4Ψ とすると、1 ステップに DDP は S を all-reduce し、ステージ 1 と 2 は S を reduce-scatter と
+# all-gather で 1 回ずつ送ります。
 #
 # **予想してから実行:** ステージ 3 は 1 ステップに all-gather を何回呼び、リングでは DDP の何倍を
 # 送るでしょうか?
@@ -791,14 +751,13 @@ assert 0.49 < share < 0.51  # 16Ψ/N over 16Ψ, N = 2: half, plus padding and `s
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## Bytes sent per step
 #
-# `comm_counting.CollectiveLog` records the collectives each stage calls in a step
-# (DDP's through a comm hook; see below). With S = 4Ψ, DDP makes one all-reduce of S,
-# stages 1 and 2 a reduce-scatter and an all-gather of S each.
+# With S = 4Ψ, a step of DDP all-reduces S; stages 1 and 2 reduce-scatter and
+# all-gather S each.
 #
 # **Predict, then run:** how many all-gathers does stage 3 call in a step, and how
 # many times DDP's bytes does it send in a ring?
 
-# %%
+# %% tags=["hide-input"]
 # %%px
 from labkit import comm
 
@@ -823,8 +782,9 @@ def traffic(make, steps=4):
 
 traffic_table = {stage: traffic(make) for stage, make in trainers.items()}
 S = 4 * psi
+assert sum(c["bytes"] for c in traffic_table["DDP"]["calls"]) == S  # one all-reduce
 
-# %%
+# %% tags=["hide-input"]
 # %%px
 def sent(calls):
     """Bytes each rank sends in a ring: 2(N-1)/N of an all-reduce, half that of the others."""
@@ -840,7 +800,6 @@ for stage, row in traffic_table.items():
     ops = [c["op"] for c in row["calls"]]
     print(f"rank {rank}, {stage}: calls {({op: ops.count(op) for op in ops})}, "
           f"each rank sends {sent(row['calls']):.0f} B, {sent(row['calls']) / ddp_sent:.4f} x DDP")
-assert total("DDP", "all_reduce") == S  # one all-reduce's worth of gradients
 for stage in ("ZeRO-1", "ZeRO-2"):  # S (padded) each way: what DDP sends
     padded = traffic_table[stage]["padded"]
     assert total(stage, "reduce_scatter") == total(stage, "all_gather") == padded
@@ -851,16 +810,14 @@ assert total("ZeRO-3", "all_gather") == 2 * padded  # before forward, again befo
 assert 1.5 <= sent(traffic_table["ZeRO-3"]["calls"]) / ddp_sent <= 1.5 * padded / S
 
 # %% [markdown] lang="ja"
-# リングのアルゴリズム (NCCL のリング) では、ステージ 1 と 2 は DDP と同じだけ送り、ステージ 3 は逆伝播の前の
-# all-gather のぶん 1.5 倍を送ります。このレッスンで使う gloo の reduce-scatter は中で all-reduce を
-# 実行します。それで送るバイト数がどう変わるかを、次のセルで、各ランクがソケットに書いたバイト数から
-# 確かめます。
+# リング (NCCL) では、ステージ 1 と 2 は DDP と同じだけ、ステージ 3 は 1.5 倍を送ります。gloo の
+# reduce-scatter は中で all-reduce なので、次のセルは各ランクが書くバイト数を数えます。
 #
 # **予想してから実行:** gloo で、ステージ 3 は 1 ステップに DDP の何倍を書き込むでしょうか?
 #
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
-# 記録するバイト数は集団通信のバッファ全体です (reduce-scatter は入力、all-gather は出力)。DDP の all-reduce
+# 集団通信は `comm_counting.CollectiveLog` で記録します。記録するバイト数は集団通信のバッファ全体です (reduce-scatter は入力、all-gather は出力)。DDP の all-reduce
 # は C++ から呼ばれて `CollectiveLog` に入らないので、DDP は通信フック `comm_counting.CommCounter` で
 # 数えます。ソケットに書いたバイト数は Linux の /proc/self/io で数えます (レッスン 05)。gloo の
 # reduce-scatter が all-reduce であることは、プロファイラが `gloo:all_reduce` と記録することで確かめます
@@ -878,17 +835,16 @@ assert 1.5 <= sent(traffic_table["ZeRO-3"]["calls"]) / ddp_sent <= 1.5 * padded 
 # </details>
 
 # %% [markdown] lang="en"
-# So in a ring (NCCL's) stages 1 and 2 send DDP's bytes, stage 3 1.5 times (the
-# backward's all-gather). On gloo, this lesson's backend, a reduce-scatter is an
-# all-reduce underneath; the next cell counts what that costs in bytes written to the
-# sockets.
+# In a ring (NCCL's), stages 1 and 2 send DDP's bytes, stage 3 1.5 times. Gloo's
+# reduce-scatter is an all-reduce underneath; the next cell counts the bytes each
+# rank writes.
 #
 # **Predict, then run:** on gloo, how many times DDP's bytes does stage 3 write in a
 # step?
 #
 # <details><summary>How this was measured</summary>
 #
-# The bytes logged are a collective's whole buffer (a reduce-scatter's input, an
+# `comm_counting.CollectiveLog` records the collectives. The bytes logged are a collective's whole buffer (a reduce-scatter's input, an
 # all-gather's output). DDP calls its all-reduces from C++, past `CollectiveLog`, so
 # DDP is counted with a comm hook, `comm_counting.CommCounter`. The bytes written to
 # the sockets come from Linux's /proc/self/io (lesson 05); that gloo's reduce-scatter
@@ -908,12 +864,12 @@ assert 1.5 <= sent(traffic_table["ZeRO-3"]["calls"]) / ddp_sent <= 1.5 * padded 
 #
 # </details>
 
-# %%
+# %% tags=["hide-input"]
 # %%px
 import labkit
 
 with torch.profiler.profile() as profiled:  # what gloo runs for a reduce-scatter
-    dist.reduce_scatter_single(torch.empty(4), torch.ones(4 * world_size))
+    shard_of_mean_gradient(torch.ones(4 * world_size), rank, world_size)
 assert {e.name for e in profiled.events() if e.name.startswith("gloo:")} == {
     "gloo:all_reduce"}  # an all-reduce, on every system
 counted = comm.can_count_bytes_written()  # Linux's /proc/self/io
@@ -955,29 +911,26 @@ ranks.stop()
 # %% [markdown] lang="ja" tags=["summary"]
 # ## 覚えておくこと
 #
-# - **1 ランクのモデルの状態は P + G + kΨ** で、DDP では float32 でも混合精度でも 16Ψ です。ZeRO は
-#   ステージ 1 で kΨ、ステージ 2 でさらに G、ステージ 3 でさらに P を N で割ります (測った値は、これに
-#   パディングと Adam の `step` を足したものです)。
+# - **1 ランクが持つのは P + G + kΨ** で、DDP では 16Ψ です。ZeRO はステージ 1 で kΨ、ステージ 2 で
+#   さらに G、ステージ 3 でさらに P を N で割ります。
 # - **reduce-scatter + all-gather = all-reduce**。ステージ 1 と 2 は勾配を reduce-scatter し、シャードを
 #   更新して all-gather します。ステージ 2 は勾配の全体を解放します。
-# - **ステージ 3 は各層のパラメータを使う直前に集め、使い終わったら解放します** (順伝播と逆伝播の前に 1 回
-#   ずつ)。3 つのステージは、勾配累積でも torch の DDP と一致します。
-# - **シャードで減るのはメモリで、通信ではありません**。リングではステージ 3 だけが DDP の 1.5 倍を送ります
-#   (gloo では 1.5 倍と 2 倍)。
+# - **ステージ 3 は各層を使う直前に集め、使ったら解放します** (1 ステップに 2 回)。3 つのステージは、
+#   勾配累積でも DDP と一致します。
+# - **シャードで減るのはメモリで、通信ではありません**。リングではステージ 3 だけが DDP の 1.5 倍を
+#   送ります (gloo では 1.5 倍と 2 倍)。
 
 # %% [markdown] lang="en" tags=["summary"]
 # ## What to remember
 #
-# - **A rank's model states are P + G + kΨ**, 16Ψ under DDP in float32 and in mixed
-#   precision alike; ZeRO divides by N the kΨ in stage 1, G too in stage 2, P too in
-#   stage 3 (the measured bytes add padding and `step`).
+# - **A rank holds P + G + kΨ**, 16Ψ under DDP; ZeRO divides kΨ by N in stage 1, G
+#   too in stage 2, P too in stage 3.
 # - **Reduce-scatter + all-gather = all-reduce**: stages 1 and 2 reduce-scatter the
-#   gradients, update their shard and all-gather it; stage 2 drops the whole gradient.
-# - **Stage 3 gathers each layer's parameters just before use and frees them after**,
-#   before the forward and before the backward; all three stages equal torch's DDP,
-#   with gradient accumulation too.
-# - **Sharding saves memory, not traffic**: in a ring only stage 3 sends more, 1.5
-#   times DDP's (1.5 and 2 times on gloo).
+#   gradients, update a shard, all-gather it; stage 2 drops the whole gradient.
+# - **Stage 3 gathers each layer just before use and frees it after**, twice a step.
+#   All three stages match DDP, accumulating too.
+# - **Sharding saves memory, not traffic**: in a ring only stage 3 sends more, 1.5×
+#   DDP's (1.5× and 2× on gloo).
 
 # %% [markdown] lang="ja" tags=["self-check"]
 # ## 確認問題

@@ -387,11 +387,11 @@ def test_zero3_freeing_a_layer_later_than_its_own_pass_is_named(zero3_base, rank
 # The lesson's own cells with an asynchronous answer to exercise 2: its checks,
 # which record the collectives with CollectiveLog, pass, and so do the graders.
 LESSON_DEFINITIONS = ("from labkit import comm_counting, models, sharding",
-                      "class DDPAdam:", "class Zero1:", "def train(make",
-                      "class Zero2(", "class Zero3Base:")
+                      "class DDPAdam:", "def memory_run(", "class Zero1:",
+                      "def train(make", "def compare(", "class Zero2(",
+                      "class Zero3Base:")
 LESSON_CHECKS = ("zero1 = train(Zero1)", "zero2 = train(Zero2)", "zero3 = train(Zero3)",
-                 "def memory_run(", "memory_table = {}", "def traffic(",
-                 "def sent(calls)")
+                 "memory_table = {}", "def traffic(", "def sent(calls)")
 
 
 def test_the_lesson_passes_with_an_asynchronous_reduce_scatter(zero3_base, ranks,

@@ -169,12 +169,15 @@ def _lesson_cells() -> dict[str, str]:
         assert len(found) == 1, (marker, len(found))
         return found[0].removeprefix("%%px\n")
 
-    return {"fsdp2": one("class FSDP2Adam:"), "shards": one("shard_rows = []"),
+    # A cell the learner reads runs with the folded cell that checks it.
+    return {"fsdp2": one("class FSDP2Adam:"),
+            "shards": one("tied = models.TiedMLP()") + "\n" + one("shard_rows = []"),
             "shards_figure": one('ranks.pull("shard_rows")'),
-            "parity": one("compared = {"),
+            "parity": one("compared = {") + "\n" + one("vs_one = max("),
             "reshard": one("fsdp.reshard_experiment("),
             "mixed": one("fsdp.mixed_precision_experiment("),
-            "save": one("dcp.save("), "load": one("fsdp.load_checkpoint(")}
+            "save": one("dcp.save(") + "\n" + one("entry = sharded_state["),
+            "load": one("fsdp.load_checkpoint(")}
 
 
 def _changed(source: str, old: str, new: str) -> str:
