@@ -864,14 +864,17 @@ assert 1.5 <= sent(traffic_table["ZeRO-3"]["calls"]) / ddp_sent <= 1.5 * padded 
 #
 # </details>
 
+# %%
+# %%px
+with torch.profiler.profile() as profiled:  # what gloo runs for a reduce-scatter
+    dist.reduce_scatter_single(torch.empty(4), torch.ones(4 * world_size))
+assert {e.name for e in profiled.events() if e.name.startswith("gloo:")} == {
+    "gloo:all_reduce"}  # an all-reduce, on every system
+
 # %% tags=["hide-input"]
 # %%px
 import labkit
 
-with torch.profiler.profile() as profiled:  # what gloo runs for a reduce-scatter
-    shard_of_mean_gradient(torch.ones(4 * world_size), rank, world_size)
-assert {e.name for e in profiled.events() if e.name.startswith("gloo:")} == {
-    "gloo:all_reduce"}  # an all-reduce, on every system
 counted = comm.can_count_bytes_written()  # Linux's /proc/self/io
 
 
