@@ -11,10 +11,9 @@
 # %% [markdown] lang="ja" tags=["outcomes"]
 # # 08 学習の設定: 大きなバッチ、スケジューラ、DDP
 #
-# 記事 000 の「訓練速度を向上させる他の方法」のうち、1 ステップの時間ではなく**学習の進み方**を変えるもの
-# (バッチサイズ、データシャッフル、学習率、オプティマイザー、スケジューラー、チェックポイント) を扱います。
-# どれも 1 ステップを速くはしません。変わるのは、目標の損失に届くまでのステップ数や、止まったときにやり直す
-# 手間です。後半は 2 つのランクで、これらの設定を DDP と組み合わせます。
+# 記事 000 の「訓練速度を向上させる他の方法」のうち、**学習の進み方**を変えるもの (バッチサイズ、シャッフル、
+# 学習率、オプティマイザー、スケジューラー、チェックポイント) を扱います。どれも 1 ステップを速くはしません。
+# 後半は 2 つのランクで DDP と組み合わせます。
 #
 # このレッスンを終えると、次のことができます。
 #
@@ -28,10 +27,9 @@
 # # 08 Training settings: large batches, schedules, and DDP
 #
 # Of doc 000's "other ways to speed up training", this lesson takes those that change
-# **how training progresses** (the batch size, shuffling, the learning rate, the
-# optimizer, a scheduler, checkpoints). None of them makes a step faster: they change
-# how many steps reach a target loss, or how much work a stop costs. The second half,
-# on two ranks, combines them with DDP.
+# **how training progresses** (batch size, shuffling, learning rate, optimizer,
+# scheduler, checkpoints). None makes a step faster. The second half combines them with
+# DDP on two ranks.
 #
 # After this lesson you can:
 #
@@ -58,11 +56,10 @@ torch.manual_seed(0)
 # %% [markdown] lang="ja"
 # ## 大きなバッチと学習率
 #
-# レッスン 07 では、バッチを大きくすると 1 秒あたりに処理できるサンプル数が増えました。しかし速く処理できても、
-# 学習が速く進むとは限りません。同じサンプル数 (10 エポック) を学習させると、
-# バッチ 512 の更新回数はバッチ 32 の 16 分の 1 です。学習率が同じなら、損失の下がり方は遅くなります。
-# よく使われる対策は**学習率をバッチサイズに比例させる** (linear scaling rule: バッチが 16 倍なら学習率も 16 倍)
-# ことです。検証データ (学習に使わない 1024 サンプル) の損失で比べます。
+# 大きなバッチは 1 秒あたりのサンプル数を増やしますが (レッスン 07)、速く処理できても速く学習するとは
+# 限りません。同じサンプル数なら、バッチ 512 の更新回数はバッチ 32 の 16 分の 1 です。対策は**学習率を
+# バッチサイズに比例させる**こと (linear scaling rule) です。検証データ (学習に使わない 1024 サンプル) の
+# 損失で比べます。
 #
 # **予想してから実行:** 10 エポックでバッチ 32 は 640 回更新します。バッチ 512 は何回でしょうか。
 # 3 つの実行のうち、検証損失がいちばん高く終わるのはどれでしょうか?
@@ -70,12 +67,11 @@ torch.manual_seed(0)
 # %% [markdown] lang="en"
 # ## Large batches and the learning rate
 #
-# Lesson 07 showed that a larger batch processes more samples per second. But
-# processing faster is not learning faster. For the same number of samples (10 epochs),
-# batch 512 makes 16 times fewer updates than batch 32; with the same learning rate the
-# loss falls more slowly. The usual remedy is to **scale the learning rate with the batch
-# size** (the linear scaling rule: 16 times the batch, 16 times the rate). Compare the
-# loss on held-out data (1024 samples never trained on).
+# A larger batch processes more samples per second (lesson 07), but processing faster
+# is not learning faster: for the same samples, batch 512 makes 16 times fewer updates
+# than batch 32. The remedy is to **scale the learning rate with the batch size** (the
+# linear scaling rule). Compare the loss on held-out data (1024 samples never trained
+# on).
 #
 # **Predict, then run:** in 10 epochs batch 32 makes 640 updates. How many does batch
 # 512 make, and which of the three runs ends with the highest held-out loss?
@@ -94,11 +90,11 @@ for name, cfg in runs.items():
     cfg.eval_every = max(1, cfg.steps // 20)
     results[name] = training.fit(cfg)
     print(f"{name}: {cfg.steps} steps, held-out loss {results[name]['heldout_loss'][-1]:.3f}")
+
+# %% tags=["hide-input"]
 fig = plots.line_chart({k: (r["samples"], r["heldout_loss"]) for k, r in results.items()},
                        xlabel="samples_seen", ylabel="heldout_loss",
                        title="batch_lr_title", logy=True)
-
-# %%
 final = {k: r["heldout_loss"][-1] for k, r in results.items()}
 assert final["batch 512, lr 0.05"] > 1.5 * final["batch 32, lr 0.05"]  # too few updates
 assert final["batch 512, lr 0.8"] < 0.5 * final["batch 512, lr 0.05"]  # scaling helps
@@ -107,21 +103,18 @@ assert [cfg.steps for cfg in runs.values()] == [640, 40, 40]  # 16 times fewer u
 # %% [markdown] lang="ja"
 # ## ウォームアップ
 #
-# バッチに合わせて学習率を大きくしすぎると、学習の最初で重みが大きく跳ねて、その後うまく学習できなくなります。
-# そこで最初の数十ステップだけ学習率を小さな値から徐々に上げる**ウォームアップ**を組み合わせます
-# (Goyal ら 2017、「Accurate, Large Minibatch SGD」)。バッチ 32 で安定して学習できる学習率 0.2 を、
-# バッチ 512 に合わせて 16 倍の 3.2 にした場合で比べます。ウォームアップは
-# `torch.optim.lr_scheduler.LinearLR` で、最初の 20 ステップで学習率を 3.2 まで上げます。
+# 学習率を大きくしすぎると、最初に重みが大きく跳ねて学習が立ち直りません。そこで最初の数十ステップだけ
+# 学習率を小さな値から上げる**ウォームアップ**を組み合わせます (Goyal ら 2017)。バッチ 32 でよく学習する
+# 0.2 を 16 倍した 3.2 で、バッチ 512 を学習させます。ウォームアップは `torch.optim.lr_scheduler.LinearLR`
+# で、20 ステップで 3.2 まで上げます。
 
 # %% [markdown] lang="en"
 # ## Warm-up
 #
-# Scaled too far, the learning rate becomes so large that the weights jump at the start
-# and training never recovers well. So the rate is raised gradually from a small value
-# over the first tens of steps: **warm-up** (Goyal et al. 2017, "Accurate, Large Minibatch
-# SGD"). Compare at batch 512 with the rate 0.2, which trains well at batch 32, scaled
-# 16 times to 3.2. The warm-up is `torch.optim.lr_scheduler.LinearLR`, raising the rate
-# to 3.2 over the first 20 steps.
+# Scaled too far, the rate makes the weights jump at the start and training never
+# recovers. So it is raised from a small value over the first tens of steps: **warm-up**
+# (Goyal et al. 2017). Train batch 512 at 3.2, the rate 0.2 of batch 32 scaled 16
+# times; the warm-up is `torch.optim.lr_scheduler.LinearLR`, reaching 3.2 in 20 steps.
 
 # %%
 big = training.scaled(replace(base, lr=0.2), 512)
@@ -132,6 +125,8 @@ warm = {"lr 3.2": training.fit(big),
 for name, r in warm.items():
     print(f"{name}: lr of the first steps {[round(x, 2) for x in r['lr'][:3]]}, "
           f"held-out loss {r['heldout_loss'][-1]:.3f}")
+
+# %% tags=["hide-input"]
 fig = plots.line_chart({k: (r["steps"], r["heldout_loss"]) for k, r in warm.items()},
                        xlabel="optimizer_step", ylabel="heldout_loss",
                        title="loss_curve_title", logy=True)
@@ -149,31 +144,28 @@ assert [round(x, 2) for x in warm["lr 3.2 + warm-up 20"]["lr"][:3]] == [0.16, 0.
 # %% [markdown] lang="ja"
 # ## 演習 (任意): 大きなバッチの学習率
 #
-# この任意の演習では、上の 2 つの考えを計算でたどります。上のウォームアップの実行と同じ学習率を返す関数
-# `lr_at(step, batch_size)` を書いてください。`step` はオプティマイザのステップ (0, 1, 2, …) です。
+# 上のウォームアップの実行と同じ学習率を返す関数 `lr_at(step, batch_size)` を書いてください。`step` は
+# オプティマイザのステップ (0, 1, 2, …) です。
 #
 # - 最大の学習率は、バッチ 32 での 0.2 を、バッチサイズに比例させた値です。
 # - ウォームアップは `LinearLR(start_factor=1/20, total_iters=20)` です。最大の学習率に掛ける倍率が、
 #   ステップ 0 の 1/20 からステップ 20 の 1 まで直線で上がり、そのあとは 1 のままです。
 #
-# 上の実行では、バッチ 512 の最初の 3 ステップの学習率は 0.16、0.31、0.46 でした。確認のセルは、
-# バッチ 128、512、2048、80 のそれぞれについて、ステップ 0〜59 の学習率を torch の `LinearLR` と比べます。
+# 確認のセルは、バッチ 128、512、2048、80 で、ステップ 0〜59 の学習率を torch の `LinearLR` と比べます。
 
 # %% [markdown] lang="en"
 # ## Exercise (optional): the learning rate of a large batch
 #
-# This optional exercise works the two ideas above out as arithmetic. Write
-# `lr_at(step, batch_size)`: the learning rate of the warm-up run above at optimizer
-# step `step` (0, 1, 2, ...):
+# Write `lr_at(step, batch_size)`: the learning rate of the warm-up run above at
+# optimizer step `step` (0, 1, 2, ...):
 #
 # - the peak rate is 0.2 at batch 32, scaled with the batch size;
 # - the warm-up is `LinearLR(start_factor=1/20, total_iters=20)`: the factor that
 #   multiplies the peak rises in a straight line from 1/20 at step 0 to 1 at step 20,
 #   and stays 1 after that.
 #
-# In the run above, the first three steps of batch 512 had the rates 0.16, 0.31 and
-# 0.46. The check compares your rates at steps 0 to 59 with torch's `LinearLR`, for
-# batches of 128, 512, 2048 and 80.
+# The check compares your rates at steps 0 to 59 with torch's `LinearLR`, for batches
+# of 128, 512, 2048 and 80.
 
 # %% tags=["exercise", "optional"]
 base_lr, base_batch, warmup_steps = 0.2, 32, 20  # the warm-up run above
@@ -198,19 +190,18 @@ exercises.grade_warmup_schedule(lr_at)
 # %% [markdown] lang="ja"
 # ## シャッフルは速さではなく収束のため
 #
-# 記事は「データシャッフルを有効にする」を高速化の方法に挙げていますが、シャッフルは 1 ステップも 1 エポックも
-# 速くしません。シャッフルの目的は、各バッチを**データ全体から偏りなく取り出した標本**にすることで、これは SGD の
-# 前提です。目標値 (教師ネットワークの出力) の 1 番目の成分で並べ替えたままのデータ (ファイルが何かの順に書かれていると、こうなります) と、
-# エポックごとにシャッフルしたデータで、同じモデルを 10 エポック学習させます (モーメンタム付き SGD)。
+# 記事は「データシャッフルを有効にする」を高速化に挙げていますが、シャッフルはどのステップも速くしません。
+# 目的は各バッチを**データ全体から偏りなく取り出した標本**にすることで、これは SGD の前提です。目標値の
+# 1 番目の成分で並べ替えたままのデータと、エポックごとにシャッフルしたデータで、同じモデルを 10 エポック
+# 学習させます (モーメンタム付き SGD)。
 
 # %% [markdown] lang="en"
 # ## Shuffling is for convergence, not speed
 #
-# The document lists "enable data shuffling" as a way to speed up training, but shuffling
-# makes neither a step nor an epoch faster. Its purpose is to make every batch an
-# **unbiased sample of the whole data**, which SGD assumes. Train the same model for 10
-# epochs (SGD with momentum) on data left sorted by its first target value (what a file
-# written in some order gives) and on data shuffled every epoch.
+# The document lists "enable data shuffling" as a speed-up, but shuffling makes no step
+# faster. It makes every batch an **unbiased sample of the whole data**, which SGD
+# assumes. Train the same model for 10 epochs (SGD with momentum) on data left sorted by
+# its first target value and on data shuffled every epoch.
 
 # %%
 order = {o: training.fit(training.TrainConfig(steps=640, optimizer="momentum", order=o,
@@ -218,59 +209,61 @@ order = {o: training.fit(training.TrainConfig(steps=640, optimizer="momentum", o
 for o, r in order.items():
     print(f"{o:8s}: held-out loss {r['heldout_loss'][-1]:.3f}, "
           f"median epoch {sorted(r['epoch_s'])[len(r['epoch_s']) // 2] * 1e3:.0f} ms")
+
+# %% tags=["hide-input"]
 fig = plots.line_chart({o: (r["steps"], r["heldout_loss"]) for o, r in order.items()},
                        xlabel="optimizer_step", ylabel="heldout_loss",
                        title="order_title", logy=True)
 assert order["shuffled"]["heldout_loss"][-1] < 0.85 * order["sorted"]["heldout_loss"][-1]
 
 # %% [markdown] lang="ja"
-# 1 エポックの時間はほぼ同じで、違うのは収束です。並べ替えたままでは、続くバッチが似たサンプルばかりになり、
-# モデルはいま見ている部分に引っ張られて損失が上下し、下がりきりません。複数のランクでは
-# `DistributedSampler(shuffle=True)` と `set_epoch` で同じことをします (このレッスンの後半)。
+# 1 エポックの時間はほぼ同じで、違うのは収束です。並べ替えたままでは続くバッチが似たサンプルばかりで、
+# モデルはいま見ている部分に引っ張られます。複数のランクでは `DistributedSampler(shuffle=True)` と
+# `set_epoch` が同じことをします。
 
 # %% [markdown] lang="en"
 # An epoch takes about as long either way; what differs is convergence. Left sorted,
-# consecutive batches hold similar samples, the model is pulled towards whatever part it
-# is seeing, and the loss swings and stays higher. With several ranks,
-# `DistributedSampler(shuffle=True)` and `set_epoch` do the same job (later in this
-# lesson).
+# consecutive batches hold similar samples and pull the model towards whatever part it
+# sees. With several ranks, `DistributedSampler(shuffle=True)` and `set_epoch` do this.
 
 # %% [markdown] lang="ja"
 # ## 学習率、オプティマイザ、スケジューラ
 #
-# これらは 1 ステップを速くするのではなく、**少ないステップで**目標の損失に届くようにするものです。
-# 教師ネットワークの課題で、同じ初期値から比べます。まず SGD の学習率を変えます。小さすぎると進まず、
-# 大きすぎると発散します (発散した損失 `inf` は、図では 10 の位置に描きます)。
+# これらは**少ないステップで**目標の損失に届くようにするものです。同じ初期値から比べます。まず SGD の
+# 学習率です。小さすぎると進まず、大きすぎると発散します (発散した損失 `inf` は、図では 10 の位置に描きます)。
 
 # %% [markdown] lang="en"
 # ## Learning rate, optimizer and scheduler
 #
-# These do not make a step faster; they reach a target loss in **fewer steps**. Compare
-# on the teacher task from the same initial weights. First the learning rate of SGD:
-# too small and nothing happens, too large and it diverges (a diverged loss, `inf`, is
-# drawn at 10).
+# These reach a target loss in **fewer steps**. Compare from the same initial weights.
+# First SGD's learning rate: too small and nothing happens, too large and it diverges
+# (a diverged loss, `inf`, is drawn at 10).
 
 # %%
 lr_runs = {lr: training.fit(training.TrainConfig(steps=320, lr=lr, eval_every=320))["heldout_loss"][-1]
            for lr in (0.003, 0.03, 0.3, 3.0)}
 print({lr: round(v, 3) for lr, v in lr_runs.items()})
+
+# %% tags=["hide-input"]
 fig = plots.line_chart({"SGD": (list(lr_runs), [min(v, 10.0) for v in lr_runs.values()])},
                        xlabel="learning_rate", ylabel="heldout_loss",
                        title="lr_title", logx=True, logy=True)
 assert lr_runs[0.3] < lr_runs[0.003] and lr_runs[0.3] < lr_runs[3.0]
 
 # %% [markdown] lang="ja"
-# 次にオプティマイザです (学習率はそれぞれのよく使われる値)。この課題では、モーメンタム付き SGD と Adam が
-# 素の SGD より少ないステップで下がります。
+# 次にオプティマイザです (学習率はそれぞれのよく使われる値)。モーメンタム付き SGD と Adam は、素の SGD より
+# 少ないステップで下がります。
 
 # %% [markdown] lang="en"
-# Then the optimizer (each at a common learning rate). On this task SGD with momentum and
-# Adam get lower in fewer steps than plain SGD.
+# Then the optimizer (each at a common learning rate): SGD with momentum and Adam get
+# lower in fewer steps than plain SGD.
 
 # %%
 opt_runs = {name: training.fit(training.TrainConfig(steps=320, optimizer=name, lr=lr, eval_every=16))
             for name, lr in (("sgd", 0.05), ("momentum", 0.05), ("adam", 0.003),
                              ("adamw", 0.003))}
+
+# %% tags=["hide-input"]
 fig = plots.line_chart({f"{k} (lr {r['config']['lr']})": (r["steps"], r["heldout_loss"])
                         for k, r in opt_runs.items()},
                        xlabel="optimizer_step", ylabel="heldout_loss",
@@ -281,21 +274,21 @@ assert last["momentum"] < last["sgd"] and last["adam"] < last["sgd"]
 
 # %% [markdown] lang="ja"
 # スケジューラは学習中に学習率を変えます。torch のスケジューラ (`StepLR`、`CosineAnnealingLR`、
-# ウォームアップの `LinearLR`、つなぐ `SequentialLR`) を、Adam (学習率 0.01、600 ステップ) で比べます。
-# どれが最良かは課題、学習率、ステップ数の組み合わせで決まり、一般的な正解はありません。
-# 学習率とスケジューラは一緒に調整します。
+# ウォームアップの `LinearLR`、つなぐ `SequentialLR`) を Adam (学習率 0.01、600 ステップ) で比べます。
+# 一般的な正解はなく、学習率とスケジューラは一緒に調整します。
 
 # %% [markdown] lang="en"
 # A scheduler changes the learning rate during training. Compare torch's schedulers
 # (`StepLR`, `CosineAnnealingLR`, `LinearLR` for warm-up, `SequentialLR` to chain them)
-# with Adam (learning rate 0.01, 600 steps). Which is best depends on the task, the rate
-# and the number of steps together; there is no general winner. Tune the learning rate
+# with Adam (learning rate 0.01, 600 steps). There is no general winner: tune the rate
 # and the schedule together.
 
 # %%
 sched_runs = {name: training.fit(training.TrainConfig(steps=600, optimizer="adam", lr=0.01,
                                           schedule=name, warmup_steps=60, eval_every=30))
               for name in training.SCHEDULES}
+
+# %% tags=["hide-input"]
 fig = plots.line_chart({k: (r["steps"], r["heldout_loss"]) for k, r in sched_runs.items()},
                        xlabel="optimizer_step", ylabel="heldout_loss",
                        title="schedule_title", logy=True)
@@ -307,25 +300,21 @@ assert abs(sched_runs["warmup"]["lr"][0] - 0.01 / 60) < 1e-9  # warm-up starts s
 # %% [markdown] lang="ja"
 # ## チェックポイント: 学習状態を保存して再開する
 #
-# 記事の「チェックポイントを活用する」は 2 通りに読めます (もう 1 つの活性化チェックポイントはレッスン 07)。
-# ここで扱うのは、学習状態 (重み、オプティマイザ、乱数の状態、ステップ数) をファイルに保存することです。
-# これは学習を速くしません。止まっても最初からやり直さずに済む、という意味で時間を節約します。
+# ここでのチェックポイントは、学習状態 (重み、オプティマイザ、乱数の状態、ステップ数) の保存です
+# (活性化チェックポイントはレッスン 07)。学習は速くなりませんが、止まっても最初からやり直さずに済みます。
 #
-# `labkit.training` で 40 ステップを一気に学習した場合と、20 ステップで止めてチェックポイントから再開した場合を
-# 比べます。重みのハッシュ (`param_sha256`) が一致すれば、1 ビットも違わない同じ結果です。図では、
-# 再開したあとの損失 (ステップ 21〜40) が、止まらなかった学習の線に重なります。
+# 40 ステップを一気に学習した場合と、20 ステップで止めて再開した場合を比べます。重みのハッシュ
+# (`param_sha256`) が一致すれば、1 ビットも違いません。
 
 # %% [markdown] lang="en"
 # ## Checkpoints: save and resume the training state
 #
-# The document's "use checkpoints" can mean two things (the other, activation
-# checkpointing, is in lesson 07). This one is saving the training state (weights,
-# optimizer, random-number state, step) to a file. That does not make training faster;
-# it saves time by not starting over after a stop.
+# Here a checkpoint saves the training state (weights, optimizer, random-number state,
+# step; activation checkpointing is in lesson 07). It does not make training faster; it
+# saves starting over after a stop.
 #
-# With `labkit.training`, compare 40 steps in one go with 20 steps, a stop, and a resume
-# from the checkpoint. Equal weight hashes (`param_sha256`) mean bit-identical results.
-# In the figure the resumed losses (steps 21-40) lie on the uninterrupted run's line.
+# Compare 40 steps in one go with 20 steps, a stop, and a resume. Equal weight hashes
+# (`param_sha256`) mean bit-identical results.
 
 # %%
 import tempfile
@@ -337,6 +326,8 @@ with tempfile.TemporaryDirectory() as tmp:
     straight = training.fit(cfg)
     training.fit(replace(cfg, steps=20), ckpt)  # stops after 20 steps
     resumed = training.fit(cfg, ckpt, resume=True)
+
+# %% tags=["hide-input"]
 assert resumed["resumed_from"] == 20
 assert resumed["param_sha256"] == straight["param_sha256"]
 assert resumed["losses"] == straight["losses"]  # drawn: steps 21-40 after the restart
@@ -348,17 +339,16 @@ fig = plots.line_chart({labkit.t("run_uninterrupted"): (range(1, 41), straight["
 # %% [markdown] lang="ja"
 # ## DDP と組み合わせる: シャッフルと `set_epoch`
 #
-# ここからはランク 2 つで確かめます。DDP では `DataLoader` に `DistributedSampler` を渡し、シャッフルは
-# サンプラーに任せます。`DataLoader(shuffle=True, sampler=...)` と両方指定するとエラーになります。
-# 毎エポック `sampler.set_epoch(epoch)` を呼ばないと、毎回同じ順序になります (レッスン 03)。
+# ここからはランク 2 つです。DDP ではシャッフルを `DistributedSampler` に任せます
+# (`DataLoader(shuffle=True, sampler=...)` はエラーです)。毎エポック `sampler.set_epoch(epoch)` を呼ばないと、
+# 毎回同じ順序になります (レッスン 03)。
 
 # %% [markdown] lang="en"
 # ## With DDP: shuffling and `set_epoch`
 #
-# From here on, two ranks. Under DDP the `DataLoader` gets a `DistributedSampler` and the
-# sampler does the shuffling: `DataLoader(shuffle=True, sampler=...)` with both is an
-# error. Without `sampler.set_epoch(epoch)` every epoch, every epoch has the same order
-# (lesson 03).
+# From here on, two ranks. Under DDP the `DistributedSampler` shuffles
+# (`DataLoader(shuffle=True, sampler=...)` is an error). Without
+# `sampler.set_epoch(epoch)` every epoch has the same order (lesson 03).
 
 # %%
 from labkit import cluster
@@ -390,33 +380,29 @@ assert sum(len(X) for X, _ in loader) == len(dataset) // world_size
 # ## BatchNorm の統計はレプリカごと
 #
 # `BatchNorm` は学習中、**いまのバッチ**の平均と分散で正規化します。DDP では各ランクが自分のバッチしか
-# 見ないので、ランクごとに違う統計で正規化します。全体のバッチで正規化した 1 プロセスの結果とは
-# 一致しません。
+# 見ないので、全体のバッチで正規化する 1 プロセスとは一致しません。
 #
-# 評価で使う `running_mean` (バッファ) はどうなるでしょうか。DDP の既定 (`forward_sync_buffers=True`) では、
-# **順伝播を始める前に**ランク 0 のバッファを全ランクにコピー (broadcast) し、そのあと各ランクが自分の
-# バッチで更新します。`forward_sync_buffers=False` にすると、このコピーはなくなります。
-# ランクごとにデータの平均をずらして (並べ替えたデータを分けたときのように) 確かめます。
+# 評価で使う `running_mean` (バッファ) は、DDP の既定 (`forward_sync_buffers=True`) では**順伝播の前に**
+# ランク 0 の値が全ランクにコピー (broadcast) され、そのあと各ランクが自分のバッチで更新します。
+# ランクごとにデータの平均をずらして確かめます。
 #
-# 次のセルのあとの図では、各ランクが正規化に使う特徴ごとの平均と分散 (`x`) と、全体のバッチのもの
-# (`whole`、1 プロセスや SyncBatchNorm が使う値で、どのランクでも同じ) を比べてください。
+# 図では、各ランクが正規化に使う特徴ごとの平均と分散 (`x`) と、全体のバッチのもの (`whole`、1 プロセスや
+# SyncBatchNorm が使う値) を比べてください。
 
 # %% [markdown] lang="en"
 # ## BatchNorm statistics are per replica
 #
 # During training `BatchNorm` normalizes with the mean and variance of **the current
-# batch**. Under DDP each rank sees only its own batch, so each normalizes with its own
-# statistics, unlike one process normalizing the whole batch.
+# batch**. Under DDP each rank sees only its own batch, unlike one process normalizing
+# the whole batch.
 #
-# What about the `running_mean` (a buffer) used for evaluation? By default
+# The `running_mean` (a buffer) used for evaluation: by default
 # (`forward_sync_buffers=True`) DDP copies (broadcasts) rank 0's buffers to all ranks
-# **before every forward**, and then each rank updates them with its own batch; with
-# `forward_sync_buffers=False` there is no such copy. Give each rank data with another
-# mean (as when sorted data is split) and see.
+# **before every forward**, then each rank updates them with its own batch. Give each
+# rank data with another mean and see.
 #
-# In the figure after the next cell, compare the mean and variance per feature each rank
-# normalizes with (`x`) with the whole batch's (`whole`, what one process or
-# SyncBatchNorm uses, the same on every rank).
+# In the figure, compare the mean and variance per feature each rank normalizes with
+# (`x`) with the whole batch's (`whole`, what one process or SyncBatchNorm uses).
 
 # %%
 # %%px
@@ -438,6 +424,9 @@ for _ in range(2):  # two training steps (forwards are enough for BatchNorm)
     out_whole = one_process(whole)[mine]
 print(f"rank {rank}: local mean {x.mean():+.2f}, "
       f"|output - whole-batch output| {compare.max_abs_diff(out, out_whole):.2f}")
+
+# %% tags=["hide-input"]
+# %%px
 assert compare.max_abs_diff(out, out_whole) > 0.1  # each replica, its own statistics
 stats = [(label, v.tolist()) for label, v in (  # one value per feature
     ("x.mean(0)", x.mean(0)), ("x.var(0, unbiased=False)", x.var(0, unbiased=False)),
@@ -455,16 +444,15 @@ assert all(abs(a - b) > 1 for mean in rows["x.mean(0)"]  # each rank's own, far 
 fig = diagrams.collectives(rows, title="bn_stats_title", fmt="{:.1f}")
 
 # %% [markdown] lang="ja"
-# 次に `running_mean` です。学習のあとと、評価モードで DDP を通してもう 1 回順伝播したあとの値を、
-# 1 プロセスの BatchNorm に決まったバッチを順に見せた場合 (`batchnorm.after_forwards`) と比べます。
+# 次に `running_mean` を、学習のあとと評価の順伝播のあとで、1 プロセスの BatchNorm に決まったバッチを
+# 順に見せた場合 (`batchnorm.after_forwards`) と比べます。
 #
 # **予想してから実行:** 評価の順伝播のあと、ランク 1 の `running_mean` は、どのランクのデータの統計に
 # なっているでしょうか?
 
 # %% [markdown] lang="en"
-# Now `running_mean`, after training and after one more forward through DDP in
-# evaluation mode, compared with one-process BatchNorms shown given batches in turn
-# (`batchnorm.after_forwards`).
+# Now `running_mean`, after training and after an evaluation forward, compared with
+# one-process BatchNorms shown given batches in turn (`batchnorm.after_forwards`).
 #
 # **Predict, then run:** after the evaluation forward, whose data do the statistics
 # in rank 1's `running_mean` describe?
@@ -484,6 +472,9 @@ print(f"rank {rank}: running_mean[0] after training {trained[0]:+.3f}, after an 
       f"evaluation forward {evaluated[0]:+.3f}\n"
       f"  BatchNorm on rank 0's data alone {rank0[0]:+.3f}, "
       f"on this rank's data alone {own[0]:+.3f}")
+
+# %% tags=["hide-input"]
+# %%px
 # On every rank: rank 0's statistics, updated once with this rank's batch,
 assert torch.equal(trained, rank0_then_own)
 # and after one more forward through DDP, rank 0's data only (not the whole batch's).
@@ -499,21 +490,21 @@ else:
 # - ランク 0 の `running_mean` は、ランク 0 のデータだけの統計です。
 # - ほかのランクの `running_mean` は、1 つ前の順伝播までのランク 0 の統計を、自分の最後のバッチで 1 回
 #   更新したものです。
-# - 次に DDP を通して順伝播すると (評価のときなど)、その前にまたランク 0 の値がコピーされるので、
-#   **どのランクもランク 0 のデータだけの統計で評価します**。
+# - 次の順伝播 (評価など) の前にまたランク 0 の値がコピーされるので、**どのランクもランク 0 のデータだけの
+#   統計で評価します**。
 #
-# `forward_sync_buffers=False` では、どのランクも自分のデータだけの統計を持ち、ランクどうしで違います。
+# `forward_sync_buffers=False` ではコピーがなく、どのランクも自分のデータだけの統計を持ちます。
 
 # %% [markdown] lang="en"
 # So after training
 # - rank 0's `running_mean` holds statistics of rank 0's data only;
 # - every other rank's holds rank 0's statistics up to the previous forward, updated
 #   once with its own last batch;
-# - the next forward through DDP (evaluation, for instance) first copies rank 0's again,
-#   so **every rank evaluates with statistics of rank 0's data only**.
+# - the next forward (evaluation, say) first copies rank 0's again, so **every rank
+#   evaluates with statistics of rank 0's data only**.
 #
-# With `forward_sync_buffers=False` every rank holds statistics of its own data only, and
-# the ranks differ.
+# With `forward_sync_buffers=False` there is no copy: every rank holds statistics of its
+# own data only.
 
 # %%
 # %%px
@@ -522,23 +513,24 @@ for _ in range(2):
     unsynced(x)
 kept = unsynced.module.running_mean
 print(f"rank {rank}: running_mean[0] without the copy {kept[0]:+.3f}")
+
+# %% tags=["hide-input"]
+# %%px
 assert torch.equal(kept, own)  # its own data only
 assert compare.rank_max_diff(kept) > 0.1  # so the ranks differ
 
 # %% [markdown] lang="ja"
-# torch 2.13 は、それまでの引数 `broadcast_buffers` を非推奨にして `forward_sync_buffers` を加えました。
-# ただし名前を変えただけではありません。DDP は作られるときにも、ランク 0 のパラメータとバッファを全ランクに
-# コピーします (`init_sync=True`)。古い `broadcast_buffers=False` は、このときのバッファのコピーも止めますが、
-# 新しい `forward_sync_buffers=False` が止めるのは順伝播の前のコピーだけです (torch の `FutureWarning` も
-# そう言います)。ランク r のバッファを r で埋めてから DDP を作り、作った直後の値を見ます。
+# torch 2.13 は引数 `broadcast_buffers` を非推奨にして `forward_sync_buffers` を加えましたが、名前を
+# 変えただけではありません。DDP は作られるときにもランク 0 のバッファを全ランクにコピーします
+# (`init_sync=True`)。古い `broadcast_buffers=False` はこのコピーも止め、新しい `forward_sync_buffers=False`
+# は順伝播の前のコピーだけを止めます。ランク r のバッファを r で埋めて DDP を作り、直後の値を見ます。
 
 # %% [markdown] lang="en"
-# torch 2.13 deprecates the argument `broadcast_buffers` and adds `forward_sync_buffers`,
-# but it is not a plain rename. DDP also copies rank 0's parameters and buffers to all
-# ranks when it is built (`init_sync=True`). The old `broadcast_buffers=False` leaves the
-# buffers out of that copy too; the new `forward_sync_buffers=False` stops only the copy
-# before each forward (torch's `FutureWarning` says so). Fill rank r's buffer with r,
-# build DDP, and look at the value right after.
+# torch 2.13 deprecates the argument `broadcast_buffers` for `forward_sync_buffers`, but
+# not as a plain rename. DDP also copies rank 0's buffers to all ranks when it is built
+# (`init_sync=True`). The old `broadcast_buffers=False` stops that copy too; the new
+# `forward_sync_buffers=False` stops only the copy before each forward. Fill rank r's
+# buffer with r, build DDP, and look right after.
 
 # %%
 # %%px
@@ -547,6 +539,9 @@ for name, b in built.items():
     print(f"rank {rank}: DDP(..., {name}) -> running_mean[0] = {b['running_mean0']:.0f}")
 if rank == 0:
     print(*built["broadcast_buffers=False"]["warnings"], sep="\n")
+
+# %% tags=["hide-input"]
+# %%px
 assert built["broadcast_buffers=False"]["running_mean0"] == rank  # its own: no copy
 if "forward_sync_buffers=False" in built:  # torch 2.13 and later
     assert built["forward_sync_buffers=False"]["running_mean0"] == 0  # rank 0's
@@ -555,14 +550,12 @@ if "forward_sync_buffers=False" in built:  # torch 2.13 and later
 
 # %% [markdown] lang="ja"
 # 全ランクのバッチで正規化するのが `nn.SyncBatchNorm` です (`convert_sync_batchnorm` で置き換えます)。
-# ところが torch 2.13 の CPU では動きません。DDP は「SyncBatchNorm layers only work with GPU modules」
-# というエラーを出し、層自身も GPU (または XPU など) の入力を求めます。
+# ただし CPU では動きません。DDP は「SyncBatchNorm layers only work with GPU modules」というエラーを出します。
 
 # %% [markdown] lang="en"
 # Normalizing with all ranks' batches is what `nn.SyncBatchNorm` does (swap it in with
-# `convert_sync_batchnorm`). But on the CPU in torch 2.13 it does not run: DDP refuses
-# with "SyncBatchNorm layers only work with GPU modules", and the layer itself wants a
-# GPU (or XPU, and so on) input.
+# `convert_sync_batchnorm`). But it does not run on the CPU: DDP refuses with
+# "SyncBatchNorm layers only work with GPU modules".
 
 # %%
 # %%px
@@ -574,16 +567,14 @@ if not torch.cuda.is_available():
 # %% [markdown] lang="ja"
 # ## 演習: SyncBatchNorm の統計を手で計算する
 #
-# そこで、SyncBatchNorm が学習中に計算するものを、集団通信で直接書きます。`global_mean_var(x)` は、
-# このランクのバッチ `x` (行がサンプル、列が特徴) を受け取り、**全ランク**のサンプルを合わせた、特徴ごとの
-# 平均と分散を返す関数です。分散は、BatchNorm が正規化に使うのと同じく、サンプル数で割ったもの
-# (サンプル数 − 1 ではなく) です。サンプル数はランクごとに違ってかまいません。全ランクが同時にこの関数を
-# 呼ぶので、`dist.all_reduce` が使えます。
+# そこで、SyncBatchNorm が学習中に計算するものを集団通信で書きます。`global_mean_var(x)` は、このランクの
+# バッチ `x` (行がサンプル、列が特徴) を受け取り、**全ランク**のサンプルを合わせた特徴ごとの平均と分散を
+# 返します。分散は BatchNorm と同じく、サンプル数で割ったもの (サンプル数 − 1 ではなく) です。サンプル数は
+# ランクごとに違ってかまいません。全ランクが同時に呼ぶので、`dist.all_reduce` が使えます。
 #
-# 確認のセルは、この関数を両方のランクで実行します。ランク 0 には 3 サンプル、ランク 1 には平均の大きく
-# 離れた 9 サンプルを渡し、1 プロセスで全 12 サンプルから計算した値と比べます。続けて、サンプル数と特徴の
-# 数を変えて (5 と 2 サンプル、特徴 3 個) もう一度呼びます。関数はランクのエンジンで
-# 実行されるので、中で使う名前はエンジンにあるもの (上の `%%px` セルで import した `torch` と `dist`) です。
+# 確認のセルは、ランク 0 に 3 サンプル、ランク 1 に平均の離れた 9 サンプルを渡して、1 プロセスで全 12
+# サンプルから計算した値と比べ、大きさを変えて (5 と 2 サンプル、特徴 3 個) もう一度呼びます。関数は
+# ランクのエンジンで実行されます (使える名前は、上の `%%px` セルで import した `torch` と `dist`)。
 
 # %% [markdown] lang="en"
 # ## Exercise: SyncBatchNorm's statistics by hand
@@ -591,15 +582,13 @@ if not torch.cuda.is_available():
 # So write out with collectives what SyncBatchNorm computes in training.
 # `global_mean_var(x)` gets this rank's batch `x` (one row per sample, one column per
 # feature) and returns each feature's mean and variance over the samples of **all**
-# ranks. The variance is the one BatchNorm normalizes with: divided by the number of
-# samples (not that number minus 1). The ranks may hold different numbers of samples.
-# Every rank calls the function at the same time, so it can use `dist.all_reduce`.
+# ranks, the variance divided by the number of samples (not that number minus 1), as
+# BatchNorm's. The ranks may hold different numbers of samples. Every rank calls it at
+# once, so it can use `dist.all_reduce`.
 #
-# The check runs the function on both ranks, with 3 samples on rank 0 and 9 samples with
-# a mean far away on rank 1, and compares with one process computing over all 12; then
-# it calls the function again with other sizes (5 and 2 samples of 3 features). The
-# function runs on the ranks' engines, so the names it uses are the engines' (`torch`
-# and `dist`, imported there by a `%%px` cell above).
+# The check gives rank 0 3 samples and rank 1 9 with a mean far away, compares with one
+# process over all 12, then calls again with other sizes (5 and 2 samples of 3
+# features). It runs on the ranks' engines (`torch` and `dist` are imported there).
 
 # %% tags=["exercise"]
 def global_mean_var(x):
@@ -624,15 +613,15 @@ def global_mean_var(x):
 exercises.grade_global_statistics(ranks, global_mean_var)
 
 # %% [markdown] lang="ja"
-# labkit の `batchnorm.global_batch_norm` は、サンプル数、和、二乗和をまとめた 1 回の all-reduce で同じ統計を
-# 求め、自分のバッチを正規化します。次のセルは、その結果が上の `out_whole` (1 プロセスで全体のバッチを
-# 正規化したもののうち、このランクの行) と一致することを確かめます。GPU では `nn.SyncBatchNorm` がこれを行います。
+# labkit の `batchnorm.global_batch_norm` は、サンプル数、和、二乗和の 1 回の all-reduce で同じ統計を求めて
+# 正規化します。結果は上の `out_whole` (全体のバッチを 1 プロセスで正規化した、このランクの行) と一致します。
+# GPU では `nn.SyncBatchNorm` がこれを行います。
 
 # %% [markdown] lang="en"
 # labkit's `batchnorm.global_batch_norm` gets the same statistics with one all-reduce
-# of the count, the sum and the sum of squares, and normalizes the local batch with
-# them. The next cell checks that it agrees with `out_whole` above (this rank's rows
-# of one process normalizing the whole batch). On GPUs `nn.SyncBatchNorm` does this.
+# of the count, the sum and the sum of squares, and normalizes with them; it agrees with
+# `out_whole` above (this rank's rows of the whole batch, normalized in one process). On
+# GPUs `nn.SyncBatchNorm` does this.
 
 # %%
 # %%px
@@ -643,17 +632,15 @@ assert compare.max_abs_diff(synced, out_whole) < 1e-5
 # %% [markdown] lang="ja"
 # ## 記事の `DistributedDataParallel(model, dim=1)`
 #
-# 記事 000 の「より複雑な例」は `dim=1` を渡しています。`dim` は、1 つのプロセスが複数の GPU に入力を
-# 分けていた古い使い方のための引数です。1 プロセス 1 デバイスの DDP (いまの唯一の使い方) では、
-# DDP は入力を分けません。各ランクは自分で用意したバッチをそのまま使うので、`dim` は何も変えません。
+# 記事 000 の「より複雑な例」は `dim=1` を渡しています。`dim` は 1 つのプロセスが複数の GPU に入力を
+# 分けていた古い使い方の引数です。1 プロセス 1 デバイスの DDP は入力を分けないので、`dim` は何も変えません。
 
 # %% [markdown] lang="en"
 # ## The document's `DistributedDataParallel(model, dim=1)`
 #
 # Doc 000's "more complex example" passes `dim=1`. `dim` belongs to the old use where one
-# process split its input over several GPUs. With one device per process (the only way
-# DDP is used now) DDP does not split inputs: each rank uses the batch it prepared, so
-# `dim` changes nothing.
+# process split its input over several GPUs. With one device per process DDP does not
+# split inputs, so `dim` changes nothing.
 
 # %%
 # %%px

@@ -20,8 +20,7 @@
 # - Lightning と Accelerate が DDP の上で代わりにしてくれることを説明し、DDP (モデルを丸ごと複製) と
 #   FSDP / ZeRO (分割して持つ) を区別する
 #
-# 「記事の補足」と書いた節 (Horovod、TensorFlow Lattice) は、記事 000 と 004 の記述を確かめる節です。
-# 記事に興味がなければ飛ばしてかまいません。
+# 「記事の補足」の節 (Horovod、TensorFlow Lattice) は記事 000 と 004 の記述を確かめる節で、飛ばしてかまいません。
 
 # %% [markdown] lang="en" tags=["outcomes"]
 # # 09 Ecosystem and scale-out
@@ -35,8 +34,8 @@
 # - say what Lightning and Accelerate do for you on top of DDP, and tell DDP (a whole
 #   copy of the model on every rank) from FSDP and ZeRO (shards).
 #
-# The sections marked *article material* (Horovod, TensorFlow Lattice) check what docs
-# 000 and 004 say; skip them unless you came for the articles.
+# The sections marked *article material* (Horovod, TensorFlow Lattice) check docs 000
+# and 004; skip them unless you came for the articles.
 
 # %%
 import labkit
@@ -57,16 +56,15 @@ from labkit.cluster import torchrun
 # %% [markdown] lang="ja"
 # ## 1 台のマシンで torchrun
 #
-# `torchrun` は PyTorch の標準のランチャーです。各ランクのプロセスを起動し、`RANK`、`WORLD_SIZE`、
+# `torchrun` は PyTorch の標準のランチャーです。ランクごとにプロセスを起動し、`RANK`、`WORLD_SIZE`、
 # `LOCAL_RANK`、待ち合わせ場所 (`MASTER_ADDR`、`MASTER_PORT`) を環境変数で渡し、1 つでも失敗すれば全体を止めます。
-# labkit のコマンドはそのまま torchrun の下で動き、world size を torchrun から読みます (レッスン 04)。
+# labkit のコマンドはそのまま torchrun の下で動きます (レッスン 04)。
 #
 # ```
 # torchrun --nproc-per-node 2 -m labkit nosync --accum 2 --steps 2 --repeat 1
 # ```
 #
-# 次のセルは同じことをここで実行します (`torchrun.run_nodes` は torchrun を子プロセスとして起動し、
-# 時間切れなら子プロセスごと止めます)。
+# 次のセルはこれをここで実行します (`torchrun.run_nodes` は torchrun を子プロセスとして起動します)。
 
 # %% [markdown] lang="en"
 # ## torchrun on one machine
@@ -74,14 +72,14 @@ from labkit.cluster import torchrun
 # `torchrun` is PyTorch's standard launcher. It starts one process per rank, hands each
 # its `RANK`, `WORLD_SIZE`, `LOCAL_RANK` and the meeting point (`MASTER_ADDR`,
 # `MASTER_PORT`) in environment variables, and stops everything if one fails. labkit's
-# commands run under torchrun unchanged and read the world size from it (lesson 04).
+# commands run under torchrun unchanged (lesson 04).
 #
 # ```
 # torchrun --nproc-per-node 2 -m labkit nosync --accum 2 --steps 2 --repeat 1
 # ```
 #
 # The next cell runs exactly that here (`torchrun.run_nodes` starts torchrun as a child
-# process and, on a timeout, stops it together with its workers).
+# process).
 
 # %%
 experiment = ["-m", "labkit", "nosync", "--accum", "2", "--steps", "2", "--repeat", "1"]
@@ -91,6 +89,8 @@ with tempfile.TemporaryDirectory() as tmp:
                                 nproc_per_node=2, timeout_s=120)
     one_node = json.loads(out.read_text())
 print("exit code", node.returncode, "| world size", one_node["world_size"])
+
+# %% tags=["hide-input"]
 assert node.returncode == 0, node.output[-3000:]  # on failure: what torchrun printed
 assert one_node["world_size"] == 2
 assert one_node["allreduce_calls_per_step_nosync"] == 1
@@ -103,9 +103,7 @@ assert one_node["allreduce_calls_per_step_nosync"] == 1
 # `--rdzv-endpoint` (どれか 1 台の「ホスト:ポート」) をそろえます。torchrun どうしが c10d の
 # ランデブー (待ち合わせ) で互いを見つけ、ランク番号を割り振ります。
 #
-# ここではマシン 2 台を、1 台の上の torchrun 2 つで模擬します (それぞれ 1 プロセス、待ち合わせは
-# 127.0.0.1 の空きポート)。2 つのランクは別々の「ノード」から同じプロセスグループに入り、
-# 1 台のときと同じ実験をします。
+# ここではマシン 2 台を、1 台の上の torchrun 2 つ (それぞれ 1 プロセス) で模擬し、同じ実験をします。
 #
 # **予想してから実行:** ランクが見る world size はいくつで、マイクロバッチ 2 個の 1 ステップの all-reduce は、
 # `no_sync` なしとありでそれぞれ何回でしょうか (モデルのバケットは 1 つです)?
@@ -118,9 +116,8 @@ assert one_node["allreduce_calls_per_step_nosync"] == 1
 # `--rdzv-id` (a name for this run) and `--rdzv-endpoint` ("host:port" of one of them).
 # The torchrun agents find each other through c10d rendezvous and hand out the ranks.
 #
-# Here two machines are simulated by two torchrun agents on this one (one process each,
-# meeting on a free port of 127.0.0.1). The two ranks join one process group from
-# different "nodes" and run the same experiment as on one machine.
+# Here two torchrun agents on this one machine (one process each) simulate two
+# machines and run the same experiment.
 #
 # **Predict, then run:** what world size do the ranks see, and how many all-reduces does
 # a step of 2 micro-batches make, without and with `no_sync` (the model has one bucket)?
@@ -134,6 +131,8 @@ with tempfile.TemporaryDirectory() as tmp:
     nodes = torchrun.run_nodes([*experiment, "--json", str(out)], nnodes=2,
                                 nproc_per_node=1, timeout_s=120)
     two_nodes = json.loads(out.read_text())
+
+# %% tags=["hide-input"]
 for n in nodes:
     print(f"node {n.node}: exit code {n.returncode}")
 print({k: two_nodes[k] for k in ("world_size", "grad_max_abs_diff",
@@ -145,12 +144,11 @@ assert two_nodes["allreduce_calls_per_step_sync"] == 2
 assert two_nodes["allreduce_calls_per_step_nosync"] == 1
 
 # %% [markdown] lang="ja"
-# 1 台で 2 プロセスでも、2 台で 1 プロセスずつでも、1 ステップの all-reduce の回数は同じです
-# (2 つの実行が書き出した JSON から描きます)。
+# 1 台で 2 プロセスでも、2 台で 1 プロセスずつでも、1 ステップの all-reduce の回数は同じです。
 
 # %% [markdown] lang="en"
 # One machine with two processes or two machines with one each: the all-reduces per
-# step are the same (drawn from the JSON both runs wrote).
+# step are the same.
 
 # %%
 from labkit import plots
@@ -173,8 +171,8 @@ fig = plots.bar_chart(counts, ylabel="allreduces_per_step", title="nodes_title",
 # `torchrun_env(nnodes, nproc_per_node, node_rank)` を書いてください。ノード `node_rank` で動く各プロセスの
 # `{"RANK": ..., "LOCAL_RANK": ..., "WORLD_SIZE": ...}` を、`LOCAL_RANK` の順に並べたリストを返します。
 #
-# 確認のセルは、いくつかの組み合わせ (最大 4 ノード × 8 プロセス) で答えを確かめてから、ここで実際の
-# torchrun (2 ノード × 2 プロセス) を実行し、各プロセスが受け取った環境変数と比べます (数秒かかります)。
+# 確認のセルは、いくつかの組み合わせ (最大 4 ノード × 8 プロセス) で確かめてから、実際の torchrun
+# (2 ノード × 2 プロセス) の各プロセスが受け取った環境変数と比べます。
 
 # %% [markdown] lang="en"
 # ## Exercise: the numbers torchrun hands each process
@@ -188,9 +186,8 @@ fig = plots.bar_chart(counts, ylabel="allreduces_per_step", title="nodes_title",
 # order, `{"RANK": ..., "LOCAL_RANK": ..., "WORLD_SIZE": ...}` for each process that
 # runs on node `node_rank`.
 #
-# The check tries your answer on a few set-ups (up to 4 nodes × 8 processes), then runs
-# a real torchrun here (2 nodes × 2 processes) and compares with the environment each
-# process received (it takes a few seconds).
+# The check tries a few set-ups (up to 4 nodes × 8 processes), then compares with the
+# environment each process of a real torchrun (2 nodes × 2 processes) received.
 
 # %% tags=["exercise"]
 def torchrun_env(nnodes, nproc_per_node, node_rank):
@@ -214,8 +211,8 @@ def torchrun_env(nnodes, nproc_per_node, node_rank):
 exercises.grade_torchrun_env(torchrun_env)
 
 # %% [markdown] lang="ja"
-# 確認に通った `torchrun_env` で、2 ノード × 4 プロセスの番号を図にします。`RANK` は前のノードから
-# 続けて数え、`LOCAL_RANK` はノードごとに 0 から数え直します。
+# 確認に通った `torchrun_env` で描いた 2 ノード × 4 プロセスの番号です。`RANK` は前のノードから続けて数え、
+# `LOCAL_RANK` はノードごとに 0 から数え直します。
 
 # %% [markdown] lang="en"
 # The numbers of 2 nodes × 4 processes, from the `torchrun_env` that passed the check:
@@ -234,11 +231,9 @@ fig = diagrams.collectives(table, column="node_n", title="torchrun_title",
 # %% [markdown] lang="ja"
 # ## 実機のクラスタ: SLURM、PBS、PJM
 #
-# 実機のクラスタでは、ジョブスケジューラがマシン (ノード) を割り当てます。どのスケジューラでも、することは
-# 同じです。ノードごとに torchrun を 1 つ起動し、割り当ての最初のノードを待ち合わせ場所 (c10d の
-# ランデブー) にします。リポジトリには 3 つのスケジューラの例があり、どれもスケジューラの起動コマンドで
-# 各ノードに `labkit/cluster/torchrun_node.sh` を 1 回ずつ実行させます。ノード間の通信には nccl バックエンドを
-# 使います。
+# クラスタでは、ジョブスケジューラがノードを割り当てます。どのスケジューラでも、ノードごとに torchrun を
+# 1 つ起動し、割り当ての最初のノードを待ち合わせ場所にします。3 つのスケジューラの例は、どれも起動コマンドで
+# 各ノードに `labkit/cluster/torchrun_node.sh` を 1 回ずつ実行させます。ノード間は nccl バックエンドです。
 #
 # | スケジューラ | 投入 | 例 | ノードの一覧 | ノードごとに 1 回起動 | 導入例 |
 # |---|---|---|---|---|---|
@@ -246,12 +241,13 @@ fig = diagrams.collectives(table, column="node_n", title="torchrun_title",
 # | PBS Professional | `qsub` | `labkit/cluster/pbs_example.sh` | `$PBS_NODEFILE` | `mpirun -map-by ppr:1:node` | ABCI 3.0 ([ジョブの実行](https://docs.abci.ai/v3/en/job-execution/)) |
 # | 富士通の PJM | `pjsub` | `labkit/cluster/pjm_example.sh` | `$PJM_O_NODEINF` | `mpiexec -npernode 1` | 富岳 ([利用手引書](https://www.r-ccs.riken.jp/fugaku/docs/user-guide/sys-use/user-guide-use-1.49/build/en/JobExecution/BulkJob.html))、Wisteria/BDEC-01 (東京大学)、不老 (名古屋大学、[FAQ](https://icts.nagoya-u.ac.jp/ja/sc/faq.html)) |
 #
-# 自分の利用する計算機センター (システム) で変えるのは、スクリプトの冒頭の指定 (キューやリソースグループ、グループ、時間)、
-# `module load` の行、ノードあたりのプロセス数 (`PROCS_PER_NODE`、GPU の数) です。`pbs_example.sh` は
-# ABCI 3.0 の、`pjm_example.sh` は Wisteria/BDEC-01 Aquarius の書き方に合わせてあります。富岳のノードには
-# GPU がないので、そこではランクを CPU で動かします (`BACKEND=gloo`)。
+# 自分のシステムで変えるのは、冒頭の指定 (キューやリソースグループ、グループ、時間)、`module load` の行、
+# ノードあたりのプロセス数 (`PROCS_PER_NODE`、GPU の数) です。富岳のノードには GPU がないので、ランクを
+# CPU で動かします (`BACKEND=gloo`)。次のセルは各スクリプトの要の行を表示し、構文を確かめます。
 #
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
+#
+# `pbs_example.sh` は ABCI 3.0 の、`pjm_example.sh` は Wisteria/BDEC-01 Aquarius の書き方に合わせてあります。
 #
 # `tests/test_cluster_scripts.py` は、3 つのスクリプトを、スケジューラの環境 (ノードの一覧、ジョブ ID) と
 # 起動コマンドを模擬して、この 1 台で 2 ノードとして実行し、結果を確かめます。実機のクラスタでは
@@ -262,11 +258,10 @@ fig = diagrams.collectives(table, column="node_n", title="torchrun_title",
 # %% [markdown] lang="en"
 # ## A real cluster: SLURM, PBS, PJM
 #
-# On a real cluster a job scheduler hands out the machines (nodes). Whatever the
-# scheduler, the job does the same: start one torchrun per node, and use the allocation's
-# first node as the meeting point (the c10d rendezvous). The repository has an example for
-# three schedulers; each has the scheduler's launcher run `labkit/cluster/torchrun_node.sh` once on
-# every node. Between nodes, use the nccl backend.
+# On a cluster a job scheduler hands out the nodes. Whatever the scheduler, the job
+# starts one torchrun per node and uses the allocation's first node as the meeting
+# point. Each of the three examples has the scheduler's launcher run
+# `labkit/cluster/torchrun_node.sh` once on every node. Between nodes, use nccl.
 #
 # | scheduler | submit | example | node list | once per node | used at (examples) |
 # |---|---|---|---|---|---|
@@ -276,11 +271,13 @@ fig = diagrams.collectives(table, column="node_n", title="torchrun_title",
 #
 # What to change for your site: the directives at the top (queue or resource group,
 # group, time), the `module load` line, and the processes per node (`PROCS_PER_NODE`, the
-# number of GPUs). `pbs_example.sh` follows ABCI 3.0's conventions, `pjm_example.sh`
-# Wisteria/BDEC-01 Aquarius's. Fugaku's nodes have no GPU: there the ranks run on the
-# CPU (`BACKEND=gloo`).
+# number of GPUs). Fugaku's nodes have no GPU: there the ranks run on the CPU
+# (`BACKEND=gloo`). The next cell prints each script's key lines and checks its syntax.
 #
 # <details><summary>How this was measured</summary>
+#
+# `pbs_example.sh` follows ABCI 3.0's conventions, `pjm_example.sh` Wisteria/BDEC-01
+# Aquarius's.
 #
 # `tests/test_cluster_scripts.py` runs each of the three scripts on this one machine as
 # two nodes, with the scheduler's environment (node list, job id) and its launcher
@@ -288,7 +285,7 @@ fig = diagrams.collectives(table, column="node_n", title="torchrun_title",
 #
 # </details>
 
-# %%
+# %% tags=["hide-input"]
 import os
 import shutil
 import subprocess
@@ -315,20 +312,18 @@ assert "--rdzv-backend c10d" in node and '--nnodes "$nnodes"' in node
 # %% [markdown] lang="ja"
 # ## PyTorch Lightning と Hugging Face Accelerate
 #
-# どちらも、DDP の学習ループ (プロセスの起動、`DistributedSampler`、勾配累積、チェックポイントなど) を
-# 代わりに書いてくれるライブラリです。勾配累積はそれぞれ
+# どちらも DDP の学習ループ (プロセスの起動、`DistributedSampler`、勾配累積、チェックポイントなど) を
+# 代わりに書くライブラリです。勾配累積は
 #
 # - Lightning: `Trainer(strategy="ddp", accumulate_grad_batches=K)`
 # - Accelerate: `Accelerator(gradient_accumulation_steps=K)` と `with accelerator.accumulate(model):`
 #
-# と書きます。レッスン 04 で見たとおり、DDP で勾配累積を速く行うには `no_sync` が要ります (結果は
-# `no_sync` があってもなくても同じで、ない場合はマイクロバッチごとに all-reduce するぶん遅くなります)。
-# 両者が中で `no_sync` を使うことを、ソースコードと、`DistributedDataParallel.no_sync` の呼び出し回数で
-# 確かめます。8 バッチを K = 4 で累積すると、更新は 2 回、`no_sync` に入るのは 8 − 2 = 6 回のはずです。
+# と書きます。DDP で勾配累積を速く行うには `no_sync` が要ります (レッスン 04)。両者が中で `no_sync` を使う
+# ことを、ソースコードと `DistributedDataParallel.no_sync` の呼び出し回数で確かめます。8 バッチを K = 4 で
+# 累積すると、更新は 2 回、`no_sync` に入るのは 6 回のはずです。
 #
-# 2 つとも**任意の追加パッケージ**で、このコースの既定の環境には入っていません。入っていなければ、次のセルは
-# 飛ばしたライブラリ名と、この実行では確かめていないことを表示します。確かめるには
-# `pip install lightning accelerate` を実行してから、このセルをもう一度実行してください。
+# 2 つとも**任意の追加パッケージ**です。入っていなければ、次のセルは飛ばしたことを表示します。確かめるには
+# `pip install lightning accelerate` のあと、このセルをもう一度実行してください。
 
 # %% [markdown] lang="en"
 # ## PyTorch Lightning and Hugging Face Accelerate
@@ -340,15 +335,13 @@ assert "--rdzv-backend c10d" in node and '--nnodes "$nnodes"' in node
 # - Accelerate: `Accelerator(gradient_accumulation_steps=K)` and
 #   `with accelerator.accumulate(model):`
 #
-# As lesson 04 showed, gradient accumulation under DDP needs `no_sync` to be fast (the
-# result is the same either way; without it, every micro-batch costs an all-reduce).
-# Check that both use `no_sync` underneath, in their source and by counting calls of
-# `DistributedDataParallel.no_sync`. Accumulating 8 batches with K = 4 should give 2
-# updates and 8 − 2 = 6 entries into `no_sync`.
+# Gradient accumulation under DDP needs `no_sync` to be fast (lesson 04). Check that
+# both use it underneath, in their source and by counting calls of
+# `DistributedDataParallel.no_sync`: 8 batches with K = 4 should give 2 updates and 6
+# entries into `no_sync`.
 #
-# Both are **optional extras**, not in the course's default environment. Without them
-# the next cell says which it skipped and that this run does not check them. To check,
-# run `pip install lightning accelerate` and run the cell again.
+# Both are **optional extras**: without them the next cell says which it skipped. To
+# check, run `pip install lightning accelerate` and run the cell again.
 
 # %%
 checked = []
@@ -372,14 +365,14 @@ print(labkit.t("frameworks_checked", checked=", ".join(checked) or "-",
                or "-"))
 
 # %% [markdown] lang="ja"
-# 記事は「コードを変更することなく、複数の GPU 上でモデルを訓練することができます」と書いていますが、
-# Lightning では学習コードを `LightningModule` の形に書き直し、Accelerate では `accelerator.prepare` と
-# `accelerator.backward` を書き加えます。正確には「少ない変更で済む」です。
+# 記事は「コードを変更することなく」と書いていますが、Lightning では学習コードを `LightningModule` に
+# 書き直し、Accelerate では `accelerator.prepare` と `accelerator.backward` を書き加えます。正確には
+# 「少ない変更で済む」です。
 
 # %% [markdown] lang="en"
-# The document says these frameworks train on several GPUs "without changing the code".
-# Lightning needs the training code rewritten as a `LightningModule`; Accelerate needs
-# `accelerator.prepare` and `accelerator.backward` added. "With few changes" is accurate.
+# The document says "without changing the code". Lightning needs the training code
+# rewritten as a `LightningModule`; Accelerate needs `accelerator.prepare` and
+# `accelerator.backward` added. "With few changes" is accurate.
 
 # %% [markdown] lang="ja"
 # ## 手動の並列化
@@ -389,9 +382,8 @@ print(labkit.t("frameworks_checked", checked=", ".join(checked) or "-",
 # モデル並列 (パイプライン並列やテンソル並列) という別の方式です。
 #
 # データ並列を手で組み立てる部品は `torch.nn.parallel` の `replicate`、`scatter`、`parallel_apply`、
-# `gather` で、`data_parallel()` はこの 4 つを順に呼ぶだけです。1 つずつ動かしたのがレッスン 02 です。
-# 複数のプロセスなら、手で組み立てる部品は `torch.distributed` の集団通信 (`all_reduce` など) で、
-# それを自動でするのが DDP です (レッスン 03)。
+# `gather` で、`data_parallel()` はこの 4 つを順に呼ぶだけです (レッスン 02)。複数のプロセスなら部品は
+# 集団通信 (`all_reduce` など) で、それを自動でするのが DDP です (レッスン 03)。
 
 # %% [markdown] lang="en"
 # ## Parallelism by hand
@@ -403,11 +395,10 @@ print(labkit.t("frameworks_checked", checked=", ".join(checked) or "-",
 #
 # The parts for building data parallelism by hand are `torch.nn.parallel`'s `replicate`,
 # `scatter`, `parallel_apply` and `gather`; `data_parallel()` just calls these four in
-# turn. Lesson 02 runs them one at a time. Across processes, the parts are
-# `torch.distributed`'s collectives (`all_reduce` and so on), and DDP is what does it
-# for you (lesson 03).
+# turn (lesson 02). Across processes the parts are collectives (`all_reduce` and so on),
+# and DDP does it for you (lesson 03).
 
-# %%
+# %% tags=["hide-input"]
 import inspect
 import re
 
@@ -430,13 +421,10 @@ assert calls == ["scatter", "replicate", "parallel_apply", "gather"]
 #   パラメータを all-gather で一時的に集め、使い終わったら解放します
 #   ([fully_shard のドキュメント](https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html))。
 #
-# FSDP2 は gloo バックエンドを使えば CPU でも動きます。小さな MLP (2,110 パラメータ) を 2 ランクで分割し、
-# 各ランクが各パラメータの半分だけを持つこと、それでも勾配は 1 プロセスで全体のバッチを使ったものと一致する
-# ことを確かめます。分割されたパラメータは DTensor で、`placement` の `Shard(dim=0)` は「0 番目の次元で
-# 切ってランクに配った」という意味です。ここでは分け方を見るだけです。各ステージが 1 パラメータあたり
-# 何バイトを持つか (float32 の Adam と混合精度) は [12: メモリは何に使われるか](12_zero_by_hand.ipynb#cell-id=12-where-the-memory-goes)
-# で数え、ステージ 1〜3 を手で書きます。FSDP2 で学習してチェックポイントを保存するのは
-# [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard) です。
+# FSDP2 は gloo を使えば CPU でも動きます。小さな MLP (2,110 パラメータ) を 2 ランクで分割し、各ランクが
+# 各パラメータの半分を持ち、それでも勾配は 1 プロセスで全体のバッチを使ったものと一致することを確かめます。
+# ここでは分け方を見るだけです。各ステージのバイト数は [12: メモリは何に使われるか](12_zero_by_hand.ipynb#cell-id=12-where-the-memory-goes)
+# で数え、FSDP2 での学習は [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard) で扱います。
 #
 # **予想してから実行:** 2,110 個の値のうち、各ランクはいくつを持つでしょうか?
 
@@ -457,13 +445,10 @@ assert calls == ["scatter", "replicate", "parallel_apply", "gather"]
 #
 # FSDP2 runs on gloo on the CPU. Shard a tiny MLP (2,110 parameters) over two ranks and
 # check that each rank holds half of every parameter, and that the gradients still equal
-# those of one process on the whole batch. A sharded parameter is a DTensor; its
-# placement `Shard(dim=0)` says "cut along dimension 0 and dealt out to the ranks". This
-# is only a look at how the parameters are cut: how many bytes per parameter each stage
-# holds (fp32 Adam and mixed precision) is counted in
+# those of one process on the whole batch. This is only a look at the cut: the bytes
+# each stage holds are counted in
 # [12: Where the memory goes](12_zero_by_hand.ipynb#cell-id=12-where-the-memory-goes),
-# which also writes stages 1 to 3 by hand; training with FSDP2 and saving a sharded
-# checkpoint is [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard).
+# and training with FSDP2 is [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard).
 #
 # **Predict, then run:** of the 2,110 values, how many does each rank hold?
 
@@ -479,26 +464,28 @@ import torch
 from labkit import sharding
 
 fsdp = sharding.fsdp_experiment(rank, world_size)
+print(f"rank {rank}: holds {fsdp['local_numel']} of {fsdp['full_numel']} values; "
+      f"|grad - whole-batch grad| = {fsdp['grad_max_abs_diff']:.1e}")
+
+# %% tags=["hide-input"]
+# %%px
 shard_rows = []  # (parameter, whole shape, first row, the row after its last)
 for name, s in fsdp["shards"].items():
     pieces = torch.arange(s["global"][0]).chunk(world_size)  # dim 0, as torch.chunk cuts
     assert s["local"][0] == len(pieces[rank]), name  # this rank holds its piece
     start = sum(len(p) for p in pieces[:rank])
     shard_rows.append((name, s["global"], start, start + s["local"][0]))
-print(f"rank {rank}: holds {fsdp['local_numel']} of {fsdp['full_numel']} values; "
-      f"|grad - whole-batch grad| = {fsdp['grad_max_abs_diff']:.1e}")
 assert fsdp["local_numel"] * world_size == fsdp["full_numel"]
 assert fsdp["shards"]["fc1.weight"]["local"] == (100 // world_size, 10)
 assert fsdp["grad_max_abs_diff"] <= 1e-6
 
 # %% [markdown] lang="ja"
-# 各ランクが各パラメータの値をいくつ持つか、そして 0 番目の次元のどの行を持つかを、2 つのランクから
-# 集めて図にします。2 つ目の図では、どのパラメータも行の前半がランク 0、後半がランク 1 になっています。
+# 各ランクが各パラメータの値をいくつ持ち、0 番目の次元のどの行を持つかです。2 つ目の図では、どのパラメータも
+# 行の前半がランク 0、後半がランク 1 です。
 
 # %% [markdown] lang="en"
-# How many values of each parameter each rank holds, and which rows of dimension 0,
-# pulled from the two ranks: in the second figure every parameter's first half of rows
-# is rank 0's, its second half rank 1's.
+# How many values of each parameter each rank holds, and which rows of dimension 0: in
+# the second figure every parameter's first half of rows is rank 0's, the second rank 1's.
 
 # %% tags=["hide-input"]
 import math
@@ -526,9 +513,8 @@ fig = diagrams.dim0_shards(shards)
 # ランク `rank` がいくつ持つかを返します。FSDP2 は 0 番目の次元を `torch.chunk` と同じように切ります
 # (レッスン 02 の `scatter` がバッチを切るのと同じ切り方です)。
 #
-# 確認のセルは、このレッスンの 2 ランクで、行数が奇数の MLP (`Linear(10, 5)` と `Linear(5, 1)`) を
-# 実際に `fully_shard` で分けた結果と比べ、さらに小さな MLP を 3 ランクと 8 ランクに分けた場合を
-# `torch.chunk` と比べます。この関数はカーネルで実行されます。
+# 確認のセルは、行数が奇数の MLP (`Linear(10, 5)` と `Linear(5, 1)`) を 2 ランクで実際に `fully_shard` で
+# 分けた結果と、3 ランクと 8 ランクでの `torch.chunk` と比べます。関数はカーネルで実行されます。
 
 # %% [markdown] lang="en"
 # ## Exercise (optional): how much does each rank hold?
@@ -539,9 +525,9 @@ fig = diagrams.dim0_shards(shards)
 # `shape` rank `rank` holds when `fully_shard` shards it over `world_size` ranks. FSDP2
 # cuts dimension 0 as `torch.chunk` does (the way lesson 02's `scatter` cuts a batch).
 #
-# The check compares with what `fully_shard` really does on this lesson's two ranks to an
-# MLP with odd numbers of rows (`Linear(10, 5)` and `Linear(5, 1)`), then with
-# `torch.chunk` for the tiny MLP on 3 and 8 ranks. The function runs in the kernel.
+# The check compares with what `fully_shard` really does on two ranks to an MLP with odd
+# numbers of rows (`Linear(10, 5)` and `Linear(5, 1)`), and with `torch.chunk` on 3 and
+# 8 ranks. The function runs in the kernel.
 
 # %% tags=["exercise", "optional"]
 import math
@@ -570,8 +556,11 @@ ranks.stop()
 #
 # *記事の補足: 記事 000 と 004 が挙げる Horovod が、いまどうなっているかを確かめます。*
 #
-# Horovod は Uber が作り、LF AI & Data Foundation に移された分散学習ライブラリです。記事 000 と 004 は
-# 選択肢として挙げていますが、PyTorch で新しく使う理由はほとんどありません。
+# Horovod は Uber が作った分散学習ライブラリです。記事 000 と 004 は選択肢に挙げていますが、PyTorch で
+# 新しく使う理由はほとんどありません。2023 年の 0.28.1 を最後にリリースがなく、ホイールもありません。
+# 0.28.1 は C++14 でビルドしますが、いまの torch のヘッダは C++17 以降を要求します。Databricks も非推奨にしています。
+#
+# <details><summary>測り方</summary>
 #
 # - **最新のリリースは 0.28.1** です (`pip index versions horovod` で確認。PyPI に
 #   あるのは 0.28.1 まで)。配布物の `PKG-INFO` の日付は 2023-06-12 で、それ以降のリリースはありません。
@@ -586,8 +575,10 @@ ranks.stop()
 # - Databricks は Horovod と HorovodRunner を非推奨とし、PyTorch には TorchDistributor を勧めています
 #   ([Databricks のドキュメント、フランス語版](https://docs.databricks.com/aws/fr/archive/machine-learning/train-model/horovod))。
 #
-# このコースでは Horovod をインストールしません。使い方の対応表を載せます。
-# 記事 004 の「モデルを Horovod でラップします」も正確ではありません。ラップする (包む) のは**オプティマイザ**です。
+# </details>
+#
+# 使い方の対応表です。記事 004 の「モデルを Horovod でラップします」も正確ではありません。包むのは
+# **オプティマイザ**です。
 #
 # | Horovod (PyTorch) | PyTorch DDP |
 # |---|---|
@@ -607,9 +598,12 @@ ranks.stop()
 #
 # *Article material: where Horovod, which docs 000 and 004 name, stands today.*
 #
-# Horovod is a distributed-training library started at Uber and moved to the LF AI &
-# Data Foundation. Docs 000 and 004 list it as an option; for PyTorch there is little
-# reason to start with it today.
+# Horovod is a distributed-training library started at Uber. Docs 000 and 004 list it as
+# an option; for PyTorch there is little reason to start with it today: nothing has
+# been released since 0.28.1 in 2023, there are no wheels, and 0.28.1 builds as C++14
+# while today's torch headers require C++17 or later. Databricks has deprecated it.
+#
+# <details><summary>How this was measured</summary>
 #
 # - **The latest release is 0.28.1** (checked with `pip index versions horovod`: PyPI
 #   has nothing newer). Its `PKG-INFO` is dated 2023-06-12, and nothing
@@ -626,8 +620,10 @@ ranks.stop()
 # - Databricks has deprecated Horovod and HorovodRunner and recommends TorchDistributor
 #   for PyTorch ([Databricks documentation, French edition](https://docs.databricks.com/aws/fr/archive/machine-learning/train-model/horovod)).
 #
-# This course does not install Horovod. Here is how its API maps to DDP. Doc 004's "wrap
-# the model with Horovod" is not accurate either: what you wrap is the **optimizer**.
+# </details>
+#
+# How its API maps to DDP. Doc 004's "wrap the model with Horovod" is not accurate
+# either: what you wrap is the **optimizer**.
 #
 # | Horovod (PyTorch) | PyTorch DDP |
 # |---|---|
@@ -642,7 +638,7 @@ ranks.stop()
 # | `hvd.allreduce(t)` (averages by default) | `dist.all_reduce(t)` (sums; divide by the world size to average) |
 # | `DistributedSampler(num_replicas=hvd.size(), rank=hvd.rank())` | `DistributedSampler(dataset)` |
 
-# %%
+# %% tags=["hide-input"]
 import importlib.util
 
 header = Path(torch.__file__).parent / "include" / "torch" / "csrc" / "api" / "include" / "torch" / "all.h"
@@ -662,14 +658,10 @@ print("horovod installed:", importlib.util.find_spec("horovod") is not None)
 # *記事の補足: 記事 004 の記述を確かめます。*
 #
 # 記事 004 は「PyTorch Lightning や TensorFlow Lattice などのフレームワークは、分散訓練を自動的に処理する」と
-# 書いていますが、TensorFlow Lattice はそういうものではありません。公式の説明では「柔軟で、制御でき、
-# 解釈できる**格子 (lattice) ベースのモデル**を実装するライブラリ」で、単調性や凸性などの
-# **形状制約** (shape constraints) でドメイン知識をモデルに組み込むための Keras の層を提供します
-# ([TensorFlow Lattice の概要](https://www.tensorflow.org/lattice/overview)、
-# [tensorflow/lattice](https://github.com/tensorflow/lattice))。もとになった論文は
-# 「Monotonic Calibrated Interpolated Look-Up Tables」(JMLR 2016) です。TensorFlow 用で、PyTorch とも
-# 分散学習とも関係ありません。PyTorch での分散学習のフレームワークなら、Lightning、Accelerate、
-# DeepSpeed などです。
+# 書いていますが、TensorFlow Lattice は**格子 (lattice) ベースのモデル**を実装するライブラリで、単調性などの
+# **形状制約**でドメイン知識をモデルに組み込む Keras の層を提供します
+# ([TensorFlow Lattice の概要](https://www.tensorflow.org/lattice/overview))。分散学習とは関係ありません。
+# PyTorch での分散学習のフレームワークなら、Lightning、Accelerate、DeepSpeed などです。
 
 # %% [markdown] lang="en"
 # ## TensorFlow Lattice is not a distributed-training framework
@@ -677,15 +669,12 @@ print("horovod installed:", importlib.util.find_spec("horovod") is not None)
 # *Article material: a claim of doc 004, checked.*
 #
 # Doc 004 says "frameworks such as PyTorch Lightning and TensorFlow Lattice handle
-# distributed training automatically". TensorFlow Lattice is nothing of the kind. In its
-# own words it is "a library that implements flexible, controlled and interpretable
-# **lattice based models**": Keras layers that put domain knowledge into a model through
-# **shape constraints** such as monotonicity and convexity
-# ([TensorFlow Lattice overview](https://www.tensorflow.org/lattice/overview),
-# [tensorflow/lattice](https://github.com/tensorflow/lattice)), based on the paper
-# "Monotonic Calibrated Interpolated Look-Up Tables" (JMLR 2016). It is for TensorFlow
-# and has nothing to do with PyTorch or with distributed training. Frameworks for
-# distributed training with PyTorch are Lightning, Accelerate, DeepSpeed and others.
+# distributed training automatically". TensorFlow Lattice is a library of **lattice
+# based models**: Keras layers that put domain knowledge into a model through **shape
+# constraints** such as monotonicity
+# ([TensorFlow Lattice overview](https://www.tensorflow.org/lattice/overview)). It has
+# nothing to do with distributed training. Frameworks for distributed training with
+# PyTorch are Lightning, Accelerate, DeepSpeed and others.
 
 # %% [markdown] lang="ja" tags=["summary"]
 # ## 覚えておくこと

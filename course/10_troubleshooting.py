@@ -14,16 +14,12 @@
 # このレッスンを終えると、次のことができます。
 #
 # - 集団通信の約束 (全ランクが同じ集団通信を、同じ順に、同じ形で呼ぶ) を説明し、それを破ったランクを
-#   `monitored_barrier`、スタックの表示、Flight Recorder で突き止める
-# - ランクごとに食い違う集団通信を `TORCH_DISTRIBUTED_DEBUG=DETAIL` で見つけ、それでも見つからない
-#   食い違い (演算の種類) を知る
-# - 順伝播で使われないパラメータが約束を破る仕組みを説明し、そのパラメータを見つけ、
-#   `find_unused_parameters=True` と `static_graph=True` を使い分ける
+#   `monitored_barrier`、スタック、Flight Recorder で突き止める
+# - 食い違う集団通信を `TORCH_DISTRIBUTED_DEBUG=DETAIL` で見つけ、それでも見つからない食い違いを知る
+# - 順伝播で使われないパラメータを見つけ、`find_unused_parameters=True` と `static_graph=True` を使い分ける
 #
-# どの失敗も 2 つのランクでわざと起こし、エラーを読み、原因を突き止め、直し、直ったことを確かめます。
-# 集団通信は 3 秒で時間切れにします (gloo の既定は 30 分)。失敗させるセルには `raises-exception` のタグが
-# 付いているので、「すべてのセルを実行」はそこで止まりません。次のセルが、どのランクが何で失敗したか
-# (`ranks.last_failure`) を確かめ、その次のセルはまた両方のランクで動きます。
+# 失敗は 2 つのランクでわざと起こします (タグ `raises-exception` のセル)。集団通信は 3 秒で時間切れに
+# します (gloo の既定は 30 分)。
 
 # %% [markdown] lang="en" tags=["outcomes"]
 # # 10 When DDP goes wrong: the collective contract
@@ -33,16 +29,13 @@
 # - state the collective contract (every rank calls the same collectives, in the same
 #   order, on the same shapes) and find the rank that breaks it, with
 #   `monitored_barrier`, a stack dump and the Flight Recorder;
-# - find collectives that differ between ranks with `TORCH_DISTRIBUTED_DEBUG=DETAIL`,
-#   and know the mismatch it misses (the reduce op);
-# - explain how parameters the forward pass does not use break the contract, find them,
-#   and choose between `find_unused_parameters=True` and `static_graph=True`.
+# - find collectives that differ with `TORCH_DISTRIBUTED_DEBUG=DETAIL`, and know the
+#   mismatch it misses;
+# - find the parameters the forward pass does not use, and choose between
+#   `find_unused_parameters=True` and `static_graph=True`.
 #
-# Each failure is caused on purpose on two ranks: break it, read the error, find the
-# cause, fix it, check the fix. Collectives time out after 3 s here (gloo's default is
-# 30 minutes). The cells that fail on purpose are tagged `raises-exception`, so "Run All
-# Cells" does not stop at them; the cell after each checks which rank failed and how
-# (`ranks.last_failure`), and the next one runs on both ranks again.
+# Failures are caused on purpose on two ranks (cells tagged `raises-exception`);
+# collectives time out after 3 s (gloo's default is 30 minutes).
 
 # %%
 import labkit
@@ -59,9 +52,7 @@ ranks = cluster.start(2, timeout_s=3)  # a collective waits 3 s at most
 # ## 一部のランクだけが呼ぶ集団通信
 #
 # `all_reduce` や `barrier` のような集団通信は、**すべてのランクが同じ順に呼ぶ**約束です。よくある間違いは、
-# 「表示はランク 0 だけで」のつもりで、集団通信まで `if rank == 0:` の中に入れることです (バッファを持つ
-# DDP のモデルの順伝播も集団通信です。レッスン 08)。ランク 1 は呼ばずに先へ進み、ランク 0 は来ない
-# 相手を待ち続けます。
+# 「表示はランク 0 だけで」のつもりで、集団通信まで `if rank == 0:` の中に入れることです。
 #
 # **予想してから実行:** 次のセルでは、どのランクが、どうなるでしょうか?
 
@@ -70,9 +61,7 @@ ranks = cluster.start(2, timeout_s=3)  # a collective waits 3 s at most
 #
 # Collectives such as `all_reduce` and `barrier` come with a contract: **every rank calls
 # them, in the same order**. A common mistake is to mean "print on rank 0 only" and put
-# the collective under `if rank == 0:` as well (the forward pass of a DDP model with
-# buffers is a collective too: lesson 08). Rank 1 skips the call and moves on; rank 0
-# waits for a partner that never comes.
+# the collective under `if rank == 0:` as well.
 #
 # **Predict, then run:** which rank fails in the next cell, and how?
 
@@ -88,7 +77,7 @@ if rank == 0:  # "print the mean loss once", but the all_reduce went in too
     dist.all_reduce(loss)
     print(f"mean loss {loss.item() / world_size:.2f}")
 
-# %%
+# %% tags=["hide-input"]
 failed = ranks.last_failure
 print("failed on ranks:", sorted(failed))
 assert sorted(failed) == [0]  # rank 1 skipped the call and finished
@@ -106,21 +95,22 @@ loss = torch.tensor([1.0 + rank])
 dist.all_reduce(loss)  # every rank
 if rank == 0:
     print(f"mean loss {loss.item() / world_size:.2f}")
+
+# %% tags=["hide-input"]
+# %%px
 assert loss.item() == 3.0
 
 # %% [markdown] lang="ja"
 # ### どのランクが来ていないかを知る
 #
-# 時間切れのメッセージからは、どの集団通信にどのランクが来なかったのかはわかりません。疑わしい場所の前に
-# `dist.monitored_barrier` を置くと、ランク 0 が全ランクの到着を確かめ、来なかったランクの番号を示します
-# (gloo だけで使えます)。
+# 時間切れのメッセージからは、どのランクが来なかったかはわかりません。疑わしい場所の前に
+# `dist.monitored_barrier` を置くと、ランク 0 が来なかったランクの番号を示します (gloo だけで使えます)。
 
 # %% [markdown] lang="en"
 # ### Which rank is missing
 #
-# The timeout message does not say which collective lacked which rank. Put
-# `dist.monitored_barrier` before the suspect: rank 0 checks that every rank arrives
-# and names those that do not (gloo only).
+# The timeout message does not say which rank is missing. Put `dist.monitored_barrier`
+# before the suspect: rank 0 names the ranks that do not arrive (gloo only).
 
 # %% tags=["raises-exception"]
 # %%px
@@ -130,7 +120,7 @@ if rank == 0:
     dist.monitored_barrier(timeout=timedelta(seconds=2))  # debugging: who got here?
     dist.all_reduce(loss)
 
-# %%
+# %% tags=["hide-input"]
 print(next(line for line in ranks.last_failure[0].splitlines() if "monitoredBarrier" in line))
 assert sorted(ranks.last_failure) == [0]
 assert "Rank 1 failed to pass monitoredBarrier in 2000 ms" in ranks.last_failure[0]
@@ -138,9 +128,9 @@ assert "Rank 1 failed to pass monitoredBarrier in 2000 ms" in ranks.last_failure
 # %% [markdown] lang="ja"
 # ### 各ランクがどこで待っているかを見る
 #
-# 止まったプロセスがどこで待っているかは、その Python のスタックでわかります。ターミナルから
-# [`py-spy`](https://github.com/benfred/py-spy) の `py-spy dump --pid PID` を実行すれば表示されます。
-# ここでは、呼ばなかったランク 1 が、待っているランク 0 に向けて実行します。
+# 止まったプロセスがどこで待っているかは、ターミナルから `py-spy dump --pid PID`
+# ([py-spy](https://github.com/benfred/py-spy)) で Python のスタックを表示すればわかります。ここでは
+# ランク 1 がランク 0 に向けて実行します。
 #
 # <details><summary>測り方の詳細</summary>
 #
@@ -155,10 +145,9 @@ assert "Rank 1 failed to pass monitoredBarrier in 2000 ms" in ranks.last_failure
 # %% [markdown] lang="en"
 # ### Where each rank waits
 #
-# Where a stuck process waits is in its Python stack:
-# [`py-spy`](https://github.com/benfred/py-spy)'s `py-spy dump --pid PID`, run from a
-# terminal, prints it. Here rank 1, which skipped the call, runs it on rank 0 while rank
-# 0 waits.
+# `py-spy dump --pid PID` ([py-spy](https://github.com/benfred/py-spy)), run from a
+# terminal, prints the Python stack where a stuck process waits. Here rank 1 runs it on
+# rank 0.
 #
 # <details><summary>How this was measured</summary>
 #
@@ -201,32 +190,28 @@ else:
         print(stack[:stack.index("\n", stack.index("<module>"))])  # down to the cell's line
         assert "all_reduce" in stack.split("<module>")[0]
 
-# %%
+# %% tags=["hide-input"]
 print(sorted(ranks.last_failure))
 assert sorted(ranks.last_failure) == [0]  # rank 0 timed out; rank 1 saw it in all_reduce
 
 # %% [markdown] lang="ja"
 # ランク 1 の出力では、ランク 0 のメインスレッドの一番上が `all_reduce` で、その下がセルの行です。
-# これが「どの集団通信で待っているか」の答えです。
 
 # %% [markdown] lang="en"
-# In rank 1's output, rank 0's main thread has `all_reduce` on top and the cell's line
-# below it: the collective it waits in.
+# In rank 1's output, rank 0's main thread has `all_reduce` on top, the cell's line below.
 
 # %% [markdown] lang="ja"
 # ### Flight Recorder: 各ランクが入った集団通信の記録
 #
-# torch は、各ランクが呼んだ集団通信を記録しています (Flight Recorder。torch 2.13 では gloo でも、
-# 設定しなくても直近 2,000 件を保持します)。各ランクの記録の最後を並べると、どのランクがどの集団通信まで
-# 来たかがわかります。下のセルは、上でハングしたあとの記録を各ランクで読みます。
+# torch は各ランクが呼んだ集団通信を記録しています (Flight Recorder。gloo でも、設定なしで直近 2,000 件)。
+# 上でハングしたあとの記録の最後を並べると、どのランクがどこまで来たかがわかります。
 
 # %% [markdown] lang="en"
 # ### Flight Recorder: the collectives each rank entered
 #
-# torch records the collectives each rank calls (the Flight Recorder; in torch 2.13 also
-# with gloo, keeping the last 2,000 without any setting). Put the end of each rank's
-# record side by side and you see how far each rank got. The cell below reads each
-# rank's record after the hang above.
+# torch records the collectives each rank calls (the Flight Recorder, also with gloo:
+# the last 2,000 without any setting). The ends of the ranks' records after the hang
+# above show how far each rank got.
 
 # %%
 # %%px
@@ -244,23 +229,26 @@ recent = [(e["collective_seq_id"], e["profiling_name"]) for e in fr_entries()
           if e["pg_id"] == last["pg_id"]][-5:]  # numbered per process group
 print(f"rank {rank}: #{last['collective_seq_id']} {last['profiling_name']} "
       f"{last['input_sizes']}")
-seqs = [None] * world_size
-dist.all_gather_object(seqs, last["collective_seq_id"])
+
+# %% tags=["hide-input"]
+# %%px
 assert "TORCH_FR_BUFFER_SIZE" not in os.environ  # on by default
-assert seqs[0] == seqs[1] + 1  # rank 0 entered one collective more: the all_reduce
 if rank == 0:
     assert last["profiling_name"] == "gloo:all_reduce"
 
 # %% [markdown] lang="ja"
-# 2 つのランクの記録の終わりを並べます。枠の番号で、ランク 0 だけが集団通信に入っています。
+# 2 つのランクの記録の終わりです。枠の番号で、ランク 0 だけが `gloo:all_reduce` に入っています。ランク 1 は
+# そこに来なかったのです。
 
 # %% [markdown] lang="en"
-# The ends of the two ranks' records side by side: at the framed number only rank 0
-# entered a collective.
+# The ends of the two ranks' records: at the framed number only rank 0 entered a
+# collective, the `gloo:all_reduce` rank 1 never came to.
 
 # %% tags=["hide-input"]
 from labkit import diagrams
 
+seqs = [entry["collective_seq_id"] for entry in ranks.pull("last")]
+assert seqs[0] == seqs[1] + 1  # rank 0 entered one collective more: the all_reduce
 recent = ranks.pull("recent")  # each rank's last 5 (number, name)
 start = min(entries[-1][0] for entries in recent) - 2
 window = [[e for e in entries if e[0] >= start] for entries in recent]
@@ -269,9 +257,6 @@ assert window[0][-1][1] == "gloo:all_reduce"
 fig = diagrams.sequences(window)
 
 # %% [markdown] lang="ja"
-# ランク 0 の最後はランク 1 より 1 つ先の `gloo:all_reduce` です。ランク 1 はその集団通信に来なかった、
-# ということです。
-#
 # <details><summary>測り方の詳細</summary>
 #
 # torch 2.13 で gloo の記録を取り出す関数 (`torch._C._distributed_c10d._dump_fr_trace_json`) は非公開なので、
@@ -282,9 +267,6 @@ fig = diagrams.sequences(window)
 # </details>
 
 # %% [markdown] lang="en"
-# Rank 0's last entry is a `gloo:all_reduce` one ahead of rank 1's: rank 1 never came
-# to that collective.
-#
 # <details><summary>How this was measured</summary>
 #
 # In torch 2.13 the function that reads gloo's record
@@ -298,15 +280,15 @@ fig = diagrams.sequences(window)
 # %% [markdown] lang="ja"
 # ## ランクごとに食い違う集団通信
 #
-# 全ランクが呼んでいても、ランクごとに**違う**集団通信を呼ぶと、gloo はそれを確かめません。
-# ランク 0 が `all_reduce`、ランク 1 が `broadcast` を呼ぶと、どちらかが時間切れになるまで両方が待ちます。
+# 全ランクが呼んでいても、**同じ**集団通信かどうかを gloo は確かめません。ランク 0 が `all_reduce`、
+# ランク 1 が `broadcast` を呼ぶと、時間切れまで両方が待ちます。
 
 # %% [markdown] lang="en"
 # ## Collectives that differ between ranks
 #
-# Even when every rank calls a collective, gloo does not check that they call **the
-# same** one. With `all_reduce` on rank 0 and `broadcast` on rank 1, both wait until
-# one times out.
+# Even when every rank calls a collective, gloo does not check that it is **the same**
+# one. With `all_reduce` on rank 0 and `broadcast` on rank 1, both wait until one times
+# out.
 
 # %% tags=["raises-exception"]
 # %%px
@@ -320,7 +302,7 @@ def different_types():
 
 different_types()
 
-# %%
+# %% tags=["hide-input"]
 print(sorted(ranks.last_failure))
 assert sorted(ranks.last_failure) == [0, 1]  # both waited
 # The first to time out closes its connections: the other may then fail at once.
@@ -328,14 +310,13 @@ assert any("Timed out" in message for message in ranks.last_failure.values())
 
 # %% [markdown] lang="ja"
 # もっと悪いのは、エラーにならない食い違いです。ランク 0 が和 (`SUM`)、ランク 1 が最大値 (`MAX`) で
-# `all_reduce` すると、どちらも正しく終わったように見えますが、結果は和でも最大値でもありません。
-# gloo はテンソルを分けて別々のランクで集約 (リダクション) するので、半分は和、半分は最大値になります。
+# `all_reduce` すると、どちらも正しく終わったように見えますが、gloo はテンソルを分けて別々のランクで集約
+# するので、半分は和、半分は最大値になります。
 
 # %% [markdown] lang="en"
 # Worse are the mismatches that raise nothing. With `SUM` on rank 0 and `MAX` on rank 1,
-# both ranks seem to finish fine, but the result is neither the sum nor the maximum:
-# gloo splits the tensor and reduces each part on another rank, so half of it is
-# summed and half maxed.
+# both ranks seem to finish fine, but gloo reduces each part of the tensor on another
+# rank, so half of it is summed and half maxed.
 
 # %%
 # %%px
@@ -347,6 +328,9 @@ def sum_against_max():
 
 
 t = sum_against_max()
+
+# %% tags=["hide-input"]
+# %%px
 assert t.tolist() == [11.0, 22.0, 30.0, 40.0]  # first half summed, second half maxed
 assert compare.rank_max_diff(t) == 0  # and both ranks agree on it: nothing looks wrong
 
@@ -360,27 +344,22 @@ fig = diagrams.collectives({labkit.t("values_before"): [[1, 2, 3, 4], [10, 20, 3
 # %% [markdown] lang="ja"
 # ### `TORCH_DISTRIBUTED_DEBUG=DETAIL`
 #
-# デバッグ用の設定 `TORCH_DISTRIBUTED_DEBUG=DETAIL` では、torch がプロセスグループを包み、集団通信の
-# たびに全ランクのフィンガープリント (何番目の呼び出しか、種類、テンソルの形と型) を比べ、食い違えば
-# 両方の呼び出しを示してエラーにします。torch はこの環境変数を import したときに読むので、動いている
-# ランクでは `dist.set_debug_level_from_env()` で読み直させ、プロセスグループを作り直します
-# (包むのはグループを作るときです)。
+# `TORCH_DISTRIBUTED_DEBUG=DETAIL` では、torch が集団通信のたびに全ランクのフィンガープリント (何番目の
+# 呼び出しか、種類、テンソルの形と型) を比べ、食い違えば両方の呼び出しを示してエラーにします。動いている
+# ランクには環境変数を読み直させ、プロセスグループを作り直します。
 
 # %% [markdown] lang="en"
 # ### `TORCH_DISTRIBUTED_DEBUG=DETAIL`
 #
-# With the debugging setting `TORCH_DISTRIBUTED_DEBUG=DETAIL`, torch wraps the process
-# group and, before every collective, compares a fingerprint of it across ranks (its
-# sequence number, type, tensor shapes and dtypes); on a mismatch it raises, naming both
-# calls. torch reads the variable when it is imported, so running ranks re-read it with
-# `dist.set_debug_level_from_env()`, and the group is made again (the wrapping happens
-# then).
+# Under `TORCH_DISTRIBUTED_DEBUG=DETAIL`, torch compares a fingerprint of every
+# collective across ranks (sequence number, type, tensor shapes and dtypes) and raises
+# on a mismatch, naming both calls. Running ranks re-read the variable, and the process
+# group is made again.
 
 # %%
 # %%px
 os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-dist.set_debug_level_from_env()
-print(f"rank {rank}: {dist.get_debug_level()}")
+dist.set_debug_level_from_env()  # torch read the variable at import: read it again
 
 # %%
 ranks.reset_process_group()  # a new group, wrapped by torch's debug checks
@@ -390,7 +369,7 @@ ranks.reset_process_group()  # a new group, wrapped by torch's debug checks
 t = torch.ones(4 + rank)  # rank 0: 4 values, rank 1: 5
 dist.all_reduce(t)
 
-# %%
+# %% tags=["hide-input"]
 # Whichever rank's check sees it first reports it.
 message = next(m for m in ranks.last_failure.values() if "Detected mismatch" in m)
 print(message[message.index("Detected mismatch"):][:400])
@@ -398,41 +377,41 @@ assert "Detected mismatch between collectives on ranks" in message
 assert "TensorShape=[4]" in message and "TensorShape=[5]" in message
 
 # %% [markdown] lang="ja"
-# 形が違うと、素の gloo ではプロセス自体が異常終了します (`gloo::EnforceNotMet`。ノートブックなら
-# エンジンが死にます。tests/test_troubleshooting.py が確かめます)。`DETAIL` では、どちらのランクも
+# 形が違うと、素の gloo ではプロセス自体が異常終了します (`gloo::EnforceNotMet`)。`DETAIL` では、
 # 食い違いを示すエラーで止まり、プロセスは生き残ります。種類の食い違いも同じです。
 
 # %% [markdown] lang="en"
-# With different shapes, plain gloo ends the process itself (`gloo::EnforceNotMet`; in
-# a notebook the engine dies: tests/test_troubleshooting.py shows it). Under `DETAIL`
-# the ranks raise an error that names both calls, and the processes live on. A
-# mismatch of types is caught the same way.
+# With different shapes, plain gloo ends the process itself (`gloo::EnforceNotMet`).
+# Under `DETAIL` the ranks raise an error naming both calls, and live on; so for a
+# mismatch of types.
 
 # %% tags=["raises-exception"]
 # %%px
 different_types()
 
-# %%
+# %% tags=["hide-input"]
 message = next(m for m in ranks.last_failure.values() if "Detected mismatch" in m)
 print(message[message.index("Detected mismatch"):][:300])
 assert "OpType=ALLREDUCE" in message and "BROADCAST" in message
 
 # %% [markdown] lang="ja"
 # それでも、和と最大値の食い違いは `DETAIL` でも見つかりません。フィンガープリントに演算の種類 (`op`) が
-# 入っていないからです。調べ終わったら `DETAIL` を外します。torch 2.13 の CPU では、`DETAIL` のまま DDP の
-# モデルを作るとプロセスが落ちます (セグメンテーション違反。テストで確かめています)。
+# 入っていないからです。調べ終わったら `DETAIL` を外します (CPU では、`DETAIL` のまま DDP のモデルを作ると
+# プロセスが落ちます)。
 
 # %% [markdown] lang="en"
 # Yet even `DETAIL` does not catch the sum-against-maximum mix: the fingerprint has no
-# reduce op. Turn `DETAIL` off when done: in torch 2.13 on the CPU, building a DDP model
-# under `DETAIL` crashes the process (a segmentation fault; a test checks it).
+# reduce op. Turn `DETAIL` off when done (on the CPU, building a DDP model under `DETAIL`
+# crashes the process).
+
+# %% tags=["hide-input"]
+# %%px
+assert sum_against_max().tolist() == [11.0, 22.0, 30.0, 40.0]  # no error under DETAIL
 
 # %%
 # %%px
-assert sum_against_max().tolist() == [11.0, 22.0, 30.0, 40.0]  # no error under DETAIL
 os.environ.pop("TORCH_DISTRIBUTED_DEBUG")
 dist.set_debug_level_from_env()
-print(f"rank {rank}: {dist.get_debug_level()}")
 
 # %%
 ranks.reset_process_group()  # a plain group again
@@ -441,20 +420,16 @@ ranks.reset_process_group()  # a plain group again
 # ## 順伝播で使われないパラメータ
 #
 # DDP は、勾配がそろったバケットから all-reduce します (レッスン 05)。順伝播で使われないパラメータには
-# 勾配ができないので、そのパラメータを含むバケットはいつまでもそろいません。次のモデルの `aux` は、
-# 作ってあるのに順伝播で使われない出力ヘッドです (学習の途中で切り替える補助の出力などでよく起きます)。
-# DDP を作る前に `TORCH_DISTRIBUTED_DEBUG=INFO` にしておくと、DDP のエラーにパラメータの名前が入ります
-# (`DETAIL` と違い、`INFO` では DDP を作れます)。
+# 勾配ができないので、そのバケットはいつまでもそろいません。次のモデルの `aux` がそれです (途中で切り替える
+# 補助の出力などで起きます)。`TORCH_DISTRIBUTED_DEBUG=INFO` なら、DDP のエラーにパラメータの名前が入ります。
 
 # %% [markdown] lang="en"
 # ## Parameters the forward pass does not use
 #
 # DDP all-reduces a bucket once all its gradients are ready (lesson 05). A parameter the
-# forward pass does not use gets no gradient, so its bucket is never ready. In the model
-# below, `aux` is a head that is built but not used by the forward pass (common with
-# auxiliary outputs switched on and off during training). With
-# `TORCH_DISTRIBUTED_DEBUG=INFO` set before DDP is built, DDP's errors name the
-# parameters (unlike `DETAIL`, `INFO` lets DDP be built).
+# forward pass does not use gets no gradient, so its bucket is never ready. Below, `aux`
+# is such a head (common with auxiliary outputs switched on and off). With
+# `TORCH_DISTRIBUTED_DEBUG=INFO`, DDP's errors name the parameters.
 
 # %%
 # %%px
@@ -483,25 +458,27 @@ torch.manual_seed(0)  # the same weights on both ranks
 model = DDP(TwoHeads())
 X, y = torch.randn(8, 10) + rank, torch.randn(8, 10)  # each rank its own batch
 nn.functional.mse_loss(model(X), y).backward()  # the first step: no error...
+
+# %% tags=["hide-input"]
+# %%px
 got_grad = [(name, p.grad is not None) for name, p in model.module.named_parameters()]
 spread = compare.rank_max_diff(model.module.head.weight.grad)
 print(f"rank {rank}: head.weight.grad differs between the ranks by {spread:.3f}")
 assert spread > 0.01  # ...but the gradients were never averaged
 
 # %% [markdown] lang="ja"
-# 1 回目はエラーになりません。ところが勾配はランクごとに違ったままです。平均されていないので、このまま
-# `step` すればレプリカがずれます。エラーは次の順伝播で出ます。
+# 1 回目はエラーになりませんが、勾配は平均されずランクごとに違ったままで、このまま `step` すればレプリカが
+# ずれます。エラーは次の順伝播で出ます。
 
 # %% [markdown] lang="en"
-# The first step raises nothing, yet the gradients still differ between ranks: they were
-# never averaged, and a `step` now would make the replicas drift apart. The error comes
-# with the next forward pass.
+# The first step raises nothing, yet the gradients were never averaged: a `step` now
+# would make the replicas drift apart. The error comes with the next forward pass.
 
 # %% tags=["raises-exception"]
 # %%px
 nn.functional.mse_loss(model(X), y).backward()
 
-# %%
+# %% tags=["hide-input"]
 message = ranks.last_failure[0]
 print(message[message.index("Expected to have finished"):][:160], "...")
 print(*(line for line in message.splitlines() if line.startswith("Parameter")), sep="\n")
@@ -511,16 +488,12 @@ assert "Parameters which did not receive grad for rank 0: aux.bias, aux.weight" 
 assert "Parameter indices which did not receive grad for rank 0: 4 5" in message
 
 # %% [markdown] lang="ja"
-# 4 と 5 は `model.parameters()` の中の番号です (`body` の重みとバイアスが 0 と 1、`head` が 2 と 3)。
-# 名前が表示されるのは `INFO` のときだけです。下の図は、1 回目の逆伝播のあと各ランクが自分の `.grad` を
-# 調べた結果です。枠の 2 行 (4 と 5) が、どちらのランクでも勾配のないパラメータで、DDP のエラーが挙げた
-# ものと同じです。
+# 4 と 5 は `model.parameters()` の中の番号です。下の図は、1 回目の逆伝播のあと各ランクが自分の `.grad` を
+# 調べた結果で、枠の行が DDP のエラーが挙げたパラメータです。
 
 # %% [markdown] lang="en"
-# 4 and 5 are positions in `model.parameters()` (`body`'s weight and bias are 0 and 1,
-# `head`'s 2 and 3); the names come only with `INFO`. Below, what each rank found in
-# its own `.grad` after the first backward: the two framed rows (4 and 5) have no
-# gradient on either rank, the parameters DDP's error names.
+# 4 and 5 are positions in `model.parameters()`. Below, what each rank found in its own
+# `.grad` after the first backward: the framed rows are the parameters DDP's error names.
 
 # %% tags=["hide-input"]
 from labkit import diagrams
@@ -540,19 +513,15 @@ fig = diagrams.gradients(got_grad)
 # %% [markdown] lang="ja"
 # ### 演習: 使われないパラメータを見つける
 #
-# DDP に包む前に、使われないパラメータを自分で探せます。1 プロセスでモデルを 1 回順伝播・逆伝播し、
-# 勾配ができなかったパラメータを挙げればよいのです。関数 `unused_parameters(model, X)` を書いてください。
-# `model` を入力 `X` で 1 回動かし (損失は出力の和で十分です)、勾配ができなかったパラメータの名前
-# (`model.named_parameters()` の名前) を並べ替えたリストで返します。確認のセルは、いくつかのモデルで
-# 試します。モデルには、前の学習の勾配が残っていることがあります。
+# DDP に包む前に使う関数 `unused_parameters(model, X)` を書いてください。`model` を入力 `X` で 1 回順伝播・逆伝播し (損失は出力の和で十分です)、勾配が
+# できなかったパラメータの名前 (`model.named_parameters()` の名前) を並べ替えたリストで返します。確認の
+# セルはいくつかのモデルで試します。モデルには、前の学習の勾配が残っていることがあります。
 
 # %% [markdown] lang="en"
 # ### Exercise: find the unused parameters
 #
-# You can look for unused parameters yourself before wrapping a model in DDP: run it
-# once, forward and backward, in one process, and list the parameters that got no
-# gradient. Write `unused_parameters(model, X)`: run `model` once on `X` (the sum of the
-# output will do as a loss) and return the sorted names (as in
+# Write `unused_parameters(model, X)`, to use before wrapping a model in DDP: run `model` once, forward and backward, on `X` (the sum
+# of the output will do as a loss) and return the sorted names (as in
 # `model.named_parameters()`) of the parameters that got no gradient. The check tries
 # several models; a model may still hold gradients from earlier training.
 
@@ -579,18 +548,17 @@ exercises.grade_unused_parameters(unused_parameters)
 # %% [markdown] lang="ja"
 # ### 直し方: `find_unused_parameters=True` と `static_graph=True`
 #
-# `find_unused_parameters=True` を渡すと、DDP は順伝播のたびに出力から計算グラフをたどり、使われなかった
-# パラメータを「勾配がそろった」ことにします。勾配は、全体のバッチで 1 プロセスが計算したものと一致し、
-# 使われないパラメータの勾配は `None` のままです。ただし、使われないパラメータも 0 として all-reduce
-# されます (送るバイト数に入ります)。
+# `find_unused_parameters=True` では、DDP は順伝播のたびに計算グラフをたどり、使われなかったパラメータを
+# 「勾配がそろった」ことにします。勾配は全体のバッチで 1 プロセスが計算したものと一致し、使われない
+# パラメータの勾配は `None` のままです。ただし、それも 0 として all-reduce されます。
 
 # %% [markdown] lang="en"
 # ### Fixes: `find_unused_parameters=True` and `static_graph=True`
 #
-# With `find_unused_parameters=True`, DDP walks the autograd graph from the output after
-# every forward pass and marks the unused parameters as ready. The gradients equal those
-# of one process on the whole batch, and the unused parameters' gradients stay `None`;
-# the unused parameters are still all-reduced, as zeros (they count in the bytes sent).
+# With `find_unused_parameters=True`, DDP walks the autograd graph after every forward
+# pass and marks the unused parameters as ready. The gradients equal those of one
+# process on the whole batch, and the unused ones stay `None`; they are still
+# all-reduced, as zeros.
 
 # %%
 # %%px
@@ -606,10 +574,13 @@ for _ in range(2):  # the second step is where it failed before
     counter.reset()
     nn.functional.mse_loss(model(X), y).backward()
 
+every = [None] * world_size
+dist.all_gather_object(every, (X, y))  # every rank's batch, for the check below
+
+# %% tags=["hide-input"]
+# %%px
 torch.manual_seed(0)
 alone = TwoHeads()  # the same weights, one process, the whole batch
-every = [None] * world_size
-dist.all_gather_object(every, (X, y))  # every rank's batch
 nn.functional.mse_loss(alone(torch.cat([b[0] for b in every])),
                        torch.cat([b[1] for b in every])).backward()
 used = ["body.weight", "body.bias", "head.weight", "head.bias"]
@@ -621,20 +592,17 @@ assert diff < 1e-6 and grads["aux.weight"].grad is None
 assert counter.bytes == 4 * sum(p.numel() for p in model.parameters())  # aux's zeros too
 
 # %% [markdown] lang="ja"
-# その代わり、`find_unused_parameters=True` は毎ステップ、グラフをたどり、どのパラメータが使われたかの表
-# (パラメータ 1 つにつき整数 1 つ) も all-reduce します。この all-reduce は通信フック (`CommCounter`)
-# には見えませんが、Flight Recorder には記録されます。使われないパラメータが毎回同じなら、
-# `static_graph=True` で DDP に「グラフは毎回同じ」と約束すると、DDP は最初のステップで調べたことを
-# 使い回します。
+# その代わり、`find_unused_parameters=True` は毎ステップ、どのパラメータが使われたかの表 (パラメータ 1 つに
+# 整数 1 つ) も all-reduce します。使われないパラメータが毎回同じなら、
+# `static_graph=True` で「グラフは毎回同じ」と約束すると、DDP は最初のステップで調べたことを使い回します。
 #
 # **予想してから実行:** 最初の数ステップのあと、1 ステップの all-reduce はそれぞれ何回でしょうか?
 
 # %% [markdown] lang="en"
-# In return, `find_unused_parameters=True` walks the graph at every step and also
-# all-reduces the map of which parameters were used (one integer per parameter): the
-# comm hook (`CommCounter`) does not see that all-reduce, the Flight Recorder does. When
-# the unused parameters are the same every time, `static_graph=True` promises DDP that
-# the graph never changes, and DDP reuses what it found at the first step.
+# In return, `find_unused_parameters=True` also all-reduces, every step, the map of
+# which parameters were used (one integer per parameter). When the unused parameters
+# are always the same, `static_graph=True` promises DDP that the graph never changes,
+# and DDP reuses what it found at the first step.
 #
 # **Predict, then run:** after the first few steps, how many all-reduces does one step
 # make under each?
@@ -656,6 +624,9 @@ for flag in ("find_unused_parameters", "static_graph"):
     calls[flag] = [(e["profiling_name"], e["input_dtypes"][0]) for e in fr_entries(start)]
     assert model.module.aux.weight.grad is None
     assert compare.rank_max_diff(model.module.head.weight.grad) == 0
+
+# %% tags=["hide-input"]
+# %%px
 if rank == 0:
     print(calls)
 assert calls["find_unused_parameters"] == [("gloo:all_reduce", "Float"),  # gradients
@@ -674,7 +645,7 @@ assert calls["static_graph"] == [("gloo:all_reduce", "Float")]
 model.module.use_aux = True  # the graph changes: aux is used from now on
 train_step(model)
 
-# %%
+# %% tags=["hide-input"]
 message = ranks.last_failure[0]
 print(message[message.index("Your training graph"):][:160], "...")
 assert "Your training graph has changed in this iteration" in message
@@ -689,8 +660,8 @@ assert cluster.current() is None
 # | 症状 | 原因 | 調べ方 | 直し方 |
 # |---|---|---|---|
 # | 止まる (時間切れ) | 一部のランクだけが集団通信を呼ぶ | `dist.monitored_barrier`、スタック、Flight Recorder | 集団通信は全ランクで呼び、表示だけをランク 0 に |
-# | 止まる、プロセスが落ちる、黙って値が違う | ランクごとに違う集団通信 | `TORCH_DISTRIBUTED_DEBUG=DETAIL` (演算の種類は見ない) | 全ランクで同じ順に同じ集団通信を |
-# | 2 回目の順伝播でエラー (1 回目の勾配は平均されない) | 順伝播で使われないパラメータ | エラーの番号、`INFO` なら名前。1 プロセスで勾配が `None` のもの | `find_unused_parameters=True`、いつも同じなら `static_graph=True` |
+# | 止まる、落ちる、黙って値が違う | ランクごとに違う集団通信 | `TORCH_DISTRIBUTED_DEBUG=DETAIL` (演算の種類は見ない) | 全ランクで同じ順に同じ集団通信を |
+# | 2 回目の順伝播でエラー | 順伝播で使われないパラメータ | エラーの番号 (`INFO` なら名前)、1 プロセスで `.grad` が `None` のもの | `find_unused_parameters=True`、いつも同じなら `static_graph=True` |
 
 # %% [markdown] lang="en"
 # ## Symptom, cause, fix
@@ -699,16 +670,15 @@ assert cluster.current() is None
 # |---|---|---|---|
 # | a hang (then a timeout) | a collective that only some ranks call | `dist.monitored_barrier`, the stacks, the Flight Recorder | call collectives on every rank, print on rank 0 only |
 # | a hang, a dead process, or silently wrong values | collectives that differ between ranks | `TORCH_DISTRIBUTED_DEBUG=DETAIL` (not the reduce op) | the same collectives, in the same order, on every rank |
-# | an error at the second forward (the first step's gradients not averaged) | parameters the forward pass does not use | the indices in the error, the names with `INFO`; in one process, the gradients that stay `None` | `find_unused_parameters=True`; `static_graph=True` when always the same |
+# | an error at the second forward | parameters the forward pass does not use | the error's indices (names with `INFO`); in one process, `.grad` left `None` | `find_unused_parameters=True`; `static_graph=True` when always the same |
 
 # %% [markdown] lang="ja" tags=["summary"]
 # ## 覚えておくこと
 #
 # - **全ランクが同じ集団通信を同じ順に呼ぶ**約束で、`if rank == 0:` の中の集団通信はランク 0 を止め、
 #   ランクごとに違う演算はどの確認にもかからない間違った値を出すことがあります。
-# - **約束を破ったランクと呼び出しは道具で突き止め**、来ないランクは `dist.monitored_barrier`、待っている
-#   場所はスタック、どこまで来たかは Flight Recorder、形や種類の食い違いは `TORCH_DISTRIBUTED_DEBUG=DETAIL`
-#   が示します。
+# - **約束を破ったランクと呼び出しは道具で突き止めます**。来ないランクは `dist.monitored_barrier`、待つ場所は
+#   スタック、どこまで来たかは Flight Recorder、形や種類の食い違いは `TORCH_DISTRIBUTED_DEBUG=DETAIL` です。
 # - **順伝播で使われないパラメータがあると**、1 回目の勾配は平均されずに 2 回目でエラーになり、
 #   `find_unused_parameters=True` は毎ステップ費用を払って、グラフが変わらないなら `static_graph=True` は
 #   最初の 1 回で、これを直します。
@@ -720,8 +690,8 @@ assert cluster.current() is None
 #   `if rank == 0:` hangs rank 0, and a different reduce op on each rank can give wrong
 #   values that no check catches.
 # - **Tools find the rank and the call that broke the contract**: `dist.monitored_barrier`
-#   names who is missing, a stack dump where each rank waits, the Flight Recorder how
-#   far each got, and `TORCH_DISTRIBUTED_DEBUG=DETAIL` calls that differ in shape or type.
+#   (who is missing), a stack dump (where each waits), the Flight Recorder (how far each
+#   got), `TORCH_DISTRIBUTED_DEBUG=DETAIL` (calls that differ in shape or type).
 # - **A parameter the forward pass does not use** leaves the first step's gradients
 #   unaveraged and raises at the second; `find_unused_parameters=True` fixes it at a cost
 #   every step, `static_graph=True` once, when the graph never changes.
