@@ -19,23 +19,19 @@
 # 3. `parallel_apply`: 各レプリカを自分の分のデータでスレッドごとに実行する
 # 4. `gather`: 出力を 1 つのデバイス (出力デバイス) に集めてつなぐ
 #
-# GPU のないマシンでは、PyTorch のこれらの関数は動きません。そこで `labkit.data_parallel` が同じ 4 段階を
-# CPU で忠実に再現します。`device_ids=[0, 1]` は 2 台の**模擬デバイス**を表し、テンソルはすべて CPU に
-# ありますが、分割、複製、スレッド、勾配の流れ方は PyTorch の実装と同じです。CUDA があり、モデルが GPU に
-# あるときは、PyTorch 自身の `data_parallel` をそのまま呼びます。
+# GPU がなければ PyTorch のこれらの関数は動かないので、`labkit.data_parallel` が同じ 4 段階を CPU で再現します。
+# `device_ids=[0, 1]` は 2 台の**模擬デバイス**で、分割、複製、スレッド、勾配の流れ方は PyTorch と同じです
+# (CUDA があり、モデルが GPU にあれば PyTorch 自身の `data_parallel` を呼びます)。
 #
-# 記事 004 はこの 2 つを解説していますが、使い方に誤りがあります。PyTorch 自身は、1 台のマシンでも
-# DDP (レッスン 03) を勧めています。このレッスンでは、記事の誤りを直しながら、その理由も確かめます。
+# 記事 004 はこの 2 つの使い方を誤っていて、PyTorch 自身は 1 台のマシンでも DDP (レッスン 03) を勧めています。
+# このレッスンでは、記事を直しながらその理由を確かめます。
 #
 # このレッスンを終えると、次のことができます。
 #
-# - DataParallel の 4 段階 (`scatter`、`replicate`、`parallel_apply`、`gather`) を説明し、模擬デバイスで
-#   1 つずつ実行できる。
-# - 出力と勾配が 1 デバイスと一致することを確かめ、レプリカの勾配がどこへ行くか (もとのモデルの `.grad` で
-#   足し合わされる) を説明できる。
-# - クラス版か関数版のどちらか一方にバッチ全体を渡す正しい使い方で、記事 004 の手順を直せる。
-# - DataParallel が毎ステップ払うもの (1 つの GIL を取り合うスレッド、モデルの複製、分割と集約、デバイス 0 の
-#   負担) を挙げ、PyTorch が DDP を勧める理由を説明できる。
+# - DataParallel の 4 段階を、模擬デバイスで 1 つずつ実行できる。
+# - 出力と勾配が 1 デバイスと一致することを確かめ、レプリカの勾配がどこへ行くかを説明できる。
+# - クラス版か関数版の一方にバッチ全体を渡す使い方で、記事 004 の手順を直せる。
+# - DataParallel が毎ステップ払うものを挙げ、PyTorch が DDP を勧める理由を説明できる。
 
 # %% [markdown] lang="en" tags=["outcomes"]
 # # 02 The DataParallel family
@@ -49,25 +45,21 @@
 # 3. `parallel_apply`: run each replica on its chunk, one thread each
 # 4. `gather`: bring the outputs to one device (the output device) and join them
 #
-# On a machine without a GPU, PyTorch's versions of these functions do not run. So
-# `labkit.data_parallel` runs the same four steps faithfully on the CPU: `device_ids=[0, 1]`
-# names two **simulated devices**. Every tensor stays on the CPU, but the splitting, the
-# copying, the threads and the way gradients flow are those of PyTorch's implementation.
-# With CUDA and a model on a GPU it calls PyTorch's own `data_parallel`.
+# Without a GPU PyTorch's versions do not run, so `labkit.data_parallel` runs the same
+# four steps on the CPU: `device_ids=[0, 1]` names two **simulated devices**, with
+# PyTorch's splitting, copying, threads and gradient flow (with CUDA and a model on a
+# GPU it calls PyTorch's own `data_parallel`).
 #
-# Doc 004 explains these two, and gets their use wrong; PyTorch itself recommends DDP
-# (lesson 03) even on one machine. This lesson corrects the article and checks why.
+# Doc 004 gets their use wrong, and PyTorch recommends DDP (lesson 03) even on one
+# machine. This lesson corrects the article and checks why.
 #
 # After this lesson you can:
 #
-# - say what DataParallel's four steps do (`scatter`, `replicate`, `parallel_apply`,
-#   `gather`), and run each on simulated devices;
+# - run DataParallel's four steps one by one on simulated devices;
 # - check that outputs and gradients equal one device's, and say where the replicas'
-#   gradients go (they are summed into the original model's `.grad`);
-# - use either the class or the function, with the whole batch, and so fix doc 004's
-#   recipe;
-# - name what DataParallel pays at every step (threads sharing one GIL, a copy of the
-#   model, scattering and gathering, device 0's load), and why PyTorch recommends DDP.
+#   gradients go;
+# - fix doc 004's recipe: the class or the function, with the whole batch;
+# - name what DataParallel pays at every step, and why PyTorch recommends DDP.
 
 # %%
 import labkit
@@ -92,6 +84,8 @@ X, y = torch.randn(100, 10), torch.randn(100, 10)  # doc 004's batch of 100
 model = models.MLP()  # doc 004's model, corrected (lesson 01)
 reference = copy.deepcopy(model)  # the same weights, run on one device
 criterion = models.MyLoss()
+
+# %% tags=["hide-input"]
 print("CUDA:", torch.cuda.is_available(), "| torch's own data_parallel:", dp.uses_cuda(model))
 assert not dp.uses_cuda(model)  # the model is on the CPU: the simulation runs
 if torch.cuda.is_available():
@@ -100,20 +94,20 @@ if torch.cuda.is_available():
 # %% [markdown] lang="ja"
 # ## CPU では `nn.DataParallel` は何もしない
 #
-# GPU がないと、`nn.DataParallel` は使えるデバイスを見つけられず、`device_ids` が空のまま作られます。
-# 呼び出すと、分割も複製もせずにモデルを 1 回呼ぶだけです。エラーも警告も出ません。
-# 順伝播フックで、モデルが何回呼ばれたかを数えます。
+# GPU がないと `nn.DataParallel` の `device_ids` は空で、分割も複製もせずにモデルを 1 回呼ぶだけです。
+# エラーも警告も出ません。
 
 # %% [markdown] lang="en"
 # ## On a CPU, `nn.DataParallel` does nothing
 #
-# Without a GPU, `nn.DataParallel` finds no device and is built with an empty
-# `device_ids`. Called, it splits nothing and copies nothing: it calls the model once.
-# No error, no warning. A forward hook counts how often the model runs.
+# Without a GPU, `nn.DataParallel` has an empty `device_ids` and just calls the model
+# once: no split, no copy, no error, no warning.
 
 # %%
 wrapped = nn.DataParallel(model)
-print("device_ids:", wrapped.device_ids)
+wrapped.device_ids
+
+# %% tags=["hide-input"]
 if not torch.cuda.is_available():  # with GPUs it needs the model on cuda:0 first
     calls = []
     hook = model.register_forward_hook(
@@ -130,7 +124,7 @@ if not torch.cuda.is_available():  # with GPUs it needs the model on cuda:0 firs
 # %% [markdown] lang="en"
 # PyTorch's function `data_parallel()` and its four parts do not run on a CPU either.
 
-# %%
+# %% tags=["hide-input"]
 if not torch.cuda.is_available():
     with checks.expect_error(RuntimeError, match="device type could not be determined"):
         torch.nn.parallel.data_parallel(model, X, device_ids=[0, 1])
@@ -147,41 +141,35 @@ if not torch.cuda.is_available():
 # %% [markdown] lang="ja"
 # ## 1. `scatter`: バッチを分ける
 #
-# `scatter` はバッチを `dim` (既定は 0、バッチの次元) に沿ってデバイスの数に分け、各デバイスへコピーします。
-# 100 サンプルを 2 台に分けると 50 ずつです。つなぎ直すと元のバッチに戻ります。
+# `scatter` はバッチを `dim` (既定は 0) に沿ってデバイスの数に分け、各デバイスへコピーします。
+# 100 サンプルを 2 台に分けると 50 ずつです。
 
 # %% [markdown] lang="en"
 # ## 1. `scatter`: split the batch
 #
-# `scatter` splits the batch along `dim` (0 by default, the batch dimension) into one
-# chunk per device and copies each chunk to its device. 100 samples on 2 devices are 50
-# each; joined again they are the original batch.
+# `scatter` splits the batch along `dim` (0 by default) into one chunk per device and
+# copies each chunk to its device: 100 samples on 2 devices are 50 each.
 
 # %%
 device_ids = [0, 1]
 chunks = dp.scatter(X, device_ids)
-print("X:", tuple(X.shape))
-for d, chunk in zip(device_ids, chunks, strict=True):
-    print(f"  device {d}: {tuple(chunk.shape)}")
+[tuple(chunk.shape) for chunk in chunks]
+
+# %% tags=["hide-input"]
 assert [len(c) for c in chunks] == [50, 50]
 assert torch.equal(torch.cat(chunks), X)
 assert chunks[0].data_ptr() != X.data_ptr()  # each device gets its own copy
 
 # %% [markdown] lang="ja"
-# 割り切れないときは `Tensor.chunk` と同じ分け方になります (PyTorch の `scatter` も `chunk` を使います)。
-# 1 つのチャンクの大きさは「バッチ ÷ デバイス数」の切り上げなので、最後のチャンクだけ小さくなり、
-# チャンクの数がデバイスより**少なくなる**こともあります。5 サンプルを 4 台に分けると 2, 2, 1 の 3 つで、
-# 4 台目は使われません。バッチがデバイス数より小さければ、使うデバイスはバッチの大きさだけです。
+# 割り切れないときは `Tensor.chunk` と同じ分け方です。チャンクの大きさは「バッチ ÷ デバイス数」の切り上げで、
+# 最後だけ小さくなり、チャンクがデバイスより**少なくなる**こともあります (5 サンプルを 4 台なら 2, 2, 1)。
 #
 # **予想してから実行:** 100 サンプルを 3 台に、10 サンプルを 4 台に分けると、チャンクの大きさはどうなるでしょうか?
 
 # %% [markdown] lang="en"
-# When the batch does not divide evenly, the split is that of `Tensor.chunk` (PyTorch's
-# `scatter` uses `chunk` too). Each chunk holds the batch divided by the number of
-# devices, rounded up, so only the last one is smaller, and there can be **fewer** chunks
-# than devices: 5 samples on 4 devices give 2, 2, 1, three chunks, and the fourth
-# device gets nothing. A batch smaller than the number of devices uses only as many
-# devices as it has samples.
+# An uneven batch splits as `Tensor.chunk` does: each chunk holds the batch divided by
+# the devices, rounded up, so only the last is smaller, and there can be **fewer** chunks
+# than devices (5 samples on 4 devices: 2, 2, 1).
 #
 # **Predict, then run:** what chunk sizes do 100 samples on 3 devices make, and 10 on 4?
 
@@ -201,15 +189,14 @@ fig = diagrams.collectives({labkit.t("split_row", b=b, n=n): [[s] for s in sizes
 # %% [markdown] lang="ja"
 # ## 演習 (任意): 分け方を予想する
 #
-# 上の規則の練習です。飛ばしても先に進めます。次の 3 つのバッチを `scatter` がどう分けるかを予想し、
-# チャンクの大きさのリストで書いてください。たとえばバッチ 5 を 4 台なら `[2, 2, 1]` です。
+# 上の規則の練習です。飛ばしても先に進めます。3 つのバッチの分け方を、チャンクの大きさのリストで
+# 書いてください (バッチ 5 を 4 台なら `[2, 2, 1]`)。
 
 # %% [markdown] lang="en"
 # ## Exercise (optional): predict the split
 #
-# Practice for the rule above; you can skip it. Predict how `scatter` splits the three
-# batches below, and write each as the list of chunk sizes: batch 5 on 4 devices, for
-# instance, is `[2, 2, 1]`.
+# Practice for the rule above; you can skip it. Write how `scatter` splits the three
+# batches below as lists of chunk sizes (batch 5 on 4 devices: `[2, 2, 1]`).
 
 # %% tags=["exercise", "optional"]
 predicted = {  # (batch, devices): chunk sizes
@@ -229,16 +216,17 @@ predicted = {
 exercises.grade_chunk_sizes(predicted)
 
 # %% [markdown] lang="ja"
-# 引数が複数あっても、キーワード引数でも、タプルや辞書の中でも、テンソルはすべて同じように分けられます。
-# テンソルでないもの (文字列や数) は分けられず、同じものが全デバイスに渡されます。
+# 引数、キーワード引数、タプルや辞書の中のテンソルは、すべて同じように分けられます。テンソルでないもの
+# (文字列や数) は、同じものが全デバイスに渡されます。
 
 # %% [markdown] lang="en"
-# Several arguments, keyword arguments, tensors inside tuples or dicts: every tensor is
-# split the same way. Anything that is not a tensor (a string, a number) cannot be split,
-# and every device gets the same object.
+# Every tensor among the arguments, keyword arguments, tuples and dicts is split the same
+# way; anything else (a string, a number) goes to every device as it is.
 
 # %%
 args, kwargs = dp.scatter_kwargs((X, "mean"), {"target": y, "scale": 0.5}, device_ids)
+
+# %% tags=["hide-input"]
 for d, a, k in zip(device_ids, args, kwargs, strict=True):
     print(f"device {d}: args ({tuple(a[0].shape)}, {a[1]!r}), "
           f"kwargs {{target: {tuple(k['target'].shape)}, scale: {k['scale']}}}")
@@ -248,28 +236,23 @@ assert args[0][1] is args[1][1] == "mean" and kwargs[1]["scale"] == 0.5
 # %% [markdown] lang="ja"
 # ## 2. `replicate`: モデルを複製する
 #
-# `replicate` はモデル**全体**をデバイスごとに複製します。記事 004 は手動の手順で「モデルを複数の GPU に
-# 分割します」と書いていますが、データ並列で分けるのはデータで、モデルは丸ごと複製します
-# (モデルそのものを分けるのはモデル並列や FSDP です)。
+# `replicate` はモデル**全体**をデバイスごとに複製します。記事 004 の手動の手順は「モデルを複数の GPU に
+# 分割します」と書いていますが、データ並列で分けるのはデータです (モデルを分けるのはモデル並列や FSDP)。
 #
-# - デバイス 0 にはもとのモデルがあるので、レプリカ 0 はもとのパラメータと**同じメモリ**を使います。
-# - ほかのレプリカはコピーです (GPU なら、デバイス 0 からの転送です)。
-# - レプリカの重みは葉テンソルではなく、もとのパラメータから計算されたテンソルです。このため、逆伝播で
+# - レプリカ 0 は、もとのパラメータと**同じメモリ**を使います。ほかのレプリカはコピーです。
+# - レプリカの重みは葉テンソルではなく、もとのパラメータから計算されたテンソルです。そのため逆伝播で、
 #   各レプリカの勾配はもとのモデルの `.grad` に流れ込みます。
 
 # %% [markdown] lang="en"
 # ## 2. `replicate`: copy the model
 #
 # `replicate` copies the **whole** model once per device. Doc 004's manual recipe says
-# "split the model across the GPUs", but data parallelism splits the data and copies the
-# whole model (splitting the model itself is model parallelism, or FSDP).
+# "split the model across the GPUs", but data parallelism splits the data (splitting the
+# model is model parallelism, or FSDP).
 #
-# - Device 0 already holds the model, so replica 0 uses the **same memory** as the
-#   original parameters.
-# - The other replicas are copies (on GPUs, transfers from device 0).
+# - Replica 0 uses the **same memory** as the original parameters; the others are copies.
 # - A replica's weights are not leaf tensors but tensors computed from the original
-#   parameters, so in the backward pass every replica's gradient flows into the original
-#   model's `.grad`.
+#   parameters, so backward flows every replica's gradient into the original's `.grad`.
 
 # %%
 def weights(m):
@@ -278,6 +261,8 @@ def weights(m):
 
 
 replicas = dp.replicate(model, device_ids)
+
+# %% tags=["hide-input"]
 for d, r in zip(device_ids, replicas, strict=True):
     shares = r.fc1.weight.data_ptr() == model.fc1.weight.data_ptr()
     print(f"device {d}: fc1.weight {tuple(r.fc1.weight.shape)}, "
@@ -292,16 +277,14 @@ assert not replicas[1].fc1.weight.is_leaf and replicas[1].fc1.weight.requires_gr
 # %% [markdown] lang="ja"
 # ## 3. `parallel_apply`: レプリカをスレッドで動かす
 #
-# `parallel_apply` はレプリカごとにスレッドを 1 つ立て、レプリカ i にチャンク i を入力します。
-# フックで、順伝播がどのスレッドとプロセスで実行されたかを記録します:
+# `parallel_apply` はレプリカ i にチャンク i を入力し、レプリカごとにスレッドを 1 つ立てます。フックの記録では、
 # 2 つの順伝播は**同じプロセス**の**別々のスレッド**で動きます。
 
 # %% [markdown] lang="en"
 # ## 3. `parallel_apply`: run the replicas in threads
 #
-# `parallel_apply` starts one thread per replica and feeds chunk i to replica i. A hook
-# records the thread and the process of each forward pass: the two forward passes run in
-# **separate threads** of the **same process**.
+# `parallel_apply` feeds chunk i to replica i, one thread each. A hook records where each
+# forward pass ran: in **separate threads** of the **same process**.
 
 # %%
 seen = []
@@ -309,6 +292,8 @@ hook = model.register_forward_hook(  # replicas share the original's hooks
     lambda module, args, out: seen.append((threading.current_thread().name, os.getpid())))
 outputs = dp.parallel_apply(replicas, chunks, devices=device_ids)
 hook.remove()
+
+# %% tags=["hide-input"]
 for d, o in zip(device_ids, outputs, strict=True):
     print(f"device {d}: output {tuple(o.shape)}")
 print("ran in:", sorted(seen))
@@ -319,30 +304,30 @@ assert {pid for _, pid in seen} == {os.getpid()}  # one process: this kernel
 # %% [markdown] lang="ja"
 # ## 4. `gather`: 出力を集める
 #
-# `gather` は各レプリカの出力を出力デバイス (既定はデバイス 0) へ集め、`dim` に沿ってつなぎます。
-# できあがる出力はバッチ全体の `(100, 10)` で、1 デバイスのモデルの出力と一致します。
+# `gather` は出力を出力デバイス (既定はデバイス 0) に集めて `dim` に沿ってつなぎます。バッチ全体の `(100, 10)` で、
+# 1 デバイスの出力と一致します。
 
 # %% [markdown] lang="en"
 # ## 4. `gather`: collect the outputs
 #
-# `gather` brings every replica's output to the output device (device 0 by default) and
-# joins them along `dim`. The result is the whole batch's `(100, 10)`, equal to the
-# output of the model on one device.
+# `gather` joins the outputs along `dim` on the output device (device 0 by default): the
+# whole batch's `(100, 10)`, equal to one device's output.
 
 # %%
 Y_hat = dp.gather(outputs, output_device=0)
-print("gathered:", tuple(Y_hat.shape))
+Y_hat.shape
+
+# %% tags=["hide-input"]
 out_diff = compare.max_abs_diff(Y_hat, reference(X))
 print(f"max |output - one device| = {out_diff:.1e}")
 assert Y_hat.shape == (100, 10) and out_diff <= 1e-6
 
 # %% [markdown] lang="ja"
-# 4 つの段階で、各デバイスに何があったかを 1 枚にまとめます (上のセルが作ったテンソルの大きさです)。
-# モデルは全体が各デバイスへ複製され、バッチは分けられ、出力はデバイス 0 に集まります。
+# 4 つの段階を 1 枚にまとめます。モデルは全体が各デバイスへ複製され、バッチは分けられ、出力はデバイス 0 に集まります。
 
 # %% [markdown] lang="en"
-# The four steps in one picture, from the tensors the cells above made: the whole
-# model is copied to each device, the batch is split, and the outputs end on device 0.
+# The four steps in one picture: the whole model copied to each device, the batch split,
+# the outputs on device 0.
 
 # %% tags=["hide-input"]
 steps = {
@@ -358,8 +343,7 @@ fig = diagrams.collectives(steps, column="device_n", title="dp_steps_title",
 # %% [markdown] lang="ja"
 # ## 勾配は 1 デバイスと同じ
 #
-# 損失は集めた出力から出力デバイスで計算し、逆伝播は `gather` と `replicate` をさかのぼります。
-# フックでレプリカの重みの勾配を取り出し、もとのモデルの勾配と比べます。
+# 損失は出力デバイスで計算し、逆伝播は `gather` と `replicate` をさかのぼります。
 #
 # **予想してから実行:** 2 つのレプリカの勾配はどこへ行くでしょうか。各レプリカに残る、もとのモデルの
 # `.grad` で平均される、足し合わされる、のどれでしょうか?
@@ -367,9 +351,8 @@ fig = diagrams.collectives(steps, column="device_n", title="dp_steps_title",
 # %% [markdown] lang="en"
 # ## Gradients equal one device's
 #
-# The loss is computed from the gathered output, on the output device, and the backward
-# pass runs back through `gather` and `replicate`. Hooks take out the gradients of the
-# replicas' weights, to compare them with the original model's.
+# The loss is computed on the output device, and backward runs back through `gather` and
+# `replicate`.
 #
 # **Predict, then run:** where do the two replicas' gradients go? Does each replica keep
 # its own, or are they averaged, or summed, into the original model's `.grad`?
@@ -386,6 +369,8 @@ def keep(grad):
 for r in replicas:
     r.fc1.weight.register_hook(keep)
 criterion(Y_hat, y).backward()
+
+# %% tags=["hide-input"]
 criterion(reference(X), y).backward()
 grad_diff = compare.max_abs_diff([p.grad for p in model.parameters()],
                                 [p.grad for p in reference.parameters()])
@@ -399,49 +384,42 @@ torch.testing.assert_close(model.fc1.weight.grad, summed)
 assert not torch.allclose(model.fc1.weight.grad, summed / 2)  # summed, not averaged
 
 # %% [markdown] lang="ja"
-# 各レプリカの勾配は、もとのモデル (デバイス 0) の `.grad` で**足し合わされます**。損失はバッチ全体の平均なので、
-# その和はちょうど 1 デバイスで全バッチを使った勾配です。チャンクの大きさがそろっていなくても同じです
-# (DDP のように平均するわけではないからです)。
+# 各レプリカの勾配は、もとのモデルの `.grad` で**足し合わされます**。損失はバッチ全体の平均なので、その和は
+# ちょうど 1 デバイスの勾配です。チャンクがそろっていなくても同じです (DDP のように平均しないからです)。
 
 # %% [markdown] lang="en"
-# Every replica's gradient is **summed** into the `.grad` of the original model (on
-# device 0). The loss is a mean over the whole batch, so that sum is exactly one
-# device's gradient on the whole batch. That holds even for chunks of different sizes
-# (nothing is averaged, unlike in DDP).
+# Every replica's gradient is **summed** into the original model's `.grad`. The loss is
+# the whole batch's mean, so the sum is exactly one device's gradient, even for uneven
+# chunks (nothing is averaged, unlike in DDP).
 
 # %% [markdown] lang="ja"
-# ここが CPU での再現の限界です。GPU では、PyTorch の autograd はデバイスごとに専用のスレッドを持ち、
-# 各レプリカの逆伝播はそれぞれのデバイスで並んで進みます。CPU は 1 つのデバイスなので、
-# 全レプリカの逆伝播は、`backward()` を呼んだスレッド 1 本で順に実行されます。
+# ここが CPU での再現の限界です。GPU では各レプリカの逆伝播がそれぞれのデバイスで並んで進みますが、CPU では
+# `backward()` を呼んだスレッド 1 本で順に実行されます。
 
 # %% [markdown] lang="en"
-# Here the CPU simulation reaches its limit. On GPUs, PyTorch's autograd has a thread per
-# device, and each replica's backward pass runs on its own device, side by side. The CPU
-# is one device, so the backward passes of all replicas run one after another in the one
-# thread that called `backward()`.
+# Here the CPU simulation reaches its limit: on GPUs each replica's backward runs on its
+# own device, side by side; on the CPU all run in the one thread that called `backward()`.
 
-# %%
+# %% tags=["hide-input"]
 print("backward ran in:", backward_threads)
 assert backward_threads == {threading.current_thread().name}
 
 # %% [markdown] lang="ja"
 # ## 演習: 4 段階をつなぐ
 #
-# `my_data_parallel(module, X, device_ids)` は、4 段階のうち 1 段階目しか正しくありません。
-# `TODO` の 3 行を、上の関数 `dp.replicate`、`dp.parallel_apply`、`dp.gather` を使って直してください。
-# 出力デバイスは 0 です。確認のセルは、バッチ 100 を 2 台に、バッチ 10 を 3 台に、バッチ 6 を 4 台に
-# (チャンクは 3 つ) 分けて、出力ともとのモデルの勾配を 1 デバイスと比べ、レプリカがそれぞれ自分の
-# スレッドで実際に動いたかも確かめます。
+# `my_data_parallel(module, X, device_ids)` は、1 段階目しか正しくありません。`TODO` の 3 行を
+# `dp.replicate`、`dp.parallel_apply`、`dp.gather` で直してください (出力デバイスは 0)。確認のセルは、
+# いくつかのバッチとデバイス数 (チャンクがデバイスより少ない場合も) で、出力と勾配を 1 デバイスと比べ、
+# レプリカがそれぞれのスレッドで動いたかも確かめます。
 
 # %% [markdown] lang="en"
 # ## Exercise: put the four steps together
 #
-# `my_data_parallel(module, X, device_ids)` gets only the first of the four steps right.
-# Fix the three `TODO` lines with the functions above, `dp.replicate`,
-# `dp.parallel_apply` and `dp.gather`; the output device is 0. The check splits a batch
-# of 100 over 2 devices, a batch of 10 over 3 and a batch of 6 over 4 (three chunks),
-# compares the output and the original model's gradients with one device's, and checks
-# that the replicas did run, each in a thread of its own.
+# `my_data_parallel(module, X, device_ids)` gets only the first step right. Fix the three
+# `TODO` lines with `dp.replicate`, `dp.parallel_apply` and `dp.gather` (output device 0).
+# The check tries several batches and device counts (fewer chunks than devices among
+# them), compares outputs and gradients with one device's, and checks that the replicas
+# ran, each in a thread of its own.
 
 # %% tags=["exercise"]
 def my_data_parallel(module, X, device_ids):
@@ -466,15 +444,15 @@ exercises.grade_manual_data_parallel(my_data_parallel)
 # %% [markdown] lang="ja"
 # ## 4 段階を 1 回で: `data_parallel()`
 #
-# `dp.data_parallel(model, X, device_ids)` は PyTorch の `data_parallel()` と同じ引数を取り、
-# 上の 4 段階をまとめて実行します。3 台に 34, 34, 32 と不ぞろいに分けても、出力と勾配は一致します。
+# `dp.data_parallel(model, X, device_ids)` は PyTorch の `data_parallel()` と同じ引数で 4 段階を実行します。
+# 3 台に 34, 34, 32 と不ぞろいに分けても、出力と勾配は一致します。
 
 # %% [markdown] lang="en"
 # ## The four steps in one call: `data_parallel()`
 #
 # `dp.data_parallel(model, X, device_ids)` takes the arguments of PyTorch's
-# `data_parallel()` and runs the four steps above. Split unevenly over 3 devices (34, 34,
-# 32), outputs and gradients still match.
+# `data_parallel()` and runs the four steps; split unevenly over 3 devices (34, 34, 32),
+# outputs and gradients still match.
 
 # %%
 for n in (2, 3):
@@ -490,19 +468,30 @@ for n in (2, 3):
     assert out_diff <= 1e-6 and grad_diff <= 1e-6
 
 # %% [markdown] lang="ja"
-# 同じ比較は `dp_experiments.dp_experiment()` でも実行でき、結果を辞書で返します。
-# ターミナルからは `python -m labkit dp --devices 2 --json dp.json` で、同じ結果を JSON に書けます。
-# GPU が 2 台以上あるマシンでは、この関数はモデルとバッチを `cuda:0` に置き、PyTorch 自身の
-# `data_parallel` を実際の GPU で実行します (`"simulated": False`)。なければ CPU での再現です。
-# この GPU の経路は、まだ実際の GPU の上で実行されたことがありません (README の「どこで何を確かめたか」)。
+# 同じ比較は `dp_experiments.dp_experiment()` でも実行でき、結果を辞書で返します (ターミナルからは
+# `python -m labkit dp --devices 2 --json dp.json`)。GPU が 2 台以上あれば、PyTorch 自身の `data_parallel` を使います。
+#
+# <details><summary>測り方</summary>
+#
+# GPU が 2 台以上あるマシンでは、モデルとバッチを `cuda:0` に置いて実際の GPU で実行します (`"simulated": False`)。
+# なければ CPU での再現です。この GPU の経路は、まだ実際の GPU の上で実行されたことがありません
+# (README の「どこで何を確かめたか」)。
+#
+# </details>
 
 # %% [markdown] lang="en"
-# `dp_experiments.dp_experiment()` runs the same comparison and returns the results as a dict.
-# In a terminal, `python -m labkit dp --devices 2 --json dp.json` writes them as JSON.
+# `dp_experiments.dp_experiment()` runs the same comparison and returns a dict (in a
+# terminal: `python -m labkit dp --devices 2 --json dp.json`). With two or more GPUs it
+# uses PyTorch's own `data_parallel`.
+#
+# <details><summary>How this was measured</summary>
+#
 # On a machine with two or more GPUs, the function puts the model and the batch on
-# `cuda:0` and runs PyTorch's own `data_parallel` on the real GPUs (`"simulated": False`);
-# otherwise the simulation on the CPU. That GPU path has not run on real GPUs yet (the
-# README's "What is checked where").
+# `cuda:0` and runs on the real GPUs (`"simulated": False`); otherwise it is the CPU
+# simulation. That GPU path has not run on real GPUs yet (the README's "What is checked
+# where").
+#
+# </details>
 
 # %%
 from labkit import dp_experiments
@@ -539,8 +528,8 @@ assert compare.max_abs_diff(out, layer(sequence)) <= 1e-6
 # 3. `data_parallel` 関数にラップしたモデルと分散させた入力データを渡します。
 # 4. 関数は、モデルを各 GPU で実行し、結果を集約して返します。
 #
-# `nn.DataParallel` と `data_parallel()` は同じもの (クラス版と関数版) で、どちらか一方を使います。
-# どちらの中身も、上で見た 4 段階です。PyTorch のソースで確かめます。
+# `nn.DataParallel` と `data_parallel()` は、同じ 4 段階のクラス版と関数版です (PyTorch のソースで確かめます)。
+# 使うのはどちらか一方です。
 
 # %% [markdown] lang="en"
 # ## Fixing doc 004's recipe
@@ -552,10 +541,10 @@ assert compare.max_abs_diff(out, layer(sequence)) <= 1e-6
 # 3. Pass the wrapped model and the distributed input to the `data_parallel` function.
 # 4. The function runs the model on each GPU and returns the collected result.
 #
-# `nn.DataParallel` and `data_parallel()` are the same thing, a class and a function: use
-# one of them. Both are the four steps above inside, as PyTorch's source shows.
+# `nn.DataParallel` and `data_parallel()` are a class and a function doing the same four
+# steps, as PyTorch's source shows: use one of them.
 
-# %%
+# %% tags=["hide-input"]
 import re
 
 step = re.compile(r"\b(scatter|replicate|parallel_apply|gather)\w*\(")
@@ -568,7 +557,7 @@ for name, fn in [("data_parallel()", torch.nn.parallel.data_parallel),
     assert found == ["scatter", "replicate", "parallel_apply", "gather"]
 
 # %% [markdown] lang="ja"
-# 正しい使い方は次のどちらかです。どちらも**バッチ全体**をそのまま渡し、分けるのは関数やクラスの仕事です。
+# 正しい使い方は次のどちらかで、どちらも**バッチ全体**を渡します。分けるのはクラスや関数の仕事です。
 #
 # ```python
 # model = nn.DataParallel(model)            # クラス版: 包んで
@@ -577,11 +566,11 @@ for name, fn in [("data_parallel()", torch.nn.parallel.data_parallel),
 # output = data_parallel(model, input_data) # 関数版: 包まずに呼ぶ
 # ```
 #
-# CPU で両方を重ねると (記事の手順 1 と 3)、PyTorch の `data_parallel()` はエラーになります。
+# 両方を重ねると (記事の手順 1 と 3)、CPU では PyTorch の `data_parallel()` がエラーになります。
 
 # %% [markdown] lang="en"
-# The correct use is one of these. Both take the **whole batch** as it is: splitting it is
-# the function's (or the class's) job.
+# The correct use is one of these, each given the **whole batch**: splitting it is the
+# function's (or the class's) job.
 #
 # ```python
 # model = nn.DataParallel(model)            # the class: wrap,
@@ -590,8 +579,8 @@ for name, fn in [("data_parallel()", torch.nn.parallel.data_parallel),
 # output = data_parallel(model, input_data) # the function: no wrapper
 # ```
 #
-# Doing both on a CPU (the document's steps 1 and 3) makes PyTorch's `data_parallel()`
-# fail.
+# Doing both (the document's steps 1 and 3) makes PyTorch's `data_parallel()` fail on a
+# CPU.
 
 # %%
 if not torch.cuda.is_available():
@@ -599,14 +588,13 @@ if not torch.cuda.is_available():
         torch.nn.parallel.data_parallel(nn.DataParallel(model), X)
 
 # %% [markdown] lang="ja"
-# 手順 2 のように自分で分けてから渡すと、チャンクは別々の**引数**として扱われ、それぞれがさらに分けられます。
-# レプリカ 0 は 2 つの引数を受け取り、1 つしか取らないモデルはそこで失敗します。
-# エラーは、どのレプリカのどのデバイスで起きたかを示して、呼び出し元で再び送出されます。
+# 手順 2 のように自分で分けてから渡すと、チャンクは別々の**引数**になり、それぞれがさらに分けられます。
+# レプリカ 0 は 2 つの引数を受け取り、1 つしか取らないモデルは失敗します。エラーはレプリカとデバイスを示します。
 
 # %% [markdown] lang="en"
-# Split by hand first, as in step 2, and the chunks become separate **arguments**, each
-# split again. Replica 0 receives two arguments, and a model that takes one fails there.
-# The error is raised again in the caller, naming the replica and the device it failed on.
+# Split by hand first (step 2), and the chunks become separate **arguments**, each split
+# again: replica 0 receives two, and a model that takes one fails. The error names the
+# replica and the device.
 
 # %%
 pre_split = tuple(X.chunk(2))  # the document's step 2
@@ -614,13 +602,11 @@ with checks.expect_error(TypeError, match="replica 0 on simulated device 0"):
     dp.data_parallel(model, pre_split, device_ids)
 
 # %% [markdown] lang="ja"
-# 記事のコード例にある `.cuda()` は、GPU のないマシンでは止まります (レッスン 01 と同じ)。
-# `x.view(-1)` のままのモデルはレプリカの中で失敗します。直し方 `x.flatten(1)` はレッスン 01 で扱いました。
+# 記事の `.cuda()` は GPU がなければ止まり、`x.view(-1)` のままのモデルはレプリカの中で失敗します (レッスン 01)。
 
 # %% [markdown] lang="en"
-# The `.cuda()` in the document's examples stops on a machine without a GPU (as in lesson
-# 01). The model with `x.view(-1)` fails inside the replicas; the fix, `x.flatten(1)`, is
-# in lesson 01.
+# The document's `.cuda()` stops without a GPU, and the model with `x.view(-1)` fails
+# inside the replicas (lesson 01).
 
 # %%
 if not torch.cuda.is_available():
@@ -632,14 +618,12 @@ with checks.expect_error(RuntimeError, match="(?s)replica 0 .*shapes cannot be")
 
 # %% [markdown] lang="ja"
 # 記事は「モデルのパラメータは、すべての GPU に同期されている必要があります」と注意していますが、
-# 利用者がそろえる必要はありません。DataParallel は**呼び出しのたびに**もとのモデルからレプリカを作り直すので、
-# もとのモデルを変えれば、次の呼び出しの全レプリカに反映されます。
+# そろえるものはありません。DataParallel は**呼び出しのたびに**もとのモデルからレプリカを作り直します。
 
 # %% [markdown] lang="en"
-# The document warns that "the model's parameters must be synchronized on all GPUs". The
-# user has nothing to synchronize: DataParallel builds the replicas from the original
-# model **at every call**, so a change to the original reaches every replica of the next
-# call.
+# The document warns that "the model's parameters must be synchronized on all GPUs".
+# There is nothing to synchronize: DataParallel builds the replicas from the original
+# model **at every call**.
 
 # %%
 ran = []  # the modules that ran, kept alive so that their ids stay unique
@@ -655,21 +639,16 @@ print("modules that ran in two calls:", len({id(m) for m in ran}))
 assert len({id(m) for m in ran}) == 4 and model not in ran  # new replicas each call
 
 # %% [markdown] lang="ja"
-# 記事の補足には「`torch.nn.parallel` モジュールには、`data_parallel` 以外にも、`replicate` や
-# `scatter_gather` などの並列処理用の関数があります。これらの関数は、異なる並列処理パターンに対応しています」
-# とあります。実際には、`replicate` は関数ですが `scatter_gather` はモジュールで、中に `scatter`、
-# `scatter_kwargs`、`gather` があります。そしてこれらは別のパターンのためのものではなく、
-# 上で見たとおり `data_parallel` 自身の部品です。
+# 記事の補足は、`replicate` や `scatter_gather` を「異なる並列処理パターンに対応」する関数としています。
+# 実際には `scatter_gather` はモジュール (中に `scatter`、`scatter_kwargs`、`gather`) で、どれも
+# `data_parallel` 自身の部品です。
 
 # %% [markdown] lang="en"
-# The document's notes say that `torch.nn.parallel` has, besides `data_parallel`,
-# "functions for parallel processing such as `replicate` and `scatter_gather`", and that
-# "they correspond to different parallel-processing patterns". In fact `replicate` is a
-# function but `scatter_gather` is a module, holding `scatter`, `scatter_kwargs` and
-# `gather`. And they are not for other patterns: as shown above, they are the parts of
-# `data_parallel` itself.
+# The document's notes call `replicate` and `scatter_gather` functions for "different
+# parallel-processing patterns". In fact `scatter_gather` is a module (holding `scatter`,
+# `scatter_kwargs` and `gather`), and they are all parts of `data_parallel` itself.
 
-# %%
+# %% tags=["hide-input"]
 import torch.nn.parallel.scatter_gather as scatter_gather
 
 print("replicate:", type(torch.nn.parallel.replicate).__name__,
@@ -681,10 +660,9 @@ assert scatter_gather.__all__ == ["scatter", "scatter_kwargs", "gather"]
 # %% [markdown] lang="ja"
 # ## DataParallel が毎ステップ払うもの
 #
-# DataParallel を使った学習の 1 ステップは、上で見た 4 段階をすべて繰り返します。`dp.scatter_kwargs`、
-# `dp.replicate`、`dp.gather` を、コピーする値を数える版に差し替えて、2 台の模擬デバイスで 3 ステップ
-# 学習します。グラフは、学習ステップごとにコピーした値の数です。どのステップにも同じ棒が並ぶことを
-# 見てください。
+# DataParallel の学習の 1 ステップは、4 段階をすべて繰り返します。`dp.scatter_kwargs`、`dp.replicate`、
+# `dp.gather` をコピーした値を数える版に差し替えて、2 台の模擬デバイスで 3 ステップ学習します。グラフは
+# ステップごとのコピーの数です。
 #
 # **予想してから実行:** 3 ステップで、モデルは何回複製され、1 回ごとに何個の値がコピーされるでしょうか
 # (モデルのパラメータは 2110 個です)?
@@ -692,10 +670,9 @@ assert scatter_gather.__all__ == ["scatter", "scatter_kwargs", "gather"]
 # %% [markdown] lang="en"
 # ## What DataParallel pays at every step
 #
-# A training step with DataParallel repeats all four steps above. Swap
-# `dp.scatter_kwargs`, `dp.replicate` and `dp.gather` for versions that count the values
-# they copy, and train 3 steps on 2 simulated devices. The chart shows what each training
-# step copies: look at the same bars, step after step.
+# A training step with DataParallel repeats all four steps. Versions of
+# `dp.scatter_kwargs`, `dp.replicate` and `dp.gather` that count the values they copy
+# train 3 steps on 2 simulated devices; the chart shows each step's copies.
 #
 # **Predict, then run:** in 3 steps, how many times is the model replicated, and how many
 # values does each replication copy (the model has 2110 parameters)?
@@ -744,40 +721,30 @@ fig = plots.bar_chart(per_step, ylabel="values_copied", title="dp_pays_title",
                       fmt="{:.0f}")
 
 # %% [markdown] lang="ja"
-# DataParallel が 1 デバイスに加えて払うものは、このレッスンのセルで確かめたとおりです。
+# DataParallel が 1 デバイスに加えて払うものは、どれも上のセルで確かめました。
 #
-# - **1 つのプロセスの中のスレッド**: 順伝播は同じプロセスの別々のスレッドで動きました (3.)。
-#   Python のコードを実行できるのは、プロセスに 1 つしかない GIL を持つスレッドだけなので、
-#   小さな演算が多いモデルでは、スレッドが GIL を待ち合います。
-# - **毎ステップの複製**: 上のセルのとおり、ステップごとにモデル全体 (2110 個の値) を、デバイス 0 以外の
-#   レプリカへコピーします (レプリカ 0 はもとのパラメータとメモリを共有します)。
-# - **分割と集約**: 入力は各デバイスへコピーされ (1.)、出力はデバイス 0 に集められます (4.)。
-# - **出力デバイスの負担**: バッチ全体の出力、損失の計算、全レプリカの勾配の合計、オプティマイザの更新は、
-#   すべてデバイス 0 に集まります。
+# - **1 つのプロセスの中のスレッド** (3.): Python を実行できるのは GIL を持つ 1 本のスレッドだけなので、
+#   小さな演算が多いモデルでは、スレッドが待ち合います。
+# - **毎ステップの複製**: モデル全体 (2110 個の値) を、デバイス 0 以外のレプリカへコピーします。
+# - **分割と集約** (1. と 4.)。
+# - **デバイス 0 の負担**: 出力全体、損失、勾配の合計、オプティマイザの更新がすべてデバイス 0 に集まります。
 #
-# DDP (レッスン 03) は、ランクごとに別のプロセスを使い、モデルを複製するのは作るときの 1 回だけです。
-# 各ランクは自分のデータを読み、出力を 1 か所に集めません。その代わり、毎ステップ勾配を all-reduce します。
-# どちらが速いかは測ってみないとわかりません。レッスン 03 で DDP を学んだあと、同じ仕事で両方の時間を
-# 測ります。
+# DDP (レッスン 03) はランクごとに別のプロセスを使い、モデルの複製は作るときの 1 回だけです。その代わり、毎ステップ
+# 勾配を all-reduce します。どちらが速いかは、レッスン 03 で測ります。
 
 # %% [markdown] lang="en"
-# What DataParallel pays on top of one device is what this lesson's cells have shown:
+# What DataParallel pays on top of one device, all shown above:
 #
-# - **Threads in one process**: the forward passes ran in separate threads of one process
-#   (step 3). Only the thread holding the process's one GIL can run Python code, so with
-#   many small operations the threads wait for each other.
-# - **Replication at every step**: as the cell above counts, every step copies the whole
-#   model (2110 values) to every replica but device 0's, which shares the original's
-#   memory.
-# - **Scattering and gathering**: the inputs are copied to each device (step 1) and the
-#   outputs collected on device 0 (step 4).
-# - **The output device's load**: the whole batch's output, the loss, the sum of every
-#   replica's gradients and the optimizer's update all land on device 0.
+# - **Threads in one process** (step 3): only the thread holding the one GIL runs Python
+#   code, so with many small operations the threads wait for each other.
+# - **Replication at every step**: the whole model (2110 values) to every replica but
+#   device 0's.
+# - **Scattering and gathering** (steps 1 and 4).
+# - **Device 0's load**: the whole output, the loss, the summed gradients and the
+#   optimizer's update all land there.
 #
 # DDP (lesson 03) runs each rank in its own process and copies the model once, when it is
-# built; each rank reads its own data and no output is gathered in one place. In exchange
-# it all-reduces the gradients at every step. Which is faster is a measurement: lesson 03
-# times both on the same work, once DDP has been introduced.
+# built; in exchange it all-reduces the gradients at every step. Lesson 03 times both.
 
 # %% [markdown] lang="ja"
 # ## PyTorch が DDP を勧める理由
@@ -799,18 +766,16 @@ assert "instead of this class, to do multi-GPU training, even if there is only a
        "single node" in doc
 
 # %% [markdown] lang="ja"
-# PyTorch のドキュメント (CUDA semantics と DDP のチュートリアル) は、理由を 3 つ挙げています。スレッドが取り合う
-# GIL、呼び出しのたびのモデルの複製、入力の scatter と出力の gather です。3 つとも、このレッスンのセルで
-# 確かめました。ドキュメントはさらに、DataParallel は「1 台のマシンでも DDP より遅いのがふつう」と書いています。
-# これはドキュメントの言葉です。2 つの時間は、DDP を学んだあとにレッスン 03 で比べます。
+# PyTorch のドキュメント (CUDA semantics と DDP のチュートリアル) の挙げる理由は 3 つで、どれもこのレッスンで
+# 確かめました: スレッドが取り合う GIL、呼び出しのたびのモデルの複製、入力の scatter と出力の gather です。
+# ドキュメントは、DataParallel は「1 台のマシンでも DDP より遅いのがふつう」とも書いています。2 つの時間は
+# レッスン 03 で比べます。
 
 # %% [markdown] lang="en"
-# PyTorch's documentation (CUDA semantics, and the DDP tutorial) gives three reasons:
-# the GIL that the threads share, a copy of the model at every call, and scattering the
-# inputs and gathering the outputs. This lesson's cells have shown all three. The
-# documentation adds that DataParallel "is usually slower than DistributedDataParallel
-# even on a single machine": that is its word; lesson 03 times the two, once DDP has
-# been introduced.
+# PyTorch's documentation (CUDA semantics, the DDP tutorial) gives three reasons, all
+# shown above: the GIL the threads share, a copy of the model at every call, and
+# scattering and gathering. It adds that DataParallel "is usually slower than
+# DistributedDataParallel even on a single machine"; lesson 03 times the two.
 
 # %% [markdown] lang="ja"
 # <details><summary>ドキュメントの原文</summary>
@@ -855,46 +820,38 @@ assert "instead of this class, to do multi-GPU training, even if there is only a
 # %% [markdown] lang="ja" tags=["summary"]
 # ## 覚えておくこと
 #
-# - **DataParallel は 1 つのプロセスの中の 4 段階です**。`scatter` がバッチを分け、`replicate` がモデルを丸ごと
-#   複製し、`parallel_apply` がレプリカをスレッドで動かし、`gather` が出力をデバイス 0 に集めます。
-# - **分けるのはデータで、モデルは分けません**。どのレプリカもモデル全体 (2110 個の値) を持ちます。
-# - **レプリカの勾配は、もとのモデルの `.grad` で足し合わされます**。損失がバッチ全体の平均なので、その和は
-#   1 デバイスの勾配と一致します。
-# - **使うのはクラス版か関数版のどちらか一方で、渡すのはバッチ全体です**。CPU では `nn.DataParallel` は
-#   モデルを 1 回呼ぶだけです。
-# - **DataParallel は毎ステップ、モデルを複製し、入力を分け、出力を集め、1 つの GIL を取り合います**。そのため
-#   PyTorch は、1 台のマシンでも DDP を勧めます。
+# - **DataParallel は 1 つのプロセスの中の 4 段階です**: `scatter`、`replicate`、`parallel_apply`、`gather`。
+# - **分けるのはデータで、モデルは分けません**。どのレプリカもモデル全体を持ちます。
+# - **レプリカの勾配は、もとのモデルの `.grad` で足し合わされ**、1 デバイスの勾配と一致します。
+# - **使うのはクラス版か関数版の一方で、渡すのはバッチ全体です**。CPU では `nn.DataParallel` はモデルを 1 回呼ぶだけです。
+# - **DataParallel は毎ステップ、複製、分割、集約をし、1 つの GIL を取り合います**。そのため PyTorch は DDP を勧めます。
 #
-# 記事 004 の主張ごとの判定と、それを確かめたセルは、最後のレッスンの正誤表にあります。
+# 記事 004 の主張ごとの判定は、最後のレッスンの正誤表にあります。
 
 # %% [markdown] lang="en" tags=["summary"]
 # ## What to remember
 #
-# - **DataParallel is four steps inside one process**: `scatter` splits the batch,
-#   `replicate` copies the whole model, `parallel_apply` runs the replicas in threads,
-#   and `gather` collects the outputs on device 0.
-# - **The data is split, never the model**: every replica holds the whole model (2110
-#   values).
-# - **The replicas' gradients are summed into the original model's `.grad`**: with a
-#   loss that is the whole batch's mean, the sum equals one device's gradient.
+# - **DataParallel is four steps inside one process**: `scatter`, `replicate`,
+#   `parallel_apply`, `gather`.
+# - **The data is split, never the model**: every replica holds the whole model.
+# - **The replicas' gradients are summed into the original model's `.grad`**, equal to
+#   one device's.
 # - **Use the class or the function, not both, and hand it the whole batch**; on a CPU
 #   `nn.DataParallel` just calls the model once.
 # - **Every step, DataParallel copies the model, scatters, gathers, and shares one
-#   GIL**: that is why PyTorch recommends DDP even on one machine.
+#   GIL**: that is why PyTorch recommends DDP.
 #
-# Each of doc 004's claims, with its verdict and the cell that checks it, is in the
-# errata, the course's last lesson.
+# Each of doc 004's claims, with its verdict, is in the errata, the course's last lesson.
 
 # %% [markdown] lang="ja" tags=["self-check"]
 # ## 確認問題
 #
-# 先へ進む前に、次の 3 問に答えてください。答えの折りたたみは、自分の答えを決めてから開きます。
+# 答えを決めてから、折りたたみを開いてください。
 
 # %% [markdown] lang="en" tags=["self-check"]
 # ## Self-check
 #
-# Answer the three questions below before reading on; open an answer's fold only
-# after you have chosen.
+# Choose your answers before opening their folds.
 
 # %% tags=["self-check"]
 from labkit import selfcheck

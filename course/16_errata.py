@@ -13,21 +13,22 @@
 #
 # 出発点の 2 つの記事 (記事 000: `no_sync` と高速化の方法、記事 004: `data_parallel`、Horovod、
 # フレームワーク) の記述とコードを 1 つずつ取り上げ、判定、正しい内容、それを確かめるセルへのリンクを
-# 表にまとめます。各行の id (記事 000 なら 000-1、000-2、…) でどの行かを指せます。判定は 4 種類です。
+# 表にまとめます。各行は id (000-1、000-2、…) で指せます。判定は 4 種類です。
 #
-# - **正しい**: そのとおり (条件つきのものは「実際」の欄に条件を書きます)
+# - **正しい**: そのとおり (条件は「実際」の欄に)
 # - **誤り**: 事実と違う、またはコードが動かない
-# - **誤解を招く**: 一部は正しいが、そのまま受け取ると間違える
+# - **誤解を招く**: 一部は正しいが、そのままでは間違える
 # - **古い**: かつては正しかったが、いまは別の方法を使う
 #
-# 最後の表は、各レッスンが事実として述べることと、それを確かめるセルです。
+# <details><summary>リンクの飛び先</summary>
 #
-# リンクは、この日本語版のノートブックの、見出しのあるセルを指します (`#cell-id=…`)。クリックすると
-# ノートブックが開き、その見出しまでスクロールします。見出しの名前へのリンク (`#見出し`) では、JupyterLab 4
-# はノートブックを開いても先頭に留まります。とくに日本語の見出しは見つけられません
-# ([jupyterlab#12402](https://github.com/jupyterlab/jupyterlab/issues/12402))。見出しまでスクロールされたまま
-# 表示されるのは、`tools/course.py lab` (`make lab`) が使うこのコースの JupyterLab の設定 (`jupyterlab-settings/`) を使ったときです。
-# それ以外の環境でずれたときは、左の目次から見出しを選んでください。
+# リンクは見出しのあるセルを指します (`#cell-id=…`)。見出しの名前へのリンク (`#見出し`) では、JupyterLab 4 は
+# ノートブックの先頭に留まり、日本語の見出しは見つけられません
+# ([jupyterlab#12402](https://github.com/jupyterlab/jupyterlab/issues/12402))。見出しが画面に残るのは、
+# このコースの JupyterLab の設定 (`make lab` が使う `jupyterlab-settings/`) のときです。ずれたときは、左の目次から
+# 見出しを選んでください。
+#
+# </details>
 
 # %% [markdown] lang="en"
 # # 16 Errata
@@ -35,24 +36,23 @@
 # Every statement and code snippet of the two source articles (doc 000: `no_sync` and
 # speed-up tips; doc 004: `data_parallel`, Horovod, frameworks), with a verdict, the
 # correction, and a link to the cell that demonstrates it. Each row has an id (000-1,
-# 000-2, … for doc 000) to refer to it by. There are four verdicts:
+# 000-2, …). Four verdicts:
 #
-# - **correct**: right as stated (conditions, if any, are in the "in fact" column)
+# - **correct**: right as stated (conditions in the "in fact" column)
 # - **wrong**: not true, or the code does not run
-# - **misleading**: partly true, but taken as written it leads you astray
+# - **misleading**: partly true, but misleading as written
 # - **outdated**: was right once; today something else is used
 #
-# The last table lists what the lessons themselves state as fact, and the cell that
-# shows it.
+# <details><summary>Where the links land</summary>
 #
-# The links point at the cells of the English notebooks that hold the headings
-# (`#cell-id=…`): a click opens the notebook and scrolls to the heading. A link to a
+# The links point at the cells that hold the headings (`#cell-id=…`). A link to a
 # heading's name (`#Heading`) leaves JupyterLab 4 at the top of the notebook, and a
 # Japanese heading is never found
 # ([jupyterlab#12402](https://github.com/jupyterlab/jupyterlab/issues/12402)). The
-# heading stays on screen with the course's JupyterLab settings
-# (`jupyterlab-settings/`, which `tools/course.py lab` and `make lab` use); elsewhere,
-# if it is off, pick the heading in the table of contents on the left.
+# heading stays on screen with the course's JupyterLab settings (`jupyterlab-settings/`,
+# which `make lab` uses); if it is off, pick the heading in the table of contents.
+#
+# </details>
 
 # %%
 import labkit
@@ -65,7 +65,7 @@ labkit.set_lang("ja")
 #
 # | id | 記事の記述 | 判定 | 実際 | 確かめるセル |
 # |---|---|---|---|---|
-# | 000-1 | 「DistributedDataParallel は複数の GPU で並列処理し、大規模なデータセットや複雑なモデルの訓練時間を大幅に短縮できる」 | 誤解を招く | 速くなるかは、1 ステップの計算と、そのステップで all-reduce する勾配 (パラメータと同じバイト数) の比で決まる。データセットの大きさはステップ数を変えるだけで、この比は変えない。2 ランクで半分になるのは計算だけで、勾配は全部 all-reduce する (セルが数える) | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
+# | 000-1 | 「DistributedDataParallel は複数の GPU で並列処理し、…訓練時間を大幅に短縮できる」 | 誤解を招く | 速さは 1 ステップの計算と勾配のバイト数の比で決まり、2 ランクにしても勾配は半分にならない (セルが数える)。データセットが大きくてもステップが増えるだけ | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
 # | 000-2 | 「各 GPU はモデルのパラメータの一部を保持し、それらを更新します」 | 誤り | DDP の各ランクは全パラメータの複製を持つ。一部を持つのは FSDP / ZeRO-3 | [03: 各ランクはモデル全体を持つ](03_ddp.ipynb#cell-id=03-every-rank-holds-the-whole-model) |
 # | 000-3 | 「各 GPU のパラメータ更新は独立して行われるため整合性が失われる…各パラメータ更新後に勾配同期を行う」 | 誤り | 同期では、逆伝播の途中 (更新の前) に勾配を all-reduce する。そのため全ランクが同じ更新をする | [03: 何が、いつ通信されるか](03_ddp.ipynb#cell-id=03-what-is-communicated-and-when) |
 # | 000-4 | 「no_sync() は勾配同期を無効にするオプション」 | 誤解を招く | `with` で使うコンテキストマネージャで、同期を次の `with` の外の逆伝播まで先送りする | [04: 正しい使い方](04_no_sync.ipynb#cell-id=04-correct-use) |
@@ -79,30 +79,30 @@ labkit.set_lang("ja")
 # | 000-12 | コード `ddp_model.no_sync()` (1 行だけ) | 誤り | 何も起きない。`with model.no_sync():` の中で順伝播と逆伝播を行う | [04: 誤用 1: ddp_model.no_sync() と 1 行書く](04_no_sync.ipynb#cell-id=04-misuse-1-writing-ddp-model-no-sync-on-its-own-line) |
 # | 000-13 | コード「# 訓練コード」で同期あり/なしを比較 | 誤り | 比較のコードがない。同じ条件で比べると曲線は重なり、no_sync は時間が短い | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
 # | 000-14 | コード「モデルを 2 つ (4 つ) の GPU に分散」`MyModel().cuda()` | 誤解を招く | `.cuda()` は 1 台の GPU に置くだけ。DDP は 1 GPU に 1 プロセスを起動する | [03: ランクを起動する](03_ddp.ipynb#cell-id=03-start-the-ranks) |
-# | 000-15 | コード `for epoch in range(10):` の次がコメント「# 訓練コード」だけ | 誤り | 本体のない `for` は構文エラー (IndentationError)。2 つ目と 3 つ目のコード例は実行すら始まらない | [16: 記事 000 の本体のない for 文](16_errata.ipynb#cell-id=16-doc-000-s-for-loops-without-a-body) |
+# | 000-15 | コード `for epoch in range(10):` の本体がコメントだけ | 誤り | IndentationError で、2 つ目と 3 つ目の例は実行も始まらない | [16: 記事 000 の本体のない for 文](16_errata.ipynb#cell-id=16-doc-000-s-for-loops-without-a-body) |
 # | 000-16 | コード `DistributedDataParallel(model, dim=1)` | 誤解を招く | 1 プロセス 1 デバイスでは DDP は入力を分けないので `dim` は何もしない | [08: 記事の DistributedDataParallel(model, dim=1)](08_training_settings.ipynb#cell-id=08-the-document-s-distributeddataparallel-model-dim-1) |
-# | 000-17 | 「データローダーのワーカー数を増やす」 | 正しい | 読み込みが重いときに効く (ワーカー 2 つでエポックの時間の中央値が 0.9 倍未満になることをセルが確かめる)。データは変わらない | [07: DataLoader のワーカー数](07_speedups.ipynb#cell-id=07-dataloader-workers) |
+# | 000-17 | 「データローダーのワーカー数を増やす」 | 正しい | 読み込みが重いときに効く (ワーカー 2 つでエポックの時間の中央値が 0.9 倍未満) | [07: DataLoader のワーカー数](07_speedups.ipynb#cell-id=07-dataloader-workers) |
 # | 000-18 | 「バッチサイズを増やす」 | 誤解を招く | 処理速度は上がるが、収束には学習率の調整とウォームアップが要る | [08: 大きなバッチと学習率](08_training_settings.ipynb#cell-id=08-large-batches-and-the-learning-rate) |
 # | 000-19 | 「データシャッフルを有効にする」(速度向上として) | 誤り | 速さは変わらない。収束のために必要 | [08: シャッフルは速さではなく収束のため](08_training_settings.ipynb#cell-id=08-shuffling-is-for-convergence-not-speed) |
-# | 000-20 | 「ピンメモリーを使用する」 | 正しい | GPU で学習するときに限る。固定メモリからの CPU→GPU 転送は速く、`.to(device, non_blocking=True)` と組み合わせると転送と計算が重なる。GPU がなければバッチは固定メモリに置かれず、何も変わらない | [07: pin_memory](07_speedups.ipynb#cell-id=07-pin-memory) |
-# | 000-21 | 「軽量なモデル」「精度と速度のバランス」「不要な計算を削減」 | 正しい | パラメータが少ないほど 1 ステップの計算 (FLOP) が減り、小さすぎると精度が落ちる (どちらもセルが確かめる)。時間はこの実行での値 (`on this run`) として示す。評価は `torch.no_grad()` で | [07: 軽いモデル](07_speedups.ipynb#cell-id=07-a-lighter-model) |
+# | 000-20 | 「ピンメモリーを使用する」 | 正しい | GPU のときだけ。転送が速くなり、`non_blocking=True` なら計算と重なる | [07: pin_memory](07_speedups.ipynb#cell-id=07-pin-memory) |
+# | 000-21 | 「軽量なモデル」「精度と速度のバランス」「不要な計算を削減」 | 正しい | パラメータが少ないほど 1 ステップの FLOP が減り、少なすぎると精度が落ちる。評価は `torch.no_grad()` で | [07: 軽いモデル](07_speedups.ipynb#cell-id=07-a-lighter-model) |
 # | 000-22 | 「学習率を調整」「オプティマイザーを変更」「スケジューラーを使用」 | 誤解を招く | 1 ステップは速くならない。少ないステップで収束させるためのもの | [08: 学習率、オプティマイザ、スケジューラ](08_training_settings.ipynb#cell-id=08-learning-rate-optimizer-and-scheduler) |
 # | 000-23 | 「チェックポイントを活用する」(保存の意味で) | 誤解を招く | 速くはならない。止まっても再開でき、結果は 1 ビットも違わない | [08: チェックポイント: 学習状態を保存して再開する](08_training_settings.ipynb#cell-id=08-checkpoints-save-and-resume-the-training-state) |
-# | 000-24 | 「チェックポイントを活用する」(活性化チェックポイントの意味で) | 誤解を招く | 速くする方法ではない。メモリを減らす代わりに、1 ステップで順伝播をもう 1 回計算する (セルが数える)。時間はこの実行での値 (`on this run`) として示す | [07: 活性化チェックポイント](07_speedups.ipynb#cell-id=07-activation-checkpointing) |
-# | 000-25 | 「より高速な GPU」「TPU などの専用ハードウェア」 | 誤解を招く | 速い GPU は予算の話で、コードは同じ (`nccl`)。TPU は違う: `nccl` は使えず (CUDA 専用)、PyTorch だけではテンソルを置けない。torch_xla が要り、XLA デバイス、専用のデータローダー、ステップごとの同期の呼び出し、`xla` バックエンドを使うようにコードを書き換える | [16: TPU には torch_xla が要る](16_errata.ipynb#cell-id=16-a-tpu-needs-torch-xla) |
+# | 000-24 | 「チェックポイントを活用する」(活性化チェックポイントの意味で) | 誤解を招く | 速くする方法ではない。メモリを減らす代わりに、1 ステップで順伝播をもう 1 回計算する (セルが数える) | [07: 活性化チェックポイント](07_speedups.ipynb#cell-id=07-activation-checkpointing) |
+# | 000-25 | 「より高速な GPU」「TPU などの専用ハードウェア」 | 誤解を招く | 速い GPU は予算の話で、コードは同じ。TPU には torch_xla とコードの書き換えが要る (`nccl` は CUDA 専用) | [16: TPU には torch_xla が要る](16_errata.ipynb#cell-id=16-a-tpu-needs-torch-xla) |
 # | 000-26 | 「Apex」 | 古い | `torch.autocast` と `torch.amp.GradScaler`。`torch.cuda.amp` も非推奨 | [07: 混合精度 (torch.autocast)](07_speedups.ipynb#cell-id=07-mixed-precision-torch-autocast) |
 # | 000-27 | 「Horovod」 | 古い | 最新リリースは 2023 年の 0.28.1。PyTorch では torchrun と DDP | [09: Horovod のいま](09_ecosystem.ipynb#cell-id=09-horovod-today) |
 # | 000-28 | 「これらの方法は no_sync() と組み合わせることでさらに速くなる」 | 誤解を招く | `no_sync` は勾配累積のときだけの話。ほかの方法とは独立 | [04: 1 ステップの時間: K と no_sync](04_no_sync.ipynb#cell-id=04-time-per-step-k-and-no-sync) |
-# | 000-29 | 「効果は訓練データ、モデル、目標によって異なる。さまざまな方法を試す必要がある」 | 正しい | 測って決める。このレッスンの数字もこのマシンでの値 | [07: DataLoader のワーカー数](07_speedups.ipynb#cell-id=07-dataloader-workers) |
+# | 000-29 | 「効果は訓練データ、モデル、目標によって異なる。さまざまな方法を試す必要がある」 | 正しい | 測って決める | [07: DataLoader のワーカー数](07_speedups.ipynb#cell-id=07-dataloader-workers) |
 
 # %% [markdown] lang="en"
 # ## Doc 000: no_sync and speed-up tips
 #
 # | id | the document says | verdict | in fact | the cell that shows it |
 # |---|---|---|---|---|
-# | 000-1 | "DDP trains on several GPUs in parallel and can cut the training time of large data sets and complex models a lot" | misleading | whether it is faster depends on a step's computation against the gradient it all-reduces (as many bytes as the parameters); a larger data set means more steps, not a better ratio; two ranks halve the computation only, and still all-reduce every gradient (the cell counts both) | [03: Time per step with world size 1 and 2](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
+# | 000-1 | "DDP trains on several GPUs in parallel and can cut the training time … a lot" | misleading | speed depends on a step's computation against its gradient bytes, which two ranks do not halve (both counted); a larger data set only adds steps | [03: Time per step with world size 1 and 2](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
 # | 000-2 | "each GPU holds part of the model's parameters and updates them" | wrong | every DDP rank holds a full replica; holding a part is FSDP / ZeRO-3 | [03: Every rank holds the whole model](03_ddp.ipynb#cell-id=03-every-rank-holds-the-whole-model) |
-# | 000-3 | "updates happen independently, so consistency may be lost… gradients are synchronized after each update" | wrong | gradients are all-reduced during backward, before the update, so every rank makes the same update | [03: What is communicated, and when](03_ddp.ipynb#cell-id=03-what-is-communicated-and-when) |
+# | 000-3 | "updates happen independently, so consistency may be lost… gradients are synchronized after each update" | wrong | gradients are all-reduced during backward, before the update: every rank makes the same update | [03: What is communicated, and when](03_ddp.ipynb#cell-id=03-what-is-communicated-and-when) |
 # | 000-4 | "no_sync() is an option that disables gradient synchronization" | misleading | a context manager that postpones synchronization to the next backward outside the `with` | [04: Correct use](04_no_sync.ipynb#cell-id=04-correct-use) |
 # | 000-5 | "each GPU can start the next update right after its update" | wrong | stepping inside `no_sync` makes the replicas drift apart for good | [04: Misuse 3: optimizer.step() inside no_sync](04_no_sync.ipynb#cell-id=04-misuse-3-optimizer-step-inside-no-sync) |
 # | 000-6 | "benefit: faster training" | misleading | faster only with gradient accumulation, where K all-reduces become one | [04: Time per step: K and no_sync](04_no_sync.ipynb#cell-id=04-time-per-step-k-and-no-sync) |
@@ -114,21 +114,21 @@ labkit.set_lang("ja")
 # | 000-12 | code `ddp_model.no_sync()` (on its own line) | wrong | does nothing; forward and backward inside `with model.no_sync():` | [04: Misuse 1: writing ddp_model.no_sync() on its own line](04_no_sync.ipynb#cell-id=04-misuse-1-writing-ddp-model-no-sync-on-its-own-line) |
 # | 000-13 | code "# training code" comparing sync and no_sync | wrong | no code; compared properly the curves coincide and no_sync takes less time | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
 # | 000-14 | code "spread the model over 2 (4) GPUs" `MyModel().cuda()` | misleading | `.cuda()` puts it on one GPU; DDP runs one process per GPU | [03: Start the ranks](03_ddp.ipynb#cell-id=03-start-the-ranks) |
-# | 000-15 | code `for epoch in range(10):` followed only by the comment "# training code" | wrong | a `for` without a body is a syntax error (IndentationError): the second and third examples do not even start | [16: Doc 000's for loops without a body](16_errata.ipynb#cell-id=16-doc-000-s-for-loops-without-a-body) |
+# | 000-15 | code `for epoch in range(10):` whose body is a comment | wrong | an IndentationError: the second and third examples never start | [16: Doc 000's for loops without a body](16_errata.ipynb#cell-id=16-doc-000-s-for-loops-without-a-body) |
 # | 000-16 | code `DistributedDataParallel(model, dim=1)` | misleading | with one device per process DDP splits no input, so `dim` does nothing | [08: The document's DistributedDataParallel(model, dim=1)](08_training_settings.ipynb#cell-id=08-the-document-s-distributeddataparallel-model-dim-1) |
-# | 000-17 | "more data-loader workers" | correct | helps when loading is slow (the cell asserts that two workers bring the median epoch under 0.9 times); the data does not change | [07: DataLoader workers](07_speedups.ipynb#cell-id=07-dataloader-workers) |
+# | 000-17 | "more data-loader workers" | correct | helps when loading is slow (two workers: median epoch under 0.9 times) | [07: DataLoader workers](07_speedups.ipynb#cell-id=07-dataloader-workers) |
 # | 000-18 | "increase the batch size" | misleading | more samples per second, but convergence needs the learning rate scaled and warm-up | [08: Large batches and the learning rate](08_training_settings.ipynb#cell-id=08-large-batches-and-the-learning-rate) |
 # | 000-19 | "enable data shuffling" (as a speed-up) | wrong | no faster; it is needed for convergence | [08: Shuffling is for convergence, not speed](08_training_settings.ipynb#cell-id=08-shuffling-is-for-convergence-not-speed) |
-# | 000-20 | "use pinned memory" | correct | when training on a GPU: CPU→GPU copies from pinned memory are faster, and with `.to(device, non_blocking=True)` they overlap with computation; without a GPU no batch is pinned and nothing changes | [07: pin_memory](07_speedups.ipynb#cell-id=07-pin-memory) |
-# | 000-21 | "lighter model", "balance accuracy and speed", "remove unneeded computation" | correct | fewer parameters compute less per step (FLOPs) and, when too few, fit worse (both asserted); the time is shown as this run's; evaluate under `torch.no_grad()` | [07: A lighter model](07_speedups.ipynb#cell-id=07-a-lighter-model) |
+# | 000-20 | "use pinned memory" | correct | on a GPU only: faster copies that, with `non_blocking=True`, overlap computation | [07: pin_memory](07_speedups.ipynb#cell-id=07-pin-memory) |
+# | 000-21 | "lighter model", "balance accuracy and speed", "remove unneeded computation" | correct | fewer parameters compute fewer FLOPs per step and, too few, fit worse; evaluate under `torch.no_grad()` | [07: A lighter model](07_speedups.ipynb#cell-id=07-a-lighter-model) |
 # | 000-22 | "tune the learning rate", "change the optimizer", "use a scheduler" | misleading | a step is no faster; they converge in fewer steps | [08: Learning rate, optimizer and scheduler](08_training_settings.ipynb#cell-id=08-learning-rate-optimizer-and-scheduler) |
 # | 000-23 | "use checkpoints" (saving state) | misleading | no faster; it lets you resume, bit-identically | [08: Checkpoints: save and resume the training state](08_training_settings.ipynb#cell-id=08-checkpoints-save-and-resume-the-training-state) |
-# | 000-24 | "use checkpoints" (activation checkpointing) | misleading | not a speed-up: it saves memory and computes the forward once more every step (the cell counts it); the time is shown as this run's | [07: Activation checkpointing](07_speedups.ipynb#cell-id=07-activation-checkpointing) |
-# | 000-25 | "a faster GPU", "special hardware such as TPUs" | misleading | a faster GPU is a matter of budget, with the same code (`nccl`); a TPU is not: `nccl` does not work there (CUDA only) and PyTorch alone cannot put a tensor on it; it takes torch_xla and a code change: XLA devices, its data loaders, a sync call every step, the `xla` backend | [16: A TPU needs torch_xla](16_errata.ipynb#cell-id=16-a-tpu-needs-torch-xla) |
+# | 000-24 | "use checkpoints" (activation checkpointing) | misleading | not a speed-up: it saves memory by computing the forward once more per step (the cell counts it) | [07: Activation checkpointing](07_speedups.ipynb#cell-id=07-activation-checkpointing) |
+# | 000-25 | "a faster GPU", "special hardware such as TPUs" | misleading | a faster GPU is a matter of budget, with the same code; a TPU takes torch_xla and code changes (`nccl` is CUDA only) | [16: A TPU needs torch_xla](16_errata.ipynb#cell-id=16-a-tpu-needs-torch-xla) |
 # | 000-26 | "Apex" | outdated | `torch.autocast` and `torch.amp.GradScaler`; `torch.cuda.amp` is deprecated too | [07: Mixed precision (torch.autocast)](07_speedups.ipynb#cell-id=07-mixed-precision-torch-autocast) |
 # | 000-27 | "Horovod" | outdated | latest release 0.28.1 (2023); with PyTorch use torchrun and DDP | [09: Horovod today](09_ecosystem.ipynb#cell-id=09-horovod-today) |
 # | 000-28 | "combined with no_sync() these methods speed training up further" | misleading | `no_sync` matters only with gradient accumulation, independently of the rest | [04: Time per step: K and no_sync](04_no_sync.ipynb#cell-id=04-time-per-step-k-and-no-sync) |
-# | 000-29 | "the effect depends on data, model and goal; try several methods" | correct | measure and decide; this lesson's numbers are this machine's | [07: DataLoader workers](07_speedups.ipynb#cell-id=07-dataloader-workers) |
+# | 000-29 | "the effect depends on data, model and goal; try several methods" | correct | measure and decide | [07: DataLoader workers](07_speedups.ipynb#cell-id=07-dataloader-workers) |
 
 # %% [markdown] lang="ja"
 # ## 記事 004: data_parallel、Horovod、フレームワーク
@@ -137,18 +137,18 @@ labkit.set_lang("ja")
 # |---|---|---|---|---|
 # | 004-1 | 「データ並列処理とは、異なるデータサンプルを複数の GPU に分散させて処理し、訓練と推論を高速化する手法」 | 正しい | 分けるのはデータで、モデルは各デバイスに複製する | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
 # | 004-2 | 「data_parallel() はモデルと入力を複数の GPU に分散させ、結果を集約する」 | 正しい | `scatter`、`replicate`、`parallel_apply`、`gather` の 4 段階 | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
-# | 004-3 | 「メリット: 訓練と推論の速度を大幅に向上」 | 誤解を招く | 複数の GPU で速くなることはあるが、呼び出しのたびにモデルを複製し、レプリカを 1 プロセスのスレッドで動かす。PyTorch は 1 台のマシンでも DDP を勧める。CPU では何もしない | [02: DataParallel が毎ステップ払うもの](02_data_parallel.ipynb#cell-id=02-what-dataparallel-pays-at-every-step) |
-# | 004-4 | 「特に、大規模なデータセットや複雑なモデルを扱う場合に有効」 | 誤解を招く | 決めるのは 1 ステップの計算と通信の比。データセットの大きさはステップ数を変えるだけ。大きなモデルは計算も増えるが、呼び出しごとの複製と勾配の集約も増える | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
+# | 004-3 | 「メリット: 訓練と推論の速度を大幅に向上」 | 誤解を招く | 呼び出しのたびにモデルを複製し、レプリカを 1 プロセスのスレッドで動かす。CPU では何もしない | [02: DataParallel が毎ステップ払うもの](02_data_parallel.ipynb#cell-id=02-what-dataparallel-pays-at-every-step) |
+# | 004-4 | 「特に、大規模なデータセットや複雑なモデルを扱う場合に有効」 | 誤解を招く | 決めるのは 1 ステップの計算と通信の比。データセットが大きくてもステップが増えるだけ | [03: world size 1 と 2 の 1 ステップの時間](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
 # | 004-5 | 「コードの変更を最小限に抑えながら」 | 正しい | 包むだけで使える。ただし推奨は DDP | [02: PyTorch が DDP を勧める理由](02_data_parallel.ipynb#cell-id=02-why-pytorch-recommends-ddp) |
 # | 004-6 | 「使い方」: DataParallel で包み、入力を分け、data_parallel に渡す | 誤り | クラスか関数のどちらか一方に、バッチ全体を渡す | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
 # | 004-7 | 最初のコード例: `forward` のない `MyModel` と `torch.randn(100, 1024)` | 誤り | `forward` がないので呼ぶと NotImplementedError | [16: 記事 004 の最初のコード例](16_errata.ipynb#cell-id=16-doc-004-s-first-code-example) |
-# | 004-8 | コード `nn.DataParallel(MyModel())` (3 つの例。モデルは CPU のまま、入力だけ `.cuda()`) | 誤り | GPU が 2 台以上あると、呼んだ時点で RuntimeError「module must have its parameters and buffers on device cuda:0」。1 台なら DataParallel が自分でモデルを移す。`nn.DataParallel(MyModel().cuda())` と書く | [16: GPU のあるマシンでの記事 004 の DataParallel](16_errata.ipynb#cell-id=16-doc-004-s-dataparallel-on-a-machine-with-gpus) |
-# | 004-9 | コメント「入力データを GPU に分散」「データを GPU に分散」と `.cuda()` | 誤解を招く | `.cuda()` はバッチ全体を 1 台の GPU (いまのデバイス、ふつうは cuda:0) に置くだけ。GPU ごとに分けるのは DataParallel の `forward` の中の `scatter` | [16: GPU のあるマシンでの記事 004 の DataParallel](16_errata.ipynb#cell-id=16-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-8 | コード `nn.DataParallel(MyModel())` と、入力だけの `.cuda()` (3 つの例) | 誤り | GPU が 2 台以上なら RuntimeError (パラメータが cuda:0 にない)。`nn.DataParallel(MyModel().cuda())` と書く | [16: GPU のあるマシンでの記事 004 の DataParallel](16_errata.ipynb#cell-id=16-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-9 | コメント「入力データを GPU に分散」と `.cuda()` | 誤解を招く | `.cuda()` はバッチ全体を 1 台の GPU に置くだけ。分けるのは `forward` の中の `scatter` | [16: GPU のあるマシンでの記事 004 の DataParallel](16_errata.ipynb#cell-id=16-doc-004-s-dataparallel-on-a-machine-with-gpus) |
 # | 004-10 | 「モデルのすべての層が GPU で実行できる必要」 | 正しい | レプリカは各 GPU で丸ごと動く | [02: 2. replicate: モデルを複製する](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
 # | 004-11 | 「モデルのパラメータはすべての GPU に同期されている必要」 | 誤り | 呼び出しのたびに複製し直すので、利用者がそろえる必要はない。必要なのはモデルを `device_ids[0]` に置くこと (004-8) | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
 # | 004-12 | 「データバッチサイズは GPU のメモリ容量に収まる必要」 | 誤解を招く | 各 GPU には分けた一部が載る。出力はデバイス 0 に集まる | [02: 4. gather: 出力を集める](02_data_parallel.ipynb#cell-id=02-4-gather-collect-the-outputs) |
 # | 004-13 | 「replicate や scatter_gather は異なる並列処理パターンに対応」 | 誤り | `data_parallel` 自身の部品。`scatter_gather` はモジュール | [02: 記事 004 の使い方を直す](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
-# | 004-14 | 「PyTorch Lightning などで、さらに簡単に」 | 正しい | 中で DDP と `no_sync` を使う。確かめるセルは Lightning を入れたときだけ動き、既定の環境では飛ばす | [09: PyTorch Lightning と Hugging Face Accelerate](09_ecosystem.ipynb#cell-id=09-pytorch-lightning-and-hugging-face-accelerate) |
+# | 004-14 | 「PyTorch Lightning などで、さらに簡単に」 | 正しい | 中で DDP と `no_sync` を使う (Lightning を入れたときだけ確かめる) | [09: PyTorch Lightning と Hugging Face Accelerate](09_ecosystem.ipynb#cell-id=09-pytorch-lightning-and-hugging-face-accelerate) |
 # | 004-15 | 「data_parallel() は強力なツール」(まとめ) | 古い | 1 台のマシンでも DDP を使う (PyTorch の推奨) | [02: PyTorch が DDP を勧める理由](02_data_parallel.ipynb#cell-id=02-why-pytorch-recommends-ddp) |
 # | 004-16 | コード `x.view(-1)` (MLP) | 誤り | バッチ 100 でエラー、バッチ 1 では形が黙って壊れる | [01: バッチが 1 のときは黙って間違える](01_models.ipynb#cell-id=01-with-a-batch-of-one-it-is-silently-wrong) |
 # | 004-17 | コード `nn.DataParallel(MyModel())` (GPU なし) | 誤解を招く | CPU では `device_ids` が空で、モデルを 1 回呼ぶだけ | [02: CPU では nn.DataParallel は何もしない](02_data_parallel.ipynb#cell-id=02-on-a-cpu-nn-dataparallel-does-nothing) |
@@ -157,7 +157,7 @@ labkit.set_lang("ja")
 # | 004-20 | コード `optimizer.step()` (`optimizer` が未定義) | 誤り | NameError。オプティマイザを作る | [01: 記事 004 の「カスタム損失関数」の例](01_models.ipynb#cell-id=01-doc-004-s-custom-loss-example) |
 # | 004-21 | コード `loss.backward` (括弧なし) | 誤り | 呼ばれず勾配は None。`loss.backward()` | [01: loss.backward と loss.backward() は違う](01_models.ipynb#cell-id=01-loss-backward-is-not-loss-backward) |
 # | 004-22 | コード (学習ループ) `zero_grad` なし | 誤り | 勾配がステップごとに積み重なる | [01: zero_grad() を忘れると勾配がたまる](01_models.ipynb#cell-id=01-without-zero-grad-gradients-pile-up) |
-# | 004-23 | コード (学習ループ) `optimizer.step()` なし | 誤り | オプティマイザを作っても呼ばないので、パラメータは 1 つも変わらない。10 エポック回しても学習しない | [01: 記事 004 の学習ループを書かれたとおりに](01_models.ipynb#cell-id=01-doc-004-s-training-loop-as-written) |
+# | 004-23 | コード (学習ループ) `optimizer.step()` なし | 誤り | オプティマイザを作っても呼ばないので、パラメータは 1 つも変わらない | [01: 記事 004 の学習ループを書かれたとおりに](01_models.ipynb#cell-id=01-doc-004-s-training-loop-as-written) |
 # | 004-24 | コード `MyDataset` (独立な乱数) | 誤解を招く | 学ぶものがない。収束を見るなら学習できる課題で | [01: 記事のデータには学ぶものがない](01_models.ipynb#cell-id=01-the-document-s-data-has-nothing-to-learn) |
 # | 004-25 | 「手動で並列処理: 1. モデルを複数の GPU に分割」 | 誤り | データ並列はデータを分けてモデルを複製する。モデルを分けるのはモデル並列 | [09: 手動の並列化](09_ecosystem.ipynb#cell-id=09-parallelism-by-hand) |
 # | 004-26 | 「Horovod は MPI を使用して通信」 | 誤解を招く | プロセス間の調整 (コントローラ) は Gloo か MPI のどちらか。GPU のテンソルの all-reduce はふつう NCCL で行う | [09: Horovod のいま](09_ecosystem.ipynb#cell-id=09-horovod-today) |
@@ -173,18 +173,18 @@ labkit.set_lang("ja")
 # |---|---|---|---|---|
 # | 004-1 | "data parallelism processes different samples on several GPUs to speed up training and inference" | correct | the data is split, the model is copied to every device | [02: 2. replicate: copy the model](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
 # | 004-2 | "data_parallel() spreads model and input over GPUs and gathers the result" | correct | the four steps `scatter`, `replicate`, `parallel_apply`, `gather` | [02: 2. replicate: copy the model](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
-# | 004-3 | "benefit: much faster training and inference" | misleading | it can be faster on several GPUs, but every call copies the model and runs the replicas as threads of one process; PyTorch recommends DDP even on one machine; on a CPU it does nothing | [02: What DataParallel pays at every step](02_data_parallel.ipynb#cell-id=02-what-dataparallel-pays-at-every-step) |
-# | 004-4 | "especially effective for large data sets and complex models" | misleading | a step's computation against its communication decides; a larger data set only means more steps; a larger model computes more, but also copies and reduces more at every call | [03: Time per step with world size 1 and 2](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
+# | 004-3 | "benefit: much faster training and inference" | misleading | every call copies the model, and the replicas run as threads of one process; on a CPU it does nothing | [02: What DataParallel pays at every step](02_data_parallel.ipynb#cell-id=02-what-dataparallel-pays-at-every-step) |
+# | 004-4 | "especially effective for large data sets and complex models" | misleading | a step's computation against its communication decides; a larger data set only adds steps | [03: Time per step with world size 1 and 2](03_ddp.ipynb#cell-id=03-time-per-step-with-world-size-1-and-2) |
 # | 004-5 | "with minimal code changes" | correct | just wrap the model; but PyTorch recommends DDP | [02: Why PyTorch recommends DDP](02_data_parallel.ipynb#cell-id=02-why-pytorch-recommends-ddp) |
 # | 004-6 | "how to use": wrap in DataParallel, split the input, pass to data_parallel | wrong | use the class or the function, with the whole batch | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
 # | 004-7 | first code example: `MyModel` without `forward`, `torch.randn(100, 1024)` | wrong | no `forward`, so calling it raises NotImplementedError | [16: Doc 004's first code example](16_errata.ipynb#cell-id=16-doc-004-s-first-code-example) |
-# | 004-8 | code `nn.DataParallel(MyModel())` (three examples: the model stays on the CPU, only the input is `.cuda()`) | wrong | with two or more GPUs the call raises RuntimeError "module must have its parameters and buffers on device cuda:0"; with one GPU DataParallel moves the model itself; write `nn.DataParallel(MyModel().cuda())` | [16: Doc 004's DataParallel on a machine with GPUs](16_errata.ipynb#cell-id=16-doc-004-s-dataparallel-on-a-machine-with-gpus) |
-# | 004-9 | comments "spread the input over the GPUs", "spread the data over the GPUs" on `.cuda()` | misleading | `.cuda()` puts the whole batch on one GPU (the current device, usually cuda:0); `scatter`, inside DataParallel's `forward`, splits it among the GPUs | [16: Doc 004's DataParallel on a machine with GPUs](16_errata.ipynb#cell-id=16-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-8 | code `nn.DataParallel(MyModel())` with only the input `.cuda()` (three examples) | wrong | with two or more GPUs, RuntimeError (the parameters are not on cuda:0); write `nn.DataParallel(MyModel().cuda())` | [16: Doc 004's DataParallel on a machine with GPUs](16_errata.ipynb#cell-id=16-doc-004-s-dataparallel-on-a-machine-with-gpus) |
+# | 004-9 | the comment "spread the input over the GPUs" on `.cuda()` | misleading | `.cuda()` puts the whole batch on one GPU; `scatter`, inside `forward`, splits it | [16: Doc 004's DataParallel on a machine with GPUs](16_errata.ipynb#cell-id=16-doc-004-s-dataparallel-on-a-machine-with-gpus) |
 # | 004-10 | "every layer must run on the GPU" | correct | each replica runs whole on its GPU | [02: 2. replicate: copy the model](02_data_parallel.ipynb#cell-id=02-2-replicate-copy-the-model) |
-# | 004-11 | "parameters must be synchronized on all GPUs" | wrong | replicas are rebuilt at every call: nothing for the user to do; what is needed is the model on `device_ids[0]` (004-8) | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
+# | 004-11 | "parameters must be synchronized on all GPUs" | wrong | replicas are rebuilt at every call; what is needed is the model on `device_ids[0]` (004-8) | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
 # | 004-12 | "the batch must fit in GPU memory" | misleading | each GPU holds its chunk; outputs are gathered on device 0 | [02: 4. gather: collect the outputs](02_data_parallel.ipynb#cell-id=02-4-gather-collect-the-outputs) |
 # | 004-13 | "replicate and scatter_gather serve different patterns" | wrong | they are the parts of `data_parallel`; `scatter_gather` is a module | [02: Fixing doc 004's recipe](02_data_parallel.ipynb#cell-id=02-fixing-doc-004-s-recipe) |
-# | 004-14 | "PyTorch Lightning makes it even easier" | correct | it uses DDP and `no_sync` underneath; the cell that checks it runs only where Lightning is installed and is skipped in the default environment | [09: PyTorch Lightning and Hugging Face Accelerate](09_ecosystem.ipynb#cell-id=09-pytorch-lightning-and-hugging-face-accelerate) |
+# | 004-14 | "PyTorch Lightning makes it even easier" | correct | it uses DDP and `no_sync` underneath (checked only where Lightning is installed) | [09: PyTorch Lightning and Hugging Face Accelerate](09_ecosystem.ipynb#cell-id=09-pytorch-lightning-and-hugging-face-accelerate) |
 # | 004-15 | "data_parallel() is a powerful tool" (summary) | outdated | use DDP, even on one machine (PyTorch's advice) | [02: Why PyTorch recommends DDP](02_data_parallel.ipynb#cell-id=02-why-pytorch-recommends-ddp) |
 # | 004-16 | code `x.view(-1)` (MLP) | wrong | fails with a batch of 100, silently wrong with a batch of 1 | [01: With a batch of one it is silently wrong](01_models.ipynb#cell-id=01-with-a-batch-of-one-it-is-silently-wrong) |
 # | 004-17 | code `nn.DataParallel(MyModel())` (no GPU) | misleading | on a CPU `device_ids` is empty: one plain call | [02: On a CPU, nn.DataParallel does nothing](02_data_parallel.ipynb#cell-id=02-on-a-cpu-nn-dataparallel-does-nothing) |
@@ -193,7 +193,7 @@ labkit.set_lang("ja")
 # | 004-20 | code `optimizer.step()` (`optimizer` undefined) | wrong | NameError; create the optimizer | [01: Doc 004's "custom loss" example](01_models.ipynb#cell-id=01-doc-004-s-custom-loss-example) |
 # | 004-21 | code `loss.backward` (no parentheses) | wrong | never called, gradients stay None; `loss.backward()` | [01: loss.backward is not loss.backward()](01_models.ipynb#cell-id=01-loss-backward-is-not-loss-backward) |
 # | 004-22 | code (training loop) without `zero_grad` | wrong | gradients pile up step after step | [01: Without zero_grad() gradients pile up](01_models.ipynb#cell-id=01-without-zero-grad-gradients-pile-up) |
-# | 004-23 | code (training loop) without `optimizer.step()` | wrong | the optimizer is created but never called: not one parameter changes, and ten epochs learn nothing | [01: Doc 004's training loop, as written](01_models.ipynb#cell-id=01-doc-004-s-training-loop-as-written) |
+# | 004-23 | code (training loop) without `optimizer.step()` | wrong | the optimizer is created but never called: not one parameter changes | [01: Doc 004's training loop, as written](01_models.ipynb#cell-id=01-doc-004-s-training-loop-as-written) |
 # | 004-24 | code `MyDataset` (independent random numbers) | misleading | nothing to learn; watch convergence on a learnable task | [01: The document's data has nothing to learn](01_models.ipynb#cell-id=01-the-document-s-data-has-nothing-to-learn) |
 # | 004-25 | "by hand: 1. split the model across GPUs" | wrong | data parallelism splits data and copies the model; splitting the model is model parallelism | [09: Parallelism by hand](09_ecosystem.ipynb#cell-id=09-parallelism-by-hand) |
 # | 004-26 | "Horovod communicates with MPI" | misleading | Gloo or MPI coordinates the processes (the controller); tensors on GPUs are usually all-reduced with NCCL | [09: Horovod today](09_ecosystem.ipynb#cell-id=09-horovod-today) |
@@ -204,8 +204,6 @@ labkit.set_lang("ja")
 
 # %% [markdown] lang="ja"
 # ## 各レッスンの主張
-#
-# レッスンが事実として述べることにも、記事の記述と同じように id と、それを確かめるセルへのリンクを付けます。
 #
 # | id | レッスンの主張 | 確かめるセル |
 # |---|---|---|
@@ -223,57 +221,54 @@ labkit.set_lang("ja")
 # | L04-6 | `no_sync` の中で `step` するとレプリカがずれ、戻らない | [04: 誤用 3: no_sync の中で optimizer.step() する](04_no_sync.ipynb#cell-id=04-misuse-3-optimizer-step-inside-no-sync) |
 # | L04-7 | 勾配累積では `no_sync` を使うと 1 更新の時間が短くなる | [04: 1 ステップの時間: K と no_sync](04_no_sync.ipynb#cell-id=04-time-per-step-k-and-no-sync) |
 # | L04-8 | 正しく使えば、更新ごとの損失は同期ありと重なる | [04: 収束: 記事の「同期あり vs no_sync」をやり直す](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
-# | L05-1 | all-reduce の時間は、リングの段数 2(n−1) × α + 各ランクが送るバイト数 2(n−1)/n × S ÷ 帯域で表せる (モデル) | [05: all-reduce を測る](05_communication.ipynb#cell-id=05-timing-all-reduce) |
+# | L05-1 | all-reduce の時間は 2(n−1) × α + 各ランクが送る 2(n−1)/n × S バイト ÷ 帯域で表せる (モデル) | [05: all-reduce を測る](05_communication.ipynb#cell-id=05-timing-all-reduce) |
 # | L05-2 | DDP は勾配をバケットにまとめ、バケットごとに 1 回 all-reduce する。`DDP(model)` は最初のステップのあとでバケットを作り直す | [05: `DDP(model)` が実際に送るもの](05_communication.ipynb#cell-id=05-what-ddp-model-really-sends) |
 # | L05-3 | 通信の一部は勾配の計算と重なる (隠れる) | [05: 勾配の計算と通信の重なり](05_communication.ipynb#cell-id=05-communication-overlaps-the-gradient-computation) |
-# | L05-4 | 1 更新の時間は計算と通信のモデルで予測でき、測っていない K でも当たる | [05: 1 回の更新の時間を予測する](05_communication.ipynb#cell-id=05-predicting-the-time-of-an-update) |
-# | L06-1 | 自分で書いた DDP (フック、逆順のバケット、非同期の all-reduce、完了待ち、平均) の勾配は torch の DDP と等しく、torch の DDP の最初のステップのあとは all-reduce の回数とバイト数も同じ | [06: torch の DDP と比べる](06_beyond_no_sync.ipynb#cell-id=06-compared-with-torch-s-ddp) |
+# | L05-4 | 1 更新の時間は計算と通信のモデルで予測でき、合わせるのに使っていない K でも当たる | [05: 1 回の更新の時間を予測する](05_communication.ipynb#cell-id=05-predicting-the-time-of-an-update) |
+# | L06-1 | 自分で書いた DDP (フック、逆順のバケット、非同期の all-reduce) の勾配は torch の DDP と等しく、最初のステップのあとは all-reduce の回数とバイト数も同じ | [06: torch の DDP と比べる](06_beyond_no_sync.ipynb#cell-id=06-compared-with-torch-s-ddp) |
 # | L06-2 | フックから始めた all-reduce は、逆伝播が次の勾配を計算するあいだに進む | [06: 通信は計算と重なっているか](06_beyond_no_sync.ipynb#cell-id=06-does-communication-overlap-the-computation) |
-# | L06-3 | `fp16_compress_hook` は送るバイト数をちょうど半分にする。PowerSGD は行列を P と Q で送り、圧縮しても値の数が半分より少なくならない行列 (ベクトルは常にそう) はそのまま送る。誤差のフィードバックがあれば、近似で落ちた分はあとのステップで届く。bf16 のフックを受け付けるかは torch のビルドで決まる (CPU 版ではエラー、CUDA 版では gloo でも登録できる) | [06: 圧縮フック: fp16 と PowerSGD](06_beyond_no_sync.ipynb#cell-id=06-compression-hooks-fp16-and-powersgd) |
-# | L06-4 | `ZeroRedundancyOptimizer` は Adam の状態をランクで分割して持ち (合計は同じ)、集団通信に渡すバイト数はパラメータの broadcast で 2 倍になるが、各ランクがソケットに書くバイト数は 2 ランクで 1.5 倍。学習は 1 ビットも変わらない | [13: ZeroRedundancyOptimizer: オプティマイザの状態を分割して持つ (シャード)](13_fsdp2.ipynb#cell-id=13-zeroredundancyoptimizer-sharing-out-the-optimizer-state) |
-# | L06-5 | `gradient_as_bucket_view=True` は勾配のコピー 1 つ分のメモリを減らす (`set_to_none=True` では、コピーそのものは毎ステップ残る)。`static_graph=True` はこのモデルでは送るものも学習も変えない | [06: DDP のオプション](06_beyond_no_sync.ipynb#cell-id=06-ddp-s-options) |
-# | L06-6 | `bucket_cap_mb` を渡すと最初のバケットも同じ上限になり、既定 (None) では最初のバケットだけ 1 MB。このモデルでは 0.25〜4 MB の上限はどれもバケット 3 つ | [06: バケットの大きさ: bucket_cap_mb](06_beyond_no_sync.ipynb#cell-id=06-bucket-size-bucket-cap-mb) |
-# | L06-7 | ループバックでは、PowerSGD は送るバイト数を大きく減らしても 1 ステップが DDP の 2 倍速くもならず、モデルの予測より遅い (差の内訳は測っていない) | [06: 並べて比べ、モデルで予測する](06_beyond_no_sync.ipynb#cell-id=06-side-by-side-and-predicted-by-the-model) |
+# | L06-3 | `fp16_compress_hook` は送るバイト数をちょうど半分にする。PowerSGD は行列を P と Q で送り (ベクトルはそのまま)、落ちた分は誤差のフィードバックであとで届く。bf16 のフックは torch のビルドしだい | [06: 圧縮フック: fp16 と PowerSGD](06_beyond_no_sync.ipynb#cell-id=06-compression-hooks-fp16-and-powersgd) |
+# | L06-4 | `ZeroRedundancyOptimizer` は Adam の状態をランクで分割し、学習は 1 ビットも変わらない。集団通信のバイト数は 2 倍、2 ランクでソケットに書くのは 1.5 倍 | [13: ZeroRedundancyOptimizer: オプティマイザの状態を分割して持つ (シャード)](13_fsdp2.ipynb#cell-id=13-zeroredundancyoptimizer-sharing-out-the-optimizer-state) |
+# | L06-5 | `gradient_as_bucket_view=True` は勾配のコピー 1 つ分のメモリを減らす。`static_graph=True` はこのモデルでは何も変えない | [06: DDP のオプション](06_beyond_no_sync.ipynb#cell-id=06-ddp-s-options) |
+# | L06-6 | `bucket_cap_mb` を渡すと最初のバケットも同じ上限になる (既定では最初のバケットだけ 1 MB)。このモデルでは 0.25〜4 MB のどの上限でもバケット 3 つ | [06: バケットの大きさ: bucket_cap_mb](06_beyond_no_sync.ipynb#cell-id=06-bucket-size-bucket-cap-mb) |
+# | L06-7 | ループバックでは、PowerSGD は送るバイト数を大きく減らしても 1 ステップが DDP の 2 倍速くもならず、モデルの予測より遅い | [06: 並べて比べ、モデルで予測する](06_beyond_no_sync.ipynb#cell-id=06-side-by-side-and-predicted-by-the-model) |
 # | L10-1 | 一部のランクだけが集団通信を呼ぶと、呼んだランクは来ない相手を待ち、時間切れになる | [10: 一部のランクだけが呼ぶ集団通信](10_troubleshooting.ipynb#cell-id=10-a-collective-that-only-some-ranks-call) |
 # | L10-2 | `dist.monitored_barrier` は来なかったランクを特定して示す | [10: どのランクが来ていないかを知る](10_troubleshooting.ipynb#cell-id=10-which-rank-is-missing) |
-# | L10-3 | gloo はランクごとの集団通信の食い違いを確かめない: 種類が違えば時間切れ、演算 (和と最大値) が違えばエラーなしに間違った値 | [10: ランクごとに食い違う集団通信](10_troubleshooting.ipynb#cell-id=10-collectives-that-differ-between-ranks) |
+# | L10-3 | gloo はランク間の集団通信の食い違いを確かめない: 種類が違えば時間切れ、演算が違えば黙って間違った値 | [10: ランクごとに食い違う集団通信](10_troubleshooting.ipynb#cell-id=10-collectives-that-differ-between-ranks) |
 # | L10-4 | `TORCH_DISTRIBUTED_DEBUG=DETAIL` は形や種類の食い違いを検出し、両方の呼び出しを示してエラーで止める。演算の食い違いは見ない | [10: TORCH_DISTRIBUTED_DEBUG=DETAIL](10_troubleshooting.ipynb#cell-id=10-torch-distributed-debug-detail) |
 # | L10-5 | 順伝播で使われないパラメータがあると、1 回目の勾配は平均されず、2 回目の順伝播でエラーになる | [10: 順伝播で使われないパラメータ](10_troubleshooting.ipynb#cell-id=10-parameters-the-forward-pass-does-not-use) |
-# | L10-6 | `find_unused_parameters=True` では勾配が全体のバッチの勾配と一致し、使われないパラメータも 0 として送られる。`static_graph=True` はグラフが変わるとエラー | [10: 直し方: find_unused_parameters=True と static_graph=True](10_troubleshooting.ipynb#cell-id=10-fixes-find-unused-parameters-true-and-static-graph-true) |
+# | L10-6 | `find_unused_parameters=True` では勾配が全体のバッチの勾配と一致する (使われないパラメータは 0 として送る)。`static_graph=True` はグラフが変わるとエラー | [10: 直し方: find_unused_parameters=True と static_graph=True](10_troubleshooting.ipynb#cell-id=10-fixes-find-unused-parameters-true-and-static-graph-true) |
 # | L10-7 | ランクごとにバッチの数が違うと、エポックの終わりで止まる | [11: ランクごとに数の違う入力](11_uneven_and_restarts.ipynb#cell-id=11-ranks-with-different-numbers-of-batches) |
 # | L10-8 | `Join` の中では、抜けたランクが 0 の勾配で加わり、勾配は world size で割られる。`no_sync` も使える | [11: Join が計算するもの](11_uneven_and_restarts.ipynb#cell-id=11-what-join-computes) |
 # | L10-9 | `DistributedSampler` は先頭のサンプルを繰り返して水増しし、ランクの平均の平均は正しい値からずれる | [11: DistributedSampler の水増し](11_uneven_and_restarts.ipynb#cell-id=11-distributedsampler-s-padding) |
-# | L10-10 | DDP の `model.state_dict()` のキーの先頭には `module.` が付き、包んでいないモデルに読み込めない。ランク 0 が保存し終える前に読むと、前のチェックポイントをエラーなしに読む | [11: DDP でのチェックポイント](11_uneven_and_restarts.ipynb#cell-id=11-checkpoints-under-ddp) |
-# | L10-11 | torchrun の `--max-restarts` で起動し直し、チェックポイントから続けた学習は、止まらなかった学習と 1 ビットも違わない | [11: 学習の途中で死ぬランク](11_uneven_and_restarts.ipynb#cell-id=11-a-rank-that-dies-mid-step) |
-# | L11-1 | fp32 の Adam は、パラメータ 1 つにつき `exp_avg` と `exp_avg_sq` (合わせて 8 バイト) を、パラメータのテンソル 1 つにつき 4 バイトの `step` を持つ。1 ランクあたり DDP は 16Ψ、ZeRO-1 は 8Ψ + 8Ψ/N、ZeRO-2 は 4Ψ + 12Ψ/N、ZeRO-3 は 16Ψ/N バイト | [12: メモリは何に使われるか](12_zero_by_hand.ipynb#cell-id=12-where-the-memory-goes) |
-# | L11-2 | 手で書いた ZeRO-1 (勾配の reduce-scatter、自分のシャードの更新、all-gather) は、重みを共有する層と凍結した層のあるモデルで、2 ランクの DDP と 1 ビットも違わず、1 プロセスとの差は 1e-6 以内。各ランクの Adam の状態は自分のシャードの分だけ | [12: ZeRO ステージ 1 を手で書く](12_zero_by_hand.ipynb#cell-id=12-zero-stage-1-by-hand) |
+# | L10-10 | DDP の `model.state_dict()` のキーには `module.` が付き、包んでいないモデルに読み込めない。ランク 0 が保存し終える前に読むと、前のチェックポイントを黙って読む | [11: DDP でのチェックポイント](11_uneven_and_restarts.ipynb#cell-id=11-checkpoints-under-ddp) |
+# | L10-11 | torchrun の `--max-restarts` で起動し直してチェックポイントから続けた学習は、止まらなかった学習と 1 ビットも違わない | [11: 学習の途中で死ぬランク](11_uneven_and_restarts.ipynb#cell-id=11-a-rank-that-dies-mid-step) |
+# | L11-1 | fp32 の Adam はパラメータ 1 つにつき 8 バイトの状態と、テンソル 1 つにつき 4 バイトの `step` を持つ。1 ランクあたり DDP は 16Ψ、ZeRO-1 は 8Ψ + 8Ψ/N、ZeRO-2 は 4Ψ + 12Ψ/N、ZeRO-3 は 16Ψ/N バイト | [12: メモリは何に使われるか](12_zero_by_hand.ipynb#cell-id=12-where-the-memory-goes) |
+# | L11-2 | 手で書いた ZeRO-1 (reduce-scatter、シャードの更新、all-gather) は 2 ランクの DDP と 1 ビットも違わず、1 プロセスと 1e-6 以内。Adam の状態は自分のシャードの分だけ | [12: ZeRO ステージ 1 を手で書く](12_zero_by_hand.ipynb#cell-id=12-zero-stage-1-by-hand) |
 # | L11-3 | 手で書いた ZeRO-2 も同じく正確で、Adam が動くときに持つ勾配は自分のシャードだけ | [12: ZeRO ステージ 2 を手で書く](12_zero_by_hand.ipynb#cell-id=12-zero-stage-2-by-hand) |
-# | L11-4 | 手で書いた ZeRO-3 (層ごとに、順伝播の前と逆伝播の前にパラメータを集め、使い終わったら解放する) も DDP と 1 ビットも違わない。Adam が動くとき各ランクが持つのは自分のシャードと凍結した層だけで、集めたパラメータは順伝播のあとに残らない | [12: 演習: ZeRO-3 で、集めたパラメータを層ごとに解放する](12_zero_by_hand.ipynb#cell-id=12-exercise-a-zero-3-layer-frees-after-backward) |
-# | L11-5 | 各ステージが持つメモリを測ると、式の値にパディングと `step` の分を足した値になり、DDP > ZeRO-1 > ZeRO-2 > ZeRO-3 の順に減る | [12: 各ステージが持つメモリ](12_zero_by_hand.ipynb#cell-id=12-memory-each-stage-holds) |
-# | L11-6 | リングのアルゴリズム (NCCL) では、ZeRO-1 と ZeRO-2 が 1 ステップに送るバイト数は DDP と同じ (reduce-scatter + all-gather = all-reduce) で、ZeRO-3 は逆伝播の前の all-gather のぶん 1.5 倍 | [12: 1 ステップで送るバイト数](12_zero_by_hand.ipynb#cell-id=12-bytes-sent-per-step) |
-# | L11-7 | gloo の reduce-scatter は中で all-reduce を実行する (プロファイラには `gloo:all_reduce` だけが記録され、ソケットに all-reduce と同じ 2(N − 1)/N × S バイトを書く)。そのため gloo の 2 ランクでは、1 ステップにソケットに書くバイト数は DDP に対して ZeRO-1 と ZeRO-2 が 1.5 倍、ZeRO-3 が 2 倍 | [12: 1 ステップで送るバイト数](12_zero_by_hand.ipynb#cell-id=12-bytes-sent-per-step) |
-# | L11-8 | FSDP2 (`fully_shard`) で 5 ステップ学習したパラメータは、1 プロセスとの差が 1e-6 以内で、手で書いた ZeRO-3 と 1 ビットも違わない。共有した重みは 1 つのテンソルのままで、凍結したパラメータは変わらない。重みを共有する 2 つのモジュールを別のユニットにすると、最初の順伝播で ValueError | [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard) |
-# | L11-9 | `reshard_after_forward=True` では順伝播と逆伝播の間にシャードだけを持ち、逆伝播でもう一度 all-gather する。False では集めたパラメータ (省いた all-gather と同じバイト数) を持ち続け、逆伝播では集めない | [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard) |
+# | L11-4 | 手で書いた ZeRO-3 (層ごとに、順伝播と逆伝播の前に集め、使い終わったら解放する) も DDP と 1 ビットも違わない。Adam が動くとき各ランクが持つのは自分のシャードと凍結した層だけ | [12: 演習: ZeRO-3 で、集めたパラメータを層ごとに解放する](12_zero_by_hand.ipynb#cell-id=12-exercise-a-zero-3-layer-frees-after-backward) |
+# | L11-5 | 測った各ステージのメモリは、式の値にパディングと `step` を足した値で、DDP から ZeRO-3 へ順に減る | [12: 各ステージが持つメモリ](12_zero_by_hand.ipynb#cell-id=12-memory-each-stage-holds) |
+# | L11-6 | リング (NCCL) では、ZeRO-1 と ZeRO-2 が 1 ステップに送るバイト数は DDP と同じで、ZeRO-3 は 1.5 倍 | [12: 1 ステップで送るバイト数](12_zero_by_hand.ipynb#cell-id=12-bytes-sent-per-step) |
+# | L11-7 | gloo の reduce-scatter は中で all-reduce を実行する。gloo の 2 ランクでソケットに書くバイト数は DDP の、ZeRO-1 と ZeRO-2 で 1.5 倍、ZeRO-3 で 2 倍 | [12: 1 ステップで送るバイト数](12_zero_by_hand.ipynb#cell-id=12-bytes-sent-per-step) |
+# | L11-8 | FSDP2 (`fully_shard`) の 5 ステップは 1 プロセスと 1e-6 以内で、手で書いた ZeRO-3 と 1 ビットも違わない。重みを共有する 2 つのモジュールを別のユニットにすると ValueError | [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard) |
+# | L11-9 | `reshard_after_forward=True` は順伝播と逆伝播の間はシャードだけを持ち、逆伝播で集め直す。False は集めたパラメータを持ち続ける | [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard) |
 # | L11-10 | `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` は CPU の gloo で動き、all-gather のバイト数はちょうど半分、reduce-scatter は float32 のまま | [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard) |
 # | L11-11 | 2 ランクで保存した `torch.distributed.checkpoint` は、プロセスグループのない 1 プロセスに読み込め (再シャーディング)、ランクの全体の state dict と等しい | [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard) |
-# | L11-12 | 130 億パラメータを 1 ランク 80 GB で学習するとき、DDP と ZeRO-1 はランクをいくつ増やしても収まらず、ZeRO-3 は 3 ランクから、ZeRO-2 は 6 ランクから収まる | [13: いつシャードするか](13_fsdp2.ipynb#cell-id=13-when-to-shard) |
-# | L12-1 | `slow_link.SlowLink(α, β)` が有効なあいだ、all-reduce は実際の通信のあと α + バイト数 / β だけ遅れて完了する (負荷にかかわらず、かかる時間はその遅延以上)。リンクの回線は 1 本で、続けて送った 2 回は遅延の 2 倍以上かかる。`async_op=True` の呼び出しはすぐに戻り、gloo のスレッドではなくリンク専用のスレッドが完了させる | [14: 遅いリンク](14_slow_link.ipynb#cell-id=14-a-slow-link-you-can-dial) |
-# | L12-2 | 大きな MLP の 1 ステップで、DDP はすべての勾配を float32 で、fp16 はそのちょうど半分を、PowerSGD r=1 はバイアスと P、Q をリンクに渡し、リンクが足す遅延は、呼び出し回数 × α + バイト数 / β に等しい。100 MB/s では fp16 も PowerSGD も DDP の 0.8 倍未満の時間 | [14: fp16 と PowerSGD は、帯域がどこまで下がると得になるか](14_slow_link.ipynb#cell-id=14-when-fp16-and-powersgd-pay) |
-# | L12-3 | fp16 は β* = (S_DDP − S_fp16) / (t_fp16 − t_DDP) より遅いリンクで DDP より速い (t はループバックでの 1 ステップ。呼び出しの数が同じなので α は消える)。t_fp16 ≤ t_DDP ならどの帯域でも速い。式は 2 つの曲線が交わる帯域と 0.1% 以内で一致する | [14: 演習: fp16 の分かれ目を予測する](14_slow_link.ipynb#cell-id=14-exercise-predict-fp16-s-crossover) |
-# | L12-4 | モーメンタムのない SGD で H = 1 のローカル SGD は DDP と 1e-6 以内で等しい (更新が勾配について線形)。平均と平均のあいだにレプリカは離れ、平均の直後は 1 ビットも違わない | [15: ローカル SGD](15_communicate_less.ipynb#cell-id=15-local-sgd) |
-# | L12-5 | ローカル SGD の平均 1 回はパラメータ全体の all-reduce 1 回 (数えたバイト数) で、H ステップごとに平均すると送るバイト数は 1/H。この課題では 64 ステップのあとの H = 16 の損失は H = 1 と 1% 以内 | [15: ステップ数と送ったバイト数で見た損失](15_communicate_less.ipynb#cell-id=15-loss-against-steps-and-against-bytes-sent) |
-# | L12-6 | CPU では、`post_localSGD_hook` を既定の `subgroup=None` で使うと、ウォームアップのあとの最初の逆伝播で ValueError になる (既定のサブグループの大きさは GPU の数)。`post_local_gradient_allreduce=False` か `subgroup=dist.new_subgroups(group_size=1)[0]` を渡す。`PeriodicModelAverager` の `warmup_steps` を W + H − 1 にすると手で書いたループと 1 ビットも違わず、ドキュメントどおりの W では違う | [15: torch の PostLocalSGDOptimizer](15_communicate_less.ipynb#cell-id=15-torch-s-postlocalsgdoptimizer) |
-# | L12-7 | 外側の学習率 1、モーメンタムなしの DiLoCo はローカル SGD と 1e-6 以内で等しい。DiLoCo の外側のステップはネステロフのモーメンタムで、8 ラウンドのあとの θ_global は式をカーネルで計算し直した値と 1e-6 以内で等しい (モーメンタムを除くと 1e-2 より離れる) | [15: DiLoCo](15_communicate_less.ipynb#cell-id=15-diloco) |
-# | L12-8 | 同じバイト数 (H = 16) では、ローカル SGD の損失は DDP の 0.2 倍未満、DiLoCo はローカル SGD の 0.95 倍未満 (どれも乱数のシードで決まる値) | [15: 同じバイト数で比べる](15_communicate_less.ipynb#cell-id=15-at-equal-bytes-sent) |
-# | L12-9 | DDP の通信フックで、all-reduce の前の各ランクの勾配とあとの平均を記録すると、勾配のノイズスケール B_simple = tr(Σ) / \|G\|² を、サンプルごとの勾配から求めた正確な値と 25% 以内で推定できる。1 ステップだけの推定は信頼できない (tr(Σ) が負になる) ので、ノルムを平均してから比をとる | [15: バッチはどこまで大きくできるか](15_communicate_less.ipynb#cell-id=15-how-large-a-batch-can-grow) |
-# | L12-10 | 目標の損失までのステップ数は、B_simple よりずっと小さい全体バッチ (B = 2 → 8) では 4 倍のバッチで 2.5 分の 1 以下になり、ずっと大きいバッチ (B = 64 → 256) では 1.5 分の 1 までしか減らない。処理するサンプル数はバッチとともに増え、B = 256 では B = 2 の 4 倍以上 | [15: 臨界バッチサイズ: ステップ数はどこで減らなくなるか](15_communicate_less.ipynb#cell-id=15-the-critical-batch-size-where-the-steps-stop-falling) |
-# | L12-11 | ランクやマイクロバッチのサンプル数が不揃いだと、DDP の平均はランクごとの平均の平均で、全サンプルの平均の勾配ではない。サンプル数で重み付けすると (レッスン 04 の `no_sync.accumulate_by_count`) 一致する | [15: 不揃いなバッチの平均](15_communicate_less.ipynb#cell-id=15-averages-over-unequal-batches) |
+# | L11-12 | 130 億パラメータを 1 ランク 80 GB で学習すると、DDP と ZeRO-1 はいくつランクがあっても収まらず、ZeRO-3 は 3 ランクから、ZeRO-2 は 6 ランクから収まる | [13: いつシャードするか](13_fsdp2.ipynb#cell-id=13-when-to-shard) |
+# | L12-1 | `slow_link.SlowLink(α, β)` が有効なあいだ、all-reduce は実際の通信の α + バイト数 / β あとに完了し、続けて 2 回送ると遅延の 2 倍以上かかる | [14: 遅いリンク](14_slow_link.ipynb#cell-id=14-a-slow-link-you-can-dial) |
+# | L12-2 | fp16 がリンクに渡すのは DDP の半分、PowerSGD r=1 はバイアスと P、Q で、リンクの遅延は呼び出し回数 × α + バイト数 / β。100 MB/s ではどちらも DDP の 0.8 倍未満の時間 | [14: fp16 と PowerSGD は、帯域がどこまで下がると得になるか](14_slow_link.ipynb#cell-id=14-when-fp16-and-powersgd-pay) |
+# | L12-3 | fp16 は β* = (S_DDP − S_fp16) / (t_fp16 − t_DDP) より遅いリンクで DDP より速く、式は 2 つの曲線の交点と 0.1% 以内で一致する | [14: 演習: fp16 の分かれ目を予測する](14_slow_link.ipynb#cell-id=14-exercise-predict-fp16-s-crossover) |
+# | L12-4 | モーメンタムのない SGD で H = 1 のローカル SGD は DDP と 1e-6 以内で等しい。平均のあいだにレプリカは離れ、平均の直後は一致する | [15: ローカル SGD](15_communicate_less.ipynb#cell-id=15-local-sgd) |
+# | L12-5 | H ステップごとの平均 (1 回がパラメータ全体の all-reduce 1 回) で、送るバイト数は 1/H。この課題では 64 ステップ後の H = 16 の損失は H = 1 と 1% 以内 | [15: ステップ数と送ったバイト数で見た損失](15_communicate_less.ipynb#cell-id=15-loss-against-steps-and-against-bytes-sent) |
+# | L12-6 | CPU では、`post_localSGD_hook` の既定の `subgroup=None` はウォームアップのあと ValueError (`post_local_gradient_allreduce=False` か大きさ 1 のサブグループを渡す)。`PeriodicModelAverager` が手で書いたループと一致するのは `warmup_steps` が W + H − 1 のときで、ドキュメントの W ではない | [15: torch の PostLocalSGDOptimizer](15_communicate_less.ipynb#cell-id=15-torch-s-postlocalsgdoptimizer) |
+# | L12-7 | 外側の学習率 1、モーメンタムなしの DiLoCo はローカル SGD と 1e-6 以内で等しい。外側のステップはネステロフのモーメンタム (式と 1e-6 以内で一致) | [15: DiLoCo](15_communicate_less.ipynb#cell-id=15-diloco) |
+# | L12-8 | 同じバイト数 (H = 16) では、ローカル SGD の損失は DDP の 0.2 倍未満、DiLoCo はローカル SGD の 0.95 倍未満 | [15: 同じバイト数で比べる](15_communicate_less.ipynb#cell-id=15-at-equal-bytes-sent) |
+# | L12-9 | DDP の通信フックで記録した勾配から、ノイズスケール B_simple = tr(Σ) / \|G\|² を正確な値と 25% 以内で推定できる | [15: バッチはどこまで大きくできるか](15_communicate_less.ipynb#cell-id=15-how-large-a-batch-can-grow) |
+# | L12-10 | B_simple よりずっと小さいバッチ (B = 2 → 8) では、4 倍のバッチで目標の損失までのステップ数が 2.5 分の 1 以下、ずっと大きいバッチ (B = 64 → 256) では 1.5 分の 1 まで | [15: 臨界バッチサイズ: ステップ数はどこで減らなくなるか](15_communicate_less.ipynb#cell-id=15-the-critical-batch-size-where-the-steps-stop-falling) |
+# | L12-11 | サンプル数が不揃いだと、DDP の平均はランクごとの平均の平均で、全サンプルの平均の勾配ではない。サンプル数で重み付けすると (`no_sync.accumulate_by_count`) 一致する | [15: 不揃いなバッチの平均](15_communicate_less.ipynb#cell-id=15-averages-over-unequal-batches) |
 
 # %% [markdown] lang="en"
 # ## The lessons' own claims
-#
-# What a lesson states as fact gets an id and a link to the cell that shows it, as the
-# documents' claims do.
 #
 # | id | the lesson says | the cell that shows it |
 # |---|---|---|
@@ -291,68 +286,66 @@ labkit.set_lang("ja")
 # | L04-6 | stepping inside `no_sync` makes the replicas drift apart for good | [04: Misuse 3: optimizer.step() inside no_sync](04_no_sync.ipynb#cell-id=04-misuse-3-optimizer-step-inside-no-sync) |
 # | L04-7 | with gradient accumulation, `no_sync` makes an update take less time | [04: Time per step: K and no_sync](04_no_sync.ipynb#cell-id=04-time-per-step-k-and-no-sync) |
 # | L04-8 | used correctly, the loss per update coincides with synchronizing every step | [04: Convergence: the document's "sync vs no_sync", done properly](04_no_sync.ipynb#cell-id=04-convergence-the-document-s-sync-vs-no-sync-done-properly) |
-# | L05-1 | the time of an all-reduce is 2(n−1) ring steps × α plus the 2(n−1)/n × S bytes each rank sends over the bandwidth (a model) | [05: Timing all-reduce](05_communication.ipynb#cell-id=05-timing-all-reduce) |
+# | L05-1 | an all-reduce takes 2(n−1) × α plus the 2(n−1)/n × S bytes each rank sends over the bandwidth (a model) | [05: Timing all-reduce](05_communication.ipynb#cell-id=05-timing-all-reduce) |
 # | L05-2 | DDP packs gradients into buckets and all-reduces once per bucket; `DDP(model)` rebuilds its buckets after the first step | [05: What `DDP(model)` really sends](05_communication.ipynb#cell-id=05-what-ddp-model-really-sends) |
 # | L05-3 | part of the communication overlaps the gradient computation (is hidden) | [05: Communication overlaps the gradient computation](05_communication.ipynb#cell-id=05-communication-overlaps-the-gradient-computation) |
-# | L05-4 | a model of computation and communication predicts the time of an update, also for a K it was not fitted on | [05: Predicting the time of an update](05_communication.ipynb#cell-id=05-predicting-the-time-of-an-update) |
-# | L06-1 | a DDP written by hand (hooks, buckets in reverse order, asynchronous all-reduces, a wait, the mean) gives torch DDP's gradients, and after torch DDP's first step as many all-reduces and bytes per step | [06: Compared with torch's DDP](06_beyond_no_sync.ipynb#cell-id=06-compared-with-torch-s-ddp) |
+# | L05-4 | a model of computation and communication predicts an update's time, also for a K it was not fitted on | [05: Predicting the time of an update](05_communication.ipynb#cell-id=05-predicting-the-time-of-an-update) |
+# | L06-1 | a DDP written by hand (hooks, reversed buckets, asynchronous all-reduces) gives torch DDP's gradients, and after its first step as many all-reduces and bytes | [06: Compared with torch's DDP](06_beyond_no_sync.ipynb#cell-id=06-compared-with-torch-s-ddp) |
 # | L06-2 | all-reduces started from the hook run while the backward pass computes further gradients | [06: Does communication overlap the computation?](06_beyond_no_sync.ipynb#cell-id=06-does-communication-overlap-the-computation) |
-# | L06-3 | `fp16_compress_hook` sends exactly half the bytes; PowerSGD sends a matrix as P and Q, and a matrix that compression would not bring below half its values (a vector, always) as it is; with error feedback, what the approximation drops arrives in later steps; whether the bf16 hook is accepted depends on torch's build (the CPU build refuses it, the CUDA build accepts it even on gloo) | [06: Compression hooks: fp16 and PowerSGD](06_beyond_no_sync.ipynb#cell-id=06-compression-hooks-fp16-and-powersgd) |
-# | L06-4 | `ZeroRedundancyOptimizer` shares Adam's state out over the ranks (the same in total), doubles the bytes handed to collectives (the parameters' broadcast) while each rank writes 1.5× the bytes to its sockets on 2 ranks, and trains bit for bit the same | [13: ZeroRedundancyOptimizer: sharing out the optimizer state](13_fsdp2.ipynb#cell-id=13-zeroredundancyoptimizer-sharing-out-the-optimizer-state) |
-# | L06-5 | `gradient_as_bucket_view=True` saves the memory of one copy of the gradients (with `set_to_none=True` the copy itself still happens at every step); `static_graph=True` changes neither what is sent nor the training on this model | [06: DDP's options](06_beyond_no_sync.ipynb#cell-id=06-ddp-s-options) |
-# | L06-6 | passing `bucket_cap_mb` gives the first bucket that cap too, while the default (None) gives it 1 MB; on this model every cap from 0.25 to 4 MB gives 3 buckets | [06: Bucket size: bucket_cap_mb](06_beyond_no_sync.ipynb#cell-id=06-bucket-size-bucket-cap-mb) |
-# | L06-7 | on loopback, PowerSGD sends far fewer bytes but a step is not even twice as fast as DDP's, and slower than the model predicts (what makes the difference is not measured) | [06: Side by side, and predicted by the model](06_beyond_no_sync.ipynb#cell-id=06-side-by-side-and-predicted-by-the-model) |
+# | L06-3 | `fp16_compress_hook` sends exactly half the bytes; PowerSGD sends matrices as P and Q (vectors as they are), and error feedback delivers what it drops later; the bf16 hook depends on torch's build | [06: Compression hooks: fp16 and PowerSGD](06_beyond_no_sync.ipynb#cell-id=06-compression-hooks-fp16-and-powersgd) |
+# | L06-4 | `ZeroRedundancyOptimizer` shards Adam's state over the ranks and trains bit for bit the same; collectives carry twice the bytes, the sockets 1.5 times on 2 ranks | [13: ZeroRedundancyOptimizer: sharing out the optimizer state](13_fsdp2.ipynb#cell-id=13-zeroredundancyoptimizer-sharing-out-the-optimizer-state) |
+# | L06-5 | `gradient_as_bucket_view=True` saves the memory of one copy of the gradients; `static_graph=True` changes nothing on this model | [06: DDP's options](06_beyond_no_sync.ipynb#cell-id=06-ddp-s-options) |
+# | L06-6 | passing `bucket_cap_mb` caps the first bucket too (by default it gets 1 MB); on this model every cap from 0.25 to 4 MB gives 3 buckets | [06: Bucket size: bucket_cap_mb](06_beyond_no_sync.ipynb#cell-id=06-bucket-size-bucket-cap-mb) |
+# | L06-7 | on loopback, PowerSGD sends far fewer bytes, yet a step is not even twice as fast as DDP's, and is slower than the model predicts | [06: Side by side, and predicted by the model](06_beyond_no_sync.ipynb#cell-id=06-side-by-side-and-predicted-by-the-model) |
 # | L10-1 | when only some ranks call a collective, those that do wait for the others and time out | [10: A collective that only some ranks call](10_troubleshooting.ipynb#cell-id=10-a-collective-that-only-some-ranks-call) |
 # | L10-2 | `dist.monitored_barrier` names the ranks that did not arrive | [10: Which rank is missing](10_troubleshooting.ipynb#cell-id=10-which-rank-is-missing) |
-# | L10-3 | gloo does not check that ranks call the same collective: different types time out, different reduce ops (sum and max) give a wrong result without an error | [10: Collectives that differ between ranks](10_troubleshooting.ipynb#cell-id=10-collectives-that-differ-between-ranks) |
+# | L10-3 | gloo does not check that ranks call the same collective: different types time out, different reduce ops silently give a wrong result | [10: Collectives that differ between ranks](10_troubleshooting.ipynb#cell-id=10-collectives-that-differ-between-ranks) |
 # | L10-4 | `TORCH_DISTRIBUTED_DEBUG=DETAIL` stops a mismatch of shape or type naming both calls; it does not see the reduce op | [10: TORCH_DISTRIBUTED_DEBUG=DETAIL](10_troubleshooting.ipynb#cell-id=10-torch-distributed-debug-detail) |
 # | L10-5 | with a parameter the forward pass does not use, the first step's gradients are not averaged and the second forward raises | [10: Parameters the forward pass does not use](10_troubleshooting.ipynb#cell-id=10-parameters-the-forward-pass-does-not-use) |
-# | L10-6 | with `find_unused_parameters=True` the gradients equal the whole batch's, and unused parameters are still sent, as zeros; `static_graph=True` raises when the graph changes | [10: Fixes: find_unused_parameters=True and static_graph=True](10_troubleshooting.ipynb#cell-id=10-fixes-find-unused-parameters-true-and-static-graph-true) |
+# | L10-6 | with `find_unused_parameters=True` the gradients equal the whole batch's (unused parameters sent as zeros); `static_graph=True` raises when the graph changes | [10: Fixes: find_unused_parameters=True and static_graph=True](10_troubleshooting.ipynb#cell-id=10-fixes-find-unused-parameters-true-and-static-graph-true) |
 # | L10-7 | ranks with different numbers of batches hang at the end of the epoch | [11: Ranks with different numbers of batches](11_uneven_and_restarts.ipynb#cell-id=11-ranks-with-different-numbers-of-batches) |
 # | L10-8 | inside `Join` a rank out of batches adds zero gradients and the sum is divided by the world size; `no_sync` works there too | [11: What Join computes](11_uneven_and_restarts.ipynb#cell-id=11-what-join-computes) |
 # | L10-9 | `DistributedSampler` pads by repeating the first samples, and the mean of the ranks' means is off | [11: DistributedSampler's padding](11_uneven_and_restarts.ipynb#cell-id=11-distributedsampler-s-padding) |
-# | L10-10 | the DDP wrapper's `model.state_dict()` names start with `module.` and do not load into a plain model; reading before rank 0 has written gives the previous checkpoint without an error | [11: Checkpoints under DDP](11_uneven_and_restarts.ipynb#cell-id=11-checkpoints-under-ddp) |
+# | L10-10 | DDP's `model.state_dict()` keys start with `module.` and do not load into a plain model; reading before rank 0 has saved silently loads the previous checkpoint | [11: Checkpoints under DDP](11_uneven_and_restarts.ipynb#cell-id=11-checkpoints-under-ddp) |
 # | L10-11 | a run restarted by torchrun's `--max-restarts` that goes on from its checkpoint ends with bit-identical weights | [11: A rank that dies mid-step](11_uneven_and_restarts.ipynb#cell-id=11-a-rank-that-dies-mid-step) |
-# | L11-1 | fp32 Adam keeps `exp_avg` and `exp_avg_sq` per parameter (8 bytes together) and a 4-byte `step` per parameter tensor; per rank DDP holds 16Ψ bytes, ZeRO-1 8Ψ + 8Ψ/N, ZeRO-2 4Ψ + 12Ψ/N, ZeRO-3 16Ψ/N | [12: Where the memory goes](12_zero_by_hand.ipynb#cell-id=12-where-the-memory-goes) |
-# | L11-2 | ZeRO-1 written by hand (gradients reduce-scattered, the rank's shard updated, all-gathered) equals DDP on 2 ranks bit for bit and one process within 1e-6, on a model with a tied weight and a frozen layer; each rank's Adam state covers its shard only | [12: ZeRO stage 1 by hand](12_zero_by_hand.ipynb#cell-id=12-zero-stage-1-by-hand) |
+# | L11-1 | fp32 Adam keeps 8 bytes of state per parameter and a 4-byte `step` per tensor; per rank DDP holds 16Ψ bytes, ZeRO-1 8Ψ + 8Ψ/N, ZeRO-2 4Ψ + 12Ψ/N, ZeRO-3 16Ψ/N | [12: Where the memory goes](12_zero_by_hand.ipynb#cell-id=12-where-the-memory-goes) |
+# | L11-2 | ZeRO-1 by hand (reduce-scatter, update the shard, all-gather) equals 2-rank DDP bit for bit and one process within 1e-6; each rank's Adam state covers its shard only | [12: ZeRO stage 1 by hand](12_zero_by_hand.ipynb#cell-id=12-zero-stage-1-by-hand) |
 # | L11-3 | ZeRO-2 written by hand is as exact, and holds only its shard of the gradients when Adam runs | [12: ZeRO stage 2 by hand](12_zero_by_hand.ipynb#cell-id=12-zero-stage-2-by-hand) |
-# | L11-4 | ZeRO-3 written by hand (each layer's parameters gathered before its forward and again before its backward, freed after each) equals DDP bit for bit; when Adam runs a rank holds only its shards and the frozen layer, and nothing gathered is left after a forward pass | [12: Exercise: a ZeRO-3 layer frees after backward](12_zero_by_hand.ipynb#cell-id=12-exercise-a-zero-3-layer-frees-after-backward) |
-# | L11-5 | the memory each stage holds, measured, is the formula's plus padding and the `step` counters, and falls from DDP to ZeRO-1, ZeRO-2 and ZeRO-3 | [12: Memory each stage holds](12_zero_by_hand.ipynb#cell-id=12-memory-each-stage-holds) |
-# | L11-6 | in the ring algorithm (NCCL's), ZeRO-1 and ZeRO-2 send per step what DDP sends (reduce-scatter + all-gather = all-reduce), ZeRO-3 1.5 times as much (the all-gather before backward) | [12: Bytes sent per step](12_zero_by_hand.ipynb#cell-id=12-bytes-sent-per-step) |
-# | L11-7 | gloo's reduce-scatter runs an all-reduce (the profiler records only `gloo:all_reduce`, and it writes an all-reduce's 2(N − 1)/N × S bytes to its sockets); so on 2 gloo ranks the bytes written per step, over DDP's, are 1.5 for ZeRO-1 and ZeRO-2 and 2 for ZeRO-3 | [12: Bytes sent per step](12_zero_by_hand.ipynb#cell-id=12-bytes-sent-per-step) |
-# | L11-8 | after 5 steps FSDP2 (`fully_shard`) is within 1e-6 of one process and equal bit for bit to ZeRO-3 written by hand; the tied weight stays one tensor and the frozen parameter does not change; two modules sharing a weight in separate units raise ValueError at the first forward | [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard) |
-# | L11-9 | with `reshard_after_forward=True` only the shards are held between forward and backward and the backward all-gathers again; with False the gathered parameters are held (as many bytes as the all-gather saved) and the backward gathers nothing | [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard) |
+# | L11-4 | ZeRO-3 by hand (each layer gathered before forward and backward, freed after) equals DDP bit for bit; when Adam runs a rank holds only its shards and the frozen layer | [12: Exercise: a ZeRO-3 layer frees after backward](12_zero_by_hand.ipynb#cell-id=12-exercise-a-zero-3-layer-frees-after-backward) |
+# | L11-5 | measured, each stage holds the formula's memory plus padding and `step`, falling from DDP to ZeRO-1, ZeRO-2 and ZeRO-3 | [12: Memory each stage holds](12_zero_by_hand.ipynb#cell-id=12-memory-each-stage-holds) |
+# | L11-6 | with a ring (NCCL), ZeRO-1 and ZeRO-2 send per step what DDP sends, ZeRO-3 1.5 times as much | [12: Bytes sent per step](12_zero_by_hand.ipynb#cell-id=12-bytes-sent-per-step) |
+# | L11-7 | gloo's reduce-scatter runs an all-reduce inside: on 2 gloo ranks ZeRO-1 and ZeRO-2 write 1.5 times DDP's socket bytes per step, ZeRO-3 twice | [12: Bytes sent per step](12_zero_by_hand.ipynb#cell-id=12-bytes-sent-per-step) |
+# | L11-8 | after 5 steps FSDP2 (`fully_shard`) is within 1e-6 of one process and bit for bit ZeRO-3 by hand; modules sharing a weight in separate units raise ValueError | [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard) |
+# | L11-9 | `reshard_after_forward=True` holds only the shards between forward and backward, which gathers again; False keeps the gathered parameters | [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard) |
 # | L11-10 | `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` runs on gloo on the CPU: the all-gathers carry exactly half the bytes, the reduce-scatters stay float32 | [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard) |
 # | L11-11 | a `torch.distributed.checkpoint` saved on 2 ranks loads into one process without a process group (resharded) and equals the ranks' full state dict | [13: FSDP2: fully_shard](13_fsdp2.ipynb#cell-id=13-fsdp2-fully-shard) |
-# | L11-12 | training 13 billion parameters with 80 GB per rank, DDP and ZeRO-1 never fit however many ranks, ZeRO-3 fits from 3 ranks, ZeRO-2 from 6 | [13: When to shard](13_fsdp2.ipynb#cell-id=13-when-to-shard) |
-# | L12-1 | while a `slow_link.SlowLink(α, β)` is active, an all-reduce completes α + bytes / β after the real one (so it takes at least that long, whatever the load); the link is one wire: two in a row take at least twice the delay; an `async_op=True` call returns at once and the link's own thread, not gloo's, completes it | [14: A slow link you can dial](14_slow_link.ipynb#cell-id=14-a-slow-link-you-can-dial) |
-# | L12-2 | in a step of the large MLP, DDP hands the link every gradient in float32, fp16 exactly half of that, PowerSGD r=1 the biases and P and Q, and the delay the link adds equals calls × α + bytes / β; at 100 MB/s both fp16's step and PowerSGD's are under 0.8 times DDP's | [14: When fp16 and PowerSGD pay](14_slow_link.ipynb#cell-id=14-when-fp16-and-powersgd-pay) |
-# | L12-3 | fp16 beats DDP on links slower than β* = (S_DDP − S_fp16) / (t_fp16 − t_DDP) (t the loopback step; as many calls, so α cancels), and on every link when t_fp16 ≤ t_DDP; the formula gives the bandwidth where the two curves cross, within 0.1% | [14: Exercise: predict fp16's crossover](14_slow_link.ipynb#cell-id=14-exercise-predict-fp16-s-crossover) |
-# | L12-4 | with SGD without momentum and H = 1, local SGD equals DDP within 1e-6 (the update is linear in the gradient); between averages the replicas drift apart, and right after one they are identical, bit for bit | [15: Local SGD](15_communicate_less.ipynb#cell-id=15-local-sgd) |
-# | L12-5 | one average of local SGD is one all-reduce of all the parameters (bytes counted), so averaging every H steps sends 1/H of the bytes; on this task H = 16's loss after 64 steps is within 1% of H = 1's | [15: Loss against steps and against bytes sent](15_communicate_less.ipynb#cell-id=15-loss-against-steps-and-against-bytes-sent) |
-# | L12-6 | on the CPU, `post_localSGD_hook` with its default `subgroup=None` raises ValueError at the first backward after the warm-up (the default subgroup's size is the GPU count): pass `post_local_gradient_allreduce=False` or `subgroup=dist.new_subgroups(group_size=1)[0]`; `PeriodicModelAverager`'s `warmup_steps` set to W + H − 1 matches the hand-written loop bit for bit, the documented W does not | [15: torch's PostLocalSGDOptimizer](15_communicate_less.ipynb#cell-id=15-torch-s-postlocalsgdoptimizer) |
-# | L12-7 | DiLoCo with outer learning rate 1 and no momentum equals local SGD within 1e-6; DiLoCo's outer step is Nesterov's: θ_global after 8 rounds equals the formula recomputed in the kernel within 1e-6 (more than 1e-2 away without the momentum) | [15: DiLoCo](15_communicate_less.ipynb#cell-id=15-diloco) |
-# | L12-8 | at equal bytes sent (H = 16), local SGD's loss is under 0.2 times DDP's and DiLoCo's under 0.95 times local SGD's (all fixed by the seeds) | [15: At equal bytes sent](15_communicate_less.ipynb#cell-id=15-at-equal-bytes-sent) |
-# | L12-9 | a DDP comm hook recording each rank's gradient before the all-reduce and the mean after estimates the gradient noise scale B_simple = tr(Σ) / \|G\|² within 25% of the exact value from per-sample gradients; one step's estimate is unreliable (tr(Σ) comes out negative), so the norms are averaged before the ratio is taken | [15: How large a batch can grow](15_communicate_less.ipynb#cell-id=15-how-large-a-batch-can-grow) |
-# | L12-10 | well below B_simple (B = 2 → 8), 4 times the global batch cuts the steps to a target loss at least 2.5-fold; well above it (B = 64 → 256), at most 1.5-fold; the samples processed grow with the batch: B = 256 takes at least 4 times B = 2's | [15: The critical batch size: where the steps stop falling](15_communicate_less.ipynb#cell-id=15-the-critical-batch-size-where-the-steps-stop-falling) |
-# | L12-11 | with unequal sample counts over ranks or micro-batches, DDP's average is a mean of per-rank means, not the gradient of the mean over the samples; weighting by count (lesson 04's `no_sync.accumulate_by_count`) makes it exact | [15: Averages over unequal batches](15_communicate_less.ipynb#cell-id=15-averages-over-unequal-batches) |
+# | L11-12 | 13 billion parameters at 80 GB per rank: DDP and ZeRO-1 never fit, ZeRO-3 fits from 3 ranks, ZeRO-2 from 6 | [13: When to shard](13_fsdp2.ipynb#cell-id=13-when-to-shard) |
+# | L12-1 | while a `slow_link.SlowLink(α, β)` is active, an all-reduce completes α + bytes / β after the real one; two in a row take at least twice the delay | [14: A slow link you can dial](14_slow_link.ipynb#cell-id=14-a-slow-link-you-can-dial) |
+# | L12-2 | fp16 hands the link half DDP's bytes, PowerSGD r=1 the biases, P and Q, and the link adds calls × α + bytes / β; at 100 MB/s both take under 0.8 times DDP's step | [14: When fp16 and PowerSGD pay](14_slow_link.ipynb#cell-id=14-when-fp16-and-powersgd-pay) |
+# | L12-3 | fp16 beats DDP on links slower than β* = (S_DDP − S_fp16) / (t_fp16 − t_DDP), which matches where the two curves cross within 0.1% | [14: Exercise: predict fp16's crossover](14_slow_link.ipynb#cell-id=14-exercise-predict-fp16-s-crossover) |
+# | L12-4 | with SGD without momentum and H = 1, local SGD equals DDP within 1e-6; between averages the replicas drift, right after one they are identical | [15: Local SGD](15_communicate_less.ipynb#cell-id=15-local-sgd) |
+# | L12-5 | averaging every H steps (each an all-reduce of the parameters) sends 1/H of the bytes; here H = 16's loss after 64 steps is within 1% of H = 1's | [15: Loss against steps and against bytes sent](15_communicate_less.ipynb#cell-id=15-loss-against-steps-and-against-bytes-sent) |
+# | L12-6 | on the CPU, `post_localSGD_hook`'s default `subgroup=None` raises ValueError after the warm-up (pass `post_local_gradient_allreduce=False` or a subgroup of size 1); `PeriodicModelAverager` matches the hand-written loop with `warmup_steps` W + H − 1, not the documented W | [15: torch's PostLocalSGDOptimizer](15_communicate_less.ipynb#cell-id=15-torch-s-postlocalsgdoptimizer) |
+# | L12-7 | DiLoCo with outer learning rate 1 and no momentum equals local SGD within 1e-6; its outer step is Nesterov's (the formula matches within 1e-6) | [15: DiLoCo](15_communicate_less.ipynb#cell-id=15-diloco) |
+# | L12-8 | at equal bytes sent (H = 16), local SGD's loss is under 0.2 times DDP's and DiLoCo's under 0.95 times local SGD's | [15: At equal bytes sent](15_communicate_less.ipynb#cell-id=15-at-equal-bytes-sent) |
+# | L12-9 | gradients recorded by a DDP comm hook estimate the noise scale B_simple = tr(Σ) / \|G\|² within 25% of the exact value | [15: How large a batch can grow](15_communicate_less.ipynb#cell-id=15-how-large-a-batch-can-grow) |
+# | L12-10 | well below B_simple (B = 2 → 8), 4 times the batch cuts the steps to a target loss at least 2.5-fold; well above it (B = 64 → 256), at most 1.5-fold | [15: The critical batch size: where the steps stop falling](15_communicate_less.ipynb#cell-id=15-the-critical-batch-size-where-the-steps-stop-falling) |
+# | L12-11 | with unequal sample counts, DDP's average is a mean of per-rank means, not the mean over the samples; weighting by count (`no_sync.accumulate_by_count`) makes it exact | [15: Averages over unequal batches](15_communicate_less.ipynb#cell-id=15-averages-over-unequal-batches) |
 
 # %% [markdown] lang="ja"
 # ## 記事 004 の最初のコード例
 #
-# 記事 004 の最初のコード例では、`MyModel` の中身が `# ...` だけで、`forward` がありません。
-# `nn.DataParallel` で包んでも、呼んだ時点で `NotImplementedError` になります。さらに入力は
-# `torch.randn(100, 1024)` で、2 つ目の例のモデル (`Linear(10, 100)`) とも形が合いません。
+# 記事 004 の最初の `MyModel` は中身が `# ...` だけで、`forward` がないので、呼ぶと `NotImplementedError` に
+# なります。入力の `torch.randn(100, 1024)` は、2 つ目の例のモデル (`Linear(10, 100)`) とも形が合いません。
 
 # %% [markdown] lang="en"
 # ## Doc 004's first code example
 #
-# In doc 004's first code example `MyModel` contains only `# ...`: there is no `forward`.
-# Wrapped in `nn.DataParallel` or not, calling it raises `NotImplementedError`. And its
-# input, `torch.randn(100, 1024)`, does not fit the second example's model
-# (`Linear(10, 100)`) either.
+# Doc 004's first `MyModel` contains only `# ...`: without a `forward`, calling it raises
+# `NotImplementedError`. Its input, `torch.randn(100, 1024)`, does not fit the second
+# example's `Linear(10, 100)` either.
 
-# %%
+# %% tags=["hide-input"]
 import torch
 from torch import nn
 
@@ -372,20 +365,15 @@ with checks.expect_error(ValueError, match=r"shape \(batch, 10\)"):
 # %% [markdown] lang="ja"
 # ## 記事 000 の本体のない for 文
 #
-# 記事 000 の 2 つ目と 3 つ目のコード例では、`for epoch in range(10):` の次の行がコメント「# 訓練コード」
-# だけです。コメントは文ではないので、この `for` には本体がありません。Python はファイルを実行する前に
-# 全体を構文解析するので、`IndentationError` になり、最初の `import` すら実行されません。
-# 記事の行をそのまま (コメントは日本語のまま) コンパイルしてみます。本体に `pass` を置けば、同じ行がコンパイルできます。
+# 記事 000 の 2 つ目と 3 つ目の例では、`for epoch in range(10):` の本体がコメント「# 訓練コード」だけで、
+# `IndentationError` になり、どの行も実行されません。本体に `pass` を置けばコンパイルできます。
 
 # %% [markdown] lang="en"
 # ## Doc 000's `for` loops without a body
 #
-# In doc 000's second and third code examples, `for epoch in range(10):` is followed only
-# by the comment "# 訓練コード" (training code). A comment is not a statement, so the
-# `for` has no body. Python parses the whole file before running any of it, so this is an
-# `IndentationError` and not even the first `import` runs. Compile the document's lines
-# as printed (the comments stay in Japanese). With `pass` as the body, the same lines
-# compile.
+# In doc 000's second and third examples, the body of `for epoch in range(10):` is only
+# a comment, "# 訓練コード" (training code): an `IndentationError`, so no line runs. With
+# `pass` as the body, the lines compile.
 
 # %%
 doc_000_loops = """\
@@ -403,39 +391,43 @@ for epoch in range(10):
 with checks.expect_error(IndentationError,
                          match="expected an indented block after 'for' statement on line 2"):
     compile(doc_000_loops, "doc_000", "exec")
+
+# %% tags=["hide-input"]
 with_body = doc_000_loops.replace("# 訓練コード", "pass  # 訓練コード")
 code = compile(with_body, "doc_000", "exec")  # with a body, the same lines compile
+assert code.co_filename == "doc_000"
 print("with a body:", type(code).__name__)
 
 # %% [markdown] lang="ja"
 # ## GPU のあるマシンでの記事 004 の DataParallel
 #
-# 記事 004 の 3 つの例 (サンプルコード、カスタム損失関数、DataLoader) は、どれも
-# `model = nn.DataParallel(MyModel())` でモデルを CPU に置いたまま、入力だけを `.cuda()` で GPU に送ります。
-# GPU が 2 台以上あると、`nn.DataParallel` の `forward` は、何か計算する前にモデルのパラメータが
-# `device_ids[0]` (cuda:0) にあるかを確かめ、なければ `RuntimeError` を出します。GPU が 1 台だけなら、
-# DataParallel は作られるときに自分でモデルを cuda:0 に移すので、この誤りは表に出ません。
+# 記事 004 の 3 つの例は、モデルを CPU に置いたまま (`nn.DataParallel(MyModel())`)、入力だけを GPU に送ります
+# (`.cuda()`)。GPU が 2 台以上あると、`forward` はまずパラメータが `device_ids[0]` (cuda:0) にあるかを確かめ、
+# なければ `RuntimeError` を出します。1 台なら DataParallel が自分でモデルを移すので、誤りは表に出ません。
 #
-# このマシンには GPU がないので、torch に「GPU が 2 台 (または 1 台) ある」と答えさせて
-# (`unittest.mock` で `torch.cuda.is_available` などを置き換え)、torch 自身の確認を実行します。
-# どちらの確認も GPU の計算より前に行われるので、GPU がなくても torch の実際のコードが動きます。
+# <details><summary>測り方</summary>
+#
+# このマシンには GPU がないので、`unittest.mock` で torch に「GPU が 2 台 (または 1 台) ある」と答えさせ、
+# torch 自身の確認を実行します。どちらの確認も GPU の計算より前に行われます。
+#
+# </details>
 
 # %% [markdown] lang="en"
 # ## Doc 004's DataParallel on a machine with GPUs
 #
-# Doc 004's three examples (the sample code, the custom loss, the DataLoader) all write
-# `model = nn.DataParallel(MyModel())`, leaving the model on the CPU, and send only the
-# input to a GPU with `.cuda()`. With two or more GPUs, `nn.DataParallel`'s `forward`
-# checks, before computing anything, that the model's parameters are on `device_ids[0]`
-# (cuda:0), and raises `RuntimeError` if not. With exactly one GPU, DataParallel moves the
-# model to cuda:0 itself when it is built, so the mistake does not show.
+# Doc 004's three examples leave the model on the CPU (`nn.DataParallel(MyModel())`) and
+# send only the input to a GPU (`.cuda()`). With two or more GPUs, `forward` first checks
+# that the parameters are on `device_ids[0]` (cuda:0) and raises `RuntimeError`; with
+# one, DataParallel moves the model itself, and the mistake does not show.
 #
-# This machine has no GPU, so we make torch answer that it has two GPUs (or one), by
-# replacing `torch.cuda.is_available` and two more functions with `unittest.mock`, and
-# run torch's own checks. Both happen before any GPU work, so torch's real code runs
-# without a GPU.
+# <details><summary>How this was measured</summary>
+#
+# This machine has no GPU: `unittest.mock` makes torch report two GPUs (or one), and
+# torch's own checks run, since both come before any GPU work.
+#
+# </details>
 
-# %%
+# %% tags=["hide-input"]
 from types import SimpleNamespace
 from unittest import mock
 
@@ -461,20 +453,15 @@ with pretend_gpus(1), mock.patch.object(nn.Module, "to") as moved:
 moved.assert_called_once_with(torch.device("cuda", 0))  # one GPU: it moves the model
 
 # %% [markdown] lang="ja"
-# 記事のコメント「入力データを GPU に分散」も正しくありません。`.cuda()` はテンソル全体を 1 台の GPU
-# (いまのデバイス) に送るだけです。GPU ごとに分けるのは DataParallel の `forward` の中の `scatter` です。
-# 記事の最初の `MyModel` はパラメータを持たないのでモデルの確認を通り、`scatter` に何が渡るかを見られます。
-# 渡るのは、100 サンプルのバッチ全体と、GPU の番号 `[0, 1]` です。どう分けるかはレッスン 02 の `scatter` で見ました。
+# 記事のコメント「入力データを GPU に分散」も正しくありません (004-9)。パラメータのない最初の `MyModel` なら
+# `scatter` まで進み、渡るのはバッチ全体 (100 サンプル) と GPU の番号 `[0, 1]` だとわかります。
 
 # %% [markdown] lang="en"
-# The document's comment "spread the input over the GPUs" is not right either. `.cuda()`
-# sends the whole tensor to one GPU (the current device). `scatter`, inside
-# DataParallel's `forward`, is what splits it among the GPUs. Doc 004's first `MyModel`
-# has no parameters, so it passes the model check, and we can see what reaches `scatter`:
-# the whole batch of 100 samples and the GPU numbers `[0, 1]`. Lesson 02's `scatter`
-# showed how it splits.
+# The comment "spread the input over the GPUs" is wrong too (004-9). The first `MyModel`
+# has no parameters, so it reaches `scatter`, which receives the whole batch of 100
+# samples and the GPUs `[0, 1]`.
 
-# %%
+# %% tags=["hide-input"]
 class ReachedScatter(Exception):
     """Stops DataParallel's forward where it splits the input."""
 
@@ -496,38 +483,28 @@ if torch.cuda.is_available():  # a real GPU: .cuda() puts the whole batch on one
 # %% [markdown] lang="ja"
 # ## TPU には torch_xla が要る
 #
-# 記事 000 は「TPU などの専用ハードウェアを使用する」を GPU と同じように並べていますが、TPU は予算だけの
-# 話ではありません。
+# 記事 000 は TPU を速い GPU と並べていますが、TPU は予算だけの話ではありません。
 #
-# - DDP の `nccl` バックエンドが扱うのは CUDA のテンソルだけです。TPU では使えません。
-# - PyTorch だけではテンソルを TPU に置けません。`xla` というデバイスの種類は PyTorch にありますが、
-#   その上で動く演算は torch_xla パッケージが提供します。`xla` の通信バックエンドも torch_xla が登録します。
-# - torch_xla で動かすにはコードを書き換えます。デバイスは `torch_xla.device()`、データは
-#   `torch_xla.distributed.parallel_loader.MpDeviceLoader` で送り、XLA は演算をためてからまとめて
-#   コンパイルして実行するので、ステップごとに `torch_xla.sync()` (または `xm.optimizer_step(optimizer)`)
-#   を呼びます。DDP を使うなら `dist.init_process_group("xla", init_method="xla://")` で、起動は
-#   `torch_xla.launch` です ([PyTorch/XLA のドキュメント](https://docs.pytorch.org/xla/))。
+# - DDP の `nccl` バックエンドが扱うのは CUDA のテンソルだけです。
+# - PyTorch だけではテンソルを TPU に置けません。`xla` デバイスの演算と通信バックエンドは torch_xla が
+#   提供します。
+# - torch_xla ではコードを書き換えます: デバイス、データローダー、ステップごとの `torch_xla.sync()`、`xla` の
+#   バックエンド ([PyTorch/XLA のドキュメント](https://docs.pytorch.org/xla/))。
 #
-# このマシンの torch で、前の 2 つを確かめます。
+# 前の 2 つを確かめます。
 
 # %% [markdown] lang="en"
 # ## A TPU needs torch_xla
 #
-# Doc 000 lists "special hardware such as TPUs" next to faster GPUs, but a TPU is not
-# only a matter of budget.
+# Doc 000 lists TPUs next to faster GPUs; a TPU is not only a matter of budget.
 #
-# - DDP's `nccl` backend takes CUDA tensors only; it does not work on a TPU.
-# - PyTorch alone cannot put a tensor on a TPU. PyTorch knows the device type `xla`, but
-#   the operations that run on it come with the torch_xla package, which also registers
-#   the `xla` communication backend.
-# - Running on torch_xla takes code changes: the device is `torch_xla.device()`, data goes
-#   through `torch_xla.distributed.parallel_loader.MpDeviceLoader`, and because XLA
-#   records operations and compiles and runs them together, every step calls
-#   `torch_xla.sync()` (or `xm.optimizer_step(optimizer)`). DDP uses
-#   `dist.init_process_group("xla", init_method="xla://")`, launched with
-#   `torch_xla.launch` ([PyTorch/XLA documentation](https://docs.pytorch.org/xla/)).
+# - DDP's `nccl` backend takes CUDA tensors only.
+# - PyTorch alone cannot put a tensor on a TPU: the `xla` device's operations and
+#   communication backend come with torch_xla.
+# - torch_xla takes code changes: its device, its data loader, a `torch_xla.sync()` every
+#   step, the `xla` backend ([PyTorch/XLA documentation](https://docs.pytorch.org/xla/)).
 #
-# Check the first two with this machine's torch.
+# The cell checks the first two.
 
 # %%
 import importlib.util
