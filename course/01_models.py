@@ -343,17 +343,19 @@ exercises.grade_train_step(train_step)
 # %% [markdown] lang="ja"
 # ## 直した学習ループ
 #
-# 記事 004 の例 (バッチ 64、シャッフルあり、SGD、学習率 0.01、10 エポック) を、直した `train_step` で回します。
+# 記事 004 の例 (バッチ 64、シャッフルあり、SGD、学習率 0.01、10 エポック) を、上の誤りをすべて直して回します。
+# 1 ステップは `zero_grad()` → 順伝播 → 損失 → `backward()` → `step()` の順です。
 
 # %% [markdown] lang="en"
 # ## The corrected training loop
 #
-# Doc 004's example (batch 64, shuffled, SGD, learning rate 0.01, 10 epochs), with your
-# `train_step`.
+# Doc 004's example (batch 64, shuffled, SGD, learning rate 0.01, 10 epochs), every
+# mistake above fixed. Each step is `zero_grad()` → forward → loss → `backward()` →
+# `step()`.
 
 # %%
 def fit(dataset, num_epochs=10, lr=0.01, batch_size=64, seed=0):
-    """Train doc 004's corrected model with `train_step`; each epoch's mean loss."""
+    """Train doc 004's corrected model; return the mean loss of each epoch."""
     torch.manual_seed(seed)  # same initial weights for every run
     model = models.MLP().to(device)
     loader = data.make_loader(dataset, batch_size=batch_size, shuffle=True, seed=seed)
@@ -364,7 +366,11 @@ def fit(dataset, num_epochs=10, lr=0.01, batch_size=64, seed=0):
         total = 0.0
         for X, y in loader:
             X, y = X.to(device), y.to(device)
-            total += train_step(model, optimizer, criterion, X, y) * len(X)
+            optimizer.zero_grad()
+            loss = criterion(model(X), y)
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(X)
         history.append(total / len(dataset))
     return history
 
