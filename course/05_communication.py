@@ -18,8 +18,7 @@
 #
 # - 測った all-reduce の時間から**アルゴリズム帯域** (algbw) と**バス帯域** (busbw) を出し、リング型では
 #   各ランクが 2(n−1)/n × S バイトを送る理由を説明できる
-# - **α–β モデル** (呼び出しごとの固定の遅延 α、帯域 β) を実測に当てはめ、別の大きさやランク数の時間を
-#   予測できる
+# - **α–β モデル** (固定の遅延 α、帯域 β) を実測に当てはめ、別の大きさやランク数の時間を予測できる
 # - DDP が勾配を**バケット**にまとめる理由 (呼び出しごとの α と、逆伝播との重なり) を説明し、
 #   `DDP(model)` が送るバケットを読める
 # - 通信のタイムラインで、計算に**隠れた**通信と**表に出た**通信を見分けられる
@@ -35,8 +34,8 @@
 #
 # - compute **algorithm bandwidth** (algbw) and **bus bandwidth** (busbw) from a timed
 #   all-reduce, and say why each rank of a ring sends 2(n−1)/n × S bytes;
-# - fit the **alpha-beta model** (a fixed latency alpha per call, bandwidth beta) to
-#   measured times and predict another size or number of ranks;
+# - fit the **alpha-beta model** (latency alpha, bandwidth beta) and predict another
+#   size or number of ranks;
 # - explain why DDP packs gradients into **buckets** (alpha per call, overlap with the
 #   backward pass) and read the buckets `DDP(model)` sends;
 # - read a communication timeline: what is **hidden** behind the backward pass and what
@@ -52,12 +51,10 @@ labkit.set_lang("ja")
 # %% [markdown] lang="ja" tags=["core"]
 # ## リング all-reduce を 1 ステップずつ
 #
-# 4 つのランクを起動し、`labkit.ring.all_reduce` でリング all-reduce を手で実行します (このセルの
-# 4 ランクは図のためだけのもので、描いたあと止めます)。各ランクはテンソルを 4 つのチャンクに切り、
-# 2(n − 1) = 6 ステップのそれぞれで 1 つのチャンクを右隣へ送り、左隣から 1 つ受け取ります。前半の
-# 3 ステップ (reduce-scatter) では受け取った部分和を自分のチャンクに足し、後半の 3 ステップ
-# (all-gather) では完成したチャンクをそのまま受け取ります。チャンクには、どのランクの値が足し込まれたか
-# も一緒に送るので、図の数字は実際に送られたテンソルから数えたものです。
+# 4 つのランクでリング all-reduce を手で実行します (`labkit.ring.all_reduce`)。各ランクはテンソルを
+# 4 つのチャンクに切り、6 ステップのそれぞれで 1 つのチャンクを右隣へ送り、左隣から 1 つ受け取ります。
+# 前半の 3 ステップ (reduce-scatter) では受け取った部分和を自分のチャンクに足し、後半の 3 ステップ
+# (all-gather) では完成したチャンクを受け取ります。
 #
 # **予想してから実行:** reduce-scatter が終わったとき (3 ステップのあと)、各ランクで 4 ランク分の和が
 # そろっているチャンクはいくつでしょうか?
@@ -65,14 +62,11 @@ labkit.set_lang("ja")
 # %% [markdown] lang="en" tags=["core"]
 # ## A ring all-reduce, step by step
 #
-# Start four ranks and run a ring all-reduce by hand with `labkit.ring.all_reduce`
-# (these four ranks are for this picture alone and stop after it). Each rank cuts its
-# tensor into four chunks and, in each of 2(n − 1) = 6 steps, sends one chunk to its
+# Run a ring all-reduce by hand on four ranks (`labkit.ring.all_reduce`). Each rank
+# cuts its tensor into four chunks and, in each of 6 steps, sends one chunk to its
 # right neighbour and receives one from its left: in the first three steps (the
 # reduce-scatter) it adds the partial sum it receives to its own chunk, in the last
-# three (the all-gather) it keeps the finished chunk it receives. With each chunk
-# travel the ranks whose values were added into it, so the numbers in the picture are
-# counted from the tensors really sent.
+# three (the all-gather) it keeps the finished chunk.
 #
 # **Predict, then run:** when the reduce-scatter ends (after 3 steps), how many chunks
 # of each rank hold the sum of all four ranks?
@@ -82,6 +76,8 @@ from labkit import cluster, diagrams, ring
 
 with cluster.start(4) as four:  # four ranks for this picture, stopped after it
     records = four.run(ring.all_reduce, 12)
+
+# %% tags=["hide-input"]
 for r in records:
     assert max(abs(a - b) for a, b in zip(r["after"], r["expected"], strict=True)) < 1e-5
     assert sum(c == 4 for c in r["counts"][3]) == 1  # one whole chunk after 3 steps
@@ -90,12 +86,12 @@ assert sum(r["sent_bytes"] for r in records) == 4 * 1.5 * records[0]["tensor_byt
 fig = diagrams.ring(records)
 
 # %% [markdown] lang="ja"
-# 各ランクは 1 ステップに 1 チャンク (テンソルの 1/n) を送るので、2(n − 1) ステップで 2(n − 1)/n
-# を送ります。4 ランクでは 1.5 倍、2 ランクでは 1 倍です。これが下の busbw の係数です。
+# 各ランクは 1 ステップにテンソルの 1/n を送り、2(n − 1) ステップで 2(n − 1)/n を送ります (4 ランクで
+# 1.5 倍、2 ランクで 1 倍)。これが下の busbw の係数です。
 
 # %% [markdown] lang="en"
-# Each rank sends one chunk (1/n of the tensor) per step, so 2(n − 1)/n of it in
-# 2(n − 1) steps: 1.5 times on four ranks, once on two. That is busbw's factor below.
+# Each rank sends 1/n of the tensor per step, 2(n − 1)/n of it in 2(n − 1) steps: 1.5
+# times on four ranks, once on two. That is busbw's factor below.
 
 # %%
 from labkit import cluster, comm, exercises, plots
@@ -105,46 +101,27 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # %% [markdown] lang="ja" tags=["core"]
 # ## all-reduce を測る
 #
-# 2 つのランクで、大きさを 4 倍ずつ変えながら all-reduce の時間を 7 回ずつ測ります。図の点が 1 回ずつの
-# 時間、実線がその中央値、破線が下で当てはめる α–β モデルです。
-# nccl-tests の定義では、大きさ S、時間 t、ランク数 n のとき
+# 2 つのランクで、大きさを 4 倍ずつ変えながら all-reduce を 7 回ずつ測ります (図の点が 1 回ずつ、実線が
+# 中央値、破線が下の α–β モデル)。nccl-tests の定義では、大きさ S、時間 t、ランク数 n のとき
 #
 # - アルゴリズム帯域 algbw = S / t
 # - バス帯域 busbw = algbw × 2(n−1)/n
 #
-# です。係数 2(n−1)/n はリング型の all-reduce から来ます。データを n 個のチャンク (各 S/n) に分け、
-#
-# 1. reduce-scatter: n−1 ステップ。各ステップで、各ランクはチャンクを 1 つ隣へ送り、受け取ったチャンクを
-#    自分の分に足します。終わると、各ランクが合計済みのチャンクを 1 つずつ持ちます。
-# 2. all-gather: さらに n−1 ステップ。合計済みのチャンクを隣へ回し、全ランクが全チャンクを持ちます。
-#
-# 各ランクが送るのは 2(n−1) 個のチャンク、つまり 2(n−1)/n × S バイトです。それを時間 t で送るので、
-# 各ランクの回線が運ぶ帯域は 2(n−1)/n × S / t = algbw × 2(n−1)/n = busbw です。busbw はランク数に
-# よらず、回線の速さと比べられます。下で、各ランクが実際に送ったバイト数を OS に数えさせて確かめます。
+# です。リングの各ランクは 2(n−1)/n × S バイトを時間 t で送るので、busbw は各ランクの回線が運ぶ帯域で、
+# 回線の速さと比べられます。
 
 # %% [markdown] lang="en" tags=["core"]
 # ## Timing all-reduce
 #
-# On two ranks, time an all-reduce 7 times for each size, sizes growing four-fold. In
-# the figure each point is one round, the solid line their median, the dashed line the
-# alpha-beta model fitted below.
+# On two ranks, time an all-reduce 7 times for each size, sizes growing four-fold (in
+# the figure a point per round, their median solid, the alpha-beta model below dashed).
 # nccl-tests defines, for size S, time t and n ranks,
 #
 # - algorithm bandwidth algbw = S / t
 # - bus bandwidth busbw = algbw × 2(n−1)/n
 #
-# The factor 2(n−1)/n comes from the ring all-reduce. The data is cut into n chunks
-# (S/n each):
-#
-# 1. reduce-scatter: n−1 steps. In each, every rank sends one chunk to its neighbour and
-#    adds the chunk it receives to its own. At the end each rank holds one fully summed
-#    chunk.
-# 2. all-gather: n−1 more steps pass the summed chunks around until every rank has all.
-#
-# Each rank sends 2(n−1) chunks, that is 2(n−1)/n × S bytes, in time t: its link carries
-# 2(n−1)/n × S / t = algbw × 2(n−1)/n = busbw. busbw does not depend on the number of
-# ranks and compares with a link's speed. Below, the operating system counts the bytes
-# each rank really sent, to check it.
+# Each rank of a ring sends 2(n−1)/n × S bytes in time t, so busbw is what each rank's
+# link carries, and compares with a link's speed.
 
 # %%
 # %%px
@@ -157,38 +134,49 @@ rounds = comm.allreduce_rounds(sizes, repeat=7)  # 7 timed rounds of each size
 import statistics
 
 sizes, rounds = ranks.pull("sizes")[0], ranks.pull("rounds")[0]
-assert [len(r) for r in rounds] == [7] * len(sizes)  # every round rank 0 timed
 seconds = [statistics.median(r) for r in rounds]
 ab = comm.fit_alpha_beta(sizes, seconds, world_size=2)
+print(f"alpha = {ab.alpha * 1e6:.0f} µs, beta = {ab.beta / 1e9:.2f} GB/s")
+
+# %% tags=["hide-input"]
+assert [len(r) for r in rounds] == [7] * len(sizes)  # every round rank 0 timed
+assert ab.alpha >= 0 and ab.beta > 0
+assert len(sizes) == 9 and sizes[0] == 1024 and sizes[-1] == 64 * 1024 * 1024
 print(f"{'size':>10} {'time':>10} {'algbw':>11} {'busbw':>11} {'model':>10}")
 for size, t in zip(sizes, seconds, strict=True):
     algbw, busbw = comm.bandwidths(size, t, 2)
     print(f"{size:>10} {t * 1e3:>8.3f}ms {algbw / 1e9:>7.3f}GB/s {busbw / 1e9:>7.3f}GB/s "
           f"{ab.time(size, 2) * 1e3:>8.3f}ms")
-print(f"alpha = {ab.alpha * 1e6:.0f} µs, beta = {ab.beta / 1e9:.2f} GB/s")
 fig = plots.rounds(
     {labkit.t("measured"): (sizes, [[t * 1e3 for t in r] for r in rounds])},
     lines={labkit.t("alpha_beta_model"): (sizes, [ab.time(s, 2) * 1e3 for s in sizes])},
     xlabel="message_bytes", ylabel="allreduce_ms", title="allreduce_rounds_title",
     logx=True, logy=True, x_bytes=True)
 
-# %%
-assert ab.alpha >= 0 and ab.beta > 0
-assert len(sizes) == 9 and sizes[0] == 1024 and sizes[-1] == 64 * 1024 * 1024
-
 # %% [markdown] lang="ja"
-# busbw の係数を実測で確かめます。Linux では `/proc/self/io` の `wchar` に、プロセスが書き込んだ
-# (ソケットに送ったものを含む) バイト数があります。16 MiB の all-reduce 1 回で各ランクが送ったバイト数を
+# busbw の係数を実測で確かめます。16 MiB の all-reduce 1 回で各ランクが送ったバイト数を OS に数えさせ、
 # S で割ると、2(n−1)/n (2 ランクでは 1) になるはずです。rank 0 に集めてから配り直す方式なら、この比は
-# ランクごとに違います。`/proc` のない macOS と Windows では数えられないので、セルはそう表示し、この比を
-# 確かめません。
+# ランクごとに違います。
+#
+# <details><summary>測り方</summary>
+#
+# Linux の `/proc/self/io` の `wchar` (プロセスがソケットなどに書き込んだバイト数) で数えます。`/proc` の
+# ない macOS と Windows では数えられないので、セルはそう表示し、この比を確かめません。
+#
+# </details>
 
 # %% [markdown] lang="en"
-# Check busbw's factor on measured data. On Linux `/proc/self/io`'s `wchar` holds the
-# bytes a process has written, to sockets included. The bytes each rank sends in one
-# 16 MiB all-reduce, over S, should be 2(n−1)/n (1 on two ranks). Gathering on rank 0
-# and sending back would give each rank a different ratio. macOS and Windows have no
-# `/proc`: there the cell says it cannot count, and checks no ratio.
+# Check busbw's factor on measured data: the bytes each rank sends in one 16 MiB
+# all-reduce, counted by the operating system, over S, should be 2(n−1)/n (1 on two
+# ranks). Gathering on rank 0 and sending back would give each rank a different ratio.
+#
+# <details><summary>How this was measured</summary>
+#
+# Linux's `/proc/self/io` (`wchar`: the bytes a process has written, to sockets
+# included) counts them. macOS and Windows have no `/proc`: there the cell says it
+# cannot count, and checks no ratio.
+#
+# </details>
 
 # %%
 # %%px
@@ -197,7 +185,7 @@ share = comm.sent_per_allreduce(16 * 2**20) if counted else None
 if counted:
     print(f"rank {rank}: sent {share} × S per all-reduce")
 
-# %%
+# %% tags=["hide-input"]
 import math
 
 shares = ranks.pull("share")
@@ -213,21 +201,15 @@ for share in shares:
         assert math.isclose(busbw, share * 16 * 2**20 / t, rel_tol=0.01)
 
 # %% [markdown] lang="ja"
-# モデルはリング型を仮定して、時間 = 2(n−1) × α + 2(n−1)/n × S / β とします。α は 1 ステップの
-# 固定の遅延 (レイテンシ)、β は 1 本の回線の帯域です。2 ランクでは 2α + S/β です。小さなメッセージでは
-# 時間がほぼ一定で、これが 2α です。大きなメッセージでは時間が大きさに比例し、傾きが 1/β です。
-# ここでの「回線」は同じマシンの 2 つのプロセスをつなぐループバックの TCP なので、β は GPU の回線より
-# ずっと小さな値です。
+# モデルはリング型を仮定して、時間 = 2(n−1) × α + 2(n−1)/n × S / β とします (2 ランクでは
+# 2α + S/β)。α は 1 ステップの固定の遅延、β は 1 本の回線の帯域で、小さなメッセージのほぼ一定の時間が
+# 2α、大きなメッセージでの傾きが 1/β です。ここでの回線は同じマシンのループバックなので、β は GPU の
+# 回線よりずっと小さな値です。
 #
-# α をステップごとに当てはめるのは、ランク数を変えたときに外挿するためです。リングのステップ数
-# 2(n−1) はランク数とともに増えるので、64 ランクの固定の遅延は 2 ランクの 63 倍です。
+# **このモデルが扱わないもの:** 木構造の all-reduce、セグメントに分けて送受信を重ねる実装、回線の共有
+# による競合です。2 ランクで当てはめて多くのランクへ延ばした値は**モデルによる予測**です。
 #
-# **このモデルが扱わないもの:** 木構造の all-reduce (約 2 log2 n ステップ。nccl は大きさとランク数で
-# リング型と木構造を選びます)、データをセグメントに分けて送受信を重ねる実装 (送る回数が 2(n−1) と
-# 限りません。違いは当てはめた α に入ります)、回線を共有するランクどうしの競合です。ですから、
-# 2 ランクで当てはめて多くのランクへ延ばした値は**モデルによる予測**です。
-#
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
 # torch 2.13 の gloo は CPU のテンソルの all-reduce にアルゴリズムを指定せず、gloo の既定のリング型が
 # 動きます (3 ランクで各ランクが S の 4/3 倍を送ることを tests/test_comm.py が数えます)。そのリングは
@@ -237,20 +219,15 @@ for share in shares:
 # </details>
 
 # %% [markdown] lang="en"
-# The model assumes a ring: time = 2(n−1) × alpha + 2(n−1)/n × S / beta, with alpha the
-# fixed latency of one step and beta the bandwidth of one link; on two ranks,
-# 2 alpha + S / beta. For small messages the time hardly changes: that is 2 alpha. For
-# large ones it grows in proportion to the size, with slope 1/beta. The "link" here is
-# loopback TCP between two processes on one machine, so beta is far below a GPU link's.
+# The model assumes a ring: time = 2(n−1) × alpha + 2(n−1)/n × S / beta (2 alpha +
+# S / beta on two ranks), with alpha the fixed latency of one step and beta the
+# bandwidth of one link. The nearly constant time of small messages is 2 alpha; the
+# slope for large ones is 1/beta. The link here is loopback on one machine, so beta is
+# far below a GPU link's.
 #
-# Alpha is fitted per step so that the model can change the number of ranks: a ring
-# takes 2(n−1) steps, so 64 ranks pay 63 times the latency of two.
-#
-# **What the model leaves out:** tree all-reduces (about 2 log2 n steps; nccl chooses
-# ring or tree by size and number of ranks), rings that cut the data into segments and
-# overlap their sends (so not exactly 2(n−1) sends; the fitted alpha absorbs the
-# difference), and ranks competing for a shared link. A value fitted on two ranks and
-# extended to many is a **prediction by the model**.
+# **What the model leaves out:** tree all-reduces, rings that cut the data into
+# segments and overlap their sends, and ranks competing for a shared link. A value
+# fitted on two ranks and extended to many is a **prediction by the model**.
 #
 # <details><summary>How this was measured</summary>
 #
@@ -264,19 +241,17 @@ for share in shares:
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 演習: all-reduce の時間を予測する
 #
-# 上で当てはめた α (`ab.alpha`、1 ステップの秒数) と β (`ab.beta`、バイト/秒) を使い、約 210 万
-# パラメータ (`2_120_714` 個、float32) の勾配を **8 ランク**のリングで all-reduce する時間を、モデルの式
-# (2(n−1) ステップ、各ランクが S の 2(n−1)/n 倍を送る) で計算してください。
-# 答えは秒で `allreduce_s` に入れます。`ab.time` は使わずに、式を書きます。
+# 上で当てはめた α (`ab.alpha`、1 ステップの秒数) と β (`ab.beta`、バイト/秒) で、約 210 万
+# パラメータ (`2_120_714` 個、float32) の勾配を **8 ランク**のリングで all-reduce する時間を計算し、
+# 秒で `allreduce_s` に入れてください。`ab.time` は使わずに、モデルの式を書きます。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## Exercise: predict an all-reduce
 #
 # With alpha (`ab.alpha`, seconds per step) and beta (`ab.beta`, bytes per second) fitted
-# above, compute by the model (2(n−1) steps, each rank sends 2(n−1)/n times S) how long a
-# ring all-reduce of the gradients of about 2.1 million parameters (`2_120_714` float32
-# values) takes on **8 ranks**. Put the answer, in seconds, in `allreduce_s`. Write
-# the formula rather than calling `ab.time`.
+# above, compute how long a ring all-reduce of the gradients of about 2.1 million
+# parameters (`2_120_714` float32 values) takes on **8 ranks**, in seconds, in
+# `allreduce_s`. Write the model's formula rather than calling `ab.time`.
 
 # %% tags=["exercise"]
 n_params = 2_120_714  # the 2.1 M-parameter MLP below; one float32 gradient per parameter
@@ -292,38 +267,30 @@ exercises.grade_allreduce_prediction(ab, n_params, 8, allreduce_s)
 # %% [markdown] lang="ja" tags=["core"]
 # ## バケット: DDP が勾配をまとめる理由
 #
-# 上の α–β の当てはめから、DDP が勾配を 1 つずつ送らず、全部がそろうのを待ちもしない理由が 2 つ
-# わかります。
+# DDP が勾配を 1 つずつ送らず、全部がそろうのを待ちもしない理由は 2 つです。
 #
-# - **呼び出しのたびに α を払います。** S バイトの all-reduce は 2(n−1)α + 2(n−1)/n × S/β です。
-#   モデルの P 個のテンソルを 1 つずつ送ると固定の部分を P 回払い、まとめて 1 回なら 1 回で済みます。
-#   次のセルが、この実行の α と β で両方を計算します。
-# - **全部の勾配を待つと、逆伝播との重なりを捨てます。** 逆伝播は最後の層から最初の層へ勾配を
-#   計算します。最後の勾配を待ってから all-reduce を 1 回すると、その時間がまるごとステップに足されます。
-#   早くそろった勾配を送れば、前の層の計算と同時に通信できます (重なりの節で測ります)。
+# - **呼び出しのたびに α を払います。** P 個のテンソルを 1 つずつ送ると固定の部分を P 回払います。
+#   次のセルが、この実行の α と β で計算します。
+# - **全部を待つと、逆伝播との重なりを捨てます。** 逆伝播は最後の層から勾配を計算するので、早くそろった
+#   勾配は前の層の計算と同時に送れます。
 #
 # そこで DDP は、逆伝播が勾配を出す順に勾配を**バケット**に詰め、バケットがそろうたびに all-reduce を
-# 1 回実行します。呼び出しは少なく、始まりは早くなります。バケットが大きすぎると通信の始まりが遅れ、
-# 小さすぎると α がかさみます。
+# 1 回実行します。大きすぎるバケットは通信の始まりを遅らせ、小さすぎると α がかさみます。
 
 # %% [markdown] lang="en" tags=["core"]
 # ## Buckets: why DDP groups gradients
 #
-# The alpha-beta fit above gives the two reasons why DDP neither sends the gradients
-# one by one nor waits for all of them.
+# DDP neither sends the gradients one by one nor waits for all of them, for two
+# reasons.
 #
-# - **Every call pays alpha.** An all-reduce of S bytes costs 2(n−1) alpha +
-#   2(n−1)/n × S / beta. Sending a model's P tensors one by one pays the fixed part P
-#   times; one call pays it once. The next cell computes both with this run's alpha
-#   and beta.
-# - **Waiting for every gradient forfeits overlap.** The backward pass computes the
-#   gradients from the last layer to the first. One all-reduce after the last gradient
-#   adds its whole time to the step; gradients that are ready early can be sent while
-#   the earlier layers still compute (the overlap section measures it).
+# - **Every call pays alpha.** Sending P tensors one by one pays the fixed part P
+#   times. The next cell computes it with this run's alpha and beta.
+# - **Waiting for every gradient forfeits overlap.** Backward computes the last layer's
+#   gradients first; those can travel while the earlier layers still compute.
 #
 # So DDP packs the gradients, in the order backward produces them, into **buckets**
-# and runs one all-reduce each time a bucket is complete: few calls, started early.
-# Too large a bucket starts communication late; too small a bucket adds up alpha.
+# and runs one all-reduce each time a bucket is complete. Too large a bucket starts
+# communication late; too small a bucket adds up alpha.
 
 # %%
 from labkit import workload
@@ -334,6 +301,8 @@ one_by_one = sum(ab.time(b, 2) for b in tensor_bytes)
 together = ab.time(sum(tensor_bytes), 2)
 print(f"{len(tensor_bytes)} tensors, {sum(tensor_bytes) / 2**20:.2f} MiB: one by one "
       f"{one_by_one * 1e3:.2f} ms, in one call {together * 1e3:.2f} ms (alpha-beta model)")
+
+# %% tags=["hide-input"]
 # The same bytes; the difference is (P - 1) fixed parts 2 alpha.
 assert math.isclose(one_by_one - together, (len(tensor_bytes) - 1) * ab.time(0, 2),
                     rel_tol=1e-6, abs_tol=1e-12)
@@ -343,9 +312,9 @@ assert one_by_one >= together
 # ### `DDP(model)` が実際に送るもの
 #
 # torch のドキュメントは `bucket_cap_mb` の既定値を 25 としていますが、`DDP(model)` は
-# `DDP(model, bucket_cap_mb=25)` と同じではありません。約 210 万パラメータ (2,120,714 個 × 4 バイト
-# = 8.09 MiB) の MLP を両方で包み、送られたバケットの大きさを通信フック
-# (`comm_counting.CommCounter`) でステップごとに記録します (torch の中の MB は MiB = 2^20 バイトです)。
+# `DDP(model, bucket_cap_mb=25)` と同じではありません。210 万パラメータ (8.09 MiB) の MLP を両方で包み、
+# 送られたバケットの大きさを通信フック (`comm_counting.CommCounter`) でステップごとに記録します
+# (torch の MB は MiB = 2^20 バイトです)。
 #
 # **予想してから実行:** `DDP(model)` は 1 ステップ目にいくつのバケットを送るでしょうか? 2 ステップ目は?
 # `bucket_cap_mb=25` ではどうでしょうか?
@@ -354,10 +323,9 @@ assert one_by_one >= together
 # ### What `DDP(model)` really sends
 #
 # torch documents 25 as the default of `bucket_cap_mb`, yet `DDP(model)` is not
-# `DDP(model, bucket_cap_mb=25)`. Wrap the MLP of about 2.1 million parameters
-# (2,120,714 × 4 bytes = 8.09 MiB) both ways and record the size of every bucket sent,
-# step by step, with a communication hook (`comm_counting.CommCounter`). (Inside torch,
-# "MB" means MiB, 2^20 bytes.)
+# `DDP(model, bucket_cap_mb=25)`. Wrap the 2.1 M-parameter MLP (8.09 MiB) both ways and
+# record the size of every bucket sent, step by step, with a communication hook
+# (`comm_counting.CommCounter`). (Torch's "MB" means MiB, 2^20 bytes.)
 #
 # **Predict, then run:** how many buckets will `DDP(model)` send at step 1? At step 2?
 # And with `bucket_cap_mb=25`?
@@ -386,28 +354,29 @@ seen = {}
 ways = {"DDP(model)": {}, "bucket_cap_mb=25": {"bucket_cap_mb": 25}}
 for name, kwargs in ways.items():
     seen[name], param_bytes = log_buckets(big, **kwargs)
-    for step, sizes in enumerate(seen[name], start=1):
+assert seen["DDP(model)"][1][0] >= dist._DEFAULT_FIRST_BUCKET_BYTES  # 1 MiB
+# The buckets a training step sends, for the cells below (the tiny MLP's too).
+buckets_used = {"tiny MLP": log_buckets(workload.Config(accum_steps=1))[0][-1],
+                "2.1 M-parameter MLP": seen["DDP(model)"][-1]}
+
+# %%
+# %%px
+for name, steps in seen.items():
+    for step, sizes in enumerate(steps, start=1):
         print(f"{name}, step {step}: {len(sizes)} bucket(s), "
               + " + ".join(f"{b / 2**20:.2f}" for b in sizes) + " MiB")
 # DDP(model): one bucket, then from step 2 a rebuilt split; the sizes add up to
 # every gradient's bytes in each step.
 buckets.check_buckets_rebuilt(seen["DDP(model)"], param_bytes)
-assert seen["DDP(model)"][1][0] >= dist._DEFAULT_FIRST_BUCKET_BYTES  # 1 MiB
 assert seen["bucket_cap_mb=25"] == [[param_bytes]] * 3  # one bucket every step
-# The buckets a training step sends, for the cells below (the tiny MLP's too).
-buckets_used = {"tiny MLP": log_buckets(workload.Config(accum_steps=1))[0][-1],
-                "2.1 M-parameter MLP": seen["DDP(model)"][-1]}
 
 # %% [markdown] lang="ja"
-# 1 ステップ目の前、DDP は勾配がどの順にそろうかを知りません (`model.parameters()` の順は実行の順とは
-# 限りません)。そこで全勾配を **1 つのバケット**に入れ、逆伝播がすべて終わってから 8.09 MiB の
-# all-reduce を 1 回だけします。重なりはありません。1 ステップ目にそろった順を記録し、2 ステップ目の前に
-# その順でバケットを**作り直します**。最初のバケットは小さく (上限 1 MiB。通信を早く始めるため)、残りは
-# 上限 25 MiB です。ここでは最後の層とその前の層のバイアスに 4 MiB の重みが加わって 1 MiB を超えるので、
-# 最初のバケットは 4.04 MiB、残りが 4.05 MiB です。`bucket_cap_mb` を渡すと最初のバケットの上限もその値に
-# なり、25 なら毎ステップ全部が 1 つに収まります。ですから「既定は 25 MB」は正確ではありません。
+# 1 ステップ目の前、DDP は勾配がそろう順を知らないので、全勾配を **1 つのバケット**にして逆伝播の
+# あとに送り、2 ステップ目の前に見た順でバケットを**作り直します**。最初のバケットの上限は通信を早く
+# 始めるために 1 MiB、残りは 25 MiB ですが、`bucket_cap_mb` を渡すと最初の上限もその値になり、25 なら
+# 毎ステップ 1 つに収まるので、「既定は 25 MB」は正確ではありません。
 #
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
 # torch 2.13 の `torch/nn/parallel/distributed.py` で読めます。1 ステップ目を 1 つのバケットにする理由は
 # `_ddp_init_helper` のコメント (ほかの集団通信があるモデルや、一部のランクで使われないパラメータが
@@ -419,16 +388,12 @@ buckets_used = {"tiny MLP": log_buckets(workload.Config(accum_steps=1))[0][-1],
 # </details>
 
 # %% [markdown] lang="en"
-# Before step 1 DDP does not know in which order the gradients become ready
-# (`model.parameters()` need not be the order of execution). So it puts every gradient
-# in **one bucket** and makes a single all-reduce of 8.09 MiB once the whole backward
-# pass is done: no overlap. During step 1 it records the order, and before step 2 it
-# **rebuilds** the buckets in that order: a small first bucket (a 1 MiB limit, so that
-# communication starts early) and 25 MiB for the others. Here the last layer and the
-# previous layer's bias plus a 4 MiB weight pass 1 MiB, so the first bucket holds
-# 4.04 MiB and the rest 4.05 MiB. Passing `bucket_cap_mb` sets the first bucket's limit
-# as well: with 25 everything fits in one bucket every step. So "25 MB by default" is
-# not exact.
+# Before step 1 DDP does not know in which order the gradients become ready, so it
+# sends them all as **one bucket** after the backward pass, and before step 2
+# **rebuilds** the buckets in the order it saw: the first capped at 1 MiB so that
+# communication starts early, the rest at 25 MiB. Passing `bucket_cap_mb` caps the
+# first bucket too, so with 25 everything fits in one bucket every step, and "25 MB by
+# default" is not exact.
 #
 # <details><summary>How this was measured</summary>
 #
@@ -445,26 +410,24 @@ buckets_used = {"tiny MLP": log_buckets(workload.Config(accum_steps=1))[0][-1],
 # %% [markdown] lang="ja" tags=["core"]
 # ## 勾配の計算と通信の重なり
 #
-# バケットがそろった時点で all-reduce が始まるので、通信は逆伝播の**途中で**始まり、残りの計算と
-# 重なります。1 MB の重みが 7 つある MLP (幅 512、8 層) を上限 1 MB で包み (バケットがいくつもできます)、
-# 4 ステップ分、各バケットの all-reduce の始まりと終わりを、逆伝播の始まりからの時間で記録します。
-# 勾配の計算が終わった時刻は、各パラメータの `register_post_accumulate_grad_hook` (勾配が書き込まれた
-# 直後に呼ばれるフック) の最後の呼び出しです。`loss.backward()` が戻る時刻ではありません。DDP はそこで
-# 全バケットの all-reduce を待つからです。all-reduce を始めるのはセルに書いた通信フック
-# `allreduce_hook` で、DDP の既定のフックと同じことを、時刻を記録しながらします。
+# all-reduce はバケットがそろった時点で始まるので、通信は逆伝播の**途中で**始まり、残りの計算と
+# 重なります。1 MB の重みが 7 つある MLP を上限 1 MB で包み、4 ステップ分、各バケットの all-reduce の
+# 始まりと終わりを、セルに書いた通信フック `allreduce_hook` (DDP の既定のフックと同じ仕事) で記録します。
 #
 # 勾配の計算が終わる前に走った通信は計算に**隠れ**、あとに走った通信は**表に出て**ステップを
-# 長くします。`buckets.check_overlap` は、1 ステップ目のあとの全ステップで隠れた通信があることを
-# 確かめます。**この見方が扱わないもの:** 隠れた通信が、同じコアや回線を使う計算を遅くしたかどうかは
-# 数えません。数えるのは時刻だけです。
+# 長くします。`buckets.check_overlap` は、2 ステップ目からどのステップにも隠れた通信があることを
+# 確かめます。
 #
 # **予想してから実行:** 1 ステップ目は何回 all-reduce するでしょうか? 作り直したあとのステップは?
 #
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
-# 始まりの時刻は DDP が gloo に渡した時刻で、先の all-reduce が終わるまで待つこともあります。
-# all-reduce を最後のバケットまで止めておく通信フックでは `check_overlap` が失敗することを
-# tests/test_comm.py が確かめます。
+# この見方は時刻だけを数え、隠れた通信が同じコアや回線を使う計算を遅くしたかどうかは数えません。
+# 勾配の計算が終わった時刻は、各パラメータの `register_post_accumulate_grad_hook` (勾配が書き込まれた
+# 直後に呼ばれるフック) の最後の呼び出しです。`loss.backward()` が戻る時刻ではありません。DDP はそこで
+# 全バケットの all-reduce を待つからです。始まりの時刻は DDP が gloo に渡した時刻で、先の all-reduce が
+# 終わるまで待つこともあります。all-reduce を最後のバケットまで止めておく通信フックでは `check_overlap`
+# が失敗することを tests/test_comm.py が確かめます。
 #
 # </details>
 
@@ -473,28 +436,26 @@ buckets_used = {"tiny MLP": log_buckets(workload.Config(accum_steps=1))[0][-1],
 #
 # A bucket's all-reduce starts as soon as the bucket is complete, so communication
 # starts **during** the backward pass and overlaps the computation that remains. Wrap an
-# MLP with seven 1 MB weights (width 512, 8 layers) with a 1 MB limit (several buckets)
-# and record for 4 steps when each bucket's all-reduce starts and ends, counted from the
-# start of backward. The gradient computation ends at the last call of each parameter's
-# `register_post_accumulate_grad_hook` (a hook called right after its gradient is
-# written), not at the return of `loss.backward()`: DDP waits there for every bucket's
-# all-reduce. What starts each all-reduce is the comm hook written in the cell,
-# `allreduce_hook`: it does what DDP's default hook does, and stamps the times.
+# MLP with seven 1 MB weights with a 1 MB limit and record for 4 steps when each
+# bucket's all-reduce starts and ends, with the comm hook written in the cell,
+# `allreduce_hook` (the work of DDP's default hook).
 #
 # Communication that runs before the gradient computation ends is **hidden** behind it;
 # what runs after is **exposed** and lengthens the step. `buckets.check_overlap` asserts
-# that every step after the first hid some communication. **What this view leaves out:**
-# whether hidden communication slowed the computation it shares cores or links with; it
-# counts only times.
+# that every step after the first hid some communication.
 #
 # **Predict, then run:** how many all-reduces will step 1 make? And the steps after the
 # rebuild?
 #
 # <details><summary>How this was measured</summary>
 #
-# A start is when DDP hands the bucket to gloo; it may wait there for earlier ones.
-# tests/test_comm.py checks that a comm hook holding every all-reduce until the last
-# bucket makes `check_overlap` fail.
+# This view counts only times, not whether hidden communication slowed the computation
+# it shares cores or links with. The gradient computation ends at the last call of each parameter's
+# `register_post_accumulate_grad_hook` (a hook called right after its gradient is
+# written), not at the return of `loss.backward()`: DDP waits there for every bucket's
+# all-reduce. A start is when DDP hands the bucket to gloo; it may wait there for
+# earlier ones. tests/test_comm.py checks that a comm hook holding every all-reduce
+# until the last bucket makes `check_overlap` fail.
 #
 # </details>
 
@@ -508,6 +469,9 @@ def allreduce_hook(timeline, bucket):  # DDP calls it with each bucket once it i
 
 
 timeline = buckets.bucket_timeline(rank, world_size, cfg, allreduce_hook, steps=4)
+
+# %% tags=["hide-input"]
+# %%px
 for i, step in enumerate(timeline, start=1):
     print(f"rank {rank}, step {i}: {len(step['events'])} all-reduce(s); gradients done "
           f"at {step['grad_end'] * 1e3:.1f} ms, backward() returned at "
@@ -516,7 +480,7 @@ for i, step in enumerate(timeline, start=1):
 assert len(timeline[-1]["events"]) > 3  # several buckets after the rebuild
 buckets.check_overlap(timeline)  # every step after the first hid some communication
 
-# %%
+# %% tags=["hide-input"]
 timeline = ranks.pull("timeline")[0]
 fig = plots.timeline(timeline, title="overlap_title")
 
@@ -555,24 +519,23 @@ fig = plots.timelines({labkit.t("cap_panel", name=name, n=len(step["events"])): 
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 1 回の更新の時間を予測する
 #
-# K 個のマイクロバッチで 1 回更新するとき、時間は次の 3 つでほぼ決まります。
+# K 個のマイクロバッチで 1 回更新する時間は、ほぼ次の 3 つで決まります。
 #
-# - c: マイクロバッチ 1 つの順伝播と逆伝播 (通信なし)
-# - s: 同期 1 回のコスト (all-reduce と DDP 自身の仕事)
+# - c: マイクロバッチ 1 つの順伝播と逆伝播
+# - s: 同期 1 回 (all-reduce と DDP 自身の仕事)
 # - o: オプティマイザのステップなど、更新ごとの残り
 #
 # 全マイクロバッチで同期すると K·c + K·s + o、`no_sync` なら K·c + s + o です。
-# K = 1, 2, 4 の実測から c, s, o を求め、見ていない K = 8 を予測して、実測と比べます。
-# 2 つのモデル (小さな MLP (2,110 パラメータ) と 210 万パラメータの MLP) で行います。
+# 小さな MLP (2,110 パラメータ) と 210 万パラメータの MLP で、K = 1, 2, 4 の実測から c, s, o を求め、
+# 見ていない K = 8 を予測して実測と比べます。**このモデルが扱わないもの:** 通信と計算の重なりと、
+# マイクロバッチごとの仕事の違い (下で見ます) です。
+#
+# <details><summary>測り方</summary>
+#
 # セルは、大きなモデルの最大の誤差が 50% 未満であることを確かめます。小さなモデルの更新は 1〜2 ms と
 # 短く、all-reduce の待ちの揺れが大きな部分を占めるので、誤差は表示するだけにして、K = 8 で `no_sync`
-# の更新が全同期よりはっきり速い (1.5 倍以上) ことを確かめます。**このモデルが扱わないもの:** 通信と
-# 計算の重なり (s は重ならない分として当てはまります) と、マイクロバッチごとの仕事の違い (下で見ます)。
-#
-# <details><summary>測り方の詳細</summary>
-#
-# 中央値をとる巡の数は、小さなモデル 15、大きなモデル 9 です。このマシンでは、大きなモデルの誤差は
-# コアを 1 つ忙しくしても 10〜21% でした。小さなモデルの誤差は 6 回の実行で 9〜58% とばらつき、
+# の更新が全同期より 1.5 倍以上速いことを確かめます。中央値をとる巡の数は、小さなモデル 15、
+# 大きなモデル 9 です。このマシンでは、大きなモデルの誤差はコアを 1 つ忙しくしても 10〜21% でした。小さなモデルの誤差は 6 回の実行で 9〜58% とばらつき、
 # K = 8 の `no_sync` の効果は 3.8〜6.7 倍 (`no_sync` を外すと 0.97〜1.00 倍) でした。
 #
 # </details>
@@ -582,26 +545,24 @@ fig = plots.timelines({labkit.t("cap_panel", name=name, n=len(step["events"])): 
 #
 # An update of K micro-batches costs, to a good approximation,
 #
-# - c: forward and backward of one micro-batch (no communication)
-# - s: the cost of one synchronization (the all-reduce and DDP's own work)
+# - c: forward and backward of one micro-batch
+# - s: one synchronization (the all-reduce and DDP's own work)
 # - o: the optimizer step and the rest of an update
 #
 # Synchronizing every micro-batch gives K·c + K·s + o; `no_sync` gives K·c + s + o.
-# Fit c, s and o on the measurements for K = 1, 2, 4, predict the unseen K = 8, and
-# compare, for two models (a tiny MLP of 2,110 parameters and a 2.1 M-parameter MLP).
-# The cell asserts that the large model's worst error stays under 50%. The tiny model's
-# update lasts 1-2 ms, much of it the jittery wait of an all-reduce, so the cell prints
-# its error and asserts what holds anyway: at K = 8, a synced update takes at least
-# 1.5 times as long as a `no_sync` one. **What the model leaves out:** overlap of
-# communication with computation (s is fitted as the part that does not overlap), and
-# micro-batches that do different work (see below).
+# For a tiny MLP (2,110 parameters) and a 2.1 M-parameter MLP, fit c, s and o on the
+# measurements for K = 1, 2, 4, predict the unseen K = 8, and compare. **What the model
+# leaves out:** overlap, and micro-batches that do different work (see below).
 #
 # <details><summary>How this was measured</summary>
 #
-# The medians are over 15 rounds for the tiny model and 9 for the large one. On this
-# machine the large model's error stayed at 10-21% even with a core kept busy; the tiny
-# model's ranged over 9-58% in six runs, and its `no_sync` saving at K = 8 over
-# 3.8-6.7x (0.97-1.00x with `no_sync` removed).
+# The cell asserts that the large model's worst error stays under 50%. The tiny model's
+# update lasts 1-2 ms, much of it the jittery wait of an all-reduce, so the cell prints
+# its error and asserts what holds anyway: at K = 8, a synced update takes at least
+# 1.5 times as long as a `no_sync` one. The medians are over 15 rounds for the tiny
+# model and 9 for the large one. On this machine the large model's error stayed at
+# 10-21% even with a core kept busy; the tiny model's ranged over 9-58% in six runs,
+# and its `no_sync` saving at K = 8 over 3.8-6.7x (0.97-1.00x with `no_sync` removed).
 #
 # </details>
 
@@ -615,21 +576,23 @@ step_times = {name: comm.step_times_by_k(rank, world_size, hidden, depth, repeat
 
 # %%
 step_times = ranks.pull("step_times")[0]
-measured, predicted, errors, fitted = {}, {}, {}, {}
+fitted = {name: comm.fit_step_model(times, fit_on=(1, 2, 4))  # K = 8 left unseen
+          for name, times in step_times.items()}
+for name, m in fitted.items():
+    print(f"{name}: c = {m.compute_s * 1e3:.2f} ms, s = {m.sync_s * 1e3:.2f} ms, "
+          f"o = {m.optimizer_s * 1e3:.2f} ms")
+
+# %%
+measured, predicted, errors = {}, {}, {}
 for name, times in step_times.items():
-    model = comm.fit_step_model(times, fit_on=(1, 2, 4))
-    fitted[name], errors[name] = model, comm.max_rel_error(model, times)
+    model = fitted[name]
+    errors[name] = comm.max_rel_error(model, times)
     ks = sorted(times)
     for mode in ("sync", "no_sync"):
         measured[f"{name}, {mode}"] = (ks, [getattr(times[k], mode) * 1e3 for k in ks])
         predicted[f"{name}, {mode}"] = (ks, [model.predict(k, mode == "no_sync") * 1e3
                                              for k in ks])
-    print(f"{name}: c = {model.compute_s * 1e3:.2f} ms, s = {model.sync_s * 1e3:.2f} ms, "
-          f"o = {model.optimizer_s * 1e3:.2f} ms; worst error {errors[name]:.0%}")
-    for k in ks:
-        print(f"  K={k}: sync {times[k].sync * 1e3:6.1f} ms (model "
-              f"{model.predict(k, False) * 1e3:6.1f}), no_sync {times[k].no_sync * 1e3:6.1f} ms"
-              f" (model {model.predict(k, True) * 1e3:6.1f})")
+    print(f"{name}: worst error {errors[name]:.0%}")
 fig = plots.measured_vs_model(measured, predicted, xlabel="accum_k",
                               ylabel="step_time_ms", title="model_vs_measured")
 # The unseen K = 8 too: a model missing s or o is off by more than 50%.
@@ -639,20 +602,16 @@ small_k8 = step_times["tiny MLP"][8]
 assert small_k8.sync > 1.5 * small_k8.no_sync, small_k8
 
 # %% [markdown] lang="ja"
-# c、s、o は時間なので、負にならないように求めます (非負の最小二乗法)。それでも o が 0 になることが
-# あります。更新の最初のマイクロバッチは、ほかのマイクロバッチより仕事が少ないからです。`zero_grad()` の
-# あとの最初の逆伝播は勾配を書き込むだけですが、2 回目からは前の勾配に足し込みます (全勾配をもう 1 回
-# 読んで書く)。その分がモデルでは o を小さく見せます。大きなモデルで、1 プロセスで確かめます。
-# 足し込みが起きること (同じテンソルに、2 回分の和) はセルが確かめます。図は 20 回すべての時間と中央値です。
+# c、s、o は負にならないように求めますが、o が 0 になることがあります。`zero_grad()` のあとの最初の逆伝播は
+# 勾配を書き込むだけで、2 回目からは前の勾配に足し込む (全勾配をもう 1 回読んで書く) ので、最初の
+# マイクロバッチは仕事が少なく、その分がモデルでは o を小さく見せます。大きなモデルで、1 プロセスで確かめます。
 
 # %% [markdown] lang="en"
-# c, s and o are times, so the fit keeps them non-negative (non-negative least squares).
-# Even so, o can come out 0: the first micro-batch of an update does less work than the
-# others. After `zero_grad()` the first backward only writes the gradients; from the
-# second on, each adds to them (reading and writing every gradient once more). In the
-# model that extra work makes o look smaller. Check it in one process with the large
-# model: the cell asserts that the second backward adds (into the same tensors, the sum
-# of both); the figure shows all 20 rounds of each and their median.
+# c, s and o are fitted non-negative, yet o can come out 0. After `zero_grad()` the
+# first backward only writes the gradients; from the second on, each adds to them
+# (reading and writing every gradient once more). The first micro-batch does less
+# work, which in the model makes o look smaller. Check it in one process with the
+# large model.
 
 # %%
 import time
@@ -669,15 +628,16 @@ for _ in range(20):
     net.zero_grad()  # the gradients are gone (None)
     t0 = time.perf_counter()
     criterion(net(X), y).backward()  # writes the gradients
-    t1 = time.perf_counter()
+    first.append(time.perf_counter() - t0)
     written = [(p.grad.data_ptr(), p.grad.clone()) for p in net.parameters()]
-    t2 = time.perf_counter()
+    t0 = time.perf_counter()
     criterion(net(X), y).backward()  # adds to them
-    first.append(t1 - t0)
-    later.append(time.perf_counter() - t2)
+    later.append(time.perf_counter() - t0)
     for p, (ptr, grad) in zip(net.parameters(), written, strict=True):
         assert p.grad.data_ptr() == ptr  # the same tensor, added to in place
         torch.testing.assert_close(p.grad, 2 * grad)  # the sum of both micro-batches
+
+# %% tags=["hide-input"]
 assert len(first) == len(later) == 20  # every round timed, drawn
 fig = plots.rounds({labkit.t("measured"): (
     [labkit.t("first_backward"), labkit.t("second_backward")],
@@ -687,17 +647,15 @@ print("fitted o: " + ", ".join(f"{name} {m.optimizer_s * 1e3:.2f} ms"
                                for name, m in fitted.items()))
 
 # %% [markdown] lang="ja"
-# 同期 1 回のコスト s のうち、all-reduce そのものはどれだけでしょうか。上で通信フックが記録した
-# バケット (2 ステップ目以降のもの) ごとに α–β モデルで all-reduce の時間を計算して足し、s と比べます。
-# all-reduce が説明するのは s の一部だけで、残りは DDP 自身の仕事 (勾配をバケットに集めて戻す処理など)
-# とランクどうしの同期待ちです。その割合を表示します。
+# 同期 1 回のコスト s のうち、all-reduce そのものはどれだけでしょうか。上で記録したバケットごとに
+# α–β モデルで all-reduce の時間を足し、s と比べます。残りは DDP 自身の仕事 (勾配をバケットに集めて
+# 戻す処理など) とランクどうしの同期待ちです。
 
 # %% [markdown] lang="en"
-# How much of one synchronization's cost s is the all-reduce itself? For each bucket the
-# communication hook recorded above (from step 2 on), compute the all-reduce time with
-# the alpha-beta model, add them up and compare with s. The all-reduce explains only part
-# of s; the rest is DDP's own work (gathering gradients into buckets and back, and the
-# like) and the ranks waiting for each other. The cell prints the share.
+# How much of one synchronization's cost s is the all-reduce itself? Add up the
+# alpha-beta time of each bucket recorded above and compare with s. The rest is DDP's
+# own work (gathering gradients into buckets and back) and the ranks waiting for each
+# other.
 
 # %%
 buckets_used = ranks.pull("buckets_used")[0]
@@ -706,14 +664,13 @@ allreduce_s = {name: sum(ab.time(b, 2) for b in sizes)
 for name, sizes in buckets_used.items():
     s_fit = fitted[name].sync_s
     share = allreduce_s[name] / s_fit if s_fit else float("nan")
-    print(f"{name}: s = {s_fit * 1e3:.2f} ms, of which the alpha-beta all-reduce of "
-          f"{len(sizes)} bucket(s), " + " + ".join(f"{b / 2**20:.3f}" for b in sizes)
-          + f" MiB, is {allreduce_s[name] * 1e3:.2f} ms ({share:.0%})")
+    print(f"{name}: s = {s_fit * 1e3:.2f} ms, of which the all-reduce of {len(sizes)} "
+          f"bucket(s) is {allreduce_s[name] * 1e3:.2f} ms ({share:.0%})")
 
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 演習: K = 16 の更新を予測する
 #
-# 大きなモデル (210 万パラメータの MLP) の c、s、o から、K = 16 のときの 1 回の更新の時間を、全マイクロバッチで
+# 大きなモデル (210 万パラメータの MLP) の c、s、o から、K = 16 の 1 回の更新の時間を、全マイクロバッチで
 # 同期する場合 (`sync_s`) と `no_sync` の場合 (`no_sync_s`) について、秒で計算してください。
 # `predict` は使わずに、式を書きます。
 
@@ -741,30 +698,21 @@ exercises.grade_step_prediction(fit, K, sync_s, no_sync_s)
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## モデルで探る: GPU とランク数
 #
-# スライダーで条件を変えると、モデルが予測する「1 ランクと比べた速度向上」(1 秒あたりのサンプル数の比)
-# をランク数ごとに描きます。同期 1 回は、上で記録したバケットをリング型の α–β モデルで 1 つずつ
-# all-reduce した時間 (重なりは数えない、控えめな見積もり) に、DDP 自身の仕事 (s の残り) を足したものです。
-# n ランクでは、各バケットが 2(n−1) ステップの α と、2(n−1)/n × S / β を払います。最初の値は、
-# このマシンで 2 ランクで測った α (1 ステップあたり)、β と、大きなモデルの c です。回線を選ぶと β が
-# その回線の公称帯域 (メーカーの公表値、片方向) になります。「勾配の大きさ」は記録したバケットを
-# 何倍にするかです。**これはモデルによる予測で、測定ではありません**。2 ランクで当てはめた α を 64 ランクへ
-# 延ばしており、実際のライブラリはランク数が多いと木構造などほかのアルゴリズムも使います。GPU では計算も
-# 速くなるので、c も小さくしてみてください。
+# スライダーで条件を変えると、モデルが予測する 1 ランクに対する速度向上をランク数ごとに描きます。
+# 同期 1 回は、上で記録したバケットの α–β の時間の和 (重なりは数えない、控えめな見積もり) と DDP 自身の
+# 仕事 (s の残り) です。最初の値はここで測った α、β と大きなモデルの c で、回線を選ぶと β がその回線の
+# 公称帯域になります。**これはモデルによる予測で、測定ではありません。** GPU では計算も速くなるので、
+# c も小さくしてみてください。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## Explore with the model: GPUs and ranks
 #
-# Move the sliders and the model plots the speed-up over one rank (the ratio of samples
-# per second) for each number of ranks. One synchronization is the ring alpha-beta time
-# of each bucket recorded above, one after the other (no overlap counted: a cautious
-# estimate), plus DDP's own work (the rest of s). On n ranks each bucket pays 2(n−1)
-# steps of alpha and 2(n−1)/n × S / beta. The starting values are alpha (per step) and
-# beta measured here on two ranks, and c of the large model. Choosing a link sets beta to
-# its nominal bandwidth (the vendor's published figure, one direction); "grad_scale"
-# multiplies the recorded buckets. **This is a prediction by the model, not a
-# measurement.** Alpha fitted on two ranks is extended to 64, and real libraries switch
-# to other algorithms, such as trees, on many ranks. GPUs also compute faster, so try a
-# smaller c as well.
+# Move the sliders and the model plots the predicted speed-up over one rank for each
+# number of ranks. One synchronization is the alpha-beta time of the buckets recorded
+# above, added up (no overlap counted: a cautious estimate), plus DDP's own work (the
+# rest of s). The starting values are alpha, beta and the large model's c measured
+# here; choosing a link sets beta to its nominal bandwidth. **This is a prediction by
+# the model, not a measurement.** GPUs also compute faster, so try a smaller c too.
 
 # %%
 import ipywidgets as widgets
@@ -810,7 +758,7 @@ explorer
 # predicted slower than synchronizing every micro-batch, nor above the ideal (the number
 # of ranks).
 
-# %%
+# %% tags=["hide-input"]
 for link, beta in links.items():
     model = comm.AlphaBeta(ab.alpha, beta)
     for n in (2, 8, 64):
@@ -818,7 +766,6 @@ for link, beta in links.items():
             fast = comm.predicted_speedup(n, K, True, big_buckets, c_measured, model)
             slow = comm.predicted_speedup(n, K, False, big_buckets, c_measured, model)
             assert slow <= fast <= n
-print("no_sync >= sync, and never above the ideal, for every link, n and K tried")
 
 # %%
 ranks.stop()

@@ -47,24 +47,22 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # %% [markdown] lang="ja" tags=["core"]
 # ## DDP が 1 ステップでしていること
 #
-# `no_sync` は送る回数を減らしました (レッスン 04)。まず、DDP そのものが 1 ステップでしていることを、
-# レッスン 03〜05 で見たとおりに並べます。
+# `no_sync` は送る回数を減らしました (レッスン 04)。まず、DDP そのものが 1 ステップでしていることを
+# 並べます (レッスン 03〜05)。
 #
-# 1. 作るときに、ランク 0 のパラメータを全ランクに配ります (`broadcast`)。全レプリカが同じ重みから
-#    始まります。
-# 2. パラメータを**バケット**に分けます。順番は `model.parameters()` の**逆**です。逆伝播は最後の層の
-#    勾配から計算するので、そのバケットから先に送れます。バケットは上限 (`bucket_cap_mb`) に達したところで
-#    閉じます。
-# 3. 各パラメータの**フック**が、勾配ができたときに呼ばれます。バケットの勾配がすべてそろうと、
-#    バケットの **all-reduce を非同期で始め**、逆伝播はそのまま続きます。
+# 1. 作るときに、ランク 0 のパラメータを全ランクに配ります (`broadcast`)。
+# 2. パラメータを `model.parameters()` の**逆**順に**バケット**に分けます。逆伝播は最後の層の勾配から
+#    計算するからです。バケットは上限 (`bucket_cap_mb`) に達したところで閉じます。
+# 3. 各パラメータの**フック**が勾配ができたときに呼ばれ、バケットがそろうと、その **all-reduce を
+#    非同期で始めます**。逆伝播はそのまま続きます。
 # 4. 逆伝播の終わりで、すべての all-reduce の**完了を待ち**、和を world size で割って**平均**にします。
-# 5. `no_sync()` の中では 3 と 4 をせず、勾配は `.grad` にたまり、次に同期する逆伝播がその和を送ります。
+# 5. `no_sync()` の中では 3 と 4 をせず、勾配は `.grad` にたまります。
 #
-# 下の `BucketedDDP` と `ScratchDDP` は、これを書いたものです。簡単にしたところが 2 つあります。完了待ちは、
-# 学習ループが `optimizer.step()` の前に呼ぶ `finish_sync()` で行い、バケットは最初のステップから固定です
-# (torch の DDP は 1 ステップ目を 1 つのバケットで送り、勾配ができた順に作り直します。レッスン 05)。
+# 下の `BucketedDDP` と `ScratchDDP` は、これを書いたものです。簡単にしたところが 2 つあります。完了待ちは
+# `optimizer.step()` の前に呼ぶ `finish_sync()` で行い、バケットは最初のステップから固定です (torch の DDP は
+# 2 ステップ目の前に作り直します。レッスン 05)。
 #
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
 # torch は all-reduce をバケットの番号順に始めます。番号の大きいバケットが先にそろっても、前のバケットが
 # 始まるまで待たせます (torch の `reducer.cpp` の `mark_bucket_ready`: 「Buckets are reduced in
@@ -79,27 +77,23 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # %% [markdown] lang="en" tags=["core"]
 # ## What DDP does in a step
 #
-# `no_sync` sent less often (lesson 04). First, what DDP itself does in a step, as
-# lessons 03 to 05 showed it:
+# `no_sync` sent less often (lesson 04). First, what DDP itself does in a step
+# (lessons 03 to 05):
 #
-# 1. When built, it broadcasts rank 0's parameters: every replica starts from the same
-#    weights.
+# 1. When built, it broadcasts rank 0's parameters to every rank.
 # 2. It splits the parameters into **buckets**, in the **reverse** order of
-#    `model.parameters()`: the backward pass computes the last layer's gradients first,
-#    so those buckets can go first. A bucket closes once it reaches the cap
-#    (`bucket_cap_mb`).
-# 3. A **hook** on each parameter runs once its gradient is computed; when all of a
-#    bucket's gradients are there, it **starts the bucket's all-reduce** asynchronously,
-#    and the backward pass goes on.
+#    `model.parameters()`, as the backward pass computes the last layer's gradients
+#    first. A bucket closes once it reaches the cap (`bucket_cap_mb`).
+# 3. A **hook** on each parameter runs once its gradient is computed; when a bucket is
+#    complete, it **starts the bucket's all-reduce** asynchronously, and the backward
+#    pass goes on.
 # 4. At the end of the backward pass it **waits** for every all-reduce and divides the
 #    sums by the world size: the **mean**.
-# 5. Inside `no_sync()` it skips 3 and 4; the gradients add up in `.grad` until the next
-#    synchronized backward pass sends their sum.
+# 5. Inside `no_sync()` it skips 3 and 4; the gradients add up in `.grad`.
 #
 # `BucketedDDP` and `ScratchDDP` below write these steps, with two simplifications: they
-# wait in `finish_sync()`, which the training loop calls before `optimizer.step()`, and
-# their buckets are fixed from the first step (torch's DDP sends step 1 as one bucket,
-# then rebuilds them in the order the gradients came: lesson 05).
+# wait in `finish_sync()`, called before `optimizer.step()`, and their buckets are fixed
+# from the first step (torch's DDP rebuilds them before step 2: lesson 05).
 #
 # <details><summary>How this was measured</summary>
 #
@@ -137,10 +131,16 @@ from labkit import from_scratch
 # - `finish_sync()`: 送った all-reduce をそれぞれ `work.wait()` で待ち、world size で割り、各パラメータの
 #   `.grad` に書き戻します。最後に、次のステップのために `in_flight` と `pending` を元に戻します。
 #
-# 確認のセルは、`ScratchDDP` と torch の DDP を同じモデルと同じデータで 2 つのランクで動かし、勾配、
+# 確認のセルは、`ScratchDDP` と torch の DDP を同じモデルとデータで 2 つのランクで動かし、勾配、
 # all-reduce の回数、待つ時点、all-reduce が逆伝播の途中で始まること、`no_sync` の中で送らないことを
-# 比べます。`flat` を `wait()` のあとで読んでいるかどうかだけは確かめられません (all-reduce が先に
-# 終わっていれば、前に読んでも値は合います)。クラスは各ランク上で定義するので、セルは `%%px` です。
+# 比べます。クラスは各ランク上で定義するので、セルは `%%px` です。
+#
+# <details><summary>測り方</summary>
+#
+# `flat` を `wait()` のあとで読んでいるかどうかだけは確かめられません (all-reduce が先に終わっていれば、
+# 前に読んでも値は合います)。
+#
+# </details>
 
 # %% [markdown] lang="en"
 # ### Exercise: write the hook and the wait
@@ -160,9 +160,15 @@ from labkit import from_scratch
 #
 # The check runs your `ScratchDDP` and torch's DDP on the same model and data on two
 # ranks, and compares the gradients, the all-reduces, when they are waited for, that
-# they start during the backward pass, and that nothing is sent inside `no_sync`. It
-# cannot see whether you read `flat` only after its `wait()` (a finished all-reduce
-# gives the right values either way). The class lives on the ranks: a `%%px` cell.
+# they start during the backward pass, and that nothing is sent inside `no_sync`. The
+# class lives on the ranks: a `%%px` cell.
+#
+# <details><summary>How this was measured</summary>
+#
+# The check cannot see whether you read `flat` only after its `wait()` (a finished
+# all-reduce gives the right values either way).
+#
+# </details>
 
 # %%
 # %%px
@@ -246,10 +252,9 @@ exercises.grade_scratch_ddp(ranks)
 # %% [markdown] lang="ja" tags=["core"]
 # ## torch の DDP と比べる
 #
-# 確認のセルがしたことを、数字を出して見ます。レッスン 05 の MLP (幅 512、8 層、1 MB の重みが 7 つ) で、
-# バケットの上限を 1 MB にし、両方のモデルが同じ初期値から、このランクの同じバッチで 3 ステップずつ
-# 逆伝播し、そのあと `no_sync` で勾配をためる更新を 1 回します。`from_scratch.compare_with_ddp` は、
-# 両方の all-reduce をすべて記録します。
+# 確認のセルがしたことを、数字で見ます。レッスン 05 の MLP (幅 512、8 層) を上限 1 MB のバケットで包み、
+# 両方のモデルが同じ初期値と同じバッチで 3 ステップずつ逆伝播し、そのあと `no_sync` で勾配をためる
+# 更新を 1 回します。`from_scratch.compare_with_ddp` が両方の all-reduce をすべて記録します。
 #
 # **予想してから実行:** 1 ステップ目と 2 ステップ目以降で、`ScratchDDP` と torch の DDP はそれぞれ何回
 # all-reduce するでしょうか?
@@ -257,10 +262,10 @@ exercises.grade_scratch_ddp(ranks)
 # %% [markdown] lang="en" tags=["core"]
 # ## Compared with torch's DDP
 #
-# What the check did, with its numbers shown. On lesson 05's MLP (width 512, 8 layers,
-# seven 1 MB weights) with a 1 MB bucket cap, both models start from the same weights,
-# run 3 backward passes on this rank's same batch, then one update that accumulates
-# with `no_sync`. `from_scratch.compare_with_ddp` records every all-reduce of each.
+# What the check did, in numbers. On lesson 05's MLP (width 512, 8 layers) with a 1 MB
+# bucket cap, both models start from the same weights, run 3 backward passes on the
+# same batch, then one update that accumulates with `no_sync`.
+# `from_scratch.compare_with_ddp` records every all-reduce of each.
 #
 # **Predict, then run:** how many all-reduces do `ScratchDDP` and torch's DDP each make
 # at step 1, and from step 2 on?
@@ -275,6 +280,9 @@ for i, s in enumerate(result["steps"], start=1):
 update = result["update"]
 print(f"rank {rank}, update with no_sync: {update['calls_in_no_sync']} all-reduces "
       f"inside no_sync, {update['calls']} after; difference {update['max_diff']:.1e}")
+
+# %%
+# %%px
 assert all(s["max_diff"] == 0 for s in [*result["steps"], update])  # exactly
 assert result["steps"][0]["ddp_calls"] == 1  # torch's first step: one bucket
 assert all(s["calls"] == s["ddp_calls"] for s in [*result["steps"][1:], update])
@@ -285,25 +293,21 @@ assert all(s["sizes"] == s["ddp_sizes"] for s in [*result["steps"][1:], update])
 assert update["calls_in_no_sync"] == 0
 
 # %% [markdown] lang="ja"
-# 勾配は torch の DDP と完全に一致します。2 ステップ目からは、各 all-reduce のバイト数を始まった順に
-# 並べた列も同じで、同じバケットを同じ順に送っています。1 ステップ目だけ、torch の DDP は 1 回で、
-# `ScratchDDP` は 8 回です。
+# 勾配は torch の DDP と完全に一致し、2 ステップ目からは同じバケットを同じ順に送っています。1 ステップ目
+# だけ、torch の DDP は 1 回、`ScratchDDP` は 8 回です。
 
 # %% [markdown] lang="en"
-# The gradients equal torch DDP's exactly. From step 2 on, the bytes of each all-reduce
-# in the order they started are the same too: the same buckets, in the same order.
-# Only at step 1 does torch's DDP make one all-reduce, where `ScratchDDP` makes 8.
+# The gradients equal torch DDP's exactly, and from step 2 on the same buckets go in the
+# same order. Only at step 1 does torch's DDP make one all-reduce, `ScratchDDP` 8.
 
 # %% [markdown] lang="ja"
 # ### 通信は計算と重なっているか
 #
-# フックは all-reduce を始めるだけで、逆伝播はその間に次の層の勾配を計算します。下のセルは、
-# 各 all-reduce が終わる前に、逆伝播がほかの勾配をいくつ書いたかを数えます (`overlapped`)。フックの中で
-# `work.wait()` を呼んで待てば、逆伝播はバケットごとに止まり、何も重なりません。セルは、どの all-reduce も
-# 逆伝播の途中で始まり、重なりが 1 つ以上あることを確かめます。図は、レッスン 05 と同じ描き方で、
-# 最後のステップの all-reduce を示します。
+# フックは all-reduce を始めるだけで、逆伝播はその間に次の層の勾配を計算します。下のセルは、各
+# all-reduce が終わる前に逆伝播がほかの勾配をいくつ書いたかを数えます (`overlapped`)。フックの中で
+# `work.wait()` を呼べば、何も重なりません。図は、レッスン 05 と同じ描き方で最後のステップを示します。
 #
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
 # all-reduce が次の勾配より先に終わるかどうかはマシンの負荷で変わるので、重なりは 3 ステップのどこかで
 # 1 つ以上として確かめます。フックの中で待つとこの数が 0 になることは、tests/test_from_scratch.py が
@@ -317,10 +321,8 @@ assert update["calls_in_no_sync"] == 0
 # The hook only starts the all-reduce; meanwhile the backward pass computes the next
 # layers' gradients. The cell below counts, for each all-reduce, how many other
 # gradients the backward pass wrote before it ended (`overlapped`). Had the hook waited
-# itself (`work.wait()` inside it), the backward pass would stop at every bucket and
-# nothing would overlap. The cell checks that every all-reduce starts during the
-# backward pass and that at least one overlapped; the plot shows the last step's
-# all-reduces, drawn as in lesson 05.
+# itself (`work.wait()` inside it), nothing would overlap. The plot shows the last
+# step, drawn as in lesson 05.
 #
 # <details><summary>How this was measured</summary>
 #
@@ -330,7 +332,7 @@ assert update["calls_in_no_sync"] == 0
 #
 # </details>
 
-# %%
+# %% tags=["hide-input"]
 # %%px
 for i, s in enumerate(result["steps"], start=1):
     print(f"rank {rank}, step {i}: {s['overlapped']} of {s['calls']} all-reduces ran "
@@ -348,19 +350,16 @@ fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 通信量を減らす、ほかの 3 つの方法
 #
-# 送る**量** (やメモリ) を減らす仕組みがほかにもあります。どれも DDP に 1 か所だけ手を加えます。
+# 送る**量** (やメモリ) を減らす方法がほかにもあり、どれも DDP に 1 か所だけ手を加えます。
 #
-# - **圧縮フック** (`register_comm_hook`): バケットを圧縮して送ります。`fp16_compress_hook` と PowerSGD。
+# - **圧縮フック** (`register_comm_hook`): `fp16_compress_hook` と PowerSGD。
 # - **DDP のオプション**: `gradient_as_bucket_view=True` と `static_graph=True`。
 # - **`bucket_cap_mb`**: バケットの大きさ。
 #
-# オプティマイザの状態をランクで分割して持つ `ZeroRedundancyOptimizer` は ZeRO の最初のステージで、
-# レッスン 12 (ZeRO を手で書く) で扱います。
+# `ZeroRedundancyOptimizer` はレッスン 12 で扱います。レッスン 05 の 210 万パラメータの MLP
+# (勾配 8,482,856 バイト) で各方法を 25 ステップ動かし、all-reduce に渡されたバイト数を数えます。
 #
-# 同じ仕事 (レッスン 05 の 210 万パラメータの MLP、勾配 8,482,856 バイト) で、各方法を 1 ステップずつ
-# 順番に 25 ステップ動かし、`dist.all_reduce` に渡されたバイト数を数えます。
-#
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
 # バイト数は、`dist.all_reduce` に渡されたテンソルを `comm_counting.CollectiveLog` が数えます。
 # そのため、ふつうの DDP も、既定の動作を Python で書いた torch のフック
@@ -374,17 +373,13 @@ fig = plots.timeline(ranks.pull("result")[0]["records"], title="scratch_overlap_
 #
 # Other ways to send **less** (or hold less memory), each a single change to DDP:
 #
-# - **compression hooks** (`register_comm_hook`) that send a bucket compressed:
-#   `fp16_compress_hook` and PowerSGD;
+# - **compression hooks** (`register_comm_hook`): `fp16_compress_hook` and PowerSGD;
 # - **DDP's options** `gradient_as_bucket_view=True` and `static_graph=True`;
 # - **`bucket_cap_mb`**, the bucket size.
 #
-# `ZeroRedundancyOptimizer`, which shares out the optimizer state across the ranks, is
-# ZeRO's first stage: lesson 12 (ZeRO by hand) teaches it.
-#
-# On one workload (lesson 05's 2.1 M-parameter MLP, 8,482,856 bytes of gradients),
-# each method runs one step in turn, for 25 steps, and the bytes handed to
-# `dist.all_reduce` are counted.
+# `ZeroRedundancyOptimizer` is lesson 12's. On lesson 05's 2.1 M-parameter MLP
+# (8,482,856 bytes of gradients) each method runs 25 steps, and the bytes handed to
+# the all-reduces are counted.
 #
 # <details><summary>How this was measured</summary>
 #
@@ -418,16 +413,16 @@ fig = plots.methods_chart({
 # %% [markdown] lang="ja"
 # ### 圧縮フック: fp16 と PowerSGD
 #
-# `fp16_compress_hook` は、バケットを float16 にしてから all-reduce し、float32 に戻します。送るバイト数は
+# `fp16_compress_hook` は、バケットを float16 にして all-reduce し、float32 に戻します。送るバイト数は
 # ちょうど半分で、丸めの誤差が入ります。
 #
-# **PowerSGD** は、n × m の勾配行列 M を、近似ランク r (`matrix_approximation_rank`) の積 P Qᵀ
-# (P は n × r、Q は m × r) で近似し、M の n·m 個の値の代わりに P と Q を all-reduce します。
+# **PowerSGD** は、n × m の勾配行列 M を近似ランク r (`matrix_approximation_rank`) の積 P Qᵀ
+# (P は n × r、Q は m × r) で近似し、M の代わりに P と Q を all-reduce します。
 #
-# - **ウォームアップ**: 最初の `start_powerSGD_iter` ステップ (ここでは 10) は、ふつうの all-reduce を
-#   します。学習のはじめは、勾配の誤差に敏感だからです。
-# - **誤差のフィードバック** (`use_error_feedback`、既定で有効): 近似で落ちた分 (このランクの勾配から、
-#   実際に使われた P Qᵀ を引いた差) を覚えておき、次のステップの勾配に足します。落ちた分は遅れて届きます。
+# - **ウォームアップ**: 最初の `start_powerSGD_iter` ステップ (ここでは 10) は、ふつうの all-reduce です。
+#   学習のはじめは勾配の誤差に敏感だからです。
+# - **誤差のフィードバック** (`use_error_feedback`、既定で有効): 近似で落ちた分 (このランクの勾配から
+#   P Qᵀ を引いた差) を次のステップの勾配に足します。落ちた分は遅れて届きます。
 # - ベクトルと、圧縮しても値の数が半分より少なくならない行列は、そのまま送ります。
 #
 # **予想してから実行:** 近似ランク r = 1、2、4 のうち、送るバイト数がいちばん少ないのはどれで、
@@ -441,20 +436,20 @@ fig = plots.methods_chart({
 #
 # **PowerSGD** approximates an n × m gradient matrix M by a product P Qᵀ of approximation
 # rank r (`matrix_approximation_rank`; P is n × r, Q is m × r) and all-reduces P and Q
-# instead of M's n·m values.
+# instead of M.
 #
 # - **Warm-up**: for the first `start_powerSGD_iter` steps (10 here) it runs plain
-#   all-reduces, as the start of training is sensitive to inexact gradients.
-# - **Error feedback** (`use_error_feedback`, on by default): it keeps what the
-#   approximation dropped (this rank's gradient minus the P Qᵀ applied) and adds it to
-#   the next step's gradient, so it arrives later.
+#   all-reduces, as early training is sensitive to inexact gradients.
+# - **Error feedback** (`use_error_feedback`, on by default): what the approximation
+#   dropped (this rank's gradient minus P Qᵀ) is added to the next step's gradient, so
+#   it arrives later.
 # - A vector, and a matrix that compression would not shrink to under half its values,
 #   are sent as they are.
 #
 # **Predict, then run:** of the approximation ranks r = 1, 2, 4, which sends the fewest
 # bytes, and which ends with the loss closest to DDP's?
 
-# %%
+# %% tags=["hide-input"]
 plain, fp16 = by_method["DDP"], by_method["fp16"]
 print(f"fp16 sends {fp16['bytes'][-1]:,} bytes a step, DDP {plain['bytes'][-1]:,}")
 assert 2 * fp16["bytes"][-1] == plain["bytes"][-1]  # half
@@ -478,30 +473,27 @@ fig = plots.loss_curves({m: by_method[m]["loss"] for m in
                         title="levers_loss_title")
 
 # %% [markdown] lang="ja"
-# PowerSGD の損失は DDP より下がり方が遅く、近似ランク r が大きいほど DDP に近づきます。送るバイト数は
-# 数十分の 1 以下になりましたが、1 ステップの時間は DDP の半分にもなりません。
+# PowerSGD の損失は DDP より下がり方が遅く、r が大きいほど DDP に近づきます。
 #
 # **2〜3 文で説明:** PowerSGD の送るバイト数は約 100 分の 1 なのに、ここではなぜ 1 ステップが 2 倍も
 # 速くならないのでしょうか? 答えを書いておいてください。最後の節が答えます。
 
 # %% [markdown] lang="en"
-# PowerSGD's loss falls more slowly than DDP's, less so as the rank r grows; its step,
-# for all its fewer bytes, is not even twice as fast.
+# PowerSGD's loss falls more slowly than DDP's, less so as the rank r grows.
 #
 # **Explain in 2-3 sentences:** PowerSGD sends about 100× fewer bytes; why is its step
 # not even 2× faster here? Write your answer down; the last section answers it.
 
 # %% [markdown] lang="ja"
-# 誤差のフィードバックの働きを、毎ステップ同じ勾配 C (16 × 16 の行列) になる層で見ます。近似ランク 1 では、
-# C の大部分が毎回落ちます。下の図は、ウォームアップのあと k ステップで使われた勾配の和が、本当の和 k C
-# からどれだけ離れているか (相対誤差) を、2 つの線で描きます。
+# 誤差のフィードバックの働きを、毎ステップ同じ勾配 C (16 × 16 の行列) になる層で見ます。近似ランク 1 では
+# C の大部分が毎回落ちます。図は、k ステップで使われた勾配の和と本当の和 k C との相対誤差です。
 #
 # **予想してから実行:** 誤差のフィードバックがないとき、和は k C に追いつくでしょうか? あるときは?
 
 # %% [markdown] lang="en"
 # Error feedback at work: a layer whose gradient is the same 16 × 16 matrix C at every
-# step, which a rank-1 approximation mostly drops. The figure below draws how far the
-# sum of the gradients applied in k steps after the warm-up is from the true k C.
+# step, which a rank-1 approximation mostly drops. The figure draws how far the sum of
+# the gradients applied in k steps is from the true k C.
 #
 # **Predict, then run:** without error feedback, does the sum catch up with k C? With it?
 
@@ -519,12 +511,11 @@ fig = plots.line_chart({labkit.t(key): (range(1, len(e) + 1), e) for key, e in
                        xlabel="steps_k", ylabel="sum_rel_error", title="ef_title")
 
 # %% [markdown] lang="ja"
-# フィードバックがなければ落ちた分は失われたままで (線は高いまま)、あれば和が追いつきます (線は 0 に近づきます)。
+# フィードバックがなければ落ちた分は失われたままで、あれば和が追いつきます。
 #
-# 最後のセルは、fp16 の bfloat16 版 `bf16_compress_hook` を torch がいつ受け付けるかを確かめます。
-# CPU 版の torch ではエラーになります。
+# 次のセルは、fp16 の bfloat16 版 `bf16_compress_hook` を確かめます。CPU 版の torch は受け付けません。
 #
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
 # `bf16_compress_hook` を受け付けるかどうかを、torch 2.13 の DDP は、プロセスグループのバックエンドでは
 # なく torch のビルドで決めます。CUDA (または ROCm) と NCCL 2.10 以上を含むビルド、または XPU と XCCL
@@ -542,11 +533,10 @@ fig = plots.line_chart({labkit.t(key): (range(1, len(e) + 1), e) for key, e in
 # </details>
 
 # %% [markdown] lang="en"
-# Without feedback, what is dropped stays lost (its line stays high); with it, the sum
-# catches up (its line falls towards 0).
+# Without feedback, what is dropped stays lost; with it, the sum catches up.
 #
-# The last cell of this section checks when torch accepts `bf16_compress_hook`, fp16's
-# bfloat16 twin: the CPU build of torch refuses it.
+# The next cell tries `bf16_compress_hook`, fp16's bfloat16 twin: the CPU build of torch
+# refuses it.
 #
 # <details><summary>How this was measured</summary>
 #
@@ -583,14 +573,12 @@ try:
     refused = None
 except TypeError as err:
     refused = str(err)
-print(f"rank {rank}: torch {torch.__version__}, CUDA build: {cuda_build}, "
-      f"gloo group; refused: {refused}")
+print(f"rank {rank}: CUDA build: {cuda_build}; refused: {refused}")
 assert (refused is None) == accepts_bf16
 if refused is None:  # accepted on gloo: a step in bfloat16
     bf16_model(torch.full((2, 4), rank + 1.0)).sum().backward()
     # Each weight's gradient is 2 (rank + 1) here; the mean over 2 ranks is 3.
     assert torch.equal(bf16_model.module.weight.grad, torch.full((4, 4), 3.0))
-    print(f"rank {rank}: gloo averaged the gradients in bfloat16: 3.0 everywhere")
 
 # %% [markdown] lang="ja"
 # ### 演習 (任意): PowerSGD が 1 ステップに送るバイト数
@@ -649,7 +637,7 @@ def powersgd_bytes(shapes, r):
 # %%
 exercises.grade_powersgd_bytes(ranks, powersgd_bytes)
 
-# %%
+# %% tags=["hide-input"]
 mlp = [(1024, 10), (1024,), (1024, 1024), (1024,), (1024, 1024), (1024,), (10, 1024),
        (10,)]  # the large MLP's parameters
 for r in (1, 2, 4):
@@ -660,12 +648,12 @@ for r in (1, 2, 4):
 # %% [markdown] lang="ja"
 # ### DDP のオプション
 #
-# ふつうの DDP は、勾配をバケットにコピーしてから送るので、勾配を二重に (`.grad` とバケットに) 持っています。
-# `gradient_as_bucket_view=True` では各 `.grad` がバケットの一部 (view) になり、下のセルは、勾配 1 つ分
-# メモリが減ることを確かめます。`static_graph=True` は、毎ステップ同じパラメータが使われると DDP に
-# 約束します (レッスン 10)。このモデルでは送るものも学習も変わりません。
+# ふつうの DDP は勾配をバケットにコピーして送るので、勾配を `.grad` とバケットに二重に持ちます。
+# `gradient_as_bucket_view=True` では各 `.grad` がバケットの view になり、勾配 1 つ分メモリが減ります。
+# `static_graph=True` は、毎ステップ同じパラメータが使われると DDP に約束します (レッスン 10)。
+# このモデルでは、どちらを使っても、送るものも学習も変わりません。
 #
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
 # コピーそのものがなくなるわけではありません。`zero_grad()` の既定 (`set_to_none=True`) は毎ステップ
 # `.grad` を None にする (解放する) ので、次の逆伝播の勾配は新しいテンソルにでき、DDP はそれをバケットに
@@ -678,11 +666,11 @@ for r in (1, 2, 4):
 # %% [markdown] lang="en"
 # ### DDP's options
 #
-# Plain DDP copies the gradients into its buckets before sending them, so it holds them
-# twice (in `.grad` and in the buckets). With `gradient_as_bucket_view=True` each
-# `.grad` is a view into a bucket: the cell below finds one copy of the gradients less
-# memory. `static_graph=True` promises DDP that every step uses the same parameters
-# (lesson 10); on this model it changes neither what is sent nor the training.
+# Plain DDP copies the gradients into its buckets to send them, so it holds them twice
+# (in `.grad` and in the buckets). With `gradient_as_bucket_view=True` each `.grad` is
+# a view into a bucket: one copy of the gradients less memory. `static_graph=True`
+# promises DDP that every step uses the same parameters (lesson 10). On this model
+# neither changes what is sent or the training.
 #
 # <details><summary>How this was measured</summary>
 #
@@ -694,7 +682,7 @@ for r in (1, 2, 4):
 #
 # </details>
 
-# %%
+# %% tags=["hide-input"]
 view, static = by_method["gradient_as_bucket_view"], by_method["static_graph"]
 saved = plain["grad_bytes"] - view["grad_bytes"]
 print(f"gradients and buckets: DDP {plain['grad_bytes']:,} bytes, "
@@ -707,9 +695,9 @@ assert static["calls"][0] == plain["calls"][0] == 1  # step 1: one bucket (lesso
 # %% [markdown] lang="ja"
 # ### バケットの大きさ: `bucket_cap_mb`
 #
-# バケットの数は、1 ステップの all-reduce の回数です。ここでは 3 ステップ目 (作り直したあと) に数えます。
-# `None` は DDP の既定 (上限 25 MB、ただし最初のバケットだけ 1 MB) で、数値を渡すと、最初のバケットも
-# 同じ上限になります。このモデルの 1024 × 1024 の重みは 1 つで 4 MiB です。
+# バケットの数は、1 ステップの all-reduce の回数です (3 ステップ目に数えます)。`None` は DDP の既定
+# (上限 25 MB、最初のバケットだけ 1 MB) で、数値を渡すと最初のバケットも同じ上限になります。このモデルの
+# 1024 × 1024 の重みは 1 つで 4 MiB です。
 #
 # **予想してから実行:** `bucket_cap_mb=1` と `bucket_cap_mb=25` では、1 ステップの all-reduce はそれぞれ
 # 何回でしょうか?
@@ -717,10 +705,9 @@ assert static["calls"][0] == plain["calls"][0] == 1  # step 1: one bucket (lesso
 # %% [markdown] lang="en"
 # ### Bucket size: `bucket_cap_mb`
 #
-# The number of buckets is the number of all-reduces in a step, counted here at step 3
-# (after the rebuild). `None` is DDP's default (a 25 MB cap, but 1 MB for the first
-# bucket); pass a number and the first bucket gets that cap too. Each 1024 × 1024
-# weight of this model is 4 MiB.
+# The number of buckets is the number of all-reduces in a step (counted at step 3).
+# `None` is DDP's default (a 25 MB cap, 1 MB for the first bucket); pass a number and
+# the first bucket gets that cap too. Each 1024 × 1024 weight of this model is 4 MiB.
 #
 # **Predict, then run:** how many all-reduces per step with `bucket_cap_mb=1`, and with
 # `bucket_cap_mb=25`?
@@ -728,23 +715,26 @@ assert static["calls"][0] == plain["calls"][0] == 1  # step 1: one bucket (lesso
 # %%
 # %%px
 counts = send_less.bucket_counts([None, 0.01, 0.25, 1, 4, 25, 100])
+cap_calls = list(counts.items())  # ipyparallel sorts dict keys: None and numbers fail
 if rank == 0:
     for cap, calls in counts.items():
         print(f"bucket_cap_mb={cap}: all-reduces per step {calls}")
+
+# %% tags=["hide-input"]
+# %%px
 assert all(calls[0] == 1 for calls in counts.values())  # step 1: one bucket
 assert counts[None][-1] == 2  # the 1 MB first bucket, then the rest
 assert counts[25][-1] == counts[100][-1] == 1  # 8.1 MiB fits in one
 assert counts[0.25][-1] == counts[1][-1] == counts[4][-1] == 3  # one per 4 MiB weight
 assert counts[0.01][-1] > 3  # small layers close buckets of their own
-cap_calls = list(counts.items())  # ipyparallel sorts dict keys: None and numbers fail
 
 # %% [markdown] lang="ja"
-# 上限が 4 MB 以下なら、4 MiB の重みが 1 つ入るたびにバケットが閉じるので、0.25 MB から 4 MB までは
-# どれも 3 つです。0.01 MB では小さな層もバケットを閉じ、25 MB なら 8.1 MiB の勾配が 1 つに収まります。
+# 上限が 4 MB 以下なら 4 MiB の重みが入るたびにバケットが閉じるので、0.25〜4 MB ではどれも 3 つです。
+# 0.01 MB では小さな層もバケットを閉じ、25 MB なら 8.1 MiB が 1 つに収まります。
 
 # %% [markdown] lang="en"
-# Up to 4 MB, each 4 MiB weight closes a bucket: 3 buckets from 0.25 MB to 4 MB. At
-# 0.01 MB small layers close buckets too; at 25 MB all 8.1 MiB fit in one.
+# Up to 4 MB each 4 MiB weight closes a bucket: 3 buckets from 0.25 to 4 MB. At 0.01 MB
+# small layers close buckets too; at 25 MB all 8.1 MiB fit in one.
 
 # %% [markdown] lang="ja"
 # ### 演習 (任意): DDP のバケットの数を予測する
@@ -789,7 +779,7 @@ def ddp_buckets(param_bytes, bucket_cap_mb):
 # %%
 exercises.grade_bucket_count(ranks, ddp_buckets)
 
-# %%
+# %% tags=["hide-input"]
 mlp_bytes = [4 * math.prod(shape) for shape in mlp]  # the large MLP, as above
 assert sum(mlp_bytes[-2:]) == 41_000  # the output layer's weight and bias
 for cap, calls in ranks.pull("cap_calls")[0]:
@@ -800,17 +790,16 @@ for cap, calls in ranks.pull("cap_calls")[0]:
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 並べて比べ、モデルで予測する
 #
-# レッスン 05 の 1 ステップのモデルに圧縮を入れます。DDP の 1 ステップの実測から DDP の通信の時間
-# (α–β モデル、リングで数える) を引き、その方法が送るバイト数と回数での通信の時間を足したものが、
-# その方法の予測です (`send_less.predicted_step_s`)。α と β は、ここで all-reduce を測って当てはめます。
+# レッスン 05 のモデルに圧縮を入れます。DDP の 1 ステップの実測から DDP の通信の時間 (α–β モデル) を
+# 引き、その方法が送るバイト数と回数での通信の時間を足したものが予測です (`send_less.predicted_step_s`)。
+# α と β は、ここで all-reduce を測って当てはめます。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## Side by side, and predicted by the model
 #
-# Lesson 05's step model with the compression in it: a method's predicted step is DDP's
-# measured step, minus DDP's communication time (alpha-beta, as a ring), plus that of
-# the bytes and calls the method sends (`send_less.predicted_step_s`). Alpha and beta
-# are fitted here on timed all-reduces.
+# Lesson 05's model with compression in it: a method's predicted step is DDP's measured
+# step, minus DDP's communication time (alpha-beta), plus that of the bytes and calls
+# the method sends (`send_less.predicted_step_s`). Alpha and beta are fitted here.
 
 # %%
 # %%px
@@ -833,7 +822,7 @@ for name, r in by_method.items():
     print(f"{name:24} {r['bytes'][-1]:>10,} {r['step_s'] * 1e3:>7.1f}ms "
           f"{predicted * 1e3:>7.1f}ms {errors[name]:>+7.0%}")
 
-# %%
+# %% tags=["hide-input"]
 assert all(errors[f"PowerSGD r={r}"] < 0 for r in (1, 2, 4))  # slower than predicted
 assert all(by_method[f"PowerSGD r={r}"]["step_s"] > plain["step_s"] / 2 for r in (1, 2, 4))
 sending = ab.time(plain["bytes"][-1], 2)  # all of DDP's gradients, by the model
@@ -841,27 +830,24 @@ print(f"DDP's gradients take {sending * 1e3:.1f} ms to send, its step {plain['st
 assert sending < plain["step_s"]  # a part of a step: all that sending less can save
 
 # %% [markdown] lang="ja"
-# モデルは、送るバイト数が減った分だけ速くなると予測します。PowerSGD の実測は予測より遅くなりました
-# (誤差がマイナス)。ここで当てはめた帯域 β では、DDP の勾配を送るのは 1 ステップより短い時間で、
-# 通信量を減らして得られるのは、多くてもその時間です。これが、上の「2〜3 文で説明」の問いの答えの中心です。
+# PowerSGD の実測は予測より遅くなりました (誤差がマイナス)。DDP の勾配を送る時間は 1 ステップより短く、
+# 通信量を減らして得られるのは、多くてもその時間です。これが上の「2〜3 文で説明」の答えの中心です。
 #
-# 残りの差がどこから来るかは、このセルでは測っていません。モデルには少なくとも、圧縮の計算 (P と Q を
-# 求める行列の積と直交化) と重なりがありません。モデルは DDP の通信の時間をすべて引きますが、その一部は
-# 逆伝播の陰に隠れていて、PowerSGD はバケットが 1 つなので、すべてを逆伝播のあとに送ります。モデルに
-# よれば、圧縮が効くのは通信が 1 ステップの大きな部分を占めるとき (遅いネットワーク、多くのランク) です。
+# 残りの差は測っていませんが、モデルには少なくとも、圧縮の計算 (P と Q の行列の積と直交化) と重なりが
+# ありません。DDP の通信の一部は逆伝播の陰に隠れていたのに、PowerSGD はバケットが 1 つなので、すべてを
+# 逆伝播のあとに送ります。圧縮が効くのは、通信が 1 ステップの大きな部分を占めるとき (遅いネットワーク、
+# 多くのランク) です。
 
 # %% [markdown] lang="en"
-# The model predicts that a method gets faster by the bytes it no longer sends.
-# PowerSGD measured slower than predicted (a negative error). At the bandwidth beta
-# fitted here, DDP's gradients take less than a step to send, and sending less can save
-# that time at most: the heart of the answer to the "explain" question above.
+# PowerSGD measured slower than predicted (a negative error). DDP's gradients take
+# less than a step to send, and sending less can save that time at most: the heart of
+# the answer to the "explain" question above.
 #
-# The rest of the difference these cells do not measure. The model leaves out at least
-# the compression's compute (the products and the orthogonalization that make P and
-# Q), and overlap: part of DDP's communication, which the model subtracts whole, hid
-# behind the backward pass, while PowerSGD's one bucket sends everything after it. By
-# the model, compression pays when communication takes a large part of a step (a slow
-# network, many ranks).
+# The rest of the difference is not measured here, but the model leaves out at least
+# the compression's compute (the products and orthogonalization that make P and Q) and
+# overlap: part of DDP's communication hid behind the backward pass, while PowerSGD's
+# one bucket sends everything after it. Compression pays when communication takes a
+# large part of a step (a slow network, many ranks).
 
 # %%
 ranks.stop()

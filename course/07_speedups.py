@@ -11,20 +11,15 @@
 # %% [markdown] lang="ja" tags=["outcomes"]
 # # 07 その他の高速化: 読み込み、精度、メモリ
 #
-# 記事 000 は最後に「訓練速度を向上させる他の方法」を並べています。ワーカー数を増やす、バッチサイズを増やす、
-# データシャッフル、ピンメモリー、軽量なモデル、不要な計算の削減、学習率やオプティマイザやスケジューラ、
-# チェックポイント、より速い GPU や TPU、Apex と Horovod です。この一覧には、1 ステップを速くするもの、
-# メモリを減らす代わりに計算を増やすもの、GPU がないと何もしないもの、すでに古いものが混ざっています。
-# このレッスンでは、1 ステップや 1 エポックの時間とメモリを変えるものを、セルで一つずつ確かめます。
-# 学習の進み方を変えるものはレッスン 08、Horovod はレッスン 09 で扱います。
-# 時間はこの実行での値です。共有された CPU のばらつきで差が見えないところでは、セルは計算の量
-# (呼び出しの回数や FLOP) を確かめます。
+# 記事 000 が最後に並べる「訓練速度を向上させる他の方法」には、1 ステップを速くするもの、メモリを減らす
+# 代わりに計算を増やすもの、GPU がないと何もしないもの、古いものが混ざっています。ここでは時間とメモリを
+# 変えるものを、セルで一つずつ確かめます (学習の進み方はレッスン 08、Horovod はレッスン 09)。時間の差が
+# ばらつきで見えないところでは、セルは計算の量を確かめます。
 #
 # このレッスンを終えると、次のことができます。
 #
-# - DataLoader のワーカー数、`persistent_workers`、`pin_memory` がどんなときに効くかを判断し、
-#   ワーカーを増やしてもバッチの中身が変わらないことを確かめられる。
-# - 記事の Apex の代わりに `torch.autocast` と `torch.amp.GradScaler` を使い、出力、重み、勾配の型を確かめられる。
+# - DataLoader のワーカー数、`persistent_workers`、`pin_memory` がどんなときに効くかを判断できる。
+# - 記事の Apex の代わりに `torch.autocast` と `torch.amp.GradScaler` を使える。
 # - 活性化チェックポイントで減るメモリと増える計算を数えられる。
 # - 活性値を保存せず、BatchNorm の統計も変えない評価を書ける。
 # - DDP のコードを GPU や TPU に移すときに何が変わるかを説明できる。
@@ -32,22 +27,16 @@
 # %% [markdown] lang="en" tags=["outcomes"]
 # # 07 Other speed-ups: loading, precision, memory
 #
-# Doc 000 ends with a list of "other ways to speed up training": more loader
-# workers, larger batches, shuffling, pinned memory, a lighter model, less
-# computation, the learning rate, optimizer and scheduler, checkpoints, a faster GPU
-# or a TPU, Apex and Horovod. The list mixes things that make a step faster, one that
-# trades compute for memory, one that does nothing without a GPU, and one that is
-# outdated. This lesson checks, a cell at a time, those that change the time or the
-# memory of a step or an epoch; those that change how training progresses are lesson
-# 08, and Horovod is lesson 09. Times are this run's; where a shared CPU's scatter
-# hides a difference, the cells assert the compute (calls, FLOPs) instead.
+# Doc 000's closing list of "other ways to speed up training" mixes things that make a
+# step faster, one that trades compute for memory, one that does nothing without a
+# GPU, and one that is outdated. This lesson checks, a cell at a time, those that
+# change time or memory (how training progresses is lesson 08, Horovod lesson 09).
+# Where the scatter of times hides a difference, the cells assert the compute instead.
 #
 # After this lesson you can:
 #
-# - tell when more DataLoader workers, `persistent_workers` or `pin_memory` help,
-#   and check that more workers leave the batches unchanged;
-# - use `torch.autocast` and `torch.amp.GradScaler` where the document says Apex, and
-#   check the dtypes of outputs, weights and gradients;
+# - tell when more DataLoader workers, `persistent_workers` or `pin_memory` help;
+# - use `torch.autocast` and `torch.amp.GradScaler` where the document says Apex;
 # - count what activation checkpointing saves in memory and costs in compute;
 # - write an evaluation that keeps no activations and changes no BatchNorm
 #   statistics;
@@ -69,31 +58,26 @@ torch.manual_seed(0)
 # %% [markdown] lang="ja"
 # ## DataLoader のワーカー数
 #
-# `num_workers=0` では、メインプロセスがバッチを読み込んでから学習ステップを実行し、これを交互に繰り返します。
-# `num_workers=k` では k 個のワーカープロセスが次のバッチを用意し、その間にメインプロセスは学習を進めます。
-# 効果があるのは、1 サンプルを作るのに時間がかかる (ディスクから読む、画像をデコードする、データ拡張をする)
-# 場合です。
+# `num_workers=0` では、メインプロセスがバッチを読み込んでから学習し、これを交互に繰り返します。
+# `num_workers=k` では k 個のワーカープロセスが次のバッチを用意し、その間にメインプロセスが学習します。
+# 効くのは、1 サンプルを作るのに時間がかかる (ディスク、画像のデコード、データ拡張) 場合です。
 #
-# `loading.SlowDataset` は 1 サンプルに 2 ミリ秒かかるデータセットです (ディスクを待つときのように、CPU を使わずに待ちます)。
-# 1 エポックは 256 サンプル (バッチ 32 が 8 個) で、読み込みだけで 1 プロセスなら 0.5 秒かかります。
-# 学習ステップは軽い MLP (幅 512) なので、時間の大半は読み込みです。ワーカー 0 と 2 のローダーで、
-# 1 エポックの時間を比べます。
+# `loading.SlowDataset` は、ディスクを待つように 1 サンプルに 2 ミリ秒かかります (1 エポックで 0.5 秒)。
+# ワーカー 0 と 2 で、軽い MLP の 1 エポックの時間を比べます。
 
 # %% [markdown] lang="en"
 # ## DataLoader workers
 #
-# With `num_workers=0` the main process loads a batch, then runs the training step, then
-# loads the next: the two take turns. With `num_workers=k`, k worker processes prepare the
-# next batches while the main process trains. That helps when a sample takes time to
-# produce (reading from disk, decoding an image, augmentation).
+# With `num_workers=0` the main process loads a batch, then trains on it, then loads
+# the next. With `num_workers=k`, k worker processes prepare the next batches while the
+# main process trains. That helps when a sample is slow to produce (disk, decoding,
+# augmentation).
 #
-# `loading.SlowDataset` takes 2 ms per sample, waiting as for a disk, without using
-# the CPU. An epoch is 256 samples (8 batches of 32): loading alone takes 0.5 s in one process. The training
-# step is a light MLP (width 512), so loading is most of the time. Compare the time
-# of an epoch with loaders of 0 and 2 workers.
+# `loading.SlowDataset` takes 2 ms per sample, waiting as for a disk (0.5 s an epoch).
+# Compare an epoch of a light MLP with 0 and 2 workers.
 
 # %% [markdown] lang="ja"
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
 # 2 つのローダーで 1 エポックずつ交互に、5 回ずつ回し、1 エポックの時間の中央値を比べます。交互に回すのは、
 # 共有されたマシンの負荷の変化が両方に同じようにかかるようにするためです。ワーカーは最初の慣らしのエポックで
@@ -131,6 +115,8 @@ def train_step(X, y):
 
 
 epoch_s = loading.epoch_times(slow, (0, 2), step=train_step, rounds=5)
+
+# %% tags=["hide-input"]
 median_s = {k: statistics.median(v) for k, v in epoch_s.items()}
 for k, v in epoch_s.items():
     print(f"num_workers={k}: median {median_s[k]:.2f} s per epoch "
@@ -138,29 +124,22 @@ for k, v in epoch_s.items():
 fig = plots.bar_chart({labkit.t("num_workers"): {str(k): v for k, v in median_s.items()}},
                       ylabel="epoch_time_s", title="epoch_time_by_workers",
                       fmt="{:.2f} s")
-
-# %%
 ratio = median_s[2] / median_s[0]
 print(f"on this run, 2 workers took {ratio:.2f} of the time per epoch of 0 workers")
 assert ratio < 0.9
 
 # %% [markdown] lang="ja"
-# 2 つのワーカーが 2 つのバッチを同時に読み込み、その間にメインプロセスが学習するので、1 エポックは
-# 短くなります。ただし「読み込みと学習の遅いほう」より短くはなりません。CPU で重い計算をするデータ拡張なら、
-# ワーカーは学習と CPU コアを取り合うので、コア数より多くしても速くなりません。
-#
-# ワーカーの数が変えるのは速さだけで、データは変わりません。同じ順序で同じバッチが届くことを確かめます。
+# 1 エポックは短くなりますが、「読み込みと学習の遅いほう」より短くはなりません。CPU で重いデータ拡張なら、
+# ワーカーは学習とコアを取り合うので、コア数より多くしても速くなりません。ワーカーの数が変えるのは速さ
+# だけで、同じバッチが同じ順序で届きます。
 
 # %% [markdown] lang="en"
-# Two workers load two batches at once while the main process trains, so an epoch gets
-# shorter, but never shorter than whichever of loading and training is slower. For
-# CPU-heavy augmentation the workers compete with training for cores, and more workers
-# than cores do not help.
-#
-# The number of workers changes the speed, not the data: check that the same batches
-# arrive in the same order.
+# An epoch gets shorter, but never shorter than whichever of loading and training is
+# slower. For CPU-heavy augmentation the workers compete with training for cores, and
+# more workers than cores do not help. The number of workers changes the speed, not the
+# data: the same batches arrive in the same order.
 
-# %%
+# %% tags=["hide-input"]
 from torch.utils.data import DataLoader
 
 fast = loading.SlowDataset(n=64, cost_s=0)
@@ -172,21 +151,19 @@ print("num_workers=0 and 2 give identical batches")
 # %% [markdown] lang="ja"
 # ## `persistent_workers`
 #
-# ふつうはエポックごとに (`for` でローダーを回し始めるたびに) ワーカーを起動し直し、エポックの終わりに
-# 止めます。`persistent_workers=True` にすると、同じワーカーが次のエポックでも使われます。
-# ワーカーの起動が重い場合 (macOS や Windows の `spawn`、大きなデータセットのコピーなど) に効きます。
+# ふつうはエポックごとにワーカーを起動し直します。`persistent_workers=True` では同じワーカーが次の
+# エポックでも使われ、起動が重い場合 (macOS や Windows の `spawn`、大きなデータセットのコピー) に効きます。
 # 各バッチを作ったプロセスの ID で確かめます。
 
 # %% [markdown] lang="en"
 # ## `persistent_workers`
 #
-# Normally the workers start again at every epoch (each time a `for` loop starts over the
-# loader) and stop at its end. With `persistent_workers=True` the same workers serve the
-# next epoch too. That matters when starting a worker is expensive (`spawn` on macOS and
-# Windows, copying a large data set, and so on). Check with the process ids that made
-# each batch.
+# Normally the workers start again at every epoch. With `persistent_workers=True` the
+# same workers serve the next epoch too, which matters when starting one is expensive
+# (`spawn` on macOS and Windows, copying a large data set). Check with the process ids
+# that made each batch.
 
-# %%
+# %% tags=["hide-input"]
 kept = loading.worker_pids(num_workers=2, persistent_workers=True, epochs=3)
 fresh = loading.worker_pids(num_workers=2, persistent_workers=False, epochs=3)
 print("persistent_workers=True: ", kept)
@@ -195,15 +172,14 @@ assert kept[0] == kept[1] == kept[2] and len(kept[0]) == 2  # the same two worke
 assert fresh[0].isdisjoint(fresh[1]) and fresh[1].isdisjoint(fresh[2])  # new ones
 
 # %% [markdown] lang="ja"
-# 各エポックの最初のバッチが届くまでの時間を比べます。ワーカーを使い回すと、2 エポック目からは起動の分だけ
-# 早く届きます (Linux の `fork` では起動が軽いので、差は小さめです)。
+# 各エポックの最初のバッチが届くまでの時間です。使い回すと、2 エポック目からは起動の分だけ早く届きます
+# (Linux の `fork` では差は小さめです)。
 
 # %% [markdown] lang="en"
-# Compare the time until each epoch's first batch arrives. With workers kept alive, from
-# the second epoch on it comes sooner by the start-up time (small on Linux, where `fork`
-# starts workers cheaply).
+# The time until each epoch's first batch arrives: with workers kept, from the second
+# epoch on it comes sooner by the start-up time (small on Linux, where `fork` is cheap).
 
-# %%
+# %% tags=["hide-input"]
 first_ms = {}
 for persistent in (False, True):
     times = loading.loader_times(slow, 2, epochs=4, persistent_workers=persistent)
@@ -216,23 +192,19 @@ fig.axes[0].set_xticks(range(1, 5))  # whole epochs
 # %% [markdown] lang="ja"
 # ## `pin_memory`
 #
-# `pin_memory=True` にすると、DataLoader はバッチを**ページ固定メモリ** (pinned memory、OS がスワップしない
-# メモリ) に置きます。GPU への転送は固定メモリからなら DMA で直接行え、`X.to("cuda", non_blocking=True)`
-# とすれば転送と計算を重ねられます。つまり効果があるのは **CPU から GPU へデータを送るときだけ**です。
-#
-# GPU がなければ、何もしません。torch は警告を出し、バッチは固定メモリに置かれません。
+# `pin_memory=True` にすると、DataLoader はバッチを**ページ固定メモリ** (OS がスワップしないメモリ) に
+# 置きます。そこからの GPU への転送は DMA で直接行え、`X.to("cuda", non_blocking=True)` で計算と重ねられます。
+# 効くのは **CPU から GPU へ送るときだけ**で、GPU がなければ torch は警告を出し、何もしません。
 
 # %% [markdown] lang="en"
 # ## `pin_memory`
 #
 # With `pin_memory=True` the DataLoader puts batches in **page-locked (pinned) memory**,
-# which the OS never swaps out. Copies to a GPU from pinned memory go straight by DMA,
-# and `X.to("cuda", non_blocking=True)` lets the copy overlap with computation. So it
-# helps **only when data goes from the CPU to a GPU**.
-#
-# Without a GPU it does nothing: torch warns, and the batch is not pinned.
+# which the OS never swaps out. Copies from it to a GPU go straight by DMA, and
+# `X.to("cuda", non_blocking=True)` overlaps them with computation. So it helps **only
+# when data goes from the CPU to a GPU**; without one torch warns and does nothing.
 
-# %%
+# %% tags=["hide-input"]
 report = loading.pin_memory_report(fast)
 print(report)
 if not report["accelerator"]:
@@ -241,11 +213,10 @@ if not report["accelerator"]:
     assert any("no accelerator" in w for w in report["warnings"])
 
 # %% [markdown] lang="ja"
-# GPU があれば、固定メモリからの転送とふつうのメモリからの転送を比べます (GPU がなければ何もしません)。
+# GPU があれば、固定メモリとふつうのメモリからの転送を比べます。
 
 # %% [markdown] lang="en"
-# With a GPU, compare a copy from pinned memory with one from ordinary memory (without a
-# GPU this cell does nothing).
+# With a GPU, compare a copy from pinned memory with one from ordinary memory.
 
 # %%
 from labkit import timing
@@ -263,23 +234,23 @@ else:
 # %% [markdown] lang="ja"
 # ## バッチサイズと処理速度
 #
-# バッチを大きくすると、1 ステップの固定のコスト (Python、カーネルの起動、オプティマイザ) を多くのサンプルで
-# 分け合えるので、1 秒あたりに処理できるサンプル数は増えます。ただし頭打ちになり、メモリにも上限があります。
-# 記事 004 のモデルで測ります (値はこの実行のものです)。大きなバッチで学習も速く進むかどうかは、
-# レッスン 08 の最初の問いです。
+# バッチを大きくすると、1 ステップの固定のコスト (Python、カーネルの起動、オプティマイザ) を多くの
+# サンプルで分け合うので、1 秒あたりのサンプル数は増えます (頭打ちになり、メモリにも上限があります)。
+# 大きなバッチで学習も速く進むかどうかは、レッスン 08 の問いです。
 
 # %% [markdown] lang="en"
 # ## Batch size and throughput
 #
 # A larger batch shares the fixed cost of a step (Python, kernel launches, the optimizer)
 # among more samples, so more samples are processed per second, up to a plateau and the
-# memory limit. Measure it with doc 004's model (the values are this run's). Whether
-# a larger batch also learns faster is the first question of lesson 08.
+# memory limit. Whether it also learns faster is lesson 08's question.
 
 # %%
 from labkit import throughput, training
 
-per_s = throughput.samples_per_s([8, 32, 128, 512, 2048])
+per_s = throughput.samples_per_s([8, 32, 128, 512, 2048])  # doc 004's model
+
+# %% tags=["hide-input"]
 for b, v in per_s.items():
     print(f"batch {b:5d}: {v:10.0f} samples/s")
 fig = plots.line_chart({"doc 004 MLP": (list(per_s), list(per_s.values()))},
@@ -291,27 +262,21 @@ assert per_s[512] > 4 * per_s[8]  # 64 times the batch: far more samples per sec
 # ## 混合精度 (`torch.autocast`)
 #
 # 混合精度では、行列積のような演算だけを低い精度 (float16 か bfloat16) で計算し、重みとオプティマイザは
-# float32 のまま保ちます。GPU の Tensor Core で速くなり、活性値のメモリも半分になります。
-#
-# - 記事の「Apex」は NVIDIA の拡張ライブラリで、その `amp` は PyTorch 本体の `torch.autocast` と
-#   `torch.amp.GradScaler` に置き換わりました。いまは Apex を入れる必要はありません。
-# - CPU では bfloat16 を使います。`autocast` の中の `Linear` の出力は bfloat16 になり、重みと勾配は
-#   float32 のままです。
+# float32 のまま保ちます。GPU の Tensor Core で速くなり、活性値のメモリも半分になります。記事の「Apex」の
+# `amp` は、PyTorch 本体の `torch.autocast` と `torch.amp.GradScaler` に置き換わりました。CPU では
+# bfloat16 を使い、`autocast` の中の `Linear` の出力は bfloat16、重みと勾配は float32 です。
 
 # %% [markdown] lang="en"
 # ## Mixed precision (`torch.autocast`)
 #
 # Mixed precision runs only some operations, such as matrix products, in a lower
 # precision (float16 or bfloat16) and keeps the weights and the optimizer in float32. On
-# GPUs it is faster thanks to Tensor Cores, and activations take half the memory.
-#
-# - The document's "Apex" is an NVIDIA extension library; its `amp` was replaced by
-#   PyTorch's own `torch.autocast` and `torch.amp.GradScaler`. There is no need to
-#   install Apex now.
-# - On a CPU, use bfloat16. Inside `autocast` a `Linear` outputs bfloat16, while the
-#   weights and gradients stay float32.
+# GPUs it is faster thanks to Tensor Cores, and activations take half the memory. The
+# document's "Apex" `amp` was replaced by PyTorch's own `torch.autocast` and
+# `torch.amp.GradScaler`. On a CPU, use bfloat16: inside `autocast` a `Linear` outputs
+# bfloat16, while the weights and gradients stay float32.
 
-# %%
+# %% tags=["hide-input"]
 dtypes = precision.autocast_dtypes(models.MLP(), torch.randn(8, 10))
 print(dtypes)
 assert dtypes == {"output": torch.bfloat16, "weight": torch.float32,
@@ -319,36 +284,34 @@ assert dtypes == {"output": torch.bfloat16, "weight": torch.float32,
 
 # %% [markdown] lang="ja"
 # 同じ初期値から、float32 と bfloat16 autocast で 60 ステップ学習させます。学習曲線はほぼ重なります。
-# 速さは CPU しだいです。bfloat16 の行列演算命令 (AMX や AVX512-BF16) がない CPU では、変換の手間の分
-# かえって遅くなることもあります。1 ステップの時間はこの実行での値です。
+# 速さは CPU しだいで、bfloat16 の行列演算命令 (AMX など) がなければ、かえって遅くなることもあります。
 
 # %% [markdown] lang="en"
 # Train 60 steps from the same initial weights in float32 and with bfloat16 autocast. The
 # loss curves nearly coincide. Speed depends on the CPU: without bfloat16 matrix
-# instructions (AMX, AVX512-BF16) the conversions can even make it slower. The step
-# times are this run's.
+# instructions (AMX and the like) the conversions can even make it slower.
 
 # %%
 from dataclasses import replace
 
 run = training.TrainConfig(steps=60, hidden=512, depth=2, batch_size=256, n=4096, optimizer="momentum")
 prec = {p: training.fit(replace(run, precision=p)) for p in training.PRECISIONS}
+
+# %% tags=["hide-input"]
 for p, r in prec.items():
     print(f"{p}: final loss {r['losses'][-1]:.4f}, median step {r['median_step_s'] * 1e3:.1f} ms")
 fig = plots.loss_curves({p: r["losses"] for p, r in prec.items()},
                         title="precision_title", logy=True)
 fig = plots.bar_chart({"MLP 512x2": {p: r["median_step_s"] * 1e3 for p, r in prec.items()}},
                       ylabel="step_time_ms", title="precision_time_title", fmt="{:.1f} ms")
-
-# %%
 f32, bf16 = prec["float32"]["losses"], prec["bfloat16"]["losses"]
 assert abs(bf16[-1] - f32[-1]) < 0.05 * f32[-1]  # the same training, within 5 %
 assert f32[-1] < 0.2 * f32[0]  # and it learns
 
 # %% [markdown] lang="ja"
-# GPU では float16 を使い、`torch.amp.GradScaler("cuda")` で損失をスケールします。float16 は表せる範囲が狭く、
-# 小さな勾配が 0 に丸められてしまうからです。スケーラーは逆伝播の前に損失を大きくし、`step` の前に
-# 勾配を元に戻し、オーバーフローしたステップは飛ばします。CUDA がなければ、このセルは何もしません。
+# GPU では float16 を使い、`torch.amp.GradScaler("cuda")` で損失をスケールします。float16 は範囲が狭く、
+# 小さな勾配が 0 に丸められるからです。スケーラーは逆伝播の前に損失を大きくし、`step` の前に勾配を戻し、
+# オーバーフローしたステップは飛ばします。CUDA がなければ、このセルは何もしません。
 
 # %% [markdown] lang="en"
 # On GPUs, use float16 and scale the loss with `torch.amp.GradScaler("cuda")`: float16
@@ -380,14 +343,14 @@ else:
     print(labkit.t("no_cuda_skip", what="float16 + torch.amp.GradScaler('cuda')"))
 
 # %% [markdown] lang="ja"
-# 古い書き方 `torch.cuda.amp.autocast()` と `torch.cuda.amp.GradScaler()` も、いまは非推奨です。
-# 使うと torch 自身が `FutureWarning` で `torch.amp` の書き方を案内します。
+# 古い書き方 `torch.cuda.amp.autocast()` と `torch.cuda.amp.GradScaler()` は非推奨で、torch 自身が
+# `FutureWarning` で `torch.amp` を案内します。
 
 # %% [markdown] lang="en"
-# The older `torch.cuda.amp.autocast()` and `torch.cuda.amp.GradScaler()` are deprecated
-# too: torch itself says so with a `FutureWarning` that points to `torch.amp`.
+# The older `torch.cuda.amp.autocast()` and `torch.cuda.amp.GradScaler()` are
+# deprecated: torch's own `FutureWarning` points to `torch.amp`.
 
-# %%
+# %% tags=["hide-input"]
 amp_warnings = precision.cuda_amp_warnings()
 print(*amp_warnings, sep="\n")
 assert any(w.startswith("FutureWarning") and "torch.amp.GradScaler('cuda'" in w
@@ -398,10 +361,8 @@ assert any(w.startswith("FutureWarning") and "torch.amp.autocast('cuda'" in w
 # %% [markdown] lang="ja"
 # ## 軽いモデル
 #
-# パラメータが少ないモデルは、1 ステップの計算量が少なく、そのぶん時間も短くなります。その代わり、表せる関数が
-# 限られ、精度が下がることがあります (記事の「精度と速度のバランス」)。幅を変えた 1 層の MLP で、
-# パラメータ数、1 ステップの計算量 (浮動小数点演算の回数、FLOP)、1 ステップの時間 (バッチ 1024)、
-# 300 ステップ後の検証損失 (Adam) を並べます。
+# パラメータが少ないモデルは 1 ステップの計算が少なく、時間も短くなりますが、精度が下がることがあります
+# (記事の「精度と速度のバランス」)。幅を変えた 1 層の MLP で、計算量 (FLOP)、時間、検証損失を並べます。
 #
 # **予想してから実行:** 幅 1024 の重みは幅 16 の 64 倍です。1 ステップの計算は何倍になり、時間も同じだけ
 # 長くなるでしょうか?
@@ -409,17 +370,15 @@ assert any(w.startswith("FutureWarning") and "torch.amp.autocast('cuda'" in w
 # %% [markdown] lang="en"
 # ## A lighter model
 #
-# A model with fewer parameters computes less per step and takes less time per step. In
-# exchange it can represent fewer functions and may be less accurate (the document's
-# "balance accuracy and speed"). For one-layer MLPs of several widths, list the
-# parameter count, the work per step (floating-point operations, FLOPs), the time per
-# step (batch 1024) and the held-out loss after 300 steps (Adam).
+# A model with fewer parameters computes less and takes less time per step, but may be
+# less accurate (the document's "balance accuracy and speed"). For one-layer MLPs of
+# several widths, compare the work per step (FLOPs), the time and the held-out loss.
 #
 # **Predict, then run:** width 1024 has 64 times the weights of width 16. How many
 # times the FLOPs does its step compute, and does it take that many times as long?
 
 # %% [markdown] lang="ja"
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
 # FLOP は torch の `FlopCounterMode` が数えた、1 回の順伝播と逆伝播の行列積の演算数です。時間は、幅ごとに
 # 5 ステップずつ交互に 5 回測った中央値です。時間の比は共有された CPU では実行ごとに大きく変わるので、
@@ -446,6 +405,8 @@ for width in (16, 64, 256, 1024):
     sizes[width] = {"params": run["params"], "flops": work["flops"],
                     "loss": run["heldout_loss"][-1]}
 step_s = throughput.step_times(list(sizes), batch_size=1024, rounds=5, steps=5)
+
+# %% tags=["hide-input"]
 for width, s in sizes.items():
     s["step_s"] = statistics.median(step_s[width])
     print(f"width {width:5d}: {s['params']:6d} parameters, {s['flops'] / 1e6:5.1f} MFLOP "
@@ -456,8 +417,6 @@ fig = plots.line_chart({"MLP": ([s["params"] for s in sizes.values()],
                                 [s["step_s"] * 1e3 for s in sizes.values()])},
                        xlabel="params", ylabel="step_time_ms",
                        title="model_size_title", logx=True, logy=True)
-
-# %%
 assert [s["params"] for s in sizes.values()] == [models.count_params(
     models.WideMLP(hidden=w)) for w in sizes]
 flops = [s["flops"] for s in sizes.values()]
@@ -467,14 +426,13 @@ assert sizes[16]["loss"] > sizes[1024]["loss"]  # the smallest model fits worse
 assert sizes[1024]["step_s"] < 64 * sizes[16]["step_s"]
 
 # %% [markdown] lang="ja"
-# 幅 1024 の 1 ステップは、幅 16 の 64 倍の計算をします。それでも時間は 64 倍よりずっと短く済みます
-# (この実行での比は上の出力のとおりです)。小さなモデルの 1 ステップは、計算よりも Python やカーネルの起動
-# などの固定のコストで決まるからです。
+# 幅 1024 は幅 16 の 64 倍の計算をしますが、時間は 64 倍よりずっと短く済みます。小さなモデルの
+# 1 ステップは、計算よりも固定のコスト (Python やカーネルの起動) で決まるからです。
 
 # %% [markdown] lang="en"
-# A step of width 1024 computes 64 times as much as one of width 16, yet it takes far
-# less than 64 times as long (this run's ratio is printed above): a small model's step
-# is set by fixed costs (Python, kernel launches) more than by its arithmetic.
+# Width 1024 computes 64 times as much as width 16, yet takes far less than 64 times
+# as long: a small model's step is set by fixed costs (Python, kernel launches) more
+# than by its arithmetic.
 
 # %% [markdown] lang="ja"
 # 「不要な計算の削減」の代表は、評価のときに勾配を計算しないことです。
@@ -500,30 +458,27 @@ assert kept_bytes > 0 and kept_no_grad == 0
 # %% [markdown] lang="ja"
 # ## 演習: 何も変えず、何も保存しない評価
 #
-# 関数 `evaluate(model, X, y)` を書いてください。`model` の `(X, y)` での損失 (`models.MyLoss()`、
-# 平均二乗誤差) を Python の float で返します。評価が学習に影響を与えてはいけません。
+# 関数 `evaluate(model, X, y)` を書いてください。`model` の `(X, y)` での損失 (`models.MyLoss()`) を
+# Python の float で返し、学習に影響を与えてはいけません。
 #
 # - 逆伝播のための活性値を保存しません (上の `torch.no_grad()`)。
-# - BatchNorm の統計 (`running_mean` など) を変えず、Dropout も働かせません。この 2 つの層は、学習モードと
-#   評価モードで動きが違います。
+# - BatchNorm の統計 (`running_mean` など) を変えず、Dropout も働かせません (この 2 つの層は、学習モードと
+#   評価モードで動きが違います)。
 #
-# 演習のセルの 1 行は、どちらも守っていません。確認のセルは、BatchNorm と Dropout を含むモデルで関数を呼び、
-# 保存された活性値、BatchNorm の `running_mean`、損失の値を確かめます。
+# 演習のセルの 1 行は、どちらも守っていません。確認のセルは、BatchNorm と Dropout を含むモデルで確かめます。
 
 # %% [markdown] lang="en"
 # ## Exercise: an evaluation that changes nothing and keeps nothing
 #
 # Write `evaluate(model, X, y)`, which returns the loss of `model` on `(X, y)`
-# (`models.MyLoss()`, the mean squared error) as a Python float. An evaluation must not
-# get in training's way:
+# (`models.MyLoss()`) as a Python float, without getting in training's way:
 #
 # - it keeps no activations for a backward pass (`torch.no_grad()` above);
-# - it changes no BatchNorm statistics (`running_mean` and so on) and turns Dropout off:
-#   those two layers behave differently in training and in evaluation mode.
+# - it changes no BatchNorm statistics (`running_mean` and so on) and turns Dropout off
+#   (those two layers behave differently in training and in evaluation mode).
 #
-# The exercise cell's one line does neither. The check calls your function on a model
-# with BatchNorm and Dropout and checks the activations saved, BatchNorm's
-# `running_mean`, and the loss.
+# The exercise cell's one line does neither. The check tries a model with BatchNorm and
+# Dropout.
 
 # %% tags=["exercise"]
 def evaluate(model, X, y):
@@ -545,16 +500,12 @@ exercises.grade_evaluation(evaluate)
 # %% [markdown] lang="ja"
 # ## 活性化チェックポイント
 #
-# 記事の「チェックポイントを活用する」は 2 通りに読めます。学習状態をファイルに保存して再開することは
-# レッスン 08 で扱います。ここで扱うのは、`torch.utils.checkpoint` の**活性化チェックポイント**です。
-# 順伝播で逆伝播用の活性値を保存する代わりに、区間 (セグメント) の入力だけを残し、逆伝播のときにその区間の
-# 順伝播をもう一度計算します。
-# **メモリを減らす代わりに計算が増えます**。大きなモデルやバッチをメモリに収めるための技術で、
-# 速くするためのものではありません。
+# 記事の「チェックポイントを活用する」のうち、学習状態の保存はレッスン 08 で扱います。ここで扱うのは
+# `torch.utils.checkpoint` の**活性化チェックポイント**です。逆伝播用の活性値の代わりに区間 (セグメント) の
+# 入力だけを残し、逆伝播のときにその区間の順伝播をもう一度計算します。**メモリを減らす代わりに計算が
+# 増えます** (大きなモデルやバッチをメモリに収めるためで、速くはなりません)。
 #
-# 12 層の MLP (幅 256、バッチ 2048) を 4 区間に分けて、チェックポイントなしの同じモデルと比べます。
-# 保存された活性値とピークメモリ、1 ステップで実行された `Linear` の順伝播の回数と FLOP、1 ステップの時間を
-# 並べます。
+# 12 層の MLP (幅 256) を 4 区間に分け、チェックポイントなしの同じモデルと比べます。
 #
 # **予想してから実行:** チェックポイントを使うと、1 ステップで `Linear` の順伝播は何回実行されるでしょうか
 # (12 回、16 回、24 回のどれ?)。予想を `guess` に書いてから実行してください。
@@ -562,22 +513,20 @@ exercises.grade_evaluation(evaluate)
 # %% [markdown] lang="en"
 # ## Activation checkpointing
 #
-# The document's "use checkpoints" can mean two things. Saving the training state to a
-# file and resuming from it is in lesson 08. This section is about **activation
-# checkpointing** with `torch.utils.checkpoint`. Instead of keeping activations for the
-# backward pass, it keeps only each segment's input and runs that segment's forward
-# again during backward: **less memory for more compute**. It fits larger models and
-# batches in memory; it does not speed anything up.
+# Of the document's "use checkpoints", saving the training state is lesson 08's. This
+# section is about **activation checkpointing** with `torch.utils.checkpoint`: instead
+# of the activations for backward it keeps only each segment's input, and runs that
+# segment's forward again during backward: **less memory for more compute** (to fit
+# larger models and batches, not to go faster).
 #
-# Compare a 12-layer MLP (width 256, batch 2048) split into 4 checkpointed segments
-# with the same model without checkpointing: the activations kept and the peak memory, the
-# `Linear` forwards run and the FLOPs of one step, and the time of a step.
+# Compare a 12-layer MLP (width 256) split into 4 checkpointed segments with the same
+# model without checkpointing.
 #
 # **Predict, then run:** with checkpointing, how many `Linear` forwards does one step
 # run: 12, 16 or 24? Write your guess in `guess`, then run the cell.
 
 # %% [markdown] lang="ja"
-# <details><summary>測り方の詳細</summary>
+# <details><summary>測り方</summary>
 #
 # - 保存された活性値: `torch.autograd.graph.saved_tensors_hooks` で逆伝播のために保存されたテンソルを
 #   集め、そのバイト数を足したもの (パラメータは除く)。
@@ -616,6 +565,8 @@ for checkpointed in (False, True):
     work[checkpointed] = activations.step_work(deep[checkpointed], X_deep)
 step_s = activations.step_times(deep, X_deep, rounds=5)
 grads = {k: [p.grad for p in m.parameters()] for k, m in deep.items()}  # the last step's
+
+# %% tags=["hide-input"]
 labels = {False: labkit.t("ckpt_off"), True: labkit.t("ckpt_on")}
 for k, c in cost.items():
     c["step_s"] = statistics.median(step_s[k])
@@ -632,7 +583,7 @@ fig = plots.rounds({labkit.t("measured"): (list(labels.values()),
                    xlabel="", ylabel="step_time_ms", title="ckpt_time_title")
 selfcheck.predicted(guess, work[True]["linear_forwards"])
 
-# %%
+# %% tags=["hide-input"]
 assert cost[True]["saved_bytes"] < 0.5 * cost[False]["saved_bytes"]
 assert cost[True]["peak_bytes"] < cost[False]["peak_bytes"]
 checks.grads_match(grads[True], grads[False], tol=0.0)  # the same gradients, exactly
@@ -648,39 +599,35 @@ for segments in (2, 6):  # however the layers are grouped: twice, one input a se
     assert activations.saved_activation_bytes(other, X_small) == segments * X_small.nbytes
 
 # %% [markdown] lang="ja"
-# 保存される活性値は 13 個 (各 `Linear` の入力と最後の出力) から 4 個 (各区間の入力) に減ります。勾配は
+# 保存される活性値は 13 個 (各 `Linear` の入力と最後の出力) から 4 個 (各区間の入力) に減り、勾配は
 # 1 ビットも変わりません。代わりに各 `Linear` の順伝播が 2 回実行され、1 ステップの計算は順伝播 1 回分
-# ちょうど増えます (ここでは 9.4 から 12.6 GFLOP へ、約 3 割増し)。確認のセルが確かめるのはこの計算の量です。
-# 時間の図には、測った 5 回すべてと中央値を描いています。
+# ちょうど増えます (9.4 から 12.6 GFLOP へ)。
 
 # %% [markdown] lang="en"
 # The saved activations drop from 13 tensors (every `Linear`'s input and the last
-# output) to 4 (each segment's input). The gradients do not change by a single bit.
-# In exchange every `Linear`'s forward runs twice, and a step computes exactly one
-# forward pass more (here 12.6 GFLOP instead of 9.4, about a third more). The cell
-# asserts this compute; the time figure shows all 5 timed rounds and their median.
+# output) to 4 (each segment's input), and the gradients do not change by a single
+# bit. In exchange every `Linear`'s forward runs twice: a step computes exactly one
+# forward pass more (12.6 GFLOP instead of 9.4).
 
 # %% [markdown] lang="ja"
 # ## 演習: 保存される活性値を数える
 #
 # 上の `DeepMLP` が逆伝播のために保存する活性値のバイト数を返す関数
-# `saved_bytes(batch, width, depth, segments, checkpointed)` を書いてください。`batch` はバッチサイズ、
-# `width` は幅、`depth` は `Linear` と `ReLU` の組の数、`segments` は区間の数、`checkpointed` は
-# チェックポイントを使うかどうかです。
+# `saved_bytes(batch, width, depth, segments, checkpointed)` を書いてください (`depth` は `Linear` と
+# `ReLU` の組の数、`segments` は区間の数)。
 #
 # - `Linear` は重みの勾配のために入力を保存し、`ReLU` はどこが正だったかを知るために出力を保存します。
 # - 2 つの層が同じテンソルを保存しても、メモリは 1 つ分です。
 # - 活性値の形は (batch, width) で、float32 (値 1 つが 4 バイト) です。パラメータは数えません。
 #
-# 確認のセルは、いくつかの形の `DeepMLP` を作り、`activations.saved_activation_bytes` で測った値と比べます。
+# 確認のセルは、いくつかの形の `DeepMLP` で測った値と比べます。
 
 # %% [markdown] lang="en"
 # ## Exercise: count the activations kept
 #
 # Write `saved_bytes(batch, width, depth, segments, checkpointed)`, which returns the
-# bytes of activations `DeepMLP` above keeps for the backward pass. `batch` is the batch
-# size, `width` the width, `depth` the number of `Linear` + `ReLU` pairs, `segments` the
-# number of segments, and `checkpointed` whether checkpointing is on.
+# bytes of activations `DeepMLP` above keeps for the backward pass (`depth` is the
+# number of `Linear` + `ReLU` pairs, `segments` the number of segments).
 #
 # - A `Linear` keeps its input, for the weight's gradient; a `ReLU` keeps its output, to
 #   know where it was positive.
@@ -688,8 +635,7 @@ for segments in (2, 6):  # however the layers are grouped: twice, one input a se
 # - Activations have the shape (batch, width) and are float32 (4 bytes a value).
 #   Parameters do not count.
 #
-# The check builds `DeepMLP`s of several shapes and compares with the bytes
-# `activations.saved_activation_bytes` measures.
+# The check compares with the bytes measured on `DeepMLP`s of several shapes.
 
 # %% tags=["exercise"]
 def saved_bytes(batch, width, depth, segments, checkpointed):
@@ -712,28 +658,27 @@ exercises.grade_saved_activations(saved_bytes)
 #
 # 「より高速な GPU」と「TPU」は、同じ話ではありません。
 #
-# - **GPU** は予算と、デバイスの指定の話です。DDP のコードは、通信のバックエンドを `nccl` にし、各ランクが
-#   自分の GPU を選び (`torch.cuda.set_device(local_rank)`)、モデルとバッチをそこへ送れば (`.to(device)`、
-#   `DDP(model, device_ids=[local_rank])`) GPU で動きます。labkit のコマンドラインの実験
-#   (`--backend nccl`、レッスン 00) がこれを行います。ノートブックのエンジンは、どのマシンでも gloo と
-#   CPU のままです。`nccl` は NVIDIA の GPU のための通信ライブラリで、CUDA のテンソルだけを扱います。
-# - **TPU** では `nccl` は使えません。PyTorch から TPU を使うには、別のパッケージ **PyTorch/XLA**
-#   (`torch_xla`) が必要で、**コードを書き換えます**。
-#   - テンソルとモデルは XLA デバイスに置きます (`torch_xla.core.xla_model.xla_device()`、新しい版では
-#     `torch_xla.device()`)。
-#   - 演算はその場では実行されず、グラフとして記録されます。ステップの区切りで
-#     `xm.mark_step()` (新しい版では `torch_xla.sync()`) を呼ぶと、グラフが XLA でコンパイルされて
-#     TPU で実行されます。
-#   - データは `torch_xla.distributed.parallel_loader` のローダー (`MpDeviceLoader`) で TPU に送ります。
-#     このローダーがバッチごとに区切りの呼び出しもします。
-#   - 複数の TPU での DDP は、`torch_xla` が登録する `"xla"` バックエンドを使います
-#     (`dist.init_process_group("xla", init_method="xla://")`)。プロセスの起動も `torch_xla` の
-#     ランチャーで行います。
+# - **GPU** は予算とデバイスの指定の話です。バックエンドを `nccl` (NVIDIA の GPU のための通信ライブラリ)
+#   にし、各ランクが自分の GPU を選び (`torch.cuda.set_device(local_rank)`)、モデルとバッチをそこへ送れば
+#   (`.to(device)`、`DDP(model, device_ids=[local_rank])`)、DDP のコードは GPU で動きます
+#   (labkit のコマンドラインの `--backend nccl`、レッスン 00)。
+# - **TPU** では、別のパッケージ **PyTorch/XLA** (`torch_xla`) を使い、**コードを書き換えます**。
+#   テンソルとモデルを XLA デバイスに置き、演算はグラフとして記録されて、ステップの区切りで XLA が
+#   コンパイルして実行します。データは `torch_xla` のローダー (`MpDeviceLoader`) で送り、複数の TPU の
+#   DDP は `torch_xla` が登録する `"xla"` バックエンドを使います。
 #
-# 細かい名前は `torch_xla` の版で変わるので、使う版のドキュメント ([PyTorch/XLA](https://docs.pytorch.org/xla/)) で確かめてください。インストールされている torch で
-# 確かめられるのは、torch 本体が `xla` というデバイスの種類を知っているだけで、その上で動く演算も
-# `"xla"` バックエンドも持っていない (どちらも `torch_xla` が加える) ことです。マシンで使えるものの一覧は
-# `labkit doctor` が示します (レッスン 00)。
+# 下のセルは、torch 本体が `xla` というデバイスの種類を知っているだけで、その上で動く演算も `"xla"`
+# バックエンドも持たない (どちらも `torch_xla` が加える) ことを確かめます。
+#
+# <details><summary>測り方</summary>
+#
+# 名前は `torch_xla` の版で変わります。XLA デバイスは `torch_xla.core.xla_model.xla_device()` (新しい版では
+# `torch_xla.device()`)、ステップの区切りは `xm.mark_step()` (新しい版では `torch_xla.sync()`)、ローダーは
+# `torch_xla.distributed.parallel_loader` の `MpDeviceLoader` (区切りの呼び出しもします)、バックエンドは
+# `dist.init_process_group("xla", init_method="xla://")` で、プロセスは `torch_xla` のランチャーで起動します。
+# 使う版のドキュメント ([PyTorch/XLA](https://docs.pytorch.org/xla/)) で確かめてください。
+#
+# </details>
 
 # %% [markdown] lang="en"
 # ## Hardware
@@ -741,29 +686,30 @@ exercises.grade_saved_activations(saved_bytes)
 # "A faster GPU" and "a TPU" are not the same kind of change.
 #
 # - **A GPU** is a matter of budget and of naming the device. DDP code runs on GPUs
-#   once the backend is `nccl`, each rank picks its GPU
-#   (`torch.cuda.set_device(local_rank)`), and the model and batches go there
-#   (`.to(device)`, `DDP(model, device_ids=[local_rank])`). labkit's command-line
-#   experiments do this (`--backend nccl`, lesson 00); the notebooks' engines stay on
-#   gloo and the CPU on every machine. `nccl` is NVIDIA's communication library for
-#   GPUs; it takes CUDA tensors only.
-# - **A TPU** does not use `nccl`. PyTorch on a TPU needs another package,
-#   **PyTorch/XLA** (`torch_xla`), and **a change of code**:
-#   - tensors and the model go to an XLA device (`torch_xla.core.xla_model.xla_device()`,
-#     in recent versions `torch_xla.device()`);
-#   - operations are not run at once but recorded as a graph; at the end of each step
-#     `xm.mark_step()` (in recent versions `torch_xla.sync()`) has XLA compile the graph
-#     and run it on the TPU;
-#   - data goes to the TPU through `torch_xla.distributed.parallel_loader`'s loader
-#     (`MpDeviceLoader`), which also makes that end-of-step call for every batch;
-#   - DDP over several TPUs uses the `"xla"` backend that `torch_xla` registers
-#     (`dist.init_process_group("xla", init_method="xla://")`), and processes are
-#     started by `torch_xla`'s launcher.
+#   once the backend is `nccl` (NVIDIA's communication library), each rank picks its
+#   GPU (`torch.cuda.set_device(local_rank)`), and the model and batches go there
+#   (`.to(device)`, `DDP(model, device_ids=[local_rank])`), as labkit's command line
+#   does with `--backend nccl` (lesson 00).
+# - **A TPU** needs another package, **PyTorch/XLA** (`torch_xla`), and **a change of
+#   code**: tensors and the model go to an XLA device; operations are recorded as a
+#   graph that XLA compiles and runs at the end of each step; data goes through
+#   `torch_xla`'s loader (`MpDeviceLoader`); DDP over several TPUs uses the `"xla"`
+#   backend that `torch_xla` registers.
 #
-# The exact names change between `torch_xla` versions: check the documentation of the
-# one you use ([PyTorch/XLA](https://docs.pytorch.org/xla/)). What the installed torch shows is that torch itself only knows the
-# device type `xla`: it has no operators that run on it and no `"xla"` backend (both
-# come with `torch_xla`). `labkit doctor` lists what a machine has (lesson 00).
+# The cell below shows that torch itself only knows the device type `xla`: no operators
+# run on it and there is no `"xla"` backend (both come with `torch_xla`).
+#
+# <details><summary>How this was measured</summary>
+#
+# The names change between `torch_xla` versions: the XLA device is
+# `torch_xla.core.xla_model.xla_device()` (recently `torch_xla.device()`), the end of a
+# step `xm.mark_step()` (recently `torch_xla.sync()`), the loader `MpDeviceLoader` from
+# `torch_xla.distributed.parallel_loader` (it also makes that end-of-step call), the
+# backend `dist.init_process_group("xla", init_method="xla://")`, and processes start
+# with `torch_xla`'s launcher. Check the documentation of the version you use
+# ([PyTorch/XLA](https://docs.pytorch.org/xla/)).
+#
+# </details>
 
 # %%
 import importlib.util
@@ -782,7 +728,7 @@ if importlib.util.find_spec("torch_xla") is None:
 else:
     print("torch_xla is installed")
 
-# %%
+# %% tags=["hide-input"]
 from labkit import doctor
 
 machine = doctor.collect()
@@ -794,14 +740,14 @@ assert machine.cpu_cores >= 1
 #
 # | 記事 000 の方法 | セルで確かめたこと |
 # |---|---|
-# | ワーカー数を増やす | 読み込みが重いときに効く。読み込みどうし、読み込みと学習が重なり、1 エポックが短くなる。データは変わらない |
-# | (`persistent_workers`) | ワーカーをエポックをまたいで使い回す。起動が重い環境で効く |
-# | ピンメモリーを使う | CPU→GPU の転送を速く、非同期にする。GPU がなければ何もしない |
-# | バッチサイズを増やす | 1 秒あたりのサンプル数は増える (収束のために何が必要かはレッスン 08) |
-# | 軽量なモデル、精度と速度のバランス | パラメータが少ないほど 1 ステップの計算 (FLOP) が少なく、時間は計算ほどには減らない。小さすぎると精度が落ちる |
-# | 不要な計算を削減する | 評価は `model.eval()` と `torch.no_grad()` で。活性値を保存しない |
-# | チェックポイントを活用する (活性化チェックポイント) | メモリを減らし、1 ステップの計算が順伝播 1 回分増える。学習状態の保存はレッスン 08 |
-# | より高速な GPU、TPU | GPU は予算とデバイスの指定 (`nccl`、`.to(device)`)。TPU は `torch_xla` を使うようにコードの書き換えが必要 |
+# | ワーカー数を増やす | 読み込みが重いときに、1 エポックが短くなる。データは変わらない |
+# | (`persistent_workers`) | ワーカーを使い回す。起動が重い環境で効く |
+# | ピンメモリーを使う | CPU→GPU の転送だけに効く |
+# | バッチサイズを増やす | 1 秒あたりのサンプル数が増える (収束はレッスン 08) |
+# | 軽量なモデル | 計算は減るが、時間は計算ほど減らない。小さすぎると精度が落ちる |
+# | 不要な計算を削減する | 評価は `model.eval()` と `torch.no_grad()` で |
+# | チェックポイント (活性化) | メモリが減り、計算が順伝播 1 回分増える |
+# | より高速な GPU、TPU | GPU はデバイスの指定。TPU は `torch_xla` への書き換え |
 # | Apex | 古い。`torch.autocast` と `torch.amp.GradScaler` を使う |
 
 # %% [markdown] lang="en"
@@ -809,14 +755,14 @@ assert machine.cpu_cores >= 1
 #
 # | doc 000's method | what the cells showed |
 # |---|---|
-# | more workers | helps when loading is slow: batches load side by side and beside training, and an epoch gets shorter; the data does not change |
-# | (`persistent_workers`) | keeps workers across epochs; helps where starting them is slow |
-# | pinned memory | makes CPU→GPU copies faster and asynchronous; without a GPU it does nothing |
-# | larger batches | more samples per second (what convergence then needs: lesson 08) |
-# | lighter model, accuracy vs speed | fewer parameters, less compute per step (FLOPs), and the time falls less than the compute; too small and accuracy suffers |
-# | remove unneeded computation | evaluate in `model.eval()` under `torch.no_grad()`: no activations kept |
-# | use checkpoints (activation checkpointing) | saves memory and computes one more forward per step; saving the training state is in lesson 08 |
-# | a faster GPU, a TPU | a GPU is budget and naming the device (`nccl`, `.to(device)`); a TPU is a change of code, to `torch_xla` |
+# | more workers | an epoch gets shorter when loading is slow; the data does not change |
+# | (`persistent_workers`) | keeps workers; helps where starting them is slow |
+# | pinned memory | helps only CPU→GPU copies |
+# | larger batches | more samples per second (convergence: lesson 08) |
+# | lighter model | less compute, but the time falls less; too small and accuracy suffers |
+# | remove unneeded computation | evaluate in `model.eval()` under `torch.no_grad()` |
+# | checkpoints (activation) | less memory, one more forward per step |
+# | a faster GPU, a TPU | a GPU is naming the device; a TPU is a change of code, to `torch_xla` |
 # | Apex | outdated: use `torch.autocast` and `torch.amp.GradScaler` |
 
 # %% [markdown] lang="ja" tags=["summary"]

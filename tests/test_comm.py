@@ -336,8 +336,9 @@ def test_a_stall_at_the_start_of_a_sweep_leaves_the_fit_standing(monkeypatch):
 
 @pytest.mark.parametrize("lang", ["en", "ja"])
 def test_lesson_05s_sweep_cell_draws_every_round_or_fails(lang):
-    """The kernel cell after the sweep, on fixed rounds: 7 a size are drawn (a
-    point each, the median a line); a round short, and its assert fails."""
+    """The kernel cells after the sweep (the fit, then its folded check and
+    figure), on fixed rounds: 7 a size are drawn (a point each, the median a
+    line); a round short, and the assert fails."""
     from types import SimpleNamespace
 
     from lesson_cells import finder
@@ -346,7 +347,8 @@ def test_lesson_05s_sweep_cell_draws_every_round_or_fails(lang):
     import labkit
     from labkit import plots
 
-    cell = finder("05_communication", lang)("ranks.pull(\"rounds\")")
+    find = finder("05_communication", lang)
+    cell = find("ranks.pull(\"rounds\")") + find('title="allreduce_rounds_title"')
     sizes = [4**k * 1024 for k in range(9)]
     good = [[1e-4 + s / 1e9 * (1 + j / 10) for j in range(7)] for s in sizes]
     for rounds, ok in ((good, True), ([r[:6] for r in good], False)):
