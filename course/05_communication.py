@@ -534,9 +534,10 @@ fig = plots.timelines({labkit.t("cap_panel", name=name, n=len(step["events"])): 
 #
 # セルは、大きなモデルの最大の誤差が 50% 未満であることを確かめます。小さなモデルの更新は 1〜2 ms と
 # 短く、all-reduce の待ちの揺れが大きな部分を占めるので、誤差は表示するだけにして、K = 8 で `no_sync`
-# の更新が全同期より 1.5 倍以上速いことを確かめます。中央値をとる巡の数は、小さなモデル 15、
+# の更新が全同期より 1.2 倍以上速いことを確かめます。中央値をとる巡の数は、小さなモデル 15、
 # 大きなモデル 9 です。このマシンでは、大きなモデルの誤差はコアを 1 つ忙しくしても 10〜21% でした。小さなモデルの誤差は 6 回の実行で 9〜58% とばらつき、
-# K = 8 の `no_sync` の効果は 3.8〜6.7 倍 (`no_sync` を外すと 0.97〜1.00 倍) でした。
+# K = 8 の `no_sync` の効果は 3.8〜6.7 倍 (`no_sync` を外すと 0.97〜1.00 倍) で、2 コアで負荷平均が 8 ほどの
+# ときに一度 1.33 倍まで下がりました。1.2 倍はその両方のあいだにあります。
 #
 # </details>
 
@@ -559,10 +560,11 @@ fig = plots.timelines({labkit.t("cap_panel", name=name, n=len(step["events"])): 
 # The cell asserts that the large model's worst error stays under 50%. The tiny model's
 # update lasts 1-2 ms, much of it the jittery wait of an all-reduce, so the cell prints
 # its error and asserts what holds anyway: at K = 8, a synced update takes at least
-# 1.5 times as long as a `no_sync` one. The medians are over 15 rounds for the tiny
+# 1.2 times as long as a `no_sync` one. The medians are over 15 rounds for the tiny
 # model and 9 for the large one. On this machine the large model's error stayed at
 # 10-21% even with a core kept busy; the tiny model's ranged over 9-58% in six runs,
-# and its `no_sync` saving at K = 8 over 3.8-6.7x (0.97-1.00x with `no_sync` removed).
+# and its `no_sync` saving at K = 8 over 3.8-6.7x (0.97-1.00x with `no_sync` removed);
+# with a load average of about 8 on two cores it fell once to 1.33x. 1.2x lies between.
 #
 # </details>
 
@@ -599,7 +601,7 @@ fig = plots.measured_vs_model(measured, predicted, xlabel="accum_k",
 # The tiny model's error is printed, not asserted; its no_sync saving is.
 assert errors["2.1 M-parameter MLP"] < 0.5, errors
 small_k8 = step_times["tiny MLP"][8]
-assert small_k8.sync > 1.5 * small_k8.no_sync, small_k8
+assert small_k8.sync > 1.2 * small_k8.no_sync, small_k8  # 1.0 without no_sync
 
 # %% [markdown] lang="ja"
 # c、s、o は負にならないように求めますが、o が 0 になることがあります。`zero_grad()` のあとの最初の逆伝播は
