@@ -24,6 +24,9 @@ def register(messages: dict[str, tuple[str, str]]) -> None:
 register({  # key: (ja, en)
     "ex_right": ("✓ 正解です。", "✓ Correct. "),
     "ex_not_yet": ("まだ正解ではありません。", "Not yet. "),
+    "ex_optional_left": ("任意の演習は手つかずなので、実測との比較は飛ばします。",
+                         "The optional exercise is left as handed out: its "
+                         "comparison with the measurements is skipped."),
     "ex_off": ("{what}が正解と最大 {diff:.1e} 違います。ヒント: {hint}",
                "{what} is off by up to {diff:.1e}. Hint: {hint}"),
     "ex_fill_in": ("{name} がまだ None です。自分の答えに置き換えてください。",
