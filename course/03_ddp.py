@@ -427,6 +427,57 @@ assert steps == [[[2110 * 4]] * 3] * 2  # every gradient once, in one call, per 
 fig = diagrams.collectives({labkit.t("backward_n", k=k): [s[k - 1] for s in steps]
                             for k in (1, 2, 3)}, fmt="{:.0f}", title="ddp_bytes_title")
 
+# %% [markdown] lang="ja"
+# **1 ステップをランクごとに描きます。** 層の多いモデル (約 13.7 万パラメータ) を `bucket_cap_mb=0.25` で
+# 包み、順伝播、各パラメータの勾配ができた時刻、バケットごとの all-reduce、`backward()` が戻る時刻、
+# オプティマイザのステップを記録します (`buckets.Timeline` の通信フックは DDP の既定と同じ all-reduce を
+# して、時刻を書き留めるだけです)。1 ステップ目は全勾配を 1 つのバケットで送るので (レッスン 05)、
+# 2 ステップ目を描きます。
+#
+# **予想してから実行:** 最初のバケットの all-reduce は、逆伝播が終わる前に始まるでしょうか?
+# オプティマイザは、all-reduce が終わる前にステップを始めることがあるでしょうか?
+
+# %% [markdown] lang="en"
+# **One step, drawn rank by rank.** A deeper model (about 137 k parameters) wrapped with
+# `bucket_cap_mb=0.25` records its forward, when each parameter's gradient is written,
+# each bucket's all-reduce, when `backward()` returns, and the optimizer's step
+# (`buckets.Timeline`'s comm hook all-reduces as DDP's default does and notes the
+# times). Step 1 sends every gradient in one bucket (lesson 05), so step 2 is drawn.
+#
+# **Predict, then run:** does the first bucket's all-reduce start before the backward
+# pass ends? Can the optimizer step before the all-reduces are done?
+
+# %%
+# %%px
+from labkit import buckets
+
+torch.manual_seed(0)
+model = DDP(models.WideMLP(hidden=256, depth=3), bucket_cap_mb=0.25)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+X_mine, y_mine = data.shard(X, rank, world_size), data.shard(y, rank, world_size)
+with buckets.Timeline(model, buckets.allreduce_hook) as timeline:
+    for step in range(2):  # step 1 builds the buckets; step 2 is a training run's
+        record = timeline.train_step(model, X_mine, y_mine, criterion, optimizer)
+
+# %% tags=["hide-input"]
+from labkit import buckets
+
+per_rank = ranks.pull("record")
+buckets.check_step(per_rank)  # on every rank: overlap, all done before backward returns
+fig = plots.timelines({labkit.t("rank_panel", rank=r, n=len(step["events"])): step
+                       for r, step in enumerate(per_rank)}, title="ddp_step_title")
+
+# %% [markdown] lang="ja"
+# どちらのランクでも、最初のバケットの all-reduce は、最後の勾配ができる前、逆伝播の途中 (勾配の印の
+# あいだ) で始まります。`backward()` はすべての all-reduce が終わってから戻るので、オプティマイザは
+# 平均された勾配でステップします。セルはこの 2 つを各ランクで確かめています (`buckets.check_step`)。
+
+# %% [markdown] lang="en"
+# On both ranks the first bucket's all-reduce starts during the backward pass (between
+# the gradients' ticks), before the last gradient is written. `backward()` returns only
+# once every all-reduce is done, so the optimizer steps on averaged gradients. The cell
+# checks both on each rank (`buckets.check_step`).
+
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 学習してもレプリカは一致したまま
 #
