@@ -180,10 +180,8 @@ fig = plots.line_chart({"H = 8": ([s for s, _ in drift], [d for _, d in drift])}
 runs = {}
 for H in (1, 4, 16):
     with comm_counting.CollectiveLog(ops=("all_reduce",)) as log:
-        model, curve = train_local_sgd(H, steps=64)
+        _, curve = train_local_sgd(H, steps=64)
     runs[H] = {"curve": curve, "calls": [c["bytes"] for c in log.calls]}
-    print(f"H = {H:2d}: {log.count('all_reduce')} averages, {log.nbytes():,} bytes, "
-          f"held-out loss {curve[-1][1]:.4f}")
 
 # %% tags=["hide-input"]
 import torch
@@ -196,6 +194,8 @@ param_bytes = 4 * psi  # float32: 4 bytes per parameter
 for H, r in runs.items():
     # one all-reduce of all the parameters per average, 64 / H of them
     assert r["calls"] == [param_bytes] * (64 // H), (H, r["calls"])
+    print(f"H = {H:2d}: {len(r['calls'])} averages, {sum(r['calls']):,} bytes, "
+          f"held-out loss {r['curve'][-1][1]:.4f}")
 final = {H: r["curve"][-1][1] for H, r in runs.items()}
 assert final[16] < 1.01 * final[1]  # 1/16 of the bytes, within 1% of the loss (0.2%)
 by_step = {f"H = {H}": ([s for s, _ in r["curve"]], [v for _, v in r["curve"]])
@@ -367,9 +367,8 @@ def train_diloco(H, steps, lr=0.1, outer_lr=0.7, outer_momentum=0.9, record=None
     inner = torch.optim.SGD(model.parameters(), lr=lr)
     global_params = [p.detach().clone() for p in model.parameters()]  # θ_global
     sizes = [g.numel() for g in global_params]
-    # torch refuses nesterov=True without momentum; without it the step is lr × Δ
     outer = torch.optim.SGD(global_params, lr=outer_lr, momentum=outer_momentum,
-                            nesterov=outer_momentum > 0)
+                            nesterov=outer_momentum > 0)  # torch needs momentum for it
     curve = []
     for step in range(steps):
         X, y = local_sgd.batch(dataset, task, step, rank, world_size)
@@ -588,10 +587,7 @@ exercises.grade_diloco_outer_step(ranks)
 
 # %%
 # %%px
-import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from labkit import checks, no_sync, noise_scale
 
@@ -742,8 +738,7 @@ sgd = torch.optim.SGD(trainer.parameters(), lr=0.1)
 
 
 def steps_to_target(B, lr, seed, max_steps=400):
-    """Steps from zero weights, at global batch B = N·b·K, until the loss on all
-    the data is at most `target` (max_steps + 1 if not by then)."""
+    """Steps from zero weights at global batch B = N·b·K to `target` (or max + 1)."""
     b = min(B // world_size, 16)  # samples per rank and micro-batch
     K = B // (world_size * b)  # micro-batches per step, accumulated under no_sync
     assert world_size * b * K == B  # the global batch each step averages over
@@ -770,8 +765,7 @@ def mean_steps(B, lr, seeds=(0, 1, 2)):
 
 
 def best_lr(B, lr):
-    """(mean steps, lr) at the best learning rate on a grid of factors of √2,
-    searched up from `lr`: a larger batch takes at least a smaller one's best."""
+    """(mean steps, lr) at the best lr on a √2 grid up from `lr` (a smaller B's)."""
     best = (mean_steps(B, lr), lr)
     while (tried := (mean_steps(B, lr * 2 ** 0.5), lr * 2 ** 0.5))[0] < best[0]:
         best, lr = tried, tried[1]
