@@ -13,9 +13,8 @@
 #
 # このレッスンを終えると、次のことができます。
 #
-# - ローカル SGD (H ステップごとにパラメータを平均する) を書き、H = 1 では DDP と同じこと、平均の
-#   あいだにレプリカが離れることを確かめる
-# - そのバイト数 (DDP の 1/H) を数え、torch の `PostLocalSGDOptimizer` をビット単位で一致させる
+# - ローカル SGD を書き、H = 1 では DDP と同じで、送るバイト数が 1/H になることを確かめる
+# - torch の `PostLocalSGDOptimizer` を、手で書いた実装とビット単位で一致させる
 # - DiLoCo の外側のステップ (疑似勾配でのネステロフのモーメンタム) を書く
 # - DDP の all-reduce の前と後の勾配から勾配のノイズスケールを推定し、バッチを大きくしてもステップ数が
 #   減らなくなるところを説明する
@@ -25,10 +24,8 @@
 #
 # After this lesson you can:
 #
-# - write local SGD (parameters averaged every H steps), and check that it is DDP at
-#   H = 1 and that the replicas drift apart between averages;
-# - count its bytes (1/H of DDP's) and make torch's `PostLocalSGDOptimizer` match it
-#   bit for bit;
+# - write local SGD, and check that it is DDP at H = 1 and sends 1/H of the bytes;
+# - make torch's `PostLocalSGDOptimizer` match it bit for bit;
 # - write DiLoCo's outer step (Nesterov momentum on the pseudo-gradient);
 # - estimate the gradient noise scale from DDP's gradients before and after the
 #   all-reduce, and say where a larger batch stops saving steps.
@@ -49,22 +46,21 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # <!-- section: localsgd -->
 #
 # DDP は毎ステップ勾配を all-reduce します。**ローカル SGD** (Stich、2019) では、各ランクが自分の
-# バッチだけで H 回ステップし、そのあとパラメータを平均します。1 回の平均は DDP の 1 ステップの勾配と
-# 同じバイト数なので、送るバイト数は 1/H です。
+# バッチだけで H 回ステップしてから、パラメータを平均します。送るバイト数は DDP の 1/H です。
 #
-# ここでは幅 32 の MLP が教師ネットワークを学習します。`local_sgd.evaluate` は学習に使わない
-# サンプルでの損失を返し、`warmup` はあとで torch の実装と比べるときに使います。
+# 幅 32 の MLP が教師ネットワークを学習します。`local_sgd.evaluate` は学習に使わないサンプルでの
+# 損失を返します。
 
 # %% [markdown] lang="en"
 # ## Local SGD
 # <!-- section: localsgd -->
 #
 # DDP all-reduces the gradients at every step. In **local SGD** (Stich, 2019) each rank
-# takes H steps on its own batches, then the parameters are averaged. One average sends
-# the bytes of one DDP step's gradients: 1/H of the bytes.
+# takes H steps on its own batches, then the parameters are averaged: 1/H of DDP's
+# bytes.
 #
-# Here an MLP of width 32 learns a teacher network; `local_sgd.evaluate` gives the loss
-# on held-out samples, and `warmup` is for the comparison with torch's below.
+# An MLP of width 32 learns a teacher network; `local_sgd.evaluate` gives the loss on
+# held-out samples.
 
 # %%
 # %%px
@@ -112,14 +108,14 @@ def train_local_sgd(H, steps, lr=0.1, warmup=0, drift=None):
     return model, curve
 
 # %% [markdown] lang="ja"
-# H = 1 でモーメンタムのない SGD なら、更新が勾配について線形なので
-# (1/N) Σ (θ − lr g_r) = θ − lr (1/N) Σ g_r となり、ローカル SGD は DDP と (丸めの差を除いて) 同じです。
-# H = 8 では、ランクと全ランクの平均との距離 (`local_sgd.divergence`) を図に描きます。
+# H = 1 でモーメンタムのない SGD なら、更新は勾配について線形なので
+# (1/N) Σ (θ − lr g_r) = θ − lr (1/N) Σ g_r となり、ローカル SGD は (丸めの差を除いて) DDP です。
+# 図は H = 8 での、各ランクと全ランクの平均との距離です。
 
 # %% [markdown] lang="en"
 # With H = 1 and SGD without momentum the update is linear in the gradient,
-# (1/N) Σ (θ − lr g_r) = θ − lr (1/N) Σ g_r: local SGD is DDP, up to rounding. At
-# H = 8 the figure draws the ranks' distance from their mean (`local_sgd.divergence`).
+# (1/N) Σ (θ − lr g_r) = θ − lr (1/N) Σ g_r: local SGD is DDP, up to rounding. The
+# figure draws, at H = 8, the ranks' distance from their mean.
 
 # %%
 # %%px
@@ -161,16 +157,16 @@ fig = plots.line_chart({"H = 8": ([s for s, _ in drift], [d for _, d in drift])}
 # %% [markdown] lang="ja"
 # ### ステップ数と送ったバイト数で見た損失
 #
-# H = 1、4、16 で 64 ステップ学習し、`comm_counting.CollectiveLog` で all-reduce を数えます。平均は
-# どれも、パラメータ全体 (682 個の float32、2,728 バイト) の all-reduce 1 回です。
+# H = 1、4、16 で 64 ステップ学習します。平均はどれも、682 個のパラメータ全体 (2,728 バイト) の
+# all-reduce 1 回です。
 #
 # **予想してから実行:** H = 16 では、64 ステップで all-reduce は何回、何バイトになるでしょうか?
 
 # %% [markdown] lang="en"
 # ### Loss against steps and against bytes sent
 #
-# 64 steps for H = 1, 4 and 16, the all-reduces counted by `comm_counting.CollectiveLog`.
-# Each average is one all-reduce of all the parameters (682 float32 values, 2,728 bytes).
+# 64 steps for H = 1, 4 and 16; each average is one all-reduce of all 682 parameters
+# (2,728 bytes).
 #
 # **Predict, then run:** with H = 16, how many all-reduces, and how many bytes, in
 # 64 steps?
@@ -180,10 +176,8 @@ fig = plots.line_chart({"H = 8": ([s for s, _ in drift], [d for _, d in drift])}
 runs = {}
 for H in (1, 4, 16):
     with comm_counting.CollectiveLog(ops=("all_reduce",)) as log:
-        model, curve = train_local_sgd(H, steps=64)
+        _, curve = train_local_sgd(H, steps=64)
     runs[H] = {"curve": curve, "calls": [c["bytes"] for c in log.calls]}
-    print(f"H = {H:2d}: {log.count('all_reduce')} averages, {log.nbytes():,} bytes, "
-          f"held-out loss {curve[-1][1]:.4f}")
 
 # %% tags=["hide-input"]
 import torch
@@ -196,6 +190,8 @@ param_bytes = 4 * psi  # float32: 4 bytes per parameter
 for H, r in runs.items():
     # one all-reduce of all the parameters per average, 64 / H of them
     assert r["calls"] == [param_bytes] * (64 // H), (H, r["calls"])
+    print(f"H = {H:2d}: {len(r['calls'])} averages, {sum(r['calls']):,} bytes, "
+          f"held-out loss {r['curve'][-1][1]:.4f}")
 final = {H: r["curve"][-1][1] for H, r in runs.items()}
 assert final[16] < 1.01 * final[1]  # 1/16 of the bytes, within 1% of the loss (0.2%)
 by_step = {f"H = {H}": ([s for s, _ in r["curve"]], [v for _, v in r["curve"]])
@@ -217,15 +213,15 @@ fig = plots.line_chart(by_bytes, xlabel="bytes_sent_per_rank",
 # ### torch の `PostLocalSGDOptimizer`
 #
 # torch の post-local SGD (Lin ほか、2020) は、DDP の通信フック `post_localSGD_hook` と、パラメータを
-# 平均する `PostLocalSGDOptimizer` (ここでは `PeriodicModelAverager`) の組み合わせです。はじめの
-# `start_localSGD_iter` ステップは DDP と同じで (ウォームアップ)、そのあとローカル SGD になります。
-# ただし既定では、フックはそのあとも `subgroup` の中で勾配を all-reduce し、その既定の大きさはノードの
-# GPU の数なので、CPU ではウォームアップ直後の逆伝播でエラーになります (次のセル)。代わりに
-# `post_local_gradient_allreduce=False` (上のローカル SGD そのもの。ここで使います) か、
-# `subgroup=dist.new_subgroups(group_size=1)[0]` (各ランクが 1 つだけのグループ。クラスタでは
-# `group_size` をノードの GPU の数にすると、ノードの中で毎ステップ平均します) を渡します。
+# 平均する `PostLocalSGDOptimizer` の組み合わせです。はじめの
+# `start_localSGD_iter` ステップ (ウォームアップ) は DDP と同じで、そのあとローカル SGD になります。
+# ただし既定では、フックはそのあともノードの GPU の中で勾配を all-reduce するので、CPU ではエラーに
+# なります (次のセル)。`post_local_gradient_allreduce=False` を渡すと、上のローカル SGD になります。
 #
 # <details><summary>測り方</summary>
+#
+# もう 1 つの方法は `subgroup=dist.new_subgroups(group_size=1)[0]` (各ランクが 1 つだけのグループ)
+# です。クラスタで `group_size` をノードの GPU の数にすると、ノードの中では毎ステップ平均します。
 #
 # `subgroup=None` のとき、フックはサブグループを `dist.new_subgroups()` で作り、その既定の大きさは
 # GPU の数です (`torch/distributed/algorithms/ddp_comm_hooks/post_localSGD_hook.py` と
@@ -239,16 +235,17 @@ fig = plots.line_chart(by_bytes, xlabel="bytes_sent_per_rank",
 # ### torch's `PostLocalSGDOptimizer`
 #
 # torch's post-local SGD (Lin et al., 2020) is DDP's comm hook `post_localSGD_hook`
-# with `PostLocalSGDOptimizer`, which averages the parameters (here with a
-# `PeriodicModelAverager`). The first `start_localSGD_iter` steps are DDP's (the
-# warm-up), then local SGD; but by default the hook keeps all-reducing the gradients
-# within `subgroup`, whose default size is a node's GPUs: on the CPU the first backward
-# after the warm-up fails (the next cell). Pass instead
-# `post_local_gradient_allreduce=False` (the local SGD above, used here), or
-# `subgroup=dist.new_subgroups(group_size=1)[0]` (each rank alone in its group; on a
-# cluster, `group_size` = GPUs per node averages within each node at every step).
+# with `PostLocalSGDOptimizer`, which averages the parameters. The first
+# `start_localSGD_iter` steps are DDP's (the warm-up), then local SGD. By default the
+# hook then still all-reduces the gradients among each node's GPUs, which fails on the
+# CPU (the next cell); `post_local_gradient_allreduce=False` makes it the local SGD
+# above.
 #
 # <details><summary>How this was measured</summary>
+#
+# The other way out is `subgroup=dist.new_subgroups(group_size=1)[0]` (each rank alone
+# in its group; on a cluster, `group_size` = GPUs per node averages within each node at
+# every step).
 #
 # With `subgroup=None` the hook makes the subgroup with `dist.new_subgroups()`, whose
 # default size is the number of GPUs (`torch/distributed/algorithms/ddp_comm_hooks/
@@ -293,18 +290,18 @@ print(f"{type(error).__name__}: {error}")
 assert torch.cuda.is_available() or "only takes effect when CUDA" in str(error)
 
 # %% [markdown] lang="ja"
-# フックは逆伝播の回数を数え、最初の `start_localSGD_iter` = W 回は勾配を all-reduce します (上の
-# `warmup` = W と同じ)。平均するほうは `optimizer.step()` を 0 から数え、`warmup_steps` 回のあと
-# `period` 回ごとに平均します。ドキュメントどおり `warmup_steps` = W にすると、手で書いた実装より
-# H − 1 ステップ早く平均します。W + H − 1 なら同じ時点で平均し、ビット単位で一致します。
+# フックは最初の W 回 (`start_localSGD_iter`、上の `warmup`) の逆伝播で勾配を all-reduce します。
+# 平均するほうは `optimizer.step()` を 0 から数え、`warmup_steps` 回のあと `period` 回ごとに平均します。
+# ドキュメントどおり `warmup_steps` = W にすると手で書いた実装より H − 1 ステップ早く平均し、
+# W + H − 1 なら同じ時点で平均します。
 #
 # **予想してから実行:** `warmup_steps` = W のとき、torch の実装は手で書いた実装と一致するでしょうか?
 
 # %% [markdown] lang="en"
-# The hook all-reduces the gradients in the first `start_localSGD_iter` = W backward
-# passes (our `warmup` = W). The averager counts `optimizer.step()` calls from 0 and
-# averages every `period` after `warmup_steps`. With `warmup_steps` = W, as documented,
-# it averages H − 1 steps before ours; with W + H − 1, when ours does, bit for bit.
+# The hook all-reduces the gradients in the first W backward passes
+# (`start_localSGD_iter`, our `warmup`). The averager counts `optimizer.step()` calls
+# from 0 and averages every `period` after `warmup_steps`: with `warmup_steps` = W, as
+# documented, H − 1 steps before ours; with W + H − 1, when ours does.
 #
 # **Predict, then run:** with `warmup_steps` = W, will torch's match the hand-written
 # one?
@@ -335,29 +332,27 @@ assert shifted > 1e-4  # averaging H - 1 steps earlier is another run
 # DiLoCo (Douillard ほか、2023) は、ローカル SGD の平均を「外側のオプティマイザ」のステップに変えます。
 # 全ランクが同じ θ_global を持ち、H 回の内側のステップのあとで:
 #
-# 1. 疑似勾配 Δ = θ_global − (θ_local のランク間の平均) を all-reduce で求めます。
-# 2. 外側のオプティマイザ (論文ではネステロフのモーメンタム、lr 0.7、モーメンタム 0.9 の SGD) が、
-#    Δ を勾配として θ_global を 1 ステップ更新します。
+# 1. 疑似勾配 Δ = θ_global − (θ_local のランク間の平均) を all-reduce で求め、
+# 2. 外側のオプティマイザ (論文ではネステロフの SGD、lr 0.7、モーメンタム 0.9) が Δ を勾配として
+#    θ_global を更新し、
 # 3. どのランクも θ_global から再開します。
 #
-# 送るのは Δ の all-reduce 1 回で、ローカル SGD と同じバイト数です。内側は (論文の AdamW ではなく) SGD
-# なので、違いは外側のステップだけです。外側の lr が 1、モーメンタムが 0 なら、DiLoCo はローカル SGD です
-# (折りたたんだセルで確かめます)。
+# 送るのは Δ の all-reduce 1 回で、ローカル SGD と同じバイト数です。内側も SGD (論文は AdamW) なので、
+# 外側の lr が 1、モーメンタムが 0 なら DiLoCo はローカル SGD です (折りたたんだセルで確かめます)。
 
 # %% [markdown] lang="en"
 # ## DiLoCo
 #
-# DiLoCo (Douillard et al., 2023) turns local SGD's average into the step of an "outer
-# optimizer". Every rank holds the same θ_global; after H inner steps:
+# DiLoCo (Douillard et al., 2023) turns local SGD's average into an "outer optimizer"'s
+# step. Every rank holds the same θ_global; after H inner steps:
 #
 # 1. the pseudo-gradient Δ = θ_global − (the ranks' mean of θ_local), by an all-reduce;
-# 2. the outer optimizer (in the paper SGD with Nesterov momentum, lr 0.7, momentum 0.9)
-#    steps θ_global with Δ as its gradient;
+# 2. the outer optimizer (in the paper Nesterov SGD, lr 0.7, momentum 0.9) steps
+#    θ_global with Δ as its gradient;
 # 3. every rank restarts from θ_global.
 #
-# One all-reduce of Δ: local SGD's bytes. The inner optimizer is SGD (the paper's is
-# AdamW), so the outer step is the only difference: with outer lr 1 and no momentum,
-# DiLoCo is local SGD (the folded cell checks it).
+# One all-reduce of Δ: local SGD's bytes. With SGD inside (the paper's is AdamW), outer
+# lr 1 and no momentum make DiLoCo local SGD (the folded cell checks it).
 
 # %%
 # %%px
@@ -367,9 +362,8 @@ def train_diloco(H, steps, lr=0.1, outer_lr=0.7, outer_momentum=0.9, record=None
     inner = torch.optim.SGD(model.parameters(), lr=lr)
     global_params = [p.detach().clone() for p in model.parameters()]  # θ_global
     sizes = [g.numel() for g in global_params]
-    # torch refuses nesterov=True without momentum; without it the step is lr × Δ
     outer = torch.optim.SGD(global_params, lr=outer_lr, momentum=outer_momentum,
-                            nesterov=outer_momentum > 0)
+                            nesterov=outer_momentum > 0)  # torch needs momentum for it
     curve = []
     for step in range(steps):
         X, y = local_sgd.batch(dataset, task, step, rank, world_size)
@@ -411,20 +405,16 @@ theta_end = torch.cat([p.detach().reshape(-1) for p in diloco.parameters()])
 deltas = torch.stack(deltas)  # one averaged pseudo-gradient per round
 
 # %% [markdown] lang="ja"
-# 外側のステップが本当にネステロフの更新かを、カーネルで確かめます。記録した Δ から、`nesterov=True`
+# 外側のステップがネステロフの更新であることを、カーネルで確かめます。記録した Δ から `nesterov=True`
 # の式で θ_global を計算し直します (m は 0 から):
 #
 # m ← μ m + Δ、θ_global ← θ_global − lr (Δ + μ m)
-#
-# 8 ラウンドのあと各ランクの θ_global と一致し、モーメンタムを除くと一致しません。
 
 # %% [markdown] lang="en"
-# Is the outer step really Nesterov's? The kernel recomputes θ_global from the
-# recorded Δ by `nesterov=True`'s formula, m starting at 0:
+# Is the outer step Nesterov's? The kernel recomputes θ_global from the recorded Δ by
+# `nesterov=True`'s formula, m starting at 0:
 #
 # m ← μ m + Δ, θ_global ← θ_global − lr (Δ + μ m)
-#
-# After 8 rounds it equals the ranks' θ_global; without the momentum it would not.
 
 # %% tags=["hide-input"]
 theta_start, theta_end, deltas = (ranks.pull(name)[0]
@@ -445,7 +435,7 @@ assert (no_momentum - theta_end).abs().max() > 1e-2
 # ### 同じバイト数で比べる
 #
 # ローカル SGD と DiLoCo (どちらも H = 16、512 ステップ) を、同じバイト数を送る DDP (32 ステップ) と
-# 比べます。どの学習も 2 回して、損失がビット単位で一致することも確かめます。
+# 比べます。
 #
 # **予想してから実行:** 同じバイト数で、DDP、ローカル SGD、DiLoCo のどれがいちばん低い損失に届くでしょうか?
 
@@ -453,7 +443,7 @@ assert (no_momentum - theta_end).abs().max() > 1e-2
 # ### At equal bytes sent
 #
 # Local SGD and DiLoCo (both H = 16, 512 steps) against DDP sending the same bytes
-# (32 steps). Each training runs twice, and the losses must match bit for bit.
+# (32 steps).
 #
 # **Predict, then run:** at equal bytes, which of DDP, local SGD and DiLoCo reaches
 # the lowest loss?
@@ -489,13 +479,11 @@ assert loss["DiLoCo"] < 0.95 * loss["local SGD"]  # measured 0.88: the outer mom
 
 # %% [markdown] lang="ja"
 # ローカル SGD は 16 倍のステップを進めるので DDP よりずっと低い損失に届き、DiLoCo の外側の
-# モーメンタムがさらに 1 割ほど下げます。レプリカがもっと離れる課題 (大きな H や lr) では、平均するだけの
-# ローカル SGD は遅くなります。
+# モーメンタムがさらに 1 割ほど下げます。
 
 # %% [markdown] lang="en"
 # Local SGD reaches a far lower loss than DDP (16 times the steps), and DiLoCo's outer
-# momentum about a tenth lower still. Where the replicas drift further apart (a larger
-# H or lr), averaging alone slows local SGD down.
+# momentum about a tenth lower still.
 
 # %% [markdown] lang="ja"
 # ## 演習: DiLoCo の外側のステップを書く
@@ -554,44 +542,40 @@ exercises.grade_diloco_outer_step(ranks)
 # **勾配のノイズスケール** です (McCandlish ほか、2018)。
 #
 # G を全データの平均の勾配、Σ を 1 サンプルの勾配の共分散とすると、独立に選んだ B 個のサンプルの
-# 平均の勾配 G_B について E|G_B|² = |G|² + tr(Σ) / B です。ノイズスケールは B_simple = tr(Σ) / |G|²
+# 平均の勾配 G_B は E|G_B|² = |G|² + tr(Σ) / B を満たし、ノイズスケールは B_simple = tr(Σ) / |G|²
 # です。2 つのバッチサイズ B_small < B_big の二乗ノルムから、不偏推定量が得られます (論文の付録 A.1)。
 #
 # - |G|² ≈ (B_big |G_big|² − B_small |G_small|²) / (B_big − B_small)
 # - tr(Σ) ≈ (|G_small|² − |G_big|²) / (1/B_small − 1/B_big)
 #
-# DDP はこの 2 つのバッチを持っています。all-reduce の前の各ランクの勾配は b サンプルの平均、あとは
-# N·b サンプルの平均です。torch の `allreduce_hook` と同じことをする通信フックで両方の二乗ノルムを
-# 記録し (あとのほうは `Future.then` のコールバックで)、線形回帰の重み 0 で 200 ステップ分測って、
-# 厳密な値 (`noise_scale.exact_stats`) と比べます。
+# DDP はこの 2 つを持っています。各ランクの勾配は all-reduce の前は b サンプル、あとは N·b サンプルの
+# 平均です。torch の `allreduce_hook` と同じことをする通信フックで両方の二乗ノルムを記録し、線形回帰の
+# 重み 0 で 200 ステップ測って、厳密な値と比べます。
 
 # %% [markdown] lang="en"
 # ## How large a batch can grow
 # <!-- section: batch -->
 #
 # More ranks make a larger global batch (N × b per rank × K accumulated) with less
-# gradient noise; once the noise is small, it saves hardly any steps. The **gradient
+# gradient noise; once the noise is small, that saves hardly any steps. The **gradient
 # noise scale** says where (McCandlish et al., 2018).
 #
 # With G the mean gradient over the data and Σ the covariance of one sample's gradient,
-# the mean gradient G_B of B samples drawn independently has E|G_B|² = |G|² + tr(Σ) / B.
-# The noise scale is B_simple = tr(Σ) / |G|². The squared norms at two batch sizes
+# the mean gradient G_B of B independent samples has E|G_B|² = |G|² + tr(Σ) / B; the
+# noise scale is B_simple = tr(Σ) / |G|². Squared norms at two batch sizes
 # B_small < B_big give unbiased estimates (the paper's appendix A.1):
 #
 # - |G|² ≈ (B_big |G_big|² − B_small |G_small|²) / (B_big − B_small)
 # - tr(Σ) ≈ (|G_small|² − |G_big|²) / (1/B_small − 1/B_big)
 #
-# DDP has both batches: before the all-reduce each rank's gradient averages b samples,
-# after it N·b. A comm hook doing what torch's `allreduce_hook` does records both
-# squared norms (the second in `Future.then`'s callback), here on a linear regression
-# at zero weights, for 200 steps, against the exact values (`noise_scale.exact_stats`).
+# DDP has both: each rank's gradient averages b samples before the all-reduce, N·b
+# after it. A comm hook doing what torch's `allreduce_hook` does records both squared
+# norms, over 200 steps of a linear regression at zero weights, against the exact
+# values.
 
 # %%
 # %%px
-import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from labkit import checks, no_sync, noise_scale
 
@@ -653,15 +637,13 @@ print(f"exact, on all 4096 samples: tr(Σ) = {exact['trace']:.1f}, "
 assert abs(B_simple / exact["noise_scale"] - 1) < 0.25
 
 # %% [markdown] lang="ja"
-# 推定は正解に近くなりました。セルは二乗ノルムを **200 ステップで平均してから** 比をとっています。
-# 1 ステップだけの推定は tr(Σ) が負になるほどばらつき、不偏推定量どうしの比は不偏ではないので、
-# 1 ステップごとの比の平均は当てになりません (次のセル)。
+# セルは二乗ノルムを **200 ステップで平均してから** 比をとっています。1 ステップだけの tr(Σ) は負にも
+# なり、不偏推定量どうしの比は不偏ではないので、ステップごとの比の平均は当てになりません (次のセル)。
 
 # %% [markdown] lang="en"
-# The estimate is close to the exact value. The cell averages the squared norms
-# **over the 200 steps first**, then takes the ratio: one step's tr(Σ) can come out
-# negative, and a ratio of unbiased estimates is not unbiased, so an average of
-# per-step ratios cannot be trusted (the next cell).
+# The cell averages the squared norms **over the 200 steps first**, then takes the
+# ratio: one step's tr(Σ) can be negative, and a ratio of unbiased estimates is not
+# unbiased, so an average of per-step ratios cannot be trusted (the next cell).
 
 # %% tags=["hide-input"]
 # %%px
@@ -715,24 +697,23 @@ exercises.grade_noise_scale(noise_scale_estimate, (8, 2, 25.289, 16.629))
 # %% [markdown] lang="ja"
 # ## 臨界バッチサイズ: ステップ数はどこで減らなくなるか
 #
-# 論文は、目標の損失までのステップ数を S = S_min (1 + B_noise / B) と見積もります (B_simple は
-# B_noise の近似)。B ≪ B_noise ではバッチを 2 倍にするとステップ数がほぼ半分に、B ≫ B_noise では
-# S_min からほとんど減りません。B_noise が **臨界バッチサイズ** です。
+# 論文は、目標の損失までのステップ数を S = S_min (1 + B_noise / B) と見積もります。B_noise が
+# **臨界バッチサイズ** で、B_simple はその近似です。B ≪ B_noise ではバッチを 2 倍にするとステップ数が
+# ほぼ半分に、B ≫ B_noise では S_min からほとんど減りません。
 #
 # B = N·b·K を 2 から 256 まで変え、重み 0 から損失がはじめの 1% になるまでのステップ数を数えます
-# (3 シード、b が 16 を超える分は `no_sync` で累積)。学習率は論文と同じくバッチごとに選びます。
+# (3 シード、b が 16 を超える分は `no_sync` で累積、学習率は論文と同じくバッチごとに選択)。
 
 # %% [markdown] lang="en"
 # ## The critical batch size: where the steps stop falling
 #
-# The paper models the steps to a target loss as S = S_min (1 + B_noise / B), with
-# B_simple approximating B_noise: well below B_noise, twice the batch takes about half
-# the steps; well above, hardly fewer than S_min. B_noise is the **critical batch
-# size**.
+# The paper models the steps to a target loss as S = S_min (1 + B_noise / B), B_simple
+# approximating B_noise, the **critical batch size**: well below it, twice the batch
+# halves the steps; well above, hardly fewer than S_min.
 #
 # We count the steps from zero weights to 1% of the starting loss for B = N·b·K from 2
-# to 256 (3 seeds; past b = 16 per rank, accumulated under `no_sync`), the learning
-# rate tuned per batch as in the paper.
+# to 256 (3 seeds; past b = 16, accumulated under `no_sync`; the lr tuned per batch, as
+# in the paper).
 
 # %%
 # %%px
@@ -742,8 +723,7 @@ sgd = torch.optim.SGD(trainer.parameters(), lr=0.1)
 
 
 def steps_to_target(B, lr, seed, max_steps=400):
-    """Steps from zero weights, at global batch B = N·b·K, until the loss on all
-    the data is at most `target` (max_steps + 1 if not by then)."""
+    """Steps from zero weights at global batch B = N·b·K to `target` (or max + 1)."""
     b = min(B // world_size, 16)  # samples per rank and micro-batch
     K = B // (world_size * b)  # micro-batches per step, accumulated under no_sync
     assert world_size * b * K == B  # the global batch each step averages over
@@ -770,8 +750,7 @@ def mean_steps(B, lr, seeds=(0, 1, 2)):
 
 
 def best_lr(B, lr):
-    """(mean steps, lr) at the best learning rate on a grid of factors of √2,
-    searched up from `lr`: a larger batch takes at least a smaller one's best."""
+    """(mean steps, lr) at the best lr on a √2 grid up from `lr` (a smaller B's)."""
     best = (mean_steps(B, lr), lr)
     while (tried := (mean_steps(B, lr * 2 ** 0.5), lr * 2 ** 0.5))[0] < best[0]:
         best, lr = tried, tried[1]
@@ -804,14 +783,14 @@ print(f"exact B_simple: {exact['noise_scale']:.1f} at the start, "
 assert abs(at_target["noise_scale"] / exact["noise_scale"] - 1) < 0.25
 
 # %% [markdown] lang="ja"
-# B_simple より十分小さいところでは、ステップ数はバッチにほぼ反比例して減り、B_simple を超えると
+# B_simple より十分小さいところではステップ数はバッチにほぼ反比例して減り、B_simple を超えると
 # ほとんど減りません。処理するサンプル数 (ステップ数 × B) は増えるので、そこで足したランクの計算は
-# ほとんど無駄になります。点線が測ったノイズスケール、破線が論文の式です。
+# ほとんど無駄です。点線が測ったノイズスケール、破線が論文の式です。
 
 # %% [markdown] lang="en"
 # Well below B_simple the steps fall almost in proportion to the batch; past it they
-# hardly fall, while the samples processed (steps × B) grow: ranks added there mostly
-# waste their compute. Dotted: the measured noise scale; dashed: the paper's formula.
+# hardly fall while the samples processed (steps × B) grow: added ranks mostly waste
+# compute. Dotted: the measured noise scale; dashed: the paper's formula.
 
 # %% tags=["hide-input"]
 from labkit import noise_scale
@@ -827,18 +806,18 @@ fig = noise_scale.steps_vs_batch(steps_at, B_simple, s_min=s_min)
 # DDP の平均はランクごとの平均の平均なので、サンプル数が違うと全サンプルの平均になりません
 # (レッスン 04 の
 # [「K 倍のバッチと同じ」が成り立つ条件](04_no_sync.ipynb#cell-id=04-when-the-same-as-a-k-times-batch-holds))。
-# ここではランク 0 が 3 サンプル、ランク 1 が 13 サンプルを持ち、`no_sync.accumulate_by_count` は
-# サンプル数で重み付けします。
+# ランク 0 が 3 サンプル、ランク 1 が 13 サンプルを持ちます。`no_sync.accumulate_by_count` はサンプル数で
+# 重み付けします。
 #
 # **予想してから実行:** DDP のふつうの平均は、16 サンプル全体の勾配と一致するでしょうか?
 
 # %% [markdown] lang="en"
 # ## Averages over unequal batches
 #
-# DDP's average is a mean of the ranks' means, not the mean over the samples when the
-# counts differ (lesson 04:
+# DDP's average is a mean of the ranks' means: not the samples' mean when the counts
+# differ (lesson 04:
 # [When "the same as a K-times batch" holds](04_no_sync.ipynb#cell-id=04-when-the-same-as-a-k-times-batch-holds)).
-# Here rank 0 holds 3 samples, rank 1 13; `no_sync.accumulate_by_count` weights by count.
+# Rank 0 holds 3 samples, rank 1 13; `no_sync.accumulate_by_count` weights by count.
 #
 # **Predict, then run:** will DDP's plain average equal the gradient of all 16
 # samples?

@@ -37,7 +37,9 @@ def _with(source: str, old: str, new: str) -> str:
 
 
 def _run(ranks, *sources: str) -> None:
-    ranks.execute("import torch.distributed as dist\n"
+    # what the lesson's earlier cells imported on the ranks
+    ranks.execute("import torch\nimport torch.distributed as dist\n"
+                  "from torch.nn.parallel import DistributedDataParallel as DDP\n"
                   "rank, world_size = dist.get_rank(), dist.get_world_size()")
     for source in sources:
         ranks.execute(source)
