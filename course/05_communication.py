@@ -11,36 +11,29 @@
 # %% [markdown] lang="ja" tags=["outcomes"]
 # # 05 通信のコスト
 #
-# DDP が 1 回の同期で送るのは全パラメータの勾配です (レッスン 03)。その時間を測り、予測できる
-# モデルにします。
+# DDP の勾配の同期 (レッスン 03) の時間を測り、モデルにします。次のことができるようになります。
 #
-# このレッスンを終えると、次のことができます。
-#
-# - 測った all-reduce の時間から**アルゴリズム帯域** (algbw) と**バス帯域** (busbw) を出し、リング型では
+# - 測った all-reduce の時間から**アルゴリズム帯域** (algbw) と**バス帯域** (busbw) を出し、リング型の
 #   各ランクが 2(n−1)/n × S バイトを送る理由を説明できる
-# - **α–β モデル** (固定の遅延 α、帯域 β) を実測に当てはめ、別の大きさやランク数の時間を予測できる
+# - **α–β モデル** (遅延 α、帯域 β) を実測に当てはめ、別の大きさやランク数の時間を予測できる
 # - DDP が勾配を**バケット**にまとめる理由 (呼び出しごとの α と、逆伝播との重なり) を説明し、
 #   `DDP(model)` が送るバケットを読める
-# - 通信のタイムラインで、計算に**隠れた**通信と**表に出た**通信を見分けられる
+# - タイムラインで**隠れた**通信と**表に出た**通信を見分けられる
 # - 1 回の更新の時間を c、s、o、K と `no_sync` から予測できる
 
 # %% [markdown] lang="en" tags=["outcomes"]
 # # 05 Communication cost
 #
-# One DDP synchronization sends the gradients of every parameter (lesson 03). Here we
-# time it and turn the times into a model that predicts.
-#
-# After this lesson you can:
+# We time DDP's gradient synchronization (lesson 03) and model it. You will be able to:
 #
 # - compute **algorithm bandwidth** (algbw) and **bus bandwidth** (busbw) from a timed
-#   all-reduce, and say why each rank of a ring sends 2(n−1)/n × S bytes;
-# - fit the **alpha-beta model** (latency alpha, bandwidth beta) and predict another
-#   size or number of ranks;
-# - explain why DDP packs gradients into **buckets** (alpha per call, overlap with the
-#   backward pass) and read the buckets `DDP(model)` sends;
-# - read a communication timeline: what is **hidden** behind the backward pass and what
-#   is **exposed**;
-# - predict the time of an update from c, s, o, K and `no_sync`.
+#   all-reduce, and say why a ring rank sends 2(n−1)/n × S bytes;
+# - fit the **alpha-beta model** (latency alpha, bandwidth beta) and predict other sizes
+#   and ranks;
+# - explain why DDP packs gradients into **buckets** (alpha per call, overlap with
+#   backward) and read the buckets `DDP(model)` sends;
+# - tell **hidden** from **exposed** communication on a timeline;
+# - predict an update's time from c, s, o, K and `no_sync`.
 
 # %%
 import labkit
@@ -52,24 +45,21 @@ labkit.set_lang("ja")
 # ## リング all-reduce を 1 ステップずつ
 #
 # 4 つのランクでリング all-reduce を手で実行します (`labkit.ring.all_reduce`)。各ランクはテンソルを
-# 4 つのチャンクに切り、6 ステップのそれぞれで 1 つのチャンクを右隣へ送り、左隣から 1 つ受け取ります。
-# 前半の 3 ステップ (reduce-scatter) では受け取った部分和を自分のチャンクに足し、後半の 3 ステップ
-# (all-gather) では完成したチャンクを受け取ります。
+# 4 つのチャンクに切り、6 ステップのそれぞれで 1 つを右隣へ渡します。前半の 3 ステップ (reduce-scatter)
+# で部分和を足し、後半 (all-gather) で完成したチャンクを写します。
 #
-# **予想してから実行:** reduce-scatter が終わったとき (3 ステップのあと)、各ランクで 4 ランク分の和が
-# そろっているチャンクはいくつでしょうか?
+# **予想してから実行:** reduce-scatter のあと、各ランクで 4 ランク分の和がそろっているチャンクは
+# いくつでしょうか?
 
 # %% [markdown] lang="en" tags=["core"]
 # ## A ring all-reduce, step by step
 #
-# Run a ring all-reduce by hand on four ranks (`labkit.ring.all_reduce`). Each rank
-# cuts its tensor into four chunks and, in each of 6 steps, sends one chunk to its
-# right neighbour and receives one from its left: in the first three steps (the
-# reduce-scatter) it adds the partial sum it receives to its own chunk, in the last
-# three (the all-gather) it keeps the finished chunk.
+# Run a ring all-reduce by hand on four ranks (`labkit.ring.all_reduce`): each rank cuts
+# its tensor into four chunks and passes one to its right per step, 3 steps adding
+# partial sums (reduce-scatter), 3 copying finished chunks (all-gather).
 #
-# **Predict, then run:** when the reduce-scatter ends (after 3 steps), how many chunks
-# of each rank hold the sum of all four ranks?
+# **Predict, then run:** after the reduce-scatter, how many chunks of each rank hold the
+# sum of all four ranks?
 
 # %%
 from labkit import cluster, diagrams, ring
@@ -85,14 +75,6 @@ for r in records:
 assert sum(r["sent_bytes"] for r in records) == 4 * 1.5 * records[0]["tensor_bytes"]
 fig = diagrams.ring(records)
 
-# %% [markdown] lang="ja"
-# 各ランクは 1 ステップにテンソルの 1/n を送り、2(n − 1) ステップで 2(n − 1)/n を送ります (4 ランクで
-# 1.5 倍、2 ランクで 1 倍)。これが下の busbw の係数です。
-
-# %% [markdown] lang="en"
-# Each rank sends 1/n of the tensor per step, 2(n − 1)/n of it in 2(n − 1) steps: 1.5
-# times on four ranks, once on two. That is busbw's factor below.
-
 # %%
 from labkit import cluster, comm, exercises, plots
 
@@ -101,27 +83,21 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # %% [markdown] lang="ja" tags=["core"]
 # ## all-reduce を測る
 #
-# 2 つのランクで、大きさを 4 倍ずつ変えながら all-reduce を 7 回ずつ測ります (図の点が 1 回ずつ、実線が
-# 中央値、破線が下の α–β モデル)。nccl-tests の定義では、大きさ S、時間 t、ランク数 n のとき
+# 2 つのランクで、大きさを 4 倍ずつ変えながら all-reduce を 7 回ずつ測ります (点が 1 回ずつ、実線が
+# 中央値、破線が下の α–β モデル)。大きさ S、時間 t、ランク数 n について、nccl-tests は次のように定めます。
 #
 # - アルゴリズム帯域 algbw = S / t
-# - バス帯域 busbw = algbw × 2(n−1)/n
-#
-# です。リングの各ランクは 2(n−1)/n × S バイトを時間 t で送るので、busbw は各ランクの回線が運ぶ帯域で、
-# 回線の速さと比べられます。
+# - バス帯域 busbw = algbw × 2(n−1)/n (各ランクの回線が運ぶ帯域)
 
 # %% [markdown] lang="en" tags=["core"]
 # ## Timing all-reduce
 #
-# On two ranks, time an all-reduce 7 times for each size, sizes growing four-fold (in
-# the figure a point per round, their median solid, the alpha-beta model below dashed).
-# nccl-tests defines, for size S, time t and n ranks,
+# On two ranks, time 7 all-reduces of each size, sizes growing four-fold (points: rounds;
+# solid: median; dashed: the model below). For size S, time t, n ranks, nccl-tests
+# defines
 #
 # - algorithm bandwidth algbw = S / t
-# - bus bandwidth busbw = algbw × 2(n−1)/n
-#
-# Each rank of a ring sends 2(n−1)/n × S bytes in time t, so busbw is what each rank's
-# link carries, and compares with a link's speed.
+# - bus bandwidth busbw = algbw × 2(n−1)/n, what each rank's link carries
 
 # %%
 # %%px
@@ -154,9 +130,8 @@ fig = plots.rounds(
     logx=True, logy=True, x_bytes=True)
 
 # %% [markdown] lang="ja"
-# busbw の係数を実測で確かめます。16 MiB の all-reduce 1 回で各ランクが送ったバイト数を OS に数えさせ、
-# S で割ると、2(n−1)/n (2 ランクでは 1) になるはずです。rank 0 に集めてから配り直す方式なら、この比は
-# ランクごとに違います。
+# busbw の係数を確かめます。16 MiB の all-reduce 1 回で各ランクが送ったバイト数 (OS が数えます) を S で
+# 割ると、2(n−1)/n (2 ランクでは 1) になるはずです。
 #
 # <details><summary>測り方</summary>
 #
@@ -166,9 +141,8 @@ fig = plots.rounds(
 # </details>
 
 # %% [markdown] lang="en"
-# Check busbw's factor on measured data: the bytes each rank sends in one 16 MiB
-# all-reduce, counted by the operating system, over S, should be 2(n−1)/n (1 on two
-# ranks). Gathering on rank 0 and sending back would give each rank a different ratio.
+# Check busbw's factor: the bytes each rank sends in one 16 MiB all-reduce, counted by
+# the OS, over S should be 2(n−1)/n (1 on two ranks).
 #
 # <details><summary>How this was measured</summary>
 #
@@ -202,14 +176,12 @@ for share in shares:
 
 # %% [markdown] lang="ja"
 # モデルはリング型を仮定して、時間 = 2(n−1) × α + 2(n−1)/n × S / β とします (2 ランクでは
-# 2α + S/β)。α は 1 ステップの固定の遅延、β は 1 本の回線の帯域で、小さなメッセージのほぼ一定の時間が
-# 2α、大きなメッセージでの傾きが 1/β です。ここでの回線は同じマシンのループバックなので、β は GPU の
-# 回線よりずっと小さな値です。
-#
-# **このモデルが扱わないもの:** 木構造の all-reduce、セグメントに分けて送受信を重ねる実装、回線の共有
-# による競合です。2 ランクで当てはめて多くのランクへ延ばした値は**モデルによる予測**です。
+# 2α + S/β)。α は 1 ステップの遅延、β は 1 本の回線の帯域です。木構造の all-reduce、送受信の重なり、
+# 回線の共有は扱いません。2 ランクから多くのランクへ延ばした値は**モデルによる予測**です。
 #
 # <details><summary>測り方</summary>
+#
+# ここでの回線は同じマシンのループバックなので、β は GPU の回線よりずっと小さな値です。
 #
 # torch 2.13 の gloo は CPU のテンソルの all-reduce にアルゴリズムを指定せず、gloo の既定のリング型が
 # 動きます (3 ランクで各ランクが S の 4/3 倍を送ることを tests/test_comm.py が数えます)。そのリングは
@@ -220,16 +192,13 @@ for share in shares:
 
 # %% [markdown] lang="en"
 # The model assumes a ring: time = 2(n−1) × alpha + 2(n−1)/n × S / beta (2 alpha +
-# S / beta on two ranks), with alpha the fixed latency of one step and beta the
-# bandwidth of one link. The nearly constant time of small messages is 2 alpha; the
-# slope for large ones is 1/beta. The link here is loopback on one machine, so beta is
-# far below a GPU link's.
-#
-# **What the model leaves out:** tree all-reduces, rings that cut the data into
-# segments and overlap their sends, and ranks competing for a shared link. A value
-# fitted on two ranks and extended to many is a **prediction by the model**.
+# S / beta on two ranks), alpha one step's latency, beta one link's bandwidth. It
+# ignores trees, overlapped sends and shared links; beyond two ranks it is a
+# **prediction by the model**.
 #
 # <details><summary>How this was measured</summary>
+#
+# The link here is loopback on one machine, so beta is far below a GPU link's.
 #
 # For CPU tensors torch 2.13 asks gloo for no particular algorithm, and gloo's default
 # ring runs (tests/test_comm.py counts each of 3 ranks sending 4/3 of S); that ring cuts
@@ -241,17 +210,16 @@ for share in shares:
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 演習: all-reduce の時間を予測する
 #
-# 上で当てはめた α (`ab.alpha`、1 ステップの秒数) と β (`ab.beta`、バイト/秒) で、約 210 万
-# パラメータ (`2_120_714` 個、float32) の勾配を **8 ランク**のリングで all-reduce する時間を計算し、
-# 秒で `allreduce_s` に入れてください。`ab.time` は使わずに、モデルの式を書きます。
+# 当てはめた `ab.alpha` (1 ステップの秒数) と `ab.beta` (バイト/秒) で、`2_120_714` 個の float32 の勾配を
+# **8 ランク**のリングで all-reduce する秒数を、モデルの式で (`ab.time` を使わずに) `allreduce_s` に
+# 入れてください。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## Exercise: predict an all-reduce
 #
-# With alpha (`ab.alpha`, seconds per step) and beta (`ab.beta`, bytes per second) fitted
-# above, compute how long a ring all-reduce of the gradients of about 2.1 million
-# parameters (`2_120_714` float32 values) takes on **8 ranks**, in seconds, in
-# `allreduce_s`. Write the model's formula rather than calling `ab.time`.
+# With the fitted `ab.alpha` (seconds per step) and `ab.beta` (bytes per second), put in
+# `allreduce_s` the seconds of a ring all-reduce of `2_120_714` float32 gradients on
+# **8 ranks**, by the model's formula (not `ab.time`).
 
 # %% tags=["exercise"]
 n_params = 2_120_714  # the 2.1 M-parameter MLP below; one float32 gradient per parameter
@@ -267,30 +235,25 @@ exercises.grade_allreduce_prediction(ab, n_params, 8, allreduce_s)
 # %% [markdown] lang="ja" tags=["core"]
 # ## バケット: DDP が勾配をまとめる理由
 #
-# DDP が勾配を 1 つずつ送らず、全部がそろうのを待ちもしない理由は 2 つです。
+# DDP は勾配を 1 つずつ送らず、全部まとめても送りません。
 #
-# - **呼び出しのたびに α を払います。** P 個のテンソルを 1 つずつ送ると固定の部分を P 回払います。
-#   次のセルが、この実行の α と β で計算します。
-# - **全部を待つと、逆伝播との重なりを捨てます。** 逆伝播は最後の層から勾配を計算するので、早くそろった
-#   勾配は前の層の計算と同時に送れます。
+# - **呼び出しのたびに α を払います。** P 個を 1 つずつ送ると P 回払います。
+# - **全部を待つと、逆伝播との重なりを捨てます。** 最後の層の勾配が先にそろうので、前の層の計算中に
+#   送れます。
 #
-# そこで DDP は、逆伝播が勾配を出す順に勾配を**バケット**に詰め、バケットがそろうたびに all-reduce を
-# 1 回実行します。大きすぎるバケットは通信の始まりを遅らせ、小さすぎると α がかさみます。
+# そこで DDP は、逆伝播が出す順に勾配を**バケット**に詰め、そろうたびに all-reduce します。
 
 # %% [markdown] lang="en" tags=["core"]
 # ## Buckets: why DDP groups gradients
 #
-# DDP neither sends the gradients one by one nor waits for all of them, for two
-# reasons.
+# DDP sends gradients neither one by one nor all at once:
 #
-# - **Every call pays alpha.** Sending P tensors one by one pays the fixed part P
-#   times. The next cell computes it with this run's alpha and beta.
-# - **Waiting for every gradient forfeits overlap.** Backward computes the last layer's
-#   gradients first; those can travel while the earlier layers still compute.
+# - **Every call pays alpha**, so P tensors sent one by one pay it P times.
+# - **Waiting for all forfeits overlap**: the last layer's gradients come first and can
+#   travel while earlier layers compute.
 #
-# So DDP packs the gradients, in the order backward produces them, into **buckets**
-# and runs one all-reduce each time a bucket is complete. Too large a bucket starts
-# communication late; too small a bucket adds up alpha.
+# So DDP packs gradients, in backward's order, into **buckets** and all-reduces each full
+# bucket.
 
 # %%
 from labkit import workload
@@ -311,10 +274,9 @@ assert one_by_one >= together
 # %% [markdown] lang="ja"
 # ### `DDP(model)` が実際に送るもの
 #
-# torch のドキュメントは `bucket_cap_mb` の既定値を 25 としていますが、`DDP(model)` は
+# torch のドキュメントでは `bucket_cap_mb` の既定値は 25 ですが、`DDP(model)` は
 # `DDP(model, bucket_cap_mb=25)` と同じではありません。210 万パラメータ (8.09 MiB) の MLP を両方で包み、
-# 送られたバケットの大きさを通信フック (`comm_counting.CommCounter`) でステップごとに記録します
-# (torch の MB は MiB = 2^20 バイトです)。
+# ステップごとのバケットを記録します (torch の MB は MiB です)。
 #
 # **予想してから実行:** `DDP(model)` は 1 ステップ目にいくつのバケットを送るでしょうか? 2 ステップ目は?
 # `bucket_cap_mb=25` ではどうでしょうか?
@@ -322,13 +284,12 @@ assert one_by_one >= together
 # %% [markdown] lang="en"
 # ### What `DDP(model)` really sends
 #
-# torch documents 25 as the default of `bucket_cap_mb`, yet `DDP(model)` is not
-# `DDP(model, bucket_cap_mb=25)`. Wrap the 2.1 M-parameter MLP (8.09 MiB) both ways and
-# record the size of every bucket sent, step by step, with a communication hook
-# (`comm_counting.CommCounter`). (Torch's "MB" means MiB, 2^20 bytes.)
+# torch documents 25 as `bucket_cap_mb`'s default, yet `DDP(model)` is not
+# `DDP(model, bucket_cap_mb=25)`. Wrap the 2.1 M-parameter MLP (8.09 MiB; torch's MB is
+# MiB) both ways and record each step's buckets.
 #
 # **Predict, then run:** how many buckets will `DDP(model)` send at step 1? At step 2?
-# And with `bucket_cap_mb=25`?
+# With `bucket_cap_mb=25`?
 
 # %%
 # %%px
@@ -365,16 +326,14 @@ for name, steps in seen.items():
     for step, sizes in enumerate(steps, start=1):
         print(f"{name}, step {step}: {len(sizes)} bucket(s), "
               + " + ".join(f"{b / 2**20:.2f}" for b in sizes) + " MiB")
-# DDP(model): one bucket, then from step 2 a rebuilt split; the sizes add up to
-# every gradient's bytes in each step.
+# DDP(model): one bucket, then rebuilt ones; each step's sizes add up to every gradient
 buckets.check_buckets_rebuilt(seen["DDP(model)"], param_bytes)
 assert seen["bucket_cap_mb=25"] == [[param_bytes]] * 3  # one bucket every step
 
 # %% [markdown] lang="ja"
-# 1 ステップ目の前、DDP は勾配がそろう順を知らないので、全勾配を **1 つのバケット**にして逆伝播の
-# あとに送り、2 ステップ目の前に見た順でバケットを**作り直します**。最初のバケットの上限は通信を早く
-# 始めるために 1 MiB、残りは 25 MiB ですが、`bucket_cap_mb` を渡すと最初の上限もその値になり、25 なら
-# 毎ステップ 1 つに収まるので、「既定は 25 MB」は正確ではありません。
+# 1 ステップ目の DDP は勾配の順をまだ知らないので **1 つのバケット**で送り、2 ステップ目の前に見た順で
+# バケットを**作り直します**。最初のバケットの上限は 1 MiB、残りは 25 MiB です。`bucket_cap_mb` は
+# 最初の上限も決めるので、25 なら毎ステップ 1 つです。
 #
 # <details><summary>測り方</summary>
 #
@@ -388,12 +347,9 @@ assert seen["bucket_cap_mb=25"] == [[param_bytes]] * 3  # one bucket every step
 # </details>
 
 # %% [markdown] lang="en"
-# Before step 1 DDP does not know in which order the gradients become ready, so it
-# sends them all as **one bucket** after the backward pass, and before step 2
-# **rebuilds** the buckets in the order it saw: the first capped at 1 MiB so that
-# communication starts early, the rest at 25 MiB. Passing `bucket_cap_mb` caps the
-# first bucket too, so with 25 everything fits in one bucket every step, and "25 MB by
-# default" is not exact.
+# At step 1 DDP does not know the gradients' order yet: it sends **one bucket**, then
+# **rebuilds** the buckets in the order it saw, the first capped at 1 MiB, the rest at
+# 25 MiB. `bucket_cap_mb` caps the first too: with 25, one bucket every step.
 #
 # <details><summary>How this was measured</summary>
 #
@@ -410,13 +366,9 @@ assert seen["bucket_cap_mb=25"] == [[param_bytes]] * 3  # one bucket every step
 # %% [markdown] lang="ja" tags=["core"]
 # ## 勾配の計算と通信の重なり
 #
-# all-reduce はバケットがそろった時点で始まるので、通信は逆伝播の**途中で**始まり、残りの計算と
-# 重なります。1 MB の重みが 7 つある MLP を上限 1 MB で包み、4 ステップ分、各バケットの all-reduce の
-# 始まりと終わりを、セルに書いた通信フック `allreduce_hook` (DDP の既定のフックと同じ仕事) で記録します。
-#
-# 勾配の計算が終わる前に走った通信は計算に**隠れ**、あとに走った通信は**表に出て**ステップを
-# 長くします。`buckets.check_overlap` は、2 ステップ目からどのステップにも隠れた通信があることを
-# 確かめます。
+# all-reduce はバケットがそろうとすぐ、逆伝播の**途中で**始まります。1 MB の重みが 7 つある MLP を上限
+# 1 MB で包み、4 ステップ分、各 all-reduce の始まりと終わりを記録します。勾配の計算が終わる前の通信は
+# **隠れ**、あとの通信は**表に出て**ステップを長くします。
 #
 # **予想してから実行:** 1 ステップ目は何回 all-reduce するでしょうか? 作り直したあとのステップは?
 #
@@ -434,15 +386,10 @@ assert seen["bucket_cap_mb=25"] == [[param_bytes]] * 3  # one bucket every step
 # %% [markdown] lang="en" tags=["core"]
 # ## Communication overlaps the gradient computation
 #
-# A bucket's all-reduce starts as soon as the bucket is complete, so communication
-# starts **during** the backward pass and overlaps the computation that remains. Wrap an
-# MLP with seven 1 MB weights with a 1 MB limit and record for 4 steps when each
-# bucket's all-reduce starts and ends, with the comm hook written in the cell,
-# `allreduce_hook` (the work of DDP's default hook).
-#
-# Communication that runs before the gradient computation ends is **hidden** behind it;
-# what runs after is **exposed** and lengthens the step. `buckets.check_overlap` asserts
-# that every step after the first hid some communication.
+# A bucket's all-reduce starts once the bucket is full, **during** backward. Record each
+# all-reduce's start and end for 4 steps of an MLP with seven 1 MB weights and a 1 MB
+# cap. Communication before the gradients are done is **hidden**; after, it is
+# **exposed** and lengthens the step.
 #
 # **Predict, then run:** how many all-reduces will step 1 make? And the steps after the
 # rebuild?
@@ -487,16 +434,14 @@ fig = plots.timeline(timeline, title="overlap_title")
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## バケットの上限と通信の始まり
 #
-# **見るところ:** 最初の緑の棒が始まる位置です。バケットが多いほど通信は逆伝播の早くに始まり、
-# バケットが 1 つなら最後の勾配まで待ちます。同じモデルの 4 ステップ目で、`bucket_cap_mb` だけを
-# 1 MB、既定 (`DDP(model)`)、25 MB (モデル全体より大きい) と変えます。
+# **見るところ:** 最初の緑の棒が始まる位置です。バケットが多いほど早く始まります。同じモデルの
+# 4 ステップ目で、`bucket_cap_mb` だけを 1 MB、既定 (`DDP(model)`)、25 MB と変えます。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## The bucket cap and when communication starts
 #
-# **Look at** where the first green bar starts: the more buckets, the earlier
-# communication starts; one bucket waits for the last gradient. Step 4 of one model;
-# only `bucket_cap_mb` changes: 1 MB, the default (`DDP(model)`), 25 MB (all of it).
+# **Look at** where the first green bar starts: earlier with more buckets. Step 4 of one
+# model, with `bucket_cap_mb` 1 MB, the default (`DDP(model)`) and 25 MB.
 
 # %%
 # %%px
@@ -519,16 +464,15 @@ fig = plots.timelines({labkit.t("cap_panel", name=name, n=len(step["events"])): 
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 1 回の更新の時間を予測する
 #
-# K 個のマイクロバッチで 1 回更新する時間は、ほぼ次の 3 つで決まります。
+# K 個のマイクロバッチで 1 回更新する時間は、全マイクロバッチで同期すると約 K·c + K·s + o、`no_sync`
+# なら K·c + s + o です。
 #
 # - c: マイクロバッチ 1 つの順伝播と逆伝播
 # - s: 同期 1 回 (all-reduce と DDP 自身の仕事)
 # - o: オプティマイザのステップなど、更新ごとの残り
 #
-# 全マイクロバッチで同期すると K·c + K·s + o、`no_sync` なら K·c + s + o です。
-# 小さな MLP (2,110 パラメータ) と 210 万パラメータの MLP で、K = 1, 2, 4 の実測から c, s, o を求め、
-# 見ていない K = 8 を予測して実測と比べます。**このモデルが扱わないもの:** 通信と計算の重なりと、
-# マイクロバッチごとの仕事の違い (下で見ます) です。
+# 小さな MLP (2,110 パラメータ) と 210 万パラメータの MLP で、K = 1, 2, 4 から c、s、o を求め、K = 8 を
+# 予測します。**扱わないもの:** 重なりと、マイクロバッチごとの仕事の違いです。
 #
 # <details><summary>測り方</summary>
 #
@@ -544,16 +488,15 @@ fig = plots.timelines({labkit.t("cap_panel", name=name, n=len(step["events"])): 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## Predicting the time of an update
 #
-# An update of K micro-batches costs, to a good approximation,
+# An update of K micro-batches costs about K·c + K·s + o, synchronizing each one, and
+# K·c + s + o with `no_sync`:
 #
 # - c: forward and backward of one micro-batch
 # - s: one synchronization (the all-reduce and DDP's own work)
 # - o: the optimizer step and the rest of an update
 #
-# Synchronizing every micro-batch gives K·c + K·s + o; `no_sync` gives K·c + s + o.
-# For a tiny MLP (2,110 parameters) and a 2.1 M-parameter MLP, fit c, s and o on the
-# measurements for K = 1, 2, 4, predict the unseen K = 8, and compare. **What the model
-# leaves out:** overlap, and micro-batches that do different work (see below).
+# Fit c, s, o on K = 1, 2, 4 for a tiny MLP (2,110 parameters) and the 2.1 M-parameter
+# MLP; predict K = 8. **Left out:** overlap, uneven micro-batches.
 #
 # <details><summary>How this was measured</summary>
 #
@@ -570,8 +513,7 @@ fig = plots.timelines({labkit.t("cap_panel", name=name, n=len(step["events"])): 
 
 # %%
 # %%px
-# Medians over rounds: the tiny model's steps last milliseconds, where timing
-# jitter is largest, so it gets more rounds (and costs little).
+# more rounds for the tiny model: its millisecond steps jitter most
 step_times = {name: comm.step_times_by_k(rank, world_size, hidden, depth, repeat=repeat)
               for name, (hidden, depth, repeat) in {"tiny MLP": (100, 1, 15),
                                                     "2.1 M-parameter MLP": (1024, 3, 9)}.items()}
@@ -595,25 +537,24 @@ for name, times in step_times.items():
         predicted[f"{name}, {mode}"] = (ks, [model.predict(k, mode == "no_sync") * 1e3
                                              for k in ks])
     print(f"{name}: worst error {errors[name]:.0%}")
+small_k8 = step_times["tiny MLP"][8]
+saving = small_k8.sync / small_k8.no_sync  # 1.0 without no_sync
+
+# %% tags=["hide-input"]
 fig = plots.measured_vs_model(measured, predicted, xlabel="accum_k",
                               ylabel="step_time_ms", title="model_vs_measured")
 # The unseen K = 8 too: a model missing s or o is off by more than 50%.
-# The tiny model's error is printed, not asserted; its no_sync saving is.
+# The tiny model's error is printed, not asserted; its saving is.
 assert errors["2.1 M-parameter MLP"] < 0.5, errors
-small_k8 = step_times["tiny MLP"][8]
-assert small_k8.sync > 1.2 * small_k8.no_sync, small_k8  # 1.0 without no_sync
+assert saving > 1.2, small_k8
 
 # %% [markdown] lang="ja"
-# c、s、o は負にならないように求めますが、o が 0 になることがあります。`zero_grad()` のあとの最初の逆伝播は
-# 勾配を書き込むだけで、2 回目からは前の勾配に足し込む (全勾配をもう 1 回読んで書く) ので、最初の
-# マイクロバッチは仕事が少なく、その分がモデルでは o を小さく見せます。大きなモデルで、1 プロセスで確かめます。
+# o が 0 になることがあります。`zero_grad()` のあとの最初の逆伝播は勾配を書き込むだけで、2 回目からは
+# 足し込むので、最初のマイクロバッチは仕事が少なく、その分 o が小さく見えます。
 
 # %% [markdown] lang="en"
-# c, s and o are fitted non-negative, yet o can come out 0. After `zero_grad()` the
-# first backward only writes the gradients; from the second on, each adds to them
-# (reading and writing every gradient once more). The first micro-batch does less
-# work, which in the model makes o look smaller. Check it in one process with the
-# large model.
+# o can come out 0: after `zero_grad()` the first backward writes the gradients, later
+# ones add to them, so the first micro-batch does less work and o looks smaller.
 
 # %%
 import time
@@ -649,15 +590,11 @@ print("fitted o: " + ", ".join(f"{name} {m.optimizer_s * 1e3:.2f} ms"
                                for name, m in fitted.items()))
 
 # %% [markdown] lang="ja"
-# 同期 1 回のコスト s のうち、all-reduce そのものはどれだけでしょうか。上で記録したバケットごとに
-# α–β モデルで all-reduce の時間を足し、s と比べます。残りは DDP 自身の仕事 (勾配をバケットに集めて
-# 戻す処理など) とランクどうしの同期待ちです。
+# 記録したバケットの α–β の時間から、s のうち all-reduce の分を出します。残りは DDP 自身の仕事と待ちです。
 
 # %% [markdown] lang="en"
-# How much of one synchronization's cost s is the all-reduce itself? Add up the
-# alpha-beta time of each bucket recorded above and compare with s. The rest is DDP's
-# own work (gathering gradients into buckets and back) and the ranks waiting for each
-# other.
+# The all-reduce's share of s, by the model for the recorded buckets; the rest is DDP's
+# own work and waiting.
 
 # %%
 buckets_used = ranks.pull("buckets_used")[0]
@@ -672,16 +609,15 @@ for name, sizes in buckets_used.items():
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 演習: K = 16 の更新を予測する
 #
-# 大きなモデル (210 万パラメータの MLP) の c、s、o から、K = 16 の 1 回の更新の時間を、全マイクロバッチで
-# 同期する場合 (`sync_s`) と `no_sync` の場合 (`no_sync_s`) について、秒で計算してください。
-# `predict` は使わずに、式を書きます。
+# 210 万パラメータの MLP の c、s、o から、K = 16 の 1 回の更新の秒数を、全マイクロバッチで同期する場合
+# (`sync_s`) と `no_sync` の場合 (`no_sync_s`) について、式で (`predict` を使わずに) 計算してください。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## Exercise: predict an update with K = 16
 #
-# From c, s and o of the large model (the 2.1 M-parameter MLP), compute the time of one update with
-# K = 16, in seconds, when every micro-batch synchronizes (`sync_s`) and with `no_sync`
-# (`no_sync_s`). Write the formulas rather than calling `predict`.
+# From the 2.1 M-parameter MLP's c, s and o, compute the seconds of one update with
+# K = 16, synchronizing every micro-batch (`sync_s`) and with `no_sync` (`no_sync_s`), by
+# the formulas (not `predict`).
 
 # %% tags=["exercise"]
 fit = fitted["2.1 M-parameter MLP"]
@@ -700,21 +636,16 @@ exercises.grade_step_prediction(fit, K, sync_s, no_sync_s)
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## モデルで探る: GPU とランク数
 #
-# スライダーで条件を変えると、モデルが予測する 1 ランクに対する速度向上をランク数ごとに描きます。
-# 同期 1 回は、上で記録したバケットの α–β の時間の和 (重なりは数えない、控えめな見積もり) と DDP 自身の
-# 仕事 (s の残り) です。最初の値はここで測った α、β と大きなモデルの c で、回線を選ぶと β がその回線の
-# 公称帯域になります。**これはモデルによる予測で、測定ではありません。** GPU では計算も速くなるので、
-# c も小さくしてみてください。
+# スライダーを動かすと、モデルが予測する 1 ランクに対する速度向上を描きます。同期 1 回は、記録した
+# バケットの α–β の時間 (重なりなし) と DDP 自身の仕事です。回線を選ぶと β が決まります。
+# **予測で、測定ではありません。** GPU では計算も速いので、c も小さくしてみてください。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## Explore with the model: GPUs and ranks
 #
-# Move the sliders and the model plots the predicted speed-up over one rank for each
-# number of ranks. One synchronization is the alpha-beta time of the buckets recorded
-# above, added up (no overlap counted: a cautious estimate), plus DDP's own work (the
-# rest of s). The starting values are alpha, beta and the large model's c measured
-# here; choosing a link sets beta to its nominal bandwidth. **This is a prediction by
-# the model, not a measurement.** GPUs also compute faster, so try a smaller c too.
+# Move the sliders to see the predicted speed-up over one rank; a synchronization is
+# the recorded buckets' alpha-beta time (no overlap) plus DDP's own work, and a link
+# sets beta. **A prediction, not a measurement.** GPUs compute faster: try a smaller c.
 
 # %%
 import ipywidgets as widgets
@@ -726,8 +657,7 @@ big_buckets = buckets_used["2.1 M-parameter MLP"]
 overhead = max(fitted["2.1 M-parameter MLP"].sync_s - allreduce_s["2.1 M-parameter MLP"], 0.0)
 
 
-def explore(link="this machine (measured)", alpha_us=ab.alpha * 1e6, grad_scale=1.0,
-            compute_ms=c_measured * 1e3, K=4):
+def explore(link, alpha_us, grad_scale, compute_ms, K):  # the sliders' values
     model = comm.AlphaBeta(alpha_us * 1e-6, links[link])
     buckets = [b * grad_scale for b in big_buckets]
     ns = [1, 2, 4, 8, 16, 32, 64]
@@ -751,16 +681,8 @@ explorer = widgets.interactive(
     K=widgets.IntSlider(value=4, min=1, max=16))
 explorer
 
-# %% [markdown] lang="ja"
-# モデルから導かれることを 1 つ確かめます。K が同じなら、`no_sync` の予測は同期ありの予測より速いか
-# 同じで、理想 (ランク数倍) を超えません。
-
-# %% [markdown] lang="en"
-# One thing that follows from the model, checked: for the same K, `no_sync` is never
-# predicted slower than synchronizing every micro-batch, nor above the ideal (the number
-# of ranks).
-
 # %% tags=["hide-input"]
+# For the same K the model never predicts no sync slower, nor above n times.
 for link, beta in links.items():
     model = comm.AlphaBeta(ab.alpha, beta)
     for n in (2, 8, 64):
@@ -776,42 +698,36 @@ ranks.stop()
 # ## 覚えておくこと
 #
 # - **リング型の all-reduce では各ランクが 2(n−1)/n × S バイトを送ります**。busbw = algbw × 2(n−1)/n は
-#   ランク数によらず、回線の速さと比べられます。
-# - **all-reduce の時間は、ステップごとの固定の遅延 α と、帯域 β で決まる大きさに比例する部分の和です**
-#   (2 ランクで 2α + S/β)。ほかのランク数への延長はモデルによる予測です。
-# - **DDP が勾配をバケットにまとめるのは、呼び出しのたびに α を払うからと、早く送って逆伝播と
-#   重ねるためです**。`DDP(model)` は 1 ステップ目は 1 つのバケット、2 ステップ目から作り直した
-#   バケットを送ります。
-# - **勾配の計算が終わる前に走った通信は隠れ、あとに走った通信だけがステップを長くします**。
-# - **1 回の更新は全同期で K·c + K·s + o、`no_sync` で K·c + s + o です**。`no_sync` が省くのは
-#   (K−1)·s です。
+#   回線の速さと比べられます。
+# - **all-reduce の時間は、ステップごとの遅延 α と、大きさを帯域 β で割った部分の和です** (2 ランクで
+#   2α + S/β)。ほかのランク数への延長はモデルによる予測です。
+# - **DDP が勾配をバケットにまとめるのは、呼び出しごとに α を払うからと、早く送って逆伝播と重ねるため
+#   です**。`DDP(model)` は 1 ステップ目の 1 つのバケットを、そのあと作り直します。
+# - **勾配の計算が終わる前の通信は隠れ、あとの通信だけがステップを長くします**。
+# - **1 回の更新は全同期で K·c + K·s + o、`no_sync` で K·c + s + o です**。省けるのは (K−1)·s です。
 
 # %% [markdown] lang="en" tags=["summary"]
 # ## What to remember
 #
 # - **In a ring all-reduce each rank sends 2(n−1)/n × S bytes**, so busbw = algbw ×
-#   2(n−1)/n does not depend on the number of ranks and compares with a link's speed.
-# - **An all-reduce costs a fixed latency alpha per step plus a part proportional to
-#   the size, set by beta** (2 alpha + S / beta on two ranks); extending it to more ranks
-#   is a prediction by the model.
-# - **DDP packs gradients into buckets because every call pays alpha and because
-#   sending early overlaps the backward pass**; `DDP(model)` sends one bucket at step 1
-#   and rebuilt buckets from step 2.
-# - **Communication that runs before the gradients are done is hidden; only what runs
-#   after lengthens the step.**
-# - **An update costs K·c + K·s + o synchronizing every micro-batch and K·c + s + o with
-#   `no_sync`**, which saves (K−1)·s.
+#   2(n−1)/n compares with a link's speed.
+# - **An all-reduce costs a latency alpha per step plus the size over bandwidth beta**
+#   (2 alpha + S / beta on two ranks); more ranks are the model's prediction.
+# - **DDP buckets gradients: every call pays alpha, and early sends overlap
+#   backward**; `DDP(model)` rebuilds its one bucket after step 1.
+# - **Communication before the gradients are done is hidden; only what runs after
+#   lengthens the step.**
+# - **An update costs K·c + K·s + o, or K·c + s + o with `no_sync`**, saving (K−1)·s.
 
 # %% [markdown] lang="ja" tags=["self-check"]
 # ## 確認問題
 #
-# 次の 3 問に答えてから先へ進んでください。答えの折りたたみは、自分で答えを決めてから開きます。
+# 答えを決めてから、折りたたみを開いてください。
 
 # %% [markdown] lang="en" tags=["self-check"]
 # ## Self-check
 #
-# Answer the three questions before reading on; open an answer's fold only after
-# answering.
+# Answer each question, then open its fold.
 
 # %% tags=["self-check"]
 from labkit import selfcheck
