@@ -15,19 +15,18 @@
 #
 # - 1 ランクが持つメモリを、DDP と ZeRO のステージ 1〜3 について Ψ と k で数える
 # - reduce-scatter と all-gather で ZeRO のステージ 1〜3 を書き、DDP とビット単位で一致させる
-# - 各ステージが持つメモリを測り、式と比べる
-# - 送るバイト数から、シャードで減るのはメモリで、通信ではないことを示す
+# - 各ステージのメモリを測り、式と比べる
+# - シャードで減るのはメモリで、通信ではないことを示す
 
 # %% [markdown] lang="en" tags=["outcomes"]
 # # 12 ZeRO by hand
 #
 # After this lesson you can:
 #
-# - count, in Ψ and k, what a rank holds under DDP and ZeRO stages 1 to 3;
-# - write ZeRO stages 1 to 3 with reduce-scatters and all-gathers, equal to DDP bit
-#   for bit;
-# - measure what each stage holds against the formula;
-# - show from the bytes sent that sharding saves memory, not traffic.
+# - count, in Ψ and k, what a rank holds under DDP and each ZeRO stage;
+# - write ZeRO stages 1 to 3 from reduce-scatters and all-gathers, bit for bit DDP's;
+# - measure each stage's memory against the formula;
+# - show that sharding saves memory, not traffic.
 
 # %%
 import labkit
@@ -46,9 +45,8 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # ## メモリは何に使われるか
 #
 # Adam で Ψ 個のパラメータを学習するとき、1 ランクはパラメータ (P バイト)、勾配 (G)、Adam の状態 (kΨ)
-# を持ちます。1 パラメータあたり、float32 では 4 + 4 + 8 バイト (`exp_avg` と `exp_avg_sq`)、ZeRO の論文
-# (Rajbhandari ほか、2020) の混合精度では 2 + 2 + 12 バイト (Adam が float32 のパラメータのコピーも
-# 持ちます) です。ZeRO はこれを N 個のランクで分けて持ちます。
+# を持ちます (ZeRO の論文の混合精度では、Adam が float32 のコピーも持ちます)。ZeRO はこれを N 個の
+# ランクで分けて持ちます。
 #
 # | | 1 ランクあたり | float32 の Adam (4 + 4 + 8) | 混合精度 (2 + 2 + 12) |
 # |---|---|---|---|
@@ -57,17 +55,14 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # | ZeRO-2 | P + (G + kΨ)/N | 4Ψ + 12Ψ/N | 2Ψ + 14Ψ/N |
 # | ZeRO-3 | (P + G + kΨ)/N | 16Ψ/N | 16Ψ/N |
 #
-# DDP ではどちらも 16Ψ で、内訳だけが違います (`sharding.memory_parts(Ψ, N)`。Adam の `step` は
-# テンソル 1 つにつき 4 バイトなので入れません)。
+# Adam の `step` (テンソル 1 つにつき 4 バイト) は入れていません。
 
 # %% [markdown] lang="en" tags=["core"]
 # ## Where the memory goes
 #
-# Training Ψ parameters with Adam, a rank holds the parameters (P bytes), the
-# gradients (G) and Adam's state (kΨ): in float32, 4 + 4 + 8 bytes a parameter
-# (`exp_avg`, `exp_avg_sq`); in the ZeRO paper's mixed precision (Rajbhandari et al.,
-# 2020), 2 + 2 + 12, Adam keeping a float32 copy of the parameters. ZeRO shares them
-# out over N ranks:
+# With Adam, a rank holds Ψ parameters (P bytes), their gradients (G) and Adam's state
+# (kΨ; in the ZeRO paper's mixed precision, with a float32 copy). ZeRO shares them out
+# over N ranks:
 #
 # | | per rank | float32 Adam (4 + 4 + 8) | mixed precision (2 + 2 + 12) |
 # |---|---|---|---|
@@ -76,24 +71,23 @@ ranks = cluster.start(2, background=True)  # the ranks boot while you read
 # | ZeRO-2 | P + (G + kΨ)/N | 4Ψ + 12Ψ/N | 2Ψ + 14Ψ/N |
 # | ZeRO-3 | (P + G + kΨ)/N | 16Ψ/N | 16Ψ/N |
 #
-# Under DDP both make 16Ψ, split differently (`sharding.memory_parts(Ψ, N)`; Adam's
-# `step`, 4 bytes a tensor, is left out).
+# Adam's 4-byte `step` per tensor is left out.
 
 # %%
 model = models.WideMLP(10, 63, 2, 10)
-psi = models.count_params(model)
 adam = torch.optim.Adam(model.parameters(), lr=1e-3)
 model(torch.randn(4, 10)).sum().backward()
 adam.step()
-state = adam.state[model.net[0].weight]
 
 # %% tags=["hide-input"]
+state = adam.state[model.net[0].weight]
 assert set(state) == {"step", "exp_avg", "exp_avg_sq"}
 assert state["exp_avg"].shape == state["exp_avg_sq"].shape == model.net[0].weight.shape
 assert state["step"].shape == () and state["step"].dtype == torch.float32
 assert state["step"].device.type == "cpu"
 assert len(adam.state) == len(list(model.parameters()))  # one step tensor per tensor
 
+psi = models.count_params(model)
 fp32 = sharding.memory_parts(psi, 2, **sharding.FP32_ADAM)
 mixed = sharding.memory_parts(psi, 2)  # the ZeRO paper's mixed precision
 totals = {stage: (sum(fp32[stage].values()), sum(mixed[stage].values()))
@@ -105,14 +99,14 @@ assert totals["ZeRO-2"] == (4 * psi + 12 * psi / 2, 2 * psi + 14 * psi / 2)
 assert totals["ZeRO-3"] == (16 * psi / 2, 16 * psi / 2)
 
 # %% [markdown] lang="ja"
-# 次に各ランクで測ります。学習クラス `T(model)` は `T.step(X, y, loss_fn)` で 1 ステップ進み、Adam が
-# 動く直前に持つバイト数を `T.held` に残します。基準の `DDPAdam` は torch の DDP と Adam です。
+# 各ランクでは、学習クラス `T(model)` が `T.step(X, y, loss_fn)` で 1 ステップ進み、Adam が動く直前の
+# バイト数を `T.held` に残します。
 #
 # **予想してから実行:** DDP で測った Adam の状態は、式の 8Ψ より何バイト多いでしょうか?
 
 # %% [markdown] lang="en"
-# Now on the ranks. A trainer `T(model)` steps with `T.step(X, y, loss_fn)` and keeps
-# in `T.held` what it holds when Adam runs; the baseline, `DDPAdam`, is torch's DDP.
+# On the ranks, a trainer `T(model)` steps with `T.step(X, y, loss_fn)` and keeps in
+# `T.held` what it holds when Adam runs.
 #
 # **Predict, then run:** how many bytes above the formula's 8Ψ does Adam's state
 # measure under DDP?
@@ -133,9 +127,8 @@ class DDPAdam:
     """The baseline: torch's DDP, and a whole Adam on every rank."""
 
     def __init__(self, model, lr=1e-3):
-        self.model = model
-        # The gradients become views of DDP's buckets, so they are held once.
-        self.ddp = DDP(model, gradient_as_bucket_view=True)  # broadcasts rank 0's weights
+        self.model = model  # DDP broadcasts rank 0's weights; grads view its buckets
+        self.ddp = DDP(model, gradient_as_bucket_view=True)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
 
     def step(self, X, y, loss_fn):
@@ -186,34 +179,31 @@ assert ddp.held["optimizer"] == formula["optimizer"] + 4 * len(params)
 # %% [markdown] lang="ja" tags=["core"]
 # ## ZeRO ステージ 1 を手で書く
 #
-# ステージ 1 では、各ランクが自分のシャードの Adam の状態だけを持ちます (torch では
-# `ZeroRedundancyOptimizer` です:
-# [13: ZeroRedundancyOptimizer: オプティマイザの状態を分割して持つ (シャード)](13_fsdp2.ipynb#cell-id=13-zeroredundancyoptimizer-sharing-out-the-optimizer-state))。
+# ステージ 1 では、各ランクが自分のシャードの Adam の状態だけを持ちます
+# ([13: ZeroRedundancyOptimizer: オプティマイザの状態を分割して持つ (シャード)](13_fsdp2.ipynb#cell-id=13-zeroredundancyoptimizer-sharing-out-the-optimizer-state))。
 # 1 ステップは次のとおりです。
 #
-# 1. 各ランクが自分のバッチで順伝播と逆伝播をします。
-# 2. **reduce-scatter** で、平均の勾配のうち自分のシャードだけを受け取ります (全ランクの和を N 個に分け、
-#    ランク r に r 番目を渡します)。
-# 3. 自分のシャードを Adam で更新します。
+# 1. 自分のバッチで順伝播と逆伝播をします。
+# 2. **reduce-scatter** で、全ランクの勾配の和を N 個に分けた r 番目をランク r が受け取り、N で割ります。
+# 3. そのシャードを Adam で更新します。
 # 4. **all-gather** で、更新したシャードを全ランクに配ります。
 #
-# `sharding.FlatParameters` はパラメータを 0 で埋めた 1 本のバッファ `full` に並べます。
+# `sharding.FlatParameters` はパラメータを 0 で埋めた 1 本のバッファ `full` に置きます。
 
 # %% [markdown] lang="en" tags=["core"]
 # ## ZeRO stage 1 by hand
 #
-# In stage 1 each rank holds Adam's state for its own shard only (in torch,
-# `ZeroRedundancyOptimizer`:
-# [13: ZeroRedundancyOptimizer: sharing out the optimizer state](13_fsdp2.ipynb#cell-id=13-zeroredundancyoptimizer-sharing-out-the-optimizer-state)).
+# In stage 1 each rank holds Adam's state for its shard only
+# ([13: ZeroRedundancyOptimizer: sharing out the optimizer state](13_fsdp2.ipynb#cell-id=13-zeroredundancyoptimizer-sharing-out-the-optimizer-state)).
 # A step:
 #
-# 1. Each rank runs the forward and backward pass on its batch.
-# 2. A **reduce-scatter** hands it its shard of the mean gradient (the ranks' sum, cut
-#    into N pieces, rank r getting the r-th).
-# 3. Each rank updates its shard with Adam.
+# 1. Forward and backward on its batch.
+# 2. A **reduce-scatter** gives rank r the r-th of N pieces of the ranks' summed
+#    gradient; it divides by N.
+# 3. Adam updates that shard.
 # 4. An **all-gather** hands every rank the updated shards.
 #
-# `sharding.FlatParameters` lays the parameters out in one zero-padded buffer `full`.
+# `sharding.FlatParameters` holds them in one zero-padded buffer, `full`.
 
 # %% [markdown] lang="ja"
 # まず 4 つの値で確かめます。reduce-scatter のあと all-gather をすると、all-reduce と同じ結果になります。
@@ -221,7 +211,7 @@ assert ddp.held["optimizer"] == formula["optimizer"] + 4 * len(params)
 # **予想してから実行:** reduce-scatter のあと、ランク 1 はいくつの値を持っているでしょうか?
 
 # %% [markdown] lang="en"
-# First on four values: a reduce-scatter, then an all-gather, make an all-reduce.
+# On four values: a reduce-scatter, then an all-gather, make an all-reduce.
 #
 # **Predict, then run:** after the reduce-scatter, how many values does rank 1 hold?
 
@@ -234,9 +224,12 @@ whole = torch.empty(4)
 dist.all_gather_single(whole, piece)  # every rank: all the pieces
 summed = g.clone()
 dist.all_reduce(summed)
-assert torch.equal(whole, summed)  # reduce-scatter + all-gather = all-reduce
 steps_shown = [("before", g), ("dist.reduce_scatter_single", piece),
                ("dist.all_gather_single", whole), ("dist.all_reduce", summed)]
+
+# %% tags=["hide-input"]
+# %%px
+assert torch.equal(whole, summed)  # reduce-scatter + all-gather = all-reduce
 
 # %% tags=["hide-input"]
 from labkit import diagrams
@@ -253,14 +246,13 @@ class Zero1:
     """ZeRO stage 1: each rank keeps Adam's state for its shard of the parameters."""
 
     def __init__(self, model, lr=1e-3):
-        self.model, self.rank = model, dist.get_rank()
-        self.world_size = dist.get_world_size()
+        self.model, self.rank, self.world_size = model, dist.get_rank(), dist.get_world_size()
         for p in model.parameters():  # every rank starts from rank 0's weights
             dist.broadcast(p.detach(), src=0)
         trained = [p for p in model.parameters() if p.requires_grad]  # not the frozen
         self.flat = sharding.FlatParameters(trained, self.world_size)  # padded to N
-        # This rank's shard is a view of the flat buffer: Adam updates it in place.
-        self.shard = nn.Parameter(self.flat.shard(self.rank))  # its r-th piece
+        # The r-th piece, a view of the flat buffer: Adam updates it in place.
+        self.shard = nn.Parameter(self.flat.shard(self.rank))
         self.optimizer = torch.optim.Adam([self.shard], lr=lr)  # the shard's state only
 
     def step(self, X, y, loss_fn):
@@ -269,33 +261,32 @@ class Zero1:
         self.reduce_gradients()  # this rank's shard of the mean gradient -> shard.grad
         self.held = held(self)  # what this rank holds when Adam runs
         self.optimizer.step()  # updates this rank's shard of the parameters
-        # Each rank updated its own shard: the all-gather brings it the others'.
-        dist.all_gather_single(self.flat.full, self.shard.detach())
+        dist.all_gather_single(self.flat.full, self.shard.detach())  # and the others'
         self.model.zero_grad()
         self.shard.grad = None
         return loss.detach()
 
     def reduce_gradients(self):
         grads = self.flat.flat_grad()  # the whole local gradient; p.grad are views of it
-        s = self.flat.shard_numel
-        mine = grads[self.rank * s:(self.rank + 1) * s]
-        # The sum over the ranks of this rank's piece only (written in place).
-        dist.reduce_scatter_single(mine, grads)
+        mine = grads.chunk(self.world_size)[self.rank]  # a view of the r-th piece
+        dist.reduce_scatter_single(mine, grads)  # the ranks' sum of this piece, in place
         self.shard.grad = mine.div_(self.world_size)  # the sum -> the mean
 
 # %% [markdown] lang="ja"
-# 確かめる `models.TiedMLP` は、共有する重みと凍結した層を持ちます。各ランクは違うシードで作るので、
-# 重みを配り忘れると失敗します。3 ステップ後に、1 プロセスの学習と `DDPAdam` と比べます。
+# `models.TiedMLP` (共有する重みと凍結した層を持ち、ランクごとにシードが違います) を 3 ステップ学習し、
+# 1 プロセスの学習と `DDPAdam` と比べます。
 
 # %% [markdown] lang="en"
-# `models.TiedMLP`, checked here, has a tied weight and a frozen layer; the ranks build
-# it from different seeds, so a missing broadcast fails. After 3 steps we compare with
-# one process and with `DDPAdam`.
+# We train `models.TiedMLP` (tied weight, frozen layer, seed per rank) for 3 steps,
+# against one process and `DDPAdam`.
 
-# %%
+# %% tags=["hide-input"]
 # %%px
 STEPS, BATCH = 3, 16
 loss_fn = nn.CrossEntropyLoss()
+assert BATCH % world_size == 0  # every rank an equal part: none of a batch dropped
+# This rank's part of each batch.
+mine = slice(rank * BATCH // world_size, (rank + 1) * BATCH // world_size)
 
 
 def batch(step):
@@ -309,13 +300,13 @@ def train(make, steps=STEPS):
     """Train TiedMLP with trainer `make` on this rank's part of each batch."""
     torch.manual_seed(rank)  # each rank starts different: the trainer must broadcast
     trainer = make(models.TiedMLP())
-    mine = slice(rank * BATCH // world_size, (rank + 1) * BATCH // world_size)
     for step in range(steps):
         X, y = batch(step)
         trainer.step(X[mine], y[mine], loss_fn)
     return trainer
 
-
+# %%
+# %%px
 def alone(micro_batches):
     """TiedMLP in one process from rank 0's start: micro_batches(step), then Adam."""
     torch.manual_seed(0)  # rank 0's starting weights
@@ -360,22 +351,22 @@ assert len(zero1.optimizer.state[zero1.shard]["exp_avg"]) == zero1.flat.shard_nu
 assert zero1.flat.shard_numel * world_size == 834  # 833 parameters and 1 padding
 
 # %% [markdown] lang="ja"
-# DDP とはビット単位で一致します。2 ランクでは「足してから 2 で割る」と「2 で割ってから足す」(DDP) が
-# 同じ値になり、Adam は要素ごとの計算だからです。1 プロセスとは足す順番が違い、差は 1e-6 以内です。
+# DDP とビット単位で一致するのは、2 ランクでは「足してから 2 で割る」と「2 で割ってから足す」(DDP) が
+# 同じ値で、Adam が要素ごとの計算だからです。
 
 # %% [markdown] lang="en"
 # Bit for bit DDP's: on 2 ranks, halving then summing (DDP) equals summing then
-# halving, and Adam is element-wise. One process adds in another order: within 1e-6.
+# halving, and Adam is element-wise.
 
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 演習: ステージ 2 の勾配の reduce-scatter
 #
-# `Zero1` は勾配のビューに reduce-scatter するので、勾配の全体が残ります。ステージ 2 は、シャードの平均を
+# `Zero1` は勾配のビューに reduce-scatter するので、勾配の全体が残ります。ステージ 2 はシャードの平均を
 # **新しいテンソル**に受け取ります。
 #
-# `shard_of_mean_gradient(flat_grad, rank, world_size)` を書いてください。`flat_grad` を全ランクで平均した
-# うち、このランクのシャード (`rank * k` 番目から k 個、k = 要素の数 ÷ world_size) を新しいテンソルとして
-# 返します。`dist.reduce_scatter_single` を 1 回だけ使います。
+# `shard_of_mean_gradient(flat_grad, rank, world_size)` を書いてください。`flat_grad` の全ランクの平均の
+# うち、このランクのシャード (`rank * k` 番目から k 個、k = 要素の数 ÷ world_size) を返します。
+# `dist.reduce_scatter_single` は 1 回だけ使います。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## Exercise: stage 2's gradient reduce-scatter
@@ -383,16 +374,15 @@ assert zero1.flat.shard_numel * world_size == 834  # 833 parameters and 1 paddin
 # `Zero1` reduce-scatters into a view, so the whole gradient stays; stage 2 receives
 # its shard of the mean in a **new tensor**.
 #
-# Write `shard_of_mean_gradient(flat_grad, rank, world_size)`: return, as a new
-# tensor, this rank's shard (k = numel ÷ world_size values from `rank * k` on) of
-# `flat_grad` averaged over the ranks, by one `dist.reduce_scatter_single`.
+# Write `shard_of_mean_gradient(flat_grad, rank, world_size)`: this rank's shard
+# (k = numel ÷ world_size values from `rank * k` on) of the ranks' mean `flat_grad`,
+# by one `dist.reduce_scatter_single`.
 
 # %% tags=["exercise"]
 # %%px
 def shard_of_mean_gradient(flat_grad, rank, world_size):
     """This rank's shard of the gradient averaged over the ranks, by a reduce-scatter."""
-    # TODO: reduce-scatter flat_grad into a new tensor of k values, k = numel //
-    # world_size, and average
+    # TODO: reduce-scatter into a new tensor of numel // world_size values; average
     return None
 
 # %% tags=["solution"]
@@ -414,6 +404,9 @@ flat = torch.randn(8, generator=torch.Generator().manual_seed(rank))  # AVG = su
 by_avg, by_sum = torch.empty(4), torch.empty(4)
 dist.reduce_scatter_single(by_avg, flat, op=dist.ReduceOp.AVG)
 dist.reduce_scatter_single(by_sum, flat)
+
+# %% tags=["hide-input"]
+# %%px
 assert torch.equal(by_avg, by_sum / world_size)
 view = flat.chunk(world_size)[rank]  # a view holds its whole buffer, a copy its own
 assert sharding.held_bytes([view]) == sharding.held_bytes([flat]) == 4 * 8
@@ -429,7 +422,7 @@ assert sharding.held_bytes([view.clone()]) == 4 * 8 // world_size
 # ## ZeRO stage 2 by hand
 #
 # `Zero2` changes only `Zero1`'s `reduce_gradients`: the exercise's function gives it
-# the mean's shard, and the whole gradient goes.
+# the mean's shard; the whole gradient goes.
 
 # %%
 # %%px
@@ -438,9 +431,8 @@ class Zero2(Zero1):
 
     def reduce_gradients(self):
         grads = self.flat.flat_grad()  # the whole local gradient, padded
-        self.model.zero_grad()  # drop the parameters' views of it ...
+        self.model.zero_grad()  # no view of it left: it goes when this returns
         self.shard.grad = shard_of_mean_gradient(grads, self.rank, self.world_size)
-        del grads  # ... and the whole gradient with them: only the shard stays
 
 # %% [markdown] lang="ja"
 # **予想してから実行:** Adam が動くとき、ステージ 1 とステージ 2 は勾配を何バイト持つでしょうか?
@@ -469,36 +461,32 @@ assert zero2.held["gradients"] == 4 * zero2.flat.shard_numel  # the shard only
 # 2. 順伝播のあと (`register_forward_hook`): 解放し、出力にフックを付ける
 # 3. 層の逆伝播の直前 (出力の `register_hook`): autograd が保存した重みのために、もう一度集める
 # 4. 層の勾配がそろったとき (`register_post_accumulate_grad_hook`): reduce-scatter し、平均のシャードを
-#    シャードの勾配に**足し込み** (勾配累積のため)、解放する
+#    シャードの勾配に**足し込み**、解放する
 #
-# 解放は `untyped_storage().resize_(0)` で、集めるときは同じストレージに戻します。`Zero3Base` が集めて
-# 送り、`Zero3` が解放します。
+# `Zero3Base` が集めて送り、`Zero3` が解放します (`untyped_storage().resize_(0)`)。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## ZeRO stage 3 by hand
 #
-# In stage 3 the parameters too are held as shards; each layer's are all-gathered just
-# before use and freed after:
+# In stage 3 the parameters too are sharded; each layer's are gathered just before
+# use and freed after:
 #
-# 1. before the layer's forward (`register_forward_pre_hook`): gather;
+# 1. before its forward (`register_forward_pre_hook`): gather;
 # 2. after it (`register_forward_hook`): free, and hook the output;
-# 3. before the layer's backward (the output's `register_hook`): gather again, for
-#    the weights autograd saved;
-# 4. once its gradients are in (`register_post_accumulate_grad_hook`): reduce-scatter
-#    them, **add** the mean's shard to the shard's gradient (so backward passes
-#    accumulate), and free.
+# 3. before its backward (the output's `register_hook`): gather again, for the
+#    weights autograd saved;
+# 4. once its gradients are in (`register_post_accumulate_grad_hook`): reduce-scatter,
+#    **add** the mean's shard to its gradient, free.
 #
-# Freeing is `untyped_storage().resize_(0)`; gathering restores that storage.
-# `Zero3Base` gathers and sends; `Zero3` frees.
+# `Zero3Base` gathers and sends; `Zero3` frees (`untyped_storage().resize_(0)`).
 
 # %%
 # %%px
 class Zero3Base:
-    """ZeRO stage 3 without the freeing: parameters held as shards, gathered per layer."""
+    """ZeRO stage 3 less the freeing: Zero3 adds after_forward and after_backward."""
 
     def __init__(self, model, lr=1e-3):
-        self.model, self.rank = model, dist.get_rank()
-        self.world_size = dist.get_world_size()
+        self.model, self.rank, self.world_size = model, dist.get_rank(), dist.get_world_size()
         for p in model.parameters():  # every rank starts from rank 0's weights
             dist.broadcast(p.detach(), src=0)
         self.units, self.shards, self.pending = [], [], {}
@@ -518,9 +506,8 @@ class Zero3Base:
 
     def gather(self, flat):
         """The layer's whole parameters, from every rank's shard, into `flat.full`."""
-        full = flat.full
-        full.untyped_storage().resize_(full.numel() * full.element_size())
-        dist.all_gather_single(full, self.shards[self.units.index(flat)].detach())
+        flat.full.untyped_storage().resize_(flat.full.nbytes)
+        dist.all_gather_single(flat.full, self.shards[self.units.index(flat)].detach())
 
     def _grad_ready(self, flat, shard):
         self.pending[id(flat)] = self.pending.get(id(flat), 0) + 1
@@ -530,20 +517,14 @@ class Zero3Base:
             for p in flat.params:
                 p.grad = None  # the whole gradient goes ...
             mean = shard_of_mean_gradient(grads, self.rank, self.world_size)
-            # Added, as autograd adds: two backward passes accumulate (lesson 04).
+            # Added, as autograd adds, so backward passes accumulate (lesson 04).
             shard.grad = mean if shard.grad is None else shard.grad.add_(mean)
             self.after_backward(flat)  # ... and so may the gathered parameters
-
-    def after_forward(self, flat, output):
-        pass  # Zero3 frees here
-
-    def after_backward(self, flat):
-        pass  # Zero3 frees here
 
     def step(self, X, y, loss_fn):
         loss = loss_fn(self.model(X), y)
         loss.backward()  # the hooks gather, reduce-scatter and free, layer by layer
-        self.held = held(self)  # what this rank holds when Adam runs
+        self.held = held(self)
         self.optimizer.step()  # each rank updates its shards; nothing to gather now
         self.optimizer.zero_grad()
         return loss.detach()
@@ -559,26 +540,24 @@ class Zero3Base:
 # %% [markdown] lang="ja" tags=["deep-dive"]
 # ## 演習: ZeRO-3 で、集めたパラメータを層ごとに解放する
 #
-# `Zero3` の 2 つのメソッドを書いてください。`flat.full` は 1 つの層の集めたパラメータです (`flat` はその層の
-# `sharding.FlatParameters`)。
+# `Zero3` の 2 つのメソッドを書いてください。`flat.full` は 1 つの層の集めたパラメータです。
 #
 # - `after_forward(flat, output)`: `flat.full` のメモリを解放し、`output.register_hook(...)` で逆伝播の前に
 #   もう一度集める (`self.gather(flat)`) ようにします。
 # - `after_backward(flat)` (層の勾配を reduce-scatter したあと): `flat.full` を解放します。
 #
-# 自分のシャード (`self.shards`) は Adam が更新するので、解放しないでください。
+# `self.shards` は Adam が更新するので、解放しないでください。
 
 # %% [markdown] lang="en" tags=["deep-dive"]
 # ## Exercise: a ZeRO-3 layer frees after backward
 #
-# Write `Zero3`'s two methods; `flat.full` holds one layer's gathered parameters
-# (`flat` is its `sharding.FlatParameters`).
+# Write `Zero3`'s two methods; `flat.full` holds one layer's gathered parameters.
 #
-# - `after_forward(flat, output)`: free `flat.full`'s memory, and with
+# - `after_forward(flat, output)`: free `flat.full`, and with
 #   `output.register_hook(...)` gather it again (`self.gather(flat)`) before backward.
 # - `after_backward(flat)`, once its gradients are reduce-scattered: free it.
 #
-# Keep this rank's shards (`self.shards`): Adam updates them.
+# Do not free `self.shards`: Adam updates them.
 
 # %% tags=["exercise"]
 # %%px
@@ -607,22 +586,21 @@ class Zero3(Zero3Base):
 exercises.grade_zero3_frees(ranks)
 
 # %% [markdown] lang="ja"
-# 図は、3 層の MLP で `Zero3` が 1 ステップ進むあいだに 1 ランクが集めて持つバイト数です。山はいつも
-# 1 層ぶんです。
+# 図は、3 層の MLP で `Zero3` が 1 ステップ進むあいだに、1 ランクが集めて持つバイト数です。
 #
 # **予想してから実行:** 順伝播を 1 回したあと、集めたパラメータは何バイト残っているでしょうか?
 
 # %% [markdown] lang="en"
-# The figure: the bytes a rank holds gathered in one `Zero3` step on a 3-layer MLP.
-# Each peak is one layer.
+# The figure: what a rank holds gathered in one `Zero3` step of a 3-layer MLP.
 #
 # **Predict, then run:** after a forward pass, how many bytes of gathered parameters
 # are left?
 
-# %%
+# %% tags=["hide-input"]
 # %%px
 traced = memory_run(lambda model: sharding.trace_gathers(Zero3(model)), steps=1)
 gathered = (traced.trace, [4 * flat.full.numel() for flat in traced.units])
+assert len(traced.units) == 3  # the 3-layer MLP: one unit a layer
 
 # %% tags=["hide-input"]
 trace, layer_bytes = ranks.pull("gathered")[0]  # rank 0's: (event, layer, bytes held)
@@ -647,13 +625,11 @@ assert sharding.held_bytes(flat.full for flat in zero3.units) == 0
 
 # %% [markdown] lang="ja"
 # 次は勾配累積です。各ステップで、マイクロバッチ 1 つの逆伝播をしてから `step` を呼びます (DDP では
-# `no_sync` の中で。レッスン 04)。ステージ 1 と 2 は DDP とビット単位で一致し、ステージ 3 は足す順番が
-# 違うので 1e-6 以内です。
+# `no_sync` の中で。レッスン 04)。
 
 # %% [markdown] lang="en"
 # Now gradient accumulation: a micro-batch's backward pass before each `step` (DDP's
-# in `no_sync`, lesson 04). Stages 1 and 2 equal DDP bit for bit; stage 3, adding in
-# another order, within 1e-6.
+# in `no_sync`, lesson 04).
 
 # %%
 # %%px
@@ -666,7 +642,6 @@ def train_accumulating(make, steps=STEPS):
     trainer = make(models.TiedMLP())
     is_ddp = isinstance(trainer, DDPAdam)
     model = trainer.ddp if is_ddp else trainer.model
-    mine = slice(rank * BATCH // world_size, (rank + 1) * BATCH // world_size)
     for step in range(steps):
         X, y = batch(STEPS + step)  # the step's first micro-batch
         with model.no_sync() if is_ddp else contextlib.nullcontext():
@@ -690,18 +665,16 @@ for name, full in accumulated.items():
 # %% [markdown] lang="ja" tags=["core"]
 # ## 各ステージが持つメモリ
 #
-# 上の MLP (Ψ = 5365) を 4 つのやり方で学習し、Adam が動く直前のバイト数を式と比べます (差はパディングと
-# `step` です)。図は 1 ランクが持つ 3 つの部分を積み上げ、式の合計を印で示します。どの部分が N で割られるかを
-# 見てください。
+# 上の MLP (Ψ = 5365) を 4 つのやり方で学習し、Adam が動く直前のバイト数を式 (図の印) と比べます。
+# どの部分が N で割られるかを見てください。
 #
 # **予想してから実行:** 2 ランクの ZeRO-3 は、DDP の何分の 1 を持つでしょうか?
 
 # %% [markdown] lang="en" tags=["core"]
 # ## Memory each stage holds
 #
-# The MLP above (Ψ = 5365), trained each way: the bytes held when Adam runs, against
-# the formula (plus padding and `step`). The figure stacks one rank's three parts and
-# marks the formula's total: which part is divided by N?
+# The MLP above (Ψ = 5365), trained each way: bytes held when Adam runs, against
+# the formula (marked). Which part is divided by N?
 #
 # **Predict, then run:** what fraction of DDP's memory does ZeRO-3 hold on 2 ranks?
 
@@ -743,7 +716,7 @@ assert 0.49 < share < 0.51  # 16Ψ/N over 16Ψ, N = 2: half, plus padding and `s
 # ## 1 ステップで送るバイト数
 #
 # S = 4Ψ とすると、1 ステップに DDP は S を all-reduce し、ステージ 1 と 2 は S を reduce-scatter と
-# all-gather で 1 回ずつ送ります。
+# all-gather で送ります。
 #
 # **予想してから実行:** ステージ 3 は 1 ステップに all-gather を何回呼び、リングでは DDP の何倍を
 # 送るでしょうか?
@@ -810,8 +783,7 @@ assert total("ZeRO-3", "all_gather") == 2 * padded  # before forward, again befo
 assert 1.5 <= sent(traffic_table["ZeRO-3"]["calls"]) / ddp_sent <= 1.5 * padded / S
 
 # %% [markdown] lang="ja"
-# リング (NCCL) では、ステージ 1 と 2 は DDP と同じだけ、ステージ 3 は 1.5 倍を送ります。gloo の
-# reduce-scatter は中で all-reduce なので、次のセルは各ランクが書くバイト数を数えます。
+# gloo の reduce-scatter は、中身が all-reduce です (次のセル)。
 #
 # **予想してから実行:** gloo で、ステージ 3 は 1 ステップに DDP の何倍を書き込むでしょうか?
 #
@@ -835,9 +807,7 @@ assert 1.5 <= sent(traffic_table["ZeRO-3"]["calls"]) / ddp_sent <= 1.5 * padded 
 # </details>
 
 # %% [markdown] lang="en"
-# In a ring (NCCL's), stages 1 and 2 send DDP's bytes, stage 3 1.5 times. Gloo's
-# reduce-scatter is an all-reduce underneath; the next cell counts the bytes each
-# rank writes.
+# Gloo's reduce-scatter is an all-reduce underneath (next cell).
 #
 # **Predict, then run:** on gloo, how many times DDP's bytes does stage 3 write in a
 # step?
@@ -868,6 +838,9 @@ assert 1.5 <= sent(traffic_table["ZeRO-3"]["calls"]) / ddp_sent <= 1.5 * padded 
 # %%px
 with torch.profiler.profile() as profiled:  # what gloo runs for a reduce-scatter
     dist.reduce_scatter_single(torch.empty(4), torch.ones(4 * world_size))
+
+# %% tags=["hide-input"]
+# %%px
 assert {e.name for e in profiled.events() if e.name.startswith("gloo:")} == {
     "gloo:all_reduce"}  # an all-reduce, on every system
 
@@ -917,34 +890,33 @@ ranks.stop()
 # - **1 ランクが持つのは P + G + kΨ** で、DDP では 16Ψ です。ZeRO はステージ 1 で kΨ、ステージ 2 で
 #   さらに G、ステージ 3 でさらに P を N で割ります。
 # - **reduce-scatter + all-gather = all-reduce**。ステージ 1 と 2 は勾配を reduce-scatter し、シャードを
-#   更新して all-gather します。ステージ 2 は勾配の全体を解放します。
-# - **ステージ 3 は各層を使う直前に集め、使ったら解放します** (1 ステップに 2 回)。3 つのステージは、
+#   更新して all-gather します。
+# - **ステージ 3 は各層を使う直前に集め、使ったら解放します** (1 ステップに 2 回)。どのステージも、
 #   勾配累積でも DDP と一致します。
 # - **シャードで減るのはメモリで、通信ではありません**。リングではステージ 3 だけが DDP の 1.5 倍を
-#   送ります (gloo では 1.5 倍と 2 倍)。
+#   送ります。
 
 # %% [markdown] lang="en" tags=["summary"]
 # ## What to remember
 #
-# - **A rank holds P + G + kΨ**, 16Ψ under DDP; ZeRO divides kΨ by N in stage 1, G
-#   too in stage 2, P too in stage 3.
+# - **A rank holds P + G + kΨ**, 16Ψ under DDP; ZeRO stages 1, 2, 3 divide kΨ, then
+#   G, then P by N.
 # - **Reduce-scatter + all-gather = all-reduce**: stages 1 and 2 reduce-scatter the
-#   gradients, update a shard, all-gather it; stage 2 drops the whole gradient.
+#   gradients, update a shard, all-gather it.
 # - **Stage 3 gathers each layer just before use and frees it after**, twice a step.
-#   All three stages match DDP, accumulating too.
+#   All match DDP, accumulating too.
 # - **Sharding saves memory, not traffic**: in a ring only stage 3 sends more, 1.5×
-#   DDP's (1.5× and 2× on gloo).
+#   DDP's.
 
 # %% [markdown] lang="ja" tags=["self-check"]
 # ## 確認問題
 #
-# 次の 3 問に答えてから先へ進んでください。答えの折りたたみは、自分で答えを決めてから開きます。
+# 3 問に答えてから、答えの折りたたみを開いてください。
 
 # %% [markdown] lang="en" tags=["self-check"]
 # ## Self-check
 #
-# Answer the three questions before reading on; open an answer's fold only after
-# answering.
+# Answer the three questions before opening their folds.
 
 # %% tags=["self-check"]
 from labkit import selfcheck

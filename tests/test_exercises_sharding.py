@@ -308,9 +308,10 @@ def test_the_lessons_gradient_shard_broken_fails_its_check(lesson_on_ranks, brok
 
 def test_the_cell_after_the_check_asserts_avg_and_what_a_view_holds(lesson_on_ranks):
     cells = nbformat.read(LESSON, as_version=4).cells
-    (source,) = [c.source for c in cells if c.cell_type == "code"
-                 and "op=dist.ReduceOp.AVG" in c.source and "def " not in c.source]
-    source = source.removeprefix("%%px\n")
+    (at,) = [i for i, c in enumerate(cells) if c.cell_type == "code"
+             and "op=dist.ReduceOp.AVG" in c.source and "def " not in c.source]
+    # The run, then its folded checks.
+    source = "\n".join(c.source.removeprefix("%%px\n") for c in cells[at:at + 2])
     ranks = lesson_on_ranks
     ranks.execute("from labkit import sharding")
     ranks.execute(source)
@@ -388,7 +389,7 @@ def test_zero3_freeing_a_layer_later_than_its_own_pass_is_named(zero3_base, rank
 # which record the collectives with CollectiveLog, pass, and so do the graders.
 LESSON_DEFINITIONS = ("from labkit import comm_counting, models, sharding",
                       "class DDPAdam:", "def memory_run(", "class Zero1:",
-                      "def train(make", "def compare(", "class Zero2(",
+                      "def train(make", "def alone(", "def compare(", "class Zero2(",
                       "class Zero3Base:")
 LESSON_CHECKS = ("zero1 = train(Zero1)", "zero2 = train(Zero2)", "zero3 = train(Zero3)",
                  "memory_table = {}", "def traffic(", "def sent(calls)")

@@ -29,6 +29,7 @@ def _cells() -> dict[str, str]:
         "memory_run": find("def memory_run("),  # with DDP's memory, checked
         "zero1": find("class Zero1:"),
         "helpers": find("def train(make"),
+        "alone": find("def alone("),
         "references": find("def compare("),
         "check1": find("zero1 = train(Zero1)"),
         "shard_of_mean": find("def shard_of_mean_gradient", "solution"),
@@ -52,8 +53,9 @@ def _cells() -> dict[str, str]:
 
 
 CELLS = _cells()
-DEFINITIONS = ("imports", "ddp", "memory_run", "zero1", "helpers", "references",
-               "shard_of_mean", "zero2", "zero3base", "zero3", "accumulate_def")
+DEFINITIONS = ("imports", "ddp", "memory_run", "zero1", "helpers", "alone",
+               "references", "shard_of_mean", "zero2", "zero3base", "zero3",
+               "accumulate_def")
 CHECKS = ("check1", "check2", "check3", "accumulate", "memory", "traffic",
           "sent", "wire", "wire_step")
 
@@ -96,21 +98,23 @@ BROKEN = {
         "            pass\n", "check1"),
     "stage 1 with the gather skipped": (
         "zero1",
-        "        dist.all_gather_single(self.flat.full, self.shard.detach())\n",
-        "", "check1"),
+        "        dist.all_gather_single(self.flat.full, self.shard.detach())"
+        "  # and the others'\n", "", "check1"),
     "stage 1 with the averaging dropped": (
         "zero1", "self.shard.grad = mine.div_(self.world_size)",
         "self.shard.grad = mine", "check1"),
     # One value short per shard: gloo itself refuses the reduce-scatter's sizes.
     "stage 1 with the shard size unpadded": (
-        "zero1", "        s = self.flat.shard_numel\n",
-        "        s = self.flat.numel // self.world_size\n", "check1"),
+        "zero1", "        mine = grads.chunk(self.world_size)[self.rank]",
+        "        s = self.flat.numel // self.world_size\n"
+        "        mine = grads[self.rank * s:(self.rank + 1) * s]", "check1"),
     "stage 1 all-reducing instead": (
-        "zero1", "        dist.reduce_scatter_single(mine, grads)\n",
-        "        dist.all_reduce(grads)\n", "sent"),
+        "zero1", "        dist.reduce_scatter_single(mine, grads)",
+        "        dist.all_reduce(grads)", "sent"),
     "stage 2 keeping the whole gradient": (
         "zero2",
-        "        self.model.zero_grad()  # drop the parameters' views of it ...\n",
+        "        self.model.zero_grad()  # no view of it left: it goes when this "
+        "returns\n",
         "", "check2"),
     "stage 3 without the initial broadcast": (
         "zero3base", "            dist.broadcast(p.detach(), src=0)\n",
@@ -165,7 +169,8 @@ WIRE_BROKEN = {
         "wire_step", 'shares(stage, "gloo")', 'shares(stage, "ring")', None),
     "stage 1 with the gather skipped, after its collectives were recorded": (
         "wire_step", "", "", ("zero1", "ZeRO-1", "        dist.all_gather_single("
-                              "self.flat.full, self.shard.detach())\n")),
+                              "self.flat.full, self.shard.detach())"
+                              "  # and the others'\n")),
 }
 
 
