@@ -280,11 +280,10 @@ class Zero1:
 # We train `models.TiedMLP` (tied weight, frozen layer, seed per rank) for 3 steps,
 # against one process and `DDPAdam`.
 
-# %% tags=["hide-input"]
+# %%
 # %%px
 STEPS, BATCH = 3, 16
 loss_fn = nn.CrossEntropyLoss()
-assert BATCH % world_size == 0  # every rank an equal part: none of a batch dropped
 # This rank's part of each batch.
 mine = slice(rank * BATCH // world_size, (rank + 1) * BATCH // world_size)
 
