@@ -462,7 +462,9 @@ with buckets.Timeline(model, buckets.allreduce_hook) as timeline:
 # %% tags=["hide-input"]
 from labkit import buckets
 
-per_rank = ranks.pull("record")
+steps = ranks.pull("timeline.steps")  # per rank: step 1, step 2
+assert [[len(step["events"]) for step in s] for s in steps] == [[1, 3]] * 2  # the rebuild
+per_rank = [s[-1] for s in steps]
 buckets.check_step(per_rank)  # on every rank: overlap, all done before backward returns
 fig = plots.timelines({labkit.t("rank_panel", rank=r, n=len(step["events"])): step
                        for r, step in enumerate(per_rank)}, title="ddp_step_title")
