@@ -192,12 +192,8 @@ def test_neither_sees_what_ddp_sends_from_cpp_but_the_flight_recorder_does(one_r
 
 def test_a_timeline_records_each_all_reduce_against_the_gradients(one_rank):
     model = _model()
-
-    def allreduce_now(timeline, bucket):
-        return timeline.allreduce(bucket.buffer())
-
     original = dist.all_reduce
-    with buckets.Timeline(model, allreduce_now) as timeline:
+    with buckets.Timeline(model, buckets.allreduce_hook) as timeline:
         records = [timeline.backward(model(torch.ones(2, 40)).sum()) for _ in range(3)]
         assert dist.all_reduce is original  # patched only within a step
         with pytest.raises(RuntimeError, match="end_step"):
